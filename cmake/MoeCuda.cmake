@@ -1,0 +1,23 @@
+# CUDA is optional: with nvcc present (and MOE_ENABLE_CUDA on) our .cu kernels are compiled for
+# sm_80 and sm_90 unless CMAKE_CUDA_ARCHITECTURES says otherwise; without it the build is CPU-only.
+set(MOE_HAVE_CUDA OFF)
+if(MOE_ENABLE_CUDA)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 knows no CUDA20 dialect for nvcc 13
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    set(MOE_HAVE_CUDA ON)
+    message(STATUS "moe-train: CUDA kernels ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES})")
+  else()
+    message(STATUS "moe-train: nvcc not found, building CPU-only")
+  endif()
+endif()

@@ -1,0 +1,13 @@
+# Record the git commit at configure time for `moe-train --version`.
+execute_process(COMMAND git -C "${CMAKE_SOURCE_DIR}" rev-parse --short=12 HEAD
+                OUTPUT_VARIABLE MOE_GIT_COMMIT OUTPUT_STRIP_TRAILING_WHITESPACE
+                ERROR_QUIET RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR MOE_GIT_COMMIT STREQUAL "")
+  set(MOE_GIT_COMMIT unknown)
+endif()
+if(MOE_HAVE_CUDA)
+  set(MOE_HAVE_CUDA_BOOL true)
+else()
+  set(MOE_HAVE_CUDA_BOOL false)
+endif()
+configure_file(${CMAKE_SOURCE_DIR}/cmake/build_info.h.in ${CMAKE_BINARY_DIR}/generated/moe/build_info.h @ONLY)

@@ -1,0 +1,174 @@
+// The typed configuration tree. DeepSpeed key names where DeepSpeed has the concept
+// (train_batch_size, optimizer, scheduler, fp16, bf16, gradient_clipping, ...); our own
+// sections (model, moe, data, training, checkpoint, monitor) beside them. docs/config.md
+// documents every key. Loaded once, overrides applied, validated once.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace moe::config {
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // AdamW | Adam (Adam = AdamW with decoupled decay off)
+  double lr = 1e-3;            // peak learning rate
+  std::array<double, 2> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  bool decay_norms_and_biases = false;  // ours: DeepSpeed/Megatron skip them by default
+};
+
+// One struct for every scheduler type; which params are legal depends on `type`.
+struct SchedulerConfig {
+  std::string type = "WarmupCosineLR";  // WarmupLR | WarmupDecayLR | WarmupCosineLR |
+                                        // LinearWarmupCosineDecay | Constant
+  // WarmupLR / WarmupDecayLR (absolute learning rates)
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 0.001;
+  // shared
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // log | linear
+  int64_t total_num_steps = 0;      // 0: the run's total optimizer steps
+  // WarmupCosineLR (ratios of optimizer.params.lr)
+  double warmup_min_ratio = 0.0;
+  double cos_min_ratio = 0.0001;
+  // LinearWarmupCosineDecay (absolute)
+  double min_lr = 0.0;
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;  // 0 = dynamic
+  int64_t initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+};
+
+struct Bf16Config {
+  bool enabled = false;
+};
+
+struct OffloadOptimizerConfig {
+  std::string device = "none";  // none | cpu
+  bool pin_memory = true;
+};
+
+struct ZeroConfig {
+  int64_t stage = 0;  // 0..1 are meaningful on one GPU; 2 and 3 are accepted with a warning
+  OffloadOptimizerConfig offload_optimizer;
+};
+
+struct ActivationCheckpointingConfig {
+  bool partition_activations = false;  // multi-GPU only: accepted, ignored with a warning
+  bool cpu_checkpointing = false;
+  bool contiguous_memory_optimization = false;
+  int64_t number_checkpoints = 0;  // 0 = no activation checkpointing
+  bool synchronize_checkpoint_boundary = false;
+  bool profile = false;
+};
+
+struct MonitorSinkConfig {  // DeepSpeed's tensorboard / csv_monitor blocks
+  bool enabled = false;
+  std::string output_path = "";
+  std::string job_name = "moe-train";
+};
+
+struct ModelConfig {
+  int64_t vocab_size = 256;
+  int64_t seq_len = 128;
+  int64_t hidden_size = 256;
+  int64_t num_layers = 4;
+  int64_t num_heads = 4;
+  double dropout = 0.0;
+  double init_std = 0.02;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = true;
+};
+
+struct MoeConfig {
+  int64_t num_experts = 8;
+  int64_t top_k = 2;
+  int64_t expert_hidden_size = 0;          // 0: 4 * hidden_size * 2 / 3 rounded up to 64 (SwiGLU)
+  std::string score_function = "softmax";  // softmax | sigmoid
+  bool normalize_topk = true;              // renormalise the k weights to sum to 1
+  double aux_loss_coeff = 0.01;            // Switch/GShard load-balancing loss
+  double z_loss_coeff = 0.001;             // router z-loss
+  double capacity_factor = 0.0;            // 0 = dropless
+  double expert_dropout = 0.0;             // dropout on the experts' hidden activations (Switch)
+  std::string kernels = "auto";            // auto | cuda | reference
+};
+
+struct DataConfig {
+  std::string train_path;  // an HDF5 shard, or a directory of *.h5 shards
+  std::string valid_path;  // same; required for validation
+};
+
+struct TrainingConfig {
+  std::string output_dir = "runs/moe-train";
+  int64_t train_iters = 0;  // optimizer steps; 0 = derive from epochs
+  int64_t epochs = 1;       // used when train_iters is 0
+  int64_t eval_interval = 100;
+  int64_t eval_iters = 20;  // validation batches per evaluation
+  uint64_t seed = 1234;
+  std::string device = "auto";  // auto | cpu | cuda
+};
+
+struct Config {
+  // DeepSpeed batch triple, resolved by the any-two-of-three rule (world size 1).
+  int64_t train_batch_size = 0;
+  int64_t train_micro_batch_size_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  double gradient_clipping = 0.0;  // 0 = off (DeepSpeed's default)
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  ZeroConfig zero_optimization;
+  ActivationCheckpointingConfig activation_checkpointing;
+  MonitorSinkConfig tensorboard;
+  MonitorSinkConfig csv_monitor;
+
+  ModelConfig model;
+  MoeConfig moe;
+  DataConfig data;
+  TrainingConfig training;
+
+  std::string source_file;            // where it came from, for messages; not serialised
+  std::vector<std::string> warnings;  // accepted-but-ignored keys etc.; the CLI logs them
+};
+
+// Parses JSON text (file name used in messages). Throws UserError with line/column on syntax
+// errors.
+nlohmann::json parse_json_text(const std::string& text, const std::string& file);
+nlohmann::json load_json_file(const std::string& path);
+
+// Applies one `dotted.key=value` override. The value is parsed as JSON when it parses
+// (numbers, true/false, null, arrays), else taken as a string. Type checking happens in from_json.
+void apply_override(nlohmann::json& root, const std::string& assignment);
+
+// Builds the typed tree: unknown keys (with did-you-mean) and wrong types throw UserError.
+Config from_json(const nlohmann::json& root, const std::string& file);
+
+// Range and consistency rules; resolves the batch triple. Throws UserError naming path and rule.
+void validate(Config& cfg);
+
+// Everything above in order: file -> overrides -> typed -> validated.
+Config load(const std::string& path, const std::vector<std::string>& overrides);
+
+// The resolved config with every default filled in, in the same key layout as the input.
+nlohmann::json to_json(const Config& cfg);
+
+// Derived sizes used by the model and messages.
+int64_t expert_hidden_size(const Config& cfg);
+int64_t count_parameters(const Config& cfg);
+int64_t active_parameters_per_token(const Config& cfg);
+
+}  // namespace moe::config

@@ -1,0 +1,39 @@
+// Our CUDA permute / unpermute-combine kernels as autograd-aware tensor ops. The ATen reference
+// with the same contract is in moe/moe/dispatcher.h; tests compare the two on a GPU.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace moe::kernels {
+
+// True when this binary was built with nvcc and carries the kernels.
+bool cuda_kernels_compiled();
+
+// out[r] = x[source_token[r]]. x [T, d] CUDA; source_token, source_assignment [N] int64 (the
+// plan of moe/moe/dispatcher.h); top_k routes per token. Differentiable in x.
+at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& source_token,
+                        const at::Tensor& source_assignment, int64_t top_k);
+
+// out[t] = sum_j weights[t, j] * y[row(t * k + j)], fp32 accumulation, out in y's dtype.
+// row() inverts source_assignment; dropped assignments contribute nothing.
+// Differentiable in y and weights.
+at::Tensor unpermute_combine(const at::Tensor& y, const at::Tensor& source_token,
+                             const at::Tensor& source_assignment, const at::Tensor& weights,
+                             int64_t num_tokens);
+
+namespace detail {  // raw launches (no autograd), exposed for tests and benchmarks
+at::Tensor assignment_rows(const at::Tensor& source_assignment, int64_t num_assignments);
+at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& source_token);
+at::Tensor permute_backward(const at::Tensor& grad_out, const at::Tensor& rows_of_assignment,
+                            int64_t top_k);
+at::Tensor combine_forward(const at::Tensor& y, const at::Tensor& rows_of_assignment,
+                           const at::Tensor& weights);
+// Returns {grad_y [N, d], grad_weights [T, k] fp32}.
+std::pair<at::Tensor, at::Tensor> combine_backward(const at::Tensor& grad_out, const at::Tensor& y,
+                                                   const at::Tensor& source_token,
+                                                   const at::Tensor& source_assignment,
+                                                   const at::Tensor& rows_of_assignment,
+                                                   const at::Tensor& weights);
+}  // namespace detail
+
+}  // namespace moe::kernels

@@ -1,0 +1,33 @@
+// Dispatcher: permute token rows into expert-contiguous order (stable: within an expert, token
+// order is kept) and combine expert outputs back with the gate weights, accumulating in fp32.
+// Two implementations of one contract: the ATen reference (CPU path, test oracle) and our CUDA
+// kernels (src/kernels/permute.cu), chosen per call.
+#pragma once
+
+#include <torch/types.h>
+
+namespace moe::moe {
+
+struct DispatchPlan {
+  torch::Tensor source_token;       // [N] int64: token row feeding destination row r
+  torch::Tensor source_assignment;  // [N] int64: flat assignment t * k + j of destination row r
+  torch::Tensor tokens_per_expert;  // [E] int64; N = sum
+};
+
+// Plans the permutation of kept assignments. topk_idx, keep: [T, k].
+DispatchPlan plan_dispatch(const torch::Tensor& topk_idx, const torch::Tensor& keep,
+                           int64_t num_experts);
+
+// x [T, d] -> [N, d] rows in expert order.
+torch::Tensor permute_tokens(const torch::Tensor& x, const DispatchPlan& plan);
+
+// y [N, d] expert outputs, weights [T, k] fp32 -> out [T, d] in y's dtype;
+// out[t] = sum over t's kept assignments a of weights[a] * y[row(a)], summed in fp32.
+torch::Tensor unpermute_combine(const torch::Tensor& y, const DispatchPlan& plan,
+                                const torch::Tensor& weights, int64_t num_tokens);
+
+enum class KernelPath { kReference, kCuda };
+// "auto" -> cuda on CUDA tensors when the kernels were compiled in, else reference.
+KernelPath resolve_kernel_path(const std::string& setting, bool on_cuda);
+
+}  // namespace moe::moe

@@ -1,0 +1,34 @@
+// Experts: E SwiGLU MLPs held as stacked weights, applied to expert-contiguous rows.
+//   y = (silu(x W_gate[e]) * (x W_up[e])) W_down[e]
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+namespace moe::moe {
+
+struct ExpertsOptions {
+  int64_t num_experts = 8;
+  int64_t hidden_size = 0;
+  int64_t ffn_size = 0;
+  double dropout = 0.0;  // expert dropout on the SwiGLU activations (Switch's "expert dropout")
+  double init_std = 0.02;
+  double output_init_std = 0.02;
+};
+
+class ExpertsImpl : public torch::nn::Module {
+ public:
+  explicit ExpertsImpl(const ExpertsOptions& opt);
+  // x [N, d] in expert order, tokens_per_expert [E] -> [N, d].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& tokens_per_expert);
+
+  torch::Tensor w_gate;  // [E, d, f]
+  torch::Tensor w_up;    // [E, d, f]
+  torch::Tensor w_down;  // [E, f, d]
+
+ private:
+  ExpertsOptions opt_;
+};
+TORCH_MODULE(Experts);
+
+}  // namespace moe::moe

@@ -1,0 +1,41 @@
+// The MoE FFN: route -> dispatch -> experts -> combine. Reports per-expert load and losses.
+#pragma once
+
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include "moe/moe/experts.h"
+#include "moe/moe/router.h"
+
+namespace moe::moe {
+
+struct MoeLayerOptions {
+  RouterOptions router;
+  ExpertsOptions experts;
+  std::string kernels = "auto";  // auto | cuda | reference
+};
+
+struct MoeLayerOutput {
+  torch::Tensor y;                  // [T, d]
+  torch::Tensor aux_loss;           // scalar fp32
+  torch::Tensor z_loss;             // scalar fp32
+  torch::Tensor tokens_per_expert;  // [E] int64
+  int64_t dropped = 0;
+};
+
+class MoeLayerImpl : public torch::nn::Module {
+ public:
+  explicit MoeLayerImpl(const MoeLayerOptions& opt);
+  MoeLayerOutput forward(const torch::Tensor& x);  // x [T, d]
+
+  Router router{nullptr};
+  Experts experts{nullptr};
+
+ private:
+  MoeLayerOptions opt_;
+};
+TORCH_MODULE(MoeLayer);
+
+}  // namespace moe::moe

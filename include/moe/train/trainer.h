@@ -1,0 +1,37 @@
+// The training run: data -> model -> AdamW with clipping and the LR schedule -> periodic
+// validation -> metrics. Everything that can be wrong with the user's input is checked before
+// anything is written to the output directory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "moe/config/config.h"
+
+namespace moe::train {
+
+struct EvalResult {
+  double loss = 0.0;
+  double accuracy = 0.0;  // next-token top-1
+  double perplexity = 0.0;
+  int64_t tokens = 0;
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  double first_train_loss = 0.0;
+  double last_train_loss = 0.0;
+  bool has_validation = false;
+  EvalResult initial_eval;  // before the first step
+  EvalResult final_eval;
+  double majority_baseline = 0.0;  // accuracy of always predicting the most frequent token
+  std::string output_dir;
+};
+
+struct TrainOptions {
+  bool overwrite = false;  // allow replacing a previous run's files in output_dir
+};
+
+TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt);
+
+}  // namespace moe::train

@@ -1,0 +1,159 @@
+#include "json_reader.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "moe/util/errors.h"
+
+namespace moe::config {
+
+namespace {
+std::string short_value(const nlohmann::json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+}  // namespace
+
+ObjectReader::ObjectReader(const nlohmann::json* node, std::string path, std::string file)
+    : node_(node), path_(std::move(path)), file_(std::move(file)) {
+  if (node_ != nullptr && node_->is_null()) node_ = nullptr;
+  if (node_ != nullptr && !node_->is_object()) {
+    throw UserError("config: " + file_ + ": " + (path_.empty() ? "<root>" : path_) + " = " +
+                    short_value(*node_) + ": expected a JSON object");
+  }
+}
+
+std::string ObjectReader::path_of(std::string_view key) const {
+  return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+}
+
+bool ObjectReader::has(std::string_view key) const {
+  return node_ != nullptr && node_->contains(key) && !(*node_)[std::string(key)].is_null();
+}
+
+const nlohmann::json* ObjectReader::find(std::string_view key) {
+  known_.emplace(key);
+  if (node_ == nullptr) return nullptr;
+  auto it = node_->find(key);
+  if (it == node_->end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+void ObjectReader::type_error(std::string_view key, const nlohmann::json& v,
+                              std::string_view expected) const {
+  throw UserError("config: " + file_ + ": " + path_of(key) + " = " + short_value(v) +
+                  ": expected " + std::string(expected));
+}
+
+void ObjectReader::get(std::string_view key, bool& out) {
+  if (const auto* v = find(key)) {
+    if (!v->is_boolean()) type_error(key, *v, "true or false");
+    out = v->get<bool>();
+  }
+}
+
+void ObjectReader::get(std::string_view key, int64_t& out) {
+  const auto* v = find(key);
+  if (v == nullptr) return;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) {
+      type_error(key, *v, "an integer below 2^63");
+    }
+    out = v->get<int64_t>();
+    return;
+  }
+  // Accept 1e4-style integral floats, as Python's DeepSpeed would.
+  if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e18) {
+      out = static_cast<int64_t>(d);
+      return;
+    }
+  }
+  type_error(key, *v, "an integer");
+}
+
+void ObjectReader::get(std::string_view key, uint64_t& out) {
+  int64_t tmp = static_cast<int64_t>(out);
+  get(key, tmp);
+  if (tmp < 0) type_error(key, (*node_)[std::string(key)], "a non-negative integer");
+  out = static_cast<uint64_t>(tmp);
+}
+
+void ObjectReader::get(std::string_view key, double& out) {
+  if (const auto* v = find(key)) {
+    if (!v->is_number()) type_error(key, *v, "a number");
+    out = v->get<double>();
+    if (!std::isfinite(out)) type_error(key, *v, "a finite number");
+  }
+}
+
+void ObjectReader::get(std::string_view key, std::string& out) {
+  if (const auto* v = find(key)) {
+    if (!v->is_string()) type_error(key, *v, "a string");
+    out = v->get<std::string>();
+  }
+}
+
+void ObjectReader::get(std::string_view key, std::array<double, 2>& out) {
+  if (const auto* v = find(key)) {
+    if (!v->is_array() || v->size() != 2 || !(*v)[0].is_number() || !(*v)[1].is_number()) {
+      type_error(key, *v, "an array of two numbers");
+    }
+    out = {(*v)[0].get<double>(), (*v)[1].get<double>()};
+  }
+}
+
+ObjectReader ObjectReader::child(std::string_view key) {
+  return ObjectReader(find(key), path_of(key), file_);
+}
+
+void ObjectReader::accept(std::string_view key) { known_.emplace(key); }
+
+void ObjectReader::finish() const {
+  if (node_ == nullptr) return;
+  std::vector<std::string> candidates(known_.begin(), known_.end());
+  for (const auto& [key, value] : node_->items()) {
+    if (known_.count(key) != 0) continue;
+    std::string msg = "config: " + file_ + ": unknown key '" + path_of(key) + "'";
+    std::string near = closest_match(key, candidates);
+    if (!near.empty()) {
+      msg += "; did you mean '" + path_of(near) + "'?";
+    } else {
+      msg +=
+          " (see docs/config.md for the keys of " + (path_.empty() ? "the top level" : path_) + ")";
+    }
+    throw UserError(msg);
+  }
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (std::tolower(a[i - 1]) == std::tolower(b[j - 1]) ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  size_t limit = std::max<size_t>(2, word.size() / 3);
+  return best_d <= limit ? best : "";
+}
+
+}  // namespace moe::config

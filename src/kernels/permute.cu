@@ -1,0 +1,255 @@
+// Permute / unpermute-combine kernels. Layout of this file: kernels, then checked launchers,
+// then tensor-level wrappers. Deterministic by construction: no atomics; every output element
+// is written by exactly one thread, which sums its inputs in a fixed order (j = 0..k-1).
+//
+// Byte counts that bound each kernel (N = kept assignments, T tokens, d hidden, b bytes/elem):
+//   permute fwd:   read N*d*b, write N*d*b
+//   permute bwd:   read N*d*b, write T*d*b
+//   combine fwd:   read N*d*b + T*k*4, write T*d*b
+//   combine bwd:   read T*d*b + N*d*b, write N*d*b + N*4
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "moe/kernels/permute.h"
+
+namespace moe::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+// ---- kernels ----------------------------------------------------------------------------
+
+// rows_of_assignment[source_assignment[r]] = r; entries of dropped assignments stay -1.
+__global__ void invert_assignment_kernel(const int64_t* __restrict__ source_assignment, int64_t n,
+                                         int64_t* __restrict__ rows_of_assignment) {
+  int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (r < n) rows_of_assignment[source_assignment[r]] = r;
+}
+
+// One block per destination row; copies 16-byte vectors when the row allows (vec_bytes = 16),
+// else elements. Row offsets are int64: rows * row_bytes can pass 2^31.
+template <typename VecT>
+__global__ void gather_rows_kernel(const char* __restrict__ x, const int64_t* __restrict__ src,
+                                   int64_t row_vecs, char* __restrict__ out) {
+  const int64_t r = blockIdx.x;
+  const VecT* in_row = reinterpret_cast<const VecT*>(x) + src[r] * row_vecs;
+  VecT* out_row = reinterpret_cast<VecT*>(out) + r * row_vecs;
+  for (int64_t i = threadIdx.x; i < row_vecs; i += blockDim.x) out_row[i] = in_row[i];
+}
+
+// grad_x[t] = sum_j grad_out[rows[t*k + j]] (rows < 0 skipped), fp32 accumulation.
+template <typename scalar_t>
+__global__ void permute_backward_kernel(const scalar_t* __restrict__ grad_out,
+                                        const int64_t* __restrict__ rows, int64_t k, int64_t d,
+                                        scalar_t* __restrict__ grad_x) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t r = rows[t * k + j];
+      if (r >= 0) acc += static_cast<float>(grad_out[r * d + c]);
+    }
+    grad_x[t * d + c] = static_cast<scalar_t>(acc);
+  }
+}
+
+// out[t] = sum_j w[t, j] * y[rows[t*k + j]], fp32 accumulation.
+template <typename scalar_t>
+__global__ void combine_forward_kernel(const scalar_t* __restrict__ y,
+                                       const int64_t* __restrict__ rows,
+                                       const float* __restrict__ w, int64_t k, int64_t d,
+                                       scalar_t* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t r = rows[t * k + j];
+      if (r >= 0) acc += w[t * k + j] * static_cast<float>(y[r * d + c]);
+    }
+    out[t * d + c] = static_cast<scalar_t>(acc);
+  }
+}
+
+// One block per destination row r (assignment a, token t):
+//   grad_y[r] = w[a] * grad_out[t];  grad_w[a] = dot(grad_out[t], y[r]) (block reduction).
+template <typename scalar_t>
+__global__ void combine_backward_kernel(const scalar_t* __restrict__ grad_out,
+                                        const scalar_t* __restrict__ y,
+                                        const int64_t* __restrict__ src_token,
+                                        const int64_t* __restrict__ src_assignment,
+                                        const float* __restrict__ w, int64_t d,
+                                        scalar_t* __restrict__ grad_y, float* __restrict__ grad_w) {
+  __shared__ float partial[kThreads];
+  const int64_t r = blockIdx.x;
+  const int64_t t = src_token[r];
+  const int64_t a = src_assignment[r];
+  const float wa = w[a];
+  float dot = 0.f;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float g = static_cast<float>(grad_out[t * d + c]);
+    grad_y[r * d + c] = static_cast<scalar_t>(wa * g);
+    dot += g * static_cast<float>(y[r * d + c]);
+  }
+  partial[threadIdx.x] = dot;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {  // fixed tree order: deterministic
+    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) grad_w[a] = partial[0];
+}
+
+// ---- checked launchers -------------------------------------------------------------------
+
+void check_cuda_2d(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), "moe kernels: ", name, " must be a CUDA tensor, got ", t.device());
+  TORCH_CHECK(t.dim() == 2, "moe kernels: ", name, " must be 2-D, got shape ", t.sizes());
+  TORCH_CHECK(t.is_contiguous(), "moe kernels: ", name, " must be contiguous");
+}
+
+void check_index(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kLong && t.dim() == 1, "moe kernels: ", name,
+              " must be a 1-D int64 CUDA tensor, got ", t.scalar_type(), " of shape ", t.sizes(),
+              " on ", t.device());
+}
+
+int blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+
+int threads_for_row(int64_t d) {
+  int t = 32;
+  while (t < kThreads && t < d) t *= 2;
+  return t;
+}
+
+}  // namespace
+
+// ---- tensor-level wrappers ---------------------------------------------------------------
+namespace detail {
+
+at::Tensor assignment_rows(const at::Tensor& source_assignment, int64_t num_assignments) {
+  check_index(source_assignment, "source_assignment");
+  c10::cuda::CUDAGuard guard(source_assignment.device());
+  auto rows = at::full({num_assignments}, -1, source_assignment.options());
+  const int64_t n = source_assignment.numel();
+  TORCH_CHECK(n <= num_assignments, "moe kernels: ", n, " rows for ", num_assignments,
+              " assignments");
+  if (n == 0) return rows;
+  invert_assignment_kernel<<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      source_assignment.data_ptr<int64_t>(), n, rows.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return rows;
+}
+
+at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& source_token) {
+  check_cuda_2d(x, "x");
+  check_index(source_token, "source_token");
+  c10::cuda::CUDAGuard guard(x.device());
+  const int64_t n = source_token.numel(), d = x.size(1);
+  auto out = at::empty({n, d}, x.options());
+  if (n == 0 || d == 0) return out;
+  const int64_t row_bytes = d * x.element_size();
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const bool vec16 = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
+  const int64_t vec_bytes = vec16 ? 16 : x.element_size();
+  const int64_t row_vecs = row_bytes / vec_bytes;
+  const int threads = threads_for_row(row_vecs);
+  TORCH_CHECK(n <= INT32_MAX, "moe kernels: permute of ", n, " rows exceeds the grid limit");
+  const char* in = static_cast<const char*>(x.data_ptr());
+  char* o = static_cast<char*>(out.data_ptr());
+  const int64_t* src = source_token.data_ptr<int64_t>();
+  switch (vec_bytes) {
+    case 16:
+      gather_rows_kernel<uint4><<<n, threads, 0, stream>>>(in, src, row_vecs, o);
+      break;
+    case 8:
+      gather_rows_kernel<uint2><<<n, threads, 0, stream>>>(in, src, row_vecs, o);
+      break;
+    case 4:
+      gather_rows_kernel<uint32_t><<<n, threads, 0, stream>>>(in, src, row_vecs, o);
+      break;
+    case 2:
+      gather_rows_kernel<uint16_t><<<n, threads, 0, stream>>>(in, src, row_vecs, o);
+      break;
+    default:
+      gather_rows_kernel<uint8_t><<<n, threads, 0, stream>>>(in, src, row_vecs, o);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor permute_backward(const at::Tensor& grad_out, const at::Tensor& rows_of_assignment,
+                            int64_t top_k) {
+  check_cuda_2d(grad_out, "grad_out");
+  check_index(rows_of_assignment, "rows_of_assignment");
+  TORCH_CHECK(top_k >= 1 && rows_of_assignment.numel() % top_k == 0, "moe kernels: top_k = ", top_k,
+              " does not divide ", rows_of_assignment.numel(), " assignments");
+  c10::cuda::CUDAGuard guard(grad_out.device());
+  const int64_t T = rows_of_assignment.numel() / top_k, d = grad_out.size(1);
+  auto grad_x = at::empty({T, d}, grad_out.options());
+  if (T == 0 || d == 0) return grad_x;
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, grad_out.scalar_type(), "permute_bwd", [&] {
+        permute_backward_kernel<scalar_t>
+            <<<T, threads_for_row(d), 0, at::cuda::getCurrentCUDAStream()>>>(
+                grad_out.data_ptr<scalar_t>(), rows_of_assignment.data_ptr<int64_t>(), top_k, d,
+                grad_x.data_ptr<scalar_t>());
+      });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return grad_x;
+}
+
+at::Tensor combine_forward(const at::Tensor& y, const at::Tensor& rows_of_assignment,
+                           const at::Tensor& weights) {
+  check_cuda_2d(y, "y");
+  check_cuda_2d(weights, "weights");
+  check_index(rows_of_assignment, "rows_of_assignment");
+  TORCH_CHECK(weights.scalar_type() == at::kFloat, "moe kernels: weights must be fp32, got ",
+              weights.scalar_type());
+  TORCH_CHECK(weights.numel() == rows_of_assignment.numel(), "moe kernels: weights hold ",
+              weights.numel(), " entries for ", rows_of_assignment.numel(), " assignments");
+  c10::cuda::CUDAGuard guard(y.device());
+  const int64_t T = weights.size(0), k = weights.size(1), d = y.size(1);
+  auto out = at::empty({T, d}, y.options());
+  if (T == 0 || d == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "combine_fwd", [&] {
+    combine_forward_kernel<scalar_t>
+        <<<T, threads_for_row(d), 0, at::cuda::getCurrentCUDAStream()>>>(
+            y.data_ptr<scalar_t>(), rows_of_assignment.data_ptr<int64_t>(),
+            weights.data_ptr<float>(), k, d, out.data_ptr<scalar_t>());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> combine_backward(const at::Tensor& grad_out, const at::Tensor& y,
+                                                   const at::Tensor& source_token,
+                                                   const at::Tensor& source_assignment,
+                                                   const at::Tensor& rows_of_assignment,
+                                                   const at::Tensor& weights) {
+  check_cuda_2d(grad_out, "grad_out");
+  check_cuda_2d(y, "y");
+  check_index(source_token, "source_token");
+  check_index(source_assignment, "source_assignment");
+  (void)rows_of_assignment;
+  c10::cuda::CUDAGuard guard(y.device());
+  const int64_t n = y.size(0), d = y.size(1);
+  auto grad_y = at::empty_like(y);
+  // Dropped assignments receive no row, so their weight gradient is 0.
+  auto grad_w = at::zeros(weights.sizes(), weights.options().dtype(at::kFloat));
+  if (n == 0) return {grad_y, grad_w};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "combine_bwd", [&] {
+    combine_backward_kernel<scalar_t><<<n, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        grad_out.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), source_token.data_ptr<int64_t>(),
+        source_assignment.data_ptr<int64_t>(), weights.data_ptr<float>(), d,
+        grad_y.data_ptr<scalar_t>(), grad_w.data_ptr<float>());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {grad_y, grad_w};
+}
+
+}  // namespace detail
+}  // namespace moe::kernels

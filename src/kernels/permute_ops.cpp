@@ -1,0 +1,88 @@
+// Autograd wrappers around the permute kernels (src/kernels/permute.cu). In a CPU-only build
+// the ops report that the kernels are absent; resolve_kernel_path() never selects them there.
+#include <torch/autograd.h>
+#include <torch/types.h>
+
+#include "moe/kernels/permute.h"
+
+namespace moe::kernels {
+
+#ifdef MOE_HAVE_CUDA
+
+bool cuda_kernels_compiled() { return true; }
+
+namespace {
+
+class PermuteRows : public torch::autograd::Function<PermuteRows> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& source_token,
+                               const torch::Tensor& rows_of_assignment, int64_t top_k) {
+    ctx->save_for_backward({rows_of_assignment});
+    ctx->saved_data["top_k"] = top_k;
+    return detail::permute_forward(x.contiguous(), source_token);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto rows = ctx->get_saved_variables()[0];
+    auto gx =
+        detail::permute_backward(grads[0].contiguous(), rows, ctx->saved_data["top_k"].toInt());
+    return {gx, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+class UnpermuteCombine : public torch::autograd::Function<UnpermuteCombine> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& y,
+                               const torch::Tensor& weights, const torch::Tensor& source_token,
+                               const torch::Tensor& source_assignment,
+                               const torch::Tensor& rows_of_assignment) {
+    auto yc = y.contiguous();
+    auto w = weights.to(torch::kFloat).contiguous();
+    ctx->save_for_backward({yc, w, source_token, source_assignment, rows_of_assignment});
+    ctx->saved_data["weights_dtype"] = static_cast<int64_t>(weights.scalar_type());
+    return detail::combine_forward(yc, rows_of_assignment, w);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    auto [gy, gw] = detail::combine_backward(grads[0].contiguous(), s[0], s[2], s[3], s[4], s[1]);
+    auto wdtype = static_cast<torch::ScalarType>(ctx->saved_data["weights_dtype"].toInt());
+    return {gy, gw.to(wdtype), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& source_token,
+                        const at::Tensor& source_assignment, int64_t top_k) {
+  // The backward sums, per token, the gradients of its destination rows: it needs the inverse map.
+  auto rows = detail::assignment_rows(source_assignment, x.size(0) * top_k);
+  return PermuteRows::apply(x, source_token, rows, top_k);
+}
+
+at::Tensor unpermute_combine(const at::Tensor& y, const at::Tensor& source_token,
+                             const at::Tensor& source_assignment, const at::Tensor& weights,
+                             int64_t num_tokens) {
+  TORCH_CHECK(weights.dim() == 2 && weights.size(0) == num_tokens, "moe kernels: weights must be [",
+              num_tokens, ", k], got ", weights.sizes());
+  auto rows = detail::assignment_rows(source_assignment, weights.numel());
+  return UnpermuteCombine::apply(y, weights, source_token, source_assignment, rows);
+}
+
+#else
+
+bool cuda_kernels_compiled() { return false; }
+
+at::Tensor permute_rows(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t) {
+  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+}
+
+at::Tensor unpermute_combine(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, int64_t) {
+  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+}
+
+#endif
+
+}  // namespace moe::kernels

@@ -1,0 +1,127 @@
+#include "moe/model/transformer.h"
+
+#include <cmath>
+
+#include <torch/torch.h>
+
+namespace moe::model {
+
+namespace F = torch::nn::functional;
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  return at::rms_norm(x, {weight.size(0)}, weight, eps_);
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t hidden, int64_t heads, double dropout,
+                                                 double init_std, double out_init_std)
+    : heads_(heads), dropout_(dropout) {
+  qkv = register_module(
+      "qkv", torch::nn::Linear(torch::nn::LinearOptions(hidden, 3 * hidden).bias(false)));
+  out = register_module("out",
+                        torch::nn::Linear(torch::nn::LinearOptions(hidden, hidden).bias(false)));
+  torch::NoGradGuard g;
+  qkv->weight.normal_(0.0, init_std);
+  out->weight.normal_(0.0, out_init_std);
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), S = x.size(1), d = x.size(2);
+  auto qkv_out = qkv->forward(x).view({B, S, 3, heads_, d / heads_}).permute({2, 0, 3, 1, 4});
+  auto y = at::scaled_dot_product_attention(qkv_out[0], qkv_out[1], qkv_out[2], {},
+                                            is_training() ? dropout_ : 0.0, /*is_causal=*/true);
+  return out->forward(y.transpose(1, 2).reshape({B, S, d}));
+}
+
+namespace {
+moe::MoeLayerOptions moe_options(const config::Config& cfg) {
+  const auto& m = cfg.model;
+  moe::MoeLayerOptions o;
+  o.router.hidden_size = m.hidden_size;
+  o.router.num_experts = cfg.moe.num_experts;
+  o.router.top_k = cfg.moe.top_k;
+  o.router.sigmoid_scores = cfg.moe.score_function == "sigmoid";
+  o.router.normalize_topk = cfg.moe.normalize_topk;
+  o.router.capacity_factor = cfg.moe.capacity_factor;
+  o.experts.num_experts = cfg.moe.num_experts;
+  o.experts.hidden_size = m.hidden_size;
+  o.experts.ffn_size = config::expert_hidden_size(cfg);
+  o.experts.dropout = cfg.moe.expert_dropout;
+  o.experts.init_std = m.init_std;
+  // GPT-2/Megatron: residual-output projections scaled by 1/sqrt(2L).
+  o.experts.output_init_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers));
+  o.kernels = cfg.moe.kernels;
+  return o;
+}
+}  // namespace
+
+BlockImpl::BlockImpl(const config::Config& cfg) : dropout_(cfg.model.dropout) {
+  const auto& m = cfg.model;
+  attn_norm = register_module("attn_norm", RMSNorm(m.hidden_size, m.norm_eps));
+  attn = register_module(
+      "attn", CausalSelfAttention(m.hidden_size, m.num_heads, m.dropout, m.init_std,
+                                  m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers))));
+  moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps));
+  moe = register_module("moe", moe::MoeLayer(moe_options(cfg)));
+}
+
+BlockOutput BlockImpl::forward(const torch::Tensor& x) {
+  BlockOutput o;
+  auto h = x + F::dropout(attn->forward(attn_norm->forward(x)),
+                          F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  const auto shape = h.sizes().vec();
+  auto flat = moe_norm->forward(h).reshape({-1, shape.back()});
+  o.moe = moe->forward(flat);
+  o.x = h + F::dropout(o.moe.y.view(shape),
+                       F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  return o;
+}
+
+TransformerLMImpl::TransformerLMImpl(const config::Config& cfg) : mcfg_(cfg.model) {
+  const auto& m = cfg.model;
+  embed = register_module("embed", torch::nn::Embedding(m.vocab_size, m.hidden_size));
+  pos_embed = register_module("pos_embed", torch::nn::Embedding(m.seq_len, m.hidden_size));
+  {
+    torch::NoGradGuard g;
+    embed->weight.normal_(0.0, m.init_std);
+    pos_embed->weight.normal_(0.0, m.init_std);
+  }
+  auto list = register_module("blocks", torch::nn::ModuleList());  // names blocks.0, blocks.1...
+  for (int64_t i = 0; i < m.num_layers; ++i) {
+    blocks.push_back(Block(cfg));
+    list->push_back(blocks.back());
+  }
+  final_norm = register_module("final_norm", RMSNorm(m.hidden_size, m.norm_eps));
+  if (!m.tie_embeddings) {
+    lm_head = register_module(
+        "lm_head",
+        torch::nn::Linear(torch::nn::LinearOptions(m.hidden_size, m.vocab_size).bias(false)));
+    torch::NoGradGuard g;
+    lm_head->weight.normal_(0.0, m.init_std);
+  }
+}
+
+LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
+  LmOutput out;
+  const int64_t S = tokens.size(1);
+  auto pos = torch::arange(S, tokens.options());
+  auto x = embed->forward(tokens) + pos_embed->forward(pos).unsqueeze(0);
+  out.aux_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
+  out.z_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
+  for (auto& b : blocks) {
+    BlockOutput bo = b->forward(x);
+    x = bo.x;
+    out.aux_loss = out.aux_loss + bo.moe.aux_loss;
+    out.z_loss = out.z_loss + bo.moe.z_loss;
+    out.tokens_per_expert.push_back(bo.moe.tokens_per_expert);
+    out.dropped += bo.moe.dropped;
+  }
+  x = final_norm->forward(x);
+  out.logits = lm_head ? lm_head->forward(x) : F::linear(x, embed->weight);
+  return out;
+}
+
+}  // namespace moe::model

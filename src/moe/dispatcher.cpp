@@ -1,0 +1,56 @@
+#include "moe/moe/dispatcher.h"
+
+#include <ATen/ATen.h>
+
+#include "moe/kernels/permute.h"
+#include "moe/util/errors.h"
+
+namespace moe::moe {
+
+DispatchPlan plan_dispatch(const torch::Tensor& topk_idx, const torch::Tensor& keep,
+                           int64_t num_experts) {
+  DispatchPlan p;
+  const int64_t k = topk_idx.size(1);
+  auto kept = keep.reshape(-1).nonzero().squeeze(1);  // ascending assignment ids
+  auto experts = topk_idx.reshape(-1).index_select(0, kept);
+  // A stable sort by expert keeps ascending assignment (hence token) order within an expert.
+  auto order = std::get<1>(at::sort(experts, /*stable=*/true, 0, /*descending=*/false));
+  p.source_assignment = kept.index_select(0, order);
+  p.source_token = at::floor_divide(p.source_assignment, k);
+  p.tokens_per_expert = at::bincount(experts, {}, num_experts);
+  return p;
+}
+
+torch::Tensor permute_tokens(const torch::Tensor& x, const DispatchPlan& plan) {
+  return x.index_select(0, plan.source_token);
+}
+
+torch::Tensor unpermute_combine(const torch::Tensor& y, const DispatchPlan& plan,
+                                const torch::Tensor& weights, int64_t num_tokens) {
+  // Accumulate in fp32 (or wider: double inputs stay double for gradient checks).
+  const auto acc = at::promote_types(y.scalar_type(), at::kFloat);
+  auto w = weights.reshape(-1).index_select(0, plan.source_assignment).to(acc);
+  auto contrib = y.to(acc) * w.unsqueeze(1);
+  auto out = at::zeros({num_tokens, y.size(1)}, y.options().dtype(acc));
+  return out.index_add(0, plan.source_token, contrib).to(y.scalar_type());
+}
+
+KernelPath resolve_kernel_path(const std::string& setting, bool on_cuda) {
+  if (setting == "reference") return KernelPath::kReference;
+  if (setting == "cuda") {
+    if (!kernels::cuda_kernels_compiled()) {
+      throw UserError(
+          "config: moe.kernels = \"cuda\": this build has no CUDA kernels (nvcc was "
+          "not found at build time); use \"reference\" or \"auto\"");
+    }
+    if (!on_cuda) {
+      throw UserError(
+          "config: moe.kernels = \"cuda\": the model runs on the CPU; use "
+          "\"reference\" or \"auto\"");
+    }
+    return KernelPath::kCuda;
+  }
+  return on_cuda && kernels::cuda_kernels_compiled() ? KernelPath::kCuda : KernelPath::kReference;
+}
+
+}  // namespace moe::moe

@@ -1,0 +1,33 @@
+#include "moe/moe/experts.h"
+
+#include <torch/torch.h>
+
+namespace moe::moe {
+
+ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
+  const int64_t E = opt.num_experts, d = opt.hidden_size, f = opt.ffn_size;
+  w_gate = register_parameter("w_gate", torch::randn({E, d, f}) * opt.init_std);
+  w_up = register_parameter("w_up", torch::randn({E, d, f}) * opt.init_std);
+  w_down = register_parameter("w_down", torch::randn({E, f, d}) * opt.output_init_std);
+}
+
+torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& tokens_per_expert) {
+  // Per-expert GEMMs over contiguous segments; counts are needed on the host to slice.
+  auto counts = tokens_per_expert.to(torch::kCPU);
+  const int64_t* c = counts.data_ptr<int64_t>();
+  std::vector<torch::Tensor> outs;
+  outs.reserve(static_cast<size_t>(opt_.num_experts));
+  int64_t offset = 0;
+  for (int64_t e = 0; e < opt_.num_experts; ++e) {
+    if (c[e] == 0) continue;  // experts without tokens are normal
+    auto seg = x.narrow(0, offset, c[e]);
+    auto h = torch::silu(seg.matmul(w_gate[e])) * seg.matmul(w_up[e]);
+    if (opt_.dropout > 0) h = torch::dropout(h, opt_.dropout, is_training());
+    outs.push_back(h.matmul(w_down[e]));
+    offset += c[e];
+  }
+  if (outs.empty()) return torch::zeros_like(x);
+  return torch::cat(outs, 0);
+}
+
+}  // namespace moe::moe

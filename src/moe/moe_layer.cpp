@@ -1,0 +1,37 @@
+#include "moe/moe/moe_layer.h"
+
+#include <torch/torch.h>
+
+#include "moe/kernels/permute.h"
+#include "moe/moe/dispatcher.h"
+
+namespace moe::moe {
+
+MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt) : opt_(opt) {
+  router = register_module("router", Router(opt.router));
+  experts = register_module("experts", Experts(opt.experts));
+}
+
+MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
+  MoeLayerOutput out;
+  Routing r = router->forward(x);
+  const int64_t T = x.size(0);
+  const KernelPath path = resolve_kernel_path(opt_.kernels, x.is_cuda());
+  DispatchPlan plan = plan_dispatch(r.topk_idx, r.keep, opt_.router.num_experts);
+  torch::Tensor permuted =
+      path == KernelPath::kCuda
+          ? kernels::permute_rows(x, plan.source_token, plan.source_assignment, opt_.router.top_k)
+          : permute_tokens(x, plan);
+  torch::Tensor y = experts->forward(permuted, plan.tokens_per_expert);
+  out.y = path == KernelPath::kCuda
+              ? kernels::unpermute_combine(y, plan.source_token, plan.source_assignment,
+                                           r.topk_weight, T)
+              : unpermute_combine(y, plan, r.topk_weight, T);
+  out.aux_loss = r.aux_loss;
+  out.z_loss = r.z_loss;
+  out.tokens_per_expert = r.tokens_per_expert;
+  out.dropped = r.dropped;
+  return out;
+}
+
+}  // namespace moe::moe

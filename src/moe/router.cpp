@@ -1,0 +1,73 @@
+#include "moe/moe/router.h"
+
+#include <torch/nn/init.h>
+#include <torch/torch.h>
+
+#include "moe/moe/moe_math.h"
+
+namespace moe::moe {
+
+RouterImpl::RouterImpl(const RouterOptions& opt) : opt_(opt) {
+  weight = register_parameter("weight", torch::empty({opt.num_experts, opt.hidden_size}));
+  torch::nn::init::xavier_uniform_(weight);
+}
+
+std::pair<torch::Tensor, torch::Tensor> topk_lower_id_wins(const torch::Tensor& scores, int64_t k) {
+  auto [values, indices] = at::sort(scores, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
+  return {values.narrow(-1, 0, k), indices.narrow(-1, 0, k)};
+}
+
+torch::Tensor capacity_keep_mask(const torch::Tensor& topk_idx, const torch::Tensor& topk_weight,
+                                 int64_t num_experts, int64_t capacity) {
+  const int64_t n = topk_idx.numel();
+  auto flat_e = topk_idx.reshape(-1);
+  auto flat_w = topk_weight.detach().reshape(-1);
+  // Order: by expert, then weight descending, then assignment index (two stable sorts).
+  auto by_w = std::get<1>(at::sort(flat_w, /*stable=*/true, 0, /*descending=*/true));
+  auto by_e = std::get<1>(at::sort(flat_e.index_select(0, by_w), /*stable=*/true, 0, false));
+  auto order = by_w.index_select(0, by_e);
+  auto sorted_e = flat_e.index_select(0, order);
+  auto counts = at::bincount(sorted_e, {}, num_experts);
+  auto starts = counts.cumsum(0) - counts;
+  auto rank = torch::arange(n, topk_idx.options()) - starts.index_select(0, sorted_e);
+  auto keep_sorted = rank < capacity;
+  auto keep = torch::empty({n}, topk_idx.options().dtype(torch::kBool));
+  keep.index_put_({order}, keep_sorted);
+  return keep.view_as(topk_idx);
+}
+
+Routing RouterImpl::forward(const torch::Tensor& x) {
+  Routing r;
+  const int64_t T = x.size(0), E = opt_.num_experts, k = opt_.top_k;
+  {
+    // Router math in fp32 whatever the surrounding autocast dtype.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    r.logits = torch::nn::functional::linear(x.to(torch::kFloat), weight.to(torch::kFloat));
+  }
+  torch::Tensor scores =
+      opt_.sigmoid_scores ? torch::sigmoid(r.logits) : torch::softmax(r.logits, -1);
+  auto [top_scores, top_idx] = topk_lower_id_wins(scores, k);
+  torch::Tensor w = top_scores;
+  if (opt_.normalize_topk && (k > 1 || opt_.sigmoid_scores)) {
+    w = w / w.sum(-1, true).clamp_min(1e-20);
+  }
+  r.topk_idx = top_idx;
+  const int64_t capacity = expert_capacity(T, k, E, opt_.capacity_factor);
+  if (capacity < T * k) {
+    r.keep = capacity_keep_mask(top_idx, w, E, capacity);
+    w = w * r.keep.to(w.scalar_type());
+  } else {
+    r.keep = torch::ones_like(top_idx, top_idx.options().dtype(torch::kBool));
+  }
+  r.topk_weight = w;
+  auto kept_idx = top_idx.masked_select(r.keep);
+  r.tokens_per_expert = at::bincount(kept_idx, {}, E);
+  r.dropped = T * k - kept_idx.numel();
+  // Aux loss on the probability simplex: softmax scores, or sigmoid scores normalised per token.
+  auto probs = opt_.sigmoid_scores ? scores / scores.sum(-1, true).clamp_min(1e-20) : scores;
+  r.aux_loss = load_balancing_loss(probs, r.tokens_per_expert, k);
+  r.z_loss = router_z_loss(r.logits);
+  return r;
+}
+
+}  // namespace moe::moe

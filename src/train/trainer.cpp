@@ -1,0 +1,274 @@
+#include "moe/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include <ATen/autocast_mode.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include "moe/data/token_dataset.h"
+#include "moe/model/transformer.h"
+#include "moe/train/lr_schedule.h"
+#include "moe/train/metrics_log.h"
+#include "moe/util/errors.h"
+
+namespace moe::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+torch::Device pick_device(const config::Config& cfg) {
+  const bool have_cuda = torch::cuda::is_available();
+  if (cfg.training.device == "cuda") {
+    if (!have_cuda) {
+      throw UserError("config: " + cfg.source_file +
+                      ": training.device = \"cuda\": no CUDA device is visible");
+    }
+    return torch::kCUDA;
+  }
+  if (cfg.training.device == "cpu" || !have_cuda) return torch::kCPU;
+  return torch::kCUDA;
+}
+
+// Checks (without writing) that the output directory can take a new run.
+void check_output_dir(const std::string& dir, bool overwrite) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    throw UserError("training.output_dir = " + dir + ": exists and is not a directory");
+  }
+  const fs::path metrics = fs::path(dir) / "metrics.jsonl";
+  if (!overwrite && fs::exists(metrics, ec)) {
+    throw UserError("training.output_dir = " + dir +
+                    ": already holds a run (metrics.jsonl); choose another directory or pass "
+                    "--overwrite");
+  }
+}
+
+torch::Tensor make_batch(const data::TokenDataset& ds, data::WindowSampler& sampler, int64_t B,
+                         const torch::Device& device) {
+  auto batch = torch::empty({B, ds.window_len()}, torch::kLong);
+  int64_t* p = batch.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) ds.copy_window(sampler.next(), p + b * ds.window_len());
+  return batch.to(device, /*non_blocking=*/true);
+}
+
+struct StepLosses {
+  torch::Tensor total, lm, aux, z;
+};
+
+StepLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batch,
+                          const config::Config& cfg) {
+  const int64_t S = batch.size(1) - 1;
+  auto inputs = batch.narrow(1, 0, S);
+  auto targets = batch.narrow(1, 1, S);
+  model::LmOutput out = model->forward(inputs);
+  StepLosses l;
+  l.lm = torch::nn::functional::cross_entropy(
+      out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat), targets.reshape({-1}));
+  l.aux = out.aux_loss;
+  l.z = out.z_loss;
+  l.total = l.lm + cfg.moe.aux_loss_coeff * l.aux + cfg.moe.z_loss_coeff * l.z;
+  return l;
+}
+
+EvalResult evaluate(model::TransformerLM& model, const data::TokenDataset& ds,
+                    const config::Config& cfg, const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  const int64_t B = cfg.train_micro_batch_size_per_gpu;
+  const int64_t windows = std::min(ds.num_windows(), cfg.training.eval_iters * B);
+  data::WindowSampler in_order(ds.num_windows(), 0, /*shuffle=*/false);
+  double loss_sum = 0.0;
+  int64_t correct = 0, count = 0;
+  for (int64_t done = 0; done < windows; done += B) {
+    auto batch = make_batch(ds, in_order, std::min(B, windows - done), device);
+    const int64_t S = batch.size(1) - 1;
+    auto targets = batch.narrow(1, 1, S).reshape({-1});
+    auto logits = model->forward(batch.narrow(1, 0, S)).logits;
+    logits = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
+    loss_sum += torch::nn::functional::cross_entropy(
+                    logits, targets,
+                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
+    correct += logits.argmax(-1).eq(targets).sum().item<int64_t>();
+    count += targets.numel();
+  }
+  model->train();
+  EvalResult r;
+  r.tokens = count;
+  r.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, count));
+  r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, count));
+  r.perplexity = std::exp(std::min(r.loss, 700.0));
+  return r;
+}
+
+json eval_record(int64_t step, const EvalResult& r) {
+  return {{"type", "eval"},    {"step", step},           {"split", "valid"},
+          {"loss", r.loss},    {"accuracy", r.accuracy}, {"perplexity", r.perplexity},
+          {"tokens", r.tokens}};
+}
+
+void set_lr(torch::optim::Optimizer& opt, double lr) {
+  for (auto& group : opt.param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  }
+}
+
+}  // namespace
+
+TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
+  auto log = spdlog::get("moe-train") ? spdlog::get("moe-train") : spdlog::default_logger();
+  for (const auto& w : cfg.warnings) log->warn("{}", w);
+
+  // ---- everything that can reject the user's input, before any file is written ----
+  const torch::Device device = pick_device(cfg);
+  if (device.is_cpu() && (cfg.fp16.enabled || cfg.bf16.enabled)) {
+    log->warn("{} is enabled but training runs on the CPU: computing in fp32",
+              cfg.fp16.enabled ? "fp16" : "bf16");
+  }
+  if (device.is_cuda() && cfg.fp16.enabled) {
+    throw UserError("config: " + cfg.source_file +
+                    ": fp16.enabled = true: the fp16 loss scaler is not implemented yet; use "
+                    "bf16.enabled = true on this GPU");
+  }
+  data::TokenDataset train_ds(cfg.data.train_path, cfg.model.vocab_size, cfg.model.seq_len);
+  std::optional<data::TokenDataset> valid_ds;
+  if (!cfg.data.valid_path.empty()) {
+    valid_ds.emplace(cfg.data.valid_path, cfg.model.vocab_size, cfg.model.seq_len);
+  }
+  check_output_dir(cfg.training.output_dir, opt.overwrite);
+
+  const int64_t gbs = cfg.train_batch_size, mbs = cfg.train_micro_batch_size_per_gpu;
+  const int64_t gas = cfg.gradient_accumulation_steps;
+  const int64_t steps_per_epoch = (train_ds.num_windows() + gbs - 1) / gbs;
+  const int64_t total_steps = cfg.training.train_iters > 0 ? cfg.training.train_iters
+                                                           : cfg.training.epochs * steps_per_epoch;
+
+  torch::manual_seed(cfg.training.seed);
+  model::TransformerLM model(cfg);
+  model->to(device);
+  model->train();
+  const bool bf16 = device.is_cuda() && cfg.bf16.enabled;
+
+  std::vector<torch::Tensor> decay, no_decay;
+  for (auto& p : model->parameters()) {
+    (p.dim() >= 2 || cfg.optimizer.decay_norms_and_biases ? decay : no_decay).push_back(p);
+  }
+  const double wd = cfg.optimizer.type == "Adam" ? 0.0 : cfg.optimizer.weight_decay;
+  auto adam_opts = [&](double weight_decay) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(cfg.optimizer.lr)
+            .betas({cfg.optimizer.betas[0], cfg.optimizer.betas[1]})
+            .eps(cfg.optimizer.eps)
+            .weight_decay(weight_decay));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, adam_opts(wd));
+  if (!no_decay.empty()) groups.emplace_back(no_decay, adam_opts(0.0));
+  torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(cfg.optimizer.lr));
+  LrSchedule schedule(cfg.scheduler, cfg.optimizer.lr, total_steps);
+
+  // ---- from here on we write into the output directory ----
+  fs::create_directories(cfg.training.output_dir);
+  {
+    std::ofstream resolved(fs::path(cfg.training.output_dir) / "config.json");
+    resolved << config::to_json(cfg).dump(2) << "\n";
+  }
+  MetricsLog metrics((fs::path(cfg.training.output_dir) / "metrics.jsonl").string());
+
+  log->info("model: {} parameters ({} active per token), {} layers, {} experts top-{}; device {}",
+            model->parameters().empty() ? 0 : config::count_parameters(cfg),
+            config::active_parameters_per_token(cfg), cfg.model.num_layers, cfg.moe.num_experts,
+            cfg.moe.top_k, device.str());
+  log->info("data: {} training windows of {} tokens; {} steps of {} sequences ({} x {} micro)",
+            train_ds.num_windows(), cfg.model.seq_len, total_steps, gbs, mbs, gas);
+
+  TrainSummary summary;
+  summary.output_dir = cfg.training.output_dir;
+  summary.steps = total_steps;
+  if (valid_ds) {
+    summary.has_validation = true;
+    summary.majority_baseline = valid_ds->majority_baseline();
+    summary.initial_eval = evaluate(model, *valid_ds, cfg, device);
+    metrics.write(eval_record(0, summary.initial_eval));
+    log->info("step 0: validation loss {:.4f}, accuracy {:.4f}", summary.initial_eval.loss,
+              summary.initial_eval.accuracy);
+  }
+
+  data::WindowSampler sampler(train_ds.num_windows(), cfg.training.seed, /*shuffle=*/true);
+  const int64_t tokens_per_step = gbs * cfg.model.seq_len;
+  auto run_start = Clock::now();
+  for (int64_t step = 0; step < total_steps; ++step) {
+    auto t0 = Clock::now();
+    const double lr = schedule.lr_at(step);
+    set_lr(optimizer, lr);
+    optimizer.zero_grad(/*set_to_none=*/true);
+    double lm_sum = 0.0, aux_sum = 0.0, z_sum = 0.0;
+    for (int64_t micro = 0; micro < gas; ++micro) {
+      auto batch = make_batch(train_ds, sampler, mbs, device);
+      if (bf16) {
+        at::autocast::set_autocast_enabled(at::kCUDA, true);
+        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      }
+      StepLosses l = compute_losses(model, batch, cfg);
+      if (bf16) at::autocast::set_autocast_enabled(at::kCUDA, false);
+      (l.total / static_cast<double>(gas)).backward();
+      lm_sum += l.lm.item<double>();
+      aux_sum += l.aux.item<double>();
+      z_sum += l.z.item<double>();
+    }
+    if (bf16) at::autocast::clear_cache();
+    const double max_norm =
+        cfg.gradient_clipping > 0 ? cfg.gradient_clipping : std::numeric_limits<double>::infinity();
+    const double grad_norm = torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
+    if (!std::isfinite(grad_norm) || !std::isfinite(lm_sum)) {
+      throw TrainingError("training diverged at step " + std::to_string(step + 1) + ": loss " +
+                          std::to_string(lm_sum / gas) + ", grad norm " +
+                          std::to_string(grad_norm));
+    }
+    optimizer.step();
+    const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double loss = lm_sum / static_cast<double>(gas);
+    if (step == 0) summary.first_train_loss = loss;
+    summary.last_train_loss = loss;
+    metrics.write({{"type", "train"},
+                   {"step", step + 1},
+                   {"loss", loss},
+                   {"aux_loss", aux_sum / static_cast<double>(gas)},
+                   {"z_loss", z_sum / static_cast<double>(gas)},
+                   {"lr", lr},
+                   {"grad_norm", grad_norm},
+                   {"tokens", (step + 1) * tokens_per_step},
+                   {"epoch", sampler.state().epoch},
+                   {"step_time_s", step_s},
+                   {"tokens_per_s", static_cast<double>(tokens_per_step) / step_s}});
+    if ((step + 1) % cfg.steps_per_print == 0 || step + 1 == total_steps) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
+      log->info("step {}/{}: loss {:.4f} aux {:.4f} lr {:.3e} grad_norm {:.3f} {:.0f} tok/s",
+                step + 1, total_steps, loss, aux_sum / static_cast<double>(gas), lr, grad_norm,
+                static_cast<double>((step + 1) * tokens_per_step) / elapsed);
+    }
+    const bool last = step + 1 == total_steps;
+    if (valid_ds && (last || (cfg.training.eval_interval > 0 &&
+                              (step + 1) % cfg.training.eval_interval == 0))) {
+      EvalResult r = evaluate(model, *valid_ds, cfg, device);
+      metrics.write(eval_record(step + 1, r));
+      log->info("step {}: validation loss {:.4f}, accuracy {:.4f}, perplexity {:.2f}", step + 1,
+                r.loss, r.accuracy, r.perplexity);
+      if (last) summary.final_eval = r;
+    }
+  }
+  return summary;
+}
+
+}  // namespace moe::train
