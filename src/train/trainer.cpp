@@ -64,7 +64,20 @@ torch::Tensor make_batch(const data::TokenDataset& ds, data::WindowSampler& samp
 
 struct StepLosses {
   torch::Tensor total, lm, aux, z;
+  std::vector<torch::Tensor> tokens_per_expert;  // per MoE layer
+  int64_t dropped = 0;
 };
+
+// Per-layer expert loads as nested JSON arrays (for the metrics file).
+json expert_loads(const std::vector<torch::Tensor>& per_layer) {
+  json layers = json::array();
+  for (const auto& t : per_layer) {
+    auto c = t.to(torch::kCPU);
+    layers.push_back(
+        std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()));
+  }
+  return layers;
+}
 
 StepLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batch,
                           const config::Config& cfg) {
@@ -78,6 +91,8 @@ StepLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batc
   l.aux = out.aux_loss;
   l.z = out.z_loss;
   l.total = l.lm + cfg.moe.aux_loss_coeff * l.aux + cfg.moe.z_loss_coeff * l.z;
+  l.tokens_per_expert = std::move(out.tokens_per_expert);
+  l.dropped = out.dropped;
   return l;
 }
 
@@ -214,6 +229,8 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
     set_lr(optimizer, lr);
     optimizer.zero_grad(/*set_to_none=*/true);
     double lm_sum = 0.0, aux_sum = 0.0, z_sum = 0.0;
+    int64_t dropped = 0;
+    std::vector<torch::Tensor> load;  // tokens per expert, summed over micro-batches
     for (int64_t micro = 0; micro < gas; ++micro) {
       auto batch = make_batch(train_ds, sampler, mbs, device);
       if (bf16) {
@@ -226,6 +243,12 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       lm_sum += l.lm.item<double>();
       aux_sum += l.aux.item<double>();
       z_sum += l.z.item<double>();
+      dropped += l.dropped;
+      if (load.empty()) {
+        load = l.tokens_per_expert;
+      } else {
+        for (size_t i = 0; i < load.size(); ++i) load[i] = load[i] + l.tokens_per_expert[i];
+      }
     }
     if (bf16) at::autocast::clear_cache();
     const double max_norm =
@@ -249,6 +272,8 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
                    {"lr", lr},
                    {"grad_norm", grad_norm},
                    {"tokens", (step + 1) * tokens_per_step},
+                   {"dropped_tokens", dropped},
+                   {"expert_tokens", expert_loads(load)},
                    {"epoch", sampler.state().epoch},
                    {"step_time_s", step_s},
                    {"tokens_per_s", static_cast<double>(tokens_per_step) / step_s}});
