@@ -118,14 +118,46 @@ void ObjectReader::finish() const {
     if (known_.count(key) != 0) continue;
     std::string msg = "config: " + file_ + ": unknown key '" + path_of(key) + "'";
     std::string near = closest_match(key, candidates);
+    std::string alias = known_alias(key);
     if (!near.empty()) {
       msg += "; did you mean '" + path_of(near) + "'?";
+    } else if (!alias.empty()) {
+      msg += "; did you mean '" + alias + "'?";
     } else {
       msg +=
           " (see docs/config.md for the keys of " + (path_.empty() ? "the top level" : path_) + ")";
     }
     throw UserError(msg);
   }
+}
+
+std::string known_alias(std::string_view key) {
+  // Names used by the seed guide, PyTorch scripts and Megatron for keys we spell otherwise.
+  static const std::pair<std::string_view, std::string_view> kAliases[] = {
+      {"learning_rate", "optimizer.params.lr"},
+      {"lr", "optimizer.params.lr"},
+      {"max_grad_norm", "gradient_clipping"},
+      {"clip_grad", "gradient_clipping"},
+      {"batch_size", "train_batch_size"},
+      {"global_batch_size", "train_batch_size"},
+      {"micro_batch_size", "train_micro_batch_size_per_gpu"},
+      {"epochs", "training.epochs"},
+      {"train_iters", "training.train_iters"},
+      {"seed", "training.seed"},
+      {"expert_dropout", "moe.expert_dropout"},
+      {"num_experts", "moe.num_experts"},
+      {"top_k", "moe.top_k"},
+      {"moe_router_topk", "moe.top_k"},
+      {"hidden_size", "model.hidden_size"},
+      {"num_layers", "model.num_layers"},
+      {"seq_length", "model.seq_len"},
+      {"warmup_steps", "scheduler.params.warmup_num_steps"},
+      {"data_path", "data.train_path"},
+  };
+  for (const auto& [from, to] : kAliases) {
+    if (key == from) return std::string(to);
+  }
+  return "";
 }
 
 size_t edit_distance(std::string_view a, std::string_view b) {

@@ -45,6 +45,8 @@ class ObjectReader {
   std::set<std::string, std::less<>> known_;
 };
 
+// Where a key known from other tools lives here ("learning_rate" -> "optimizer.params.lr"), or "".
+std::string known_alias(std::string_view key);
 // Levenshtein distance, for suggestions.
 size_t edit_distance(std::string_view a, std::string_view b);
 // The closest candidate within a small distance, or "" when nothing is close.

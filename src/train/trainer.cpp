@@ -54,6 +54,15 @@ void check_output_dir(const std::string& dir, bool overwrite) {
   }
 }
 
+// Names the config key when a data path does not exist (the loader names only the file).
+void require_path(const config::Config& cfg, const char* key, const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    throw UserError("config: " + cfg.source_file + ": " + key + " = " + path +
+                    ": no such file or directory");
+  }
+}
+
 torch::Tensor make_batch(const data::TokenDataset& ds, data::WindowSampler& sampler, int64_t B,
                          const torch::Device& device) {
   auto batch = torch::empty({B, ds.window_len()}, torch::kLong);
@@ -156,6 +165,8 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
                     ": fp16.enabled = true: the fp16 loss scaler is not implemented yet; use "
                     "bf16.enabled = true on this GPU");
   }
+  require_path(cfg, "data.train_path", cfg.data.train_path);
+  if (!cfg.data.valid_path.empty()) require_path(cfg, "data.valid_path", cfg.data.valid_path);
   data::TokenDataset train_ds(cfg.data.train_path, cfg.model.vocab_size, cfg.model.seq_len);
   std::optional<data::TokenDataset> valid_ds;
   if (!cfg.data.valid_path.empty()) {

@@ -90,6 +90,17 @@ TEST(Config, UnknownKeySuggestsNearKey) {
   EXPECT_NE(msg.find("did you mean 'train_batch_size'"), std::string::npos) << msg;
 }
 
+TEST(Config, SeedGuideKeysPointToOurNames) {
+  json j = minimal();
+  j["learning_rate"] = 1e-4;
+  EXPECT_NE(error_of([&] { build(j); }).find("did you mean 'optimizer.params.lr'"),
+            std::string::npos);
+  j = minimal();
+  j["expert_dropout"] = 0.1;
+  EXPECT_NE(error_of([&] { build(j); }).find("did you mean 'moe.expert_dropout'"),
+            std::string::npos);
+}
+
 TEST(Config, UnknownKeyWithoutNearKey) {
   json j = minimal();
   j["completely_unrelated"] = 1;

@@ -15,6 +15,10 @@ struct Case {
   int64_t tokens, experts, k;
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.dtype << " T=" << c.tokens << " E=" << c.experts << " k=" << c.k;
+}
+
 class PermuteGpu : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
