@@ -11,3 +11,7 @@ else()
   set(MOE_HAVE_CUDA_BOOL false)
 endif()
 configure_file(${CMAKE_SOURCE_DIR}/cmake/build_info.h.in ${CMAKE_BINARY_DIR}/generated/moe/build_info.h @ONLY)
+# Re-run this at build time after each commit so --version never shows a stale commit.
+if(EXISTS "${CMAKE_SOURCE_DIR}/.git/index")
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/.git/index")
+endif()

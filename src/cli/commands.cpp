@@ -130,13 +130,15 @@ int run_cli(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   app.add_flag("-q,--quiet", log_args.quiet, "Only warnings and errors on the console");
   add_config_options(&app, train_args);
-  app.add_flag("--overwrite", train_args.overwrite,
-               "Replace a previous run in training.output_dir");
+  app.add_flag(
+      "--overwrite", train_args.overwrite,
+      "Delete an earlier run's files in training.output_dir (default: keep them as *.prev-TIME)");
 
   auto* train = app.add_subcommand("train", "Train a model (same as moe-train --config FILE)");
   add_config_options(train, train_args);
-  train->add_flag("--overwrite", train_args.overwrite,
-                  "Replace a previous run in training.output_dir");
+  train->add_flag(
+      "--overwrite", train_args.overwrite,
+      "Delete an earlier run's files in training.output_dir (default: keep them as *.prev-TIME)");
 
   auto* cfg_cmd = app.add_subcommand("config", "Inspect configurations");
   cfg_cmd->require_subcommand(1);

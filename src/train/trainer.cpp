@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -41,16 +42,38 @@ torch::Device pick_device(const config::Config& cfg) {
 }
 
 // Checks (without writing) that the output directory can take a new run.
-void check_output_dir(const std::string& dir, bool overwrite) {
+void check_output_dir(const config::Config& cfg) {
+  const std::string& dir = cfg.training.output_dir;
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
-    throw UserError("training.output_dir = " + dir + ": exists and is not a directory");
+    throw UserError("config: " + cfg.source_file + ": training.output_dir = " + dir +
+                    ": exists and is not a directory");
   }
-  const fs::path metrics = fs::path(dir) / "metrics.jsonl";
-  if (!overwrite && fs::exists(metrics, ec)) {
-    throw UserError("training.output_dir = " + dir +
-                    ": already holds a run (metrics.jsonl); choose another directory or pass "
-                    "--overwrite");
+}
+
+// The files a run writes; an earlier run's copies are kept (renamed) unless --overwrite.
+constexpr const char* kRunFiles[] = {"metrics.jsonl", "config.json"};
+
+// Called only after every input check passed. Without checkpoints there is nothing to resume,
+// so a new run starts; the earlier run's files are renamed to NAME.prev-YYYYmmdd-HHMMSS.
+void set_aside_previous_run(const std::string& dir, bool overwrite, spdlog::logger& log) {
+  std::error_code ec;
+  char stamp[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+  for (const char* name : kRunFiles) {
+    fs::path p = fs::path(dir) / name;
+    if (!fs::exists(p, ec)) continue;
+    if (overwrite) {
+      fs::remove(p, ec);
+      continue;
+    }
+    fs::path kept = p;
+    kept += std::string(".prev-") + stamp;
+    fs::rename(p, kept, ec);
+    if (ec)
+      throw UserError("cannot keep " + p.string() + " as " + kept.string() + ": " + ec.message());
+    log.warn("{} held an earlier run; kept its {} as {}", dir, name, kept.filename().string());
   }
 }
 
@@ -172,7 +195,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
   if (!cfg.data.valid_path.empty()) {
     valid_ds.emplace(cfg.data.valid_path, cfg.model.vocab_size, cfg.model.seq_len);
   }
-  check_output_dir(cfg.training.output_dir, opt.overwrite);
+  check_output_dir(cfg);
 
   const int64_t gbs = cfg.train_batch_size, mbs = cfg.train_micro_batch_size_per_gpu;
   const int64_t gas = cfg.gradient_accumulation_steps;
@@ -206,6 +229,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
 
   // ---- from here on we write into the output directory ----
   fs::create_directories(cfg.training.output_dir);
+  set_aside_previous_run(cfg.training.output_dir, opt.overwrite, *log);
   {
     std::ofstream resolved(fs::path(cfg.training.output_dir) / "config.json");
     resolved << config::to_json(cfg).dump(2) << "\n";

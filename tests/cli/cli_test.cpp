@@ -151,9 +151,31 @@ TEST_F(CliTest, MissingDataFile) {
   expect_user_error("--config " + write("nodata.json", j.dump()), "nope.h5");
 }
 
-TEST_F(CliTest, ExistingRunIsNotOverwritten) {
-  json j = good_config((root_ / "precious").string());
-  expect_user_error("--config " + write("exists.json", j.dump()), "--overwrite");
+TEST_F(CliTest, EarlierRunIsKeptNotOverwritten) {
+  fs::path dir = root_ / "earlier";
+  fs::create_directories(dir);
+  std::ofstream(dir / "metrics.jsonl") << "{\"old\": true}\n";
+  Result r = run("--config " + write("earlier.json", good_config(dir.string()).dump()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  int kept = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind("metrics.jsonl.prev-", 0) == 0) {
+      ++kept;
+      EXPECT_EQ(slurp(e.path()), "{\"old\": true}\n");
+    }
+  }
+  EXPECT_EQ(kept, 1);
+  EXPECT_NE(slurp(dir / "metrics.jsonl").find("\"type\":\"train\""), std::string::npos);
+  // --overwrite replaces instead of keeping.
+  Result again =
+      run("--config " + write("earlier.json", good_config(dir.string()).dump()) + " --overwrite");
+  ASSERT_EQ(again.code, 0) << again.err;
+  kept = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    kept += e.path().filename().string().rfind("metrics.jsonl.prev-", 0) == 0;
+  }
+  EXPECT_EQ(kept, 1);
 }
 
 TEST_F(CliTest, SetOverridesLearningRateInMetrics) {

@@ -29,7 +29,7 @@ struct TrainSummary {
 };
 
 struct TrainOptions {
-  bool overwrite = false;  // allow replacing a previous run's files in output_dir
+  bool overwrite = false;  // delete an earlier run's files in output_dir instead of keeping them
 };
 
 TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt);
