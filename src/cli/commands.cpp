@@ -1,5 +1,6 @@
 #include "moe/cli/commands.h"
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -14,8 +15,10 @@
 
 #include "moe/build_info.h"
 #include "moe/config/config.h"
+#include "moe/data/prepare.h"
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
+#include "moe/data/verify.h"
 #include "moe/train/trainer.h"
 #include "moe/util/errors.h"
 #include "torch/headeronly/version.h"
@@ -116,6 +119,76 @@ int cmd_make_synthetic(const SynthArgs& a) {
   return kExitOk;
 }
 
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", b, units[u]);
+  return buf;
+}
+
+int cmd_prepare_data(const data::PrepareOptions& opt) {
+  // A live progress line on a terminal; a plain line per 10% otherwise (logs, CI).
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  const auto start = std::chrono::steady_clock::now();
+  int last_decile = -1;
+  auto progress = [&](uint64_t done, uint64_t total) {
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double rate = secs > 0 ? static_cast<double>(done) / secs : 0.0;
+    int pct = total
+                  ? static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total))
+                  : 100;
+    if (tty) {
+      std::fprintf(stderr, "\rprepare-data: %s / %s (%3d%%) %s/s   ",
+                   human_bytes(double(done)).c_str(), human_bytes(double(total)).c_str(), pct,
+                   human_bytes(rate).c_str());
+    } else if (pct / 10 != last_decile) {
+      last_decile = pct / 10;
+      spdlog::info("prepare-data: {} / {} ({}%) {}/s", human_bytes(double(done)),
+                   human_bytes(double(total)), pct, human_bytes(rate));
+    }
+  };
+  data::Manifest m = data::prepare_data(opt, progress);
+  if (tty) std::fprintf(stderr, "\n");
+  for (const auto& [split, shards] : m.splits) {
+    int64_t tokens = 0;
+    for (const auto& s : shards) tokens += s.tokens;
+    std::printf("%s: %zu shard(s), %lld tokens\n", split.c_str(), shards.size(),
+                static_cast<long long>(tokens));
+  }
+  std::printf("wrote %s/manifest.json (tokenizer %s, vocab_size %lld)\n", opt.out_dir.c_str(),
+              m.tokenizer.c_str(), static_cast<long long>(m.vocab_size));
+  return kExitOk;
+}
+
+struct VerifyArgs {
+  std::string dir;
+  std::string config_path;
+  bool no_checksums = false;
+};
+
+int cmd_verify_data(const VerifyArgs& a) {
+  data::VerifyOptions opt;
+  opt.checksums = !a.no_checksums;
+  if (!a.config_path.empty())
+    opt.model_vocab_size = config::load(a.config_path, {}).model.vocab_size;
+  auto problems = data::verify_dataset(a.dir, opt);
+  for (const auto& p : problems) {
+    std::fprintf(stderr, "verify-data: %s: %s\n", p.file.c_str(), p.reason.c_str());
+  }
+  if (!problems.empty()) {
+    std::fprintf(stderr, "verify-data: %zu problem(s) in %s\n", problems.size(), a.dir.c_str());
+    return kExitUserError;
+  }
+  std::printf("verify-data: %s: all shards match manifest.json%s\n", a.dir.c_str(),
+              opt.checksums ? " (md5 and xxh3 recomputed)" : " (checksums skipped)");
+  return kExitOk;
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
@@ -160,6 +233,33 @@ int run_cli(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 26));
   mk->add_option("--seed", synth.spec.seed, "Seed of the permutations");
 
+  data::PrepareOptions prep;
+  auto* pd = app.add_subcommand("prepare-data",
+                                "Tokenize text files into HDF5 shards with a checksummed manifest");
+  pd->add_option("inputs", prep.inputs, "Text files, directories or globs")->required();
+  pd->add_option("-o,--out", prep.out_dir, "New dataset directory")->required();
+  pd->add_option("--tokenizer", prep.tokenizer, "byte (default) or sentencepiece")
+      ->check(CLI::IsMember({"byte", "sentencepiece"}));
+  pd->add_option("--spm-model", prep.spm_model, "SentencePiece model file")
+      ->check(CLI::ExistingFile);
+  pd->add_option("--shard-tokens", prep.shard_tokens, "Tokens per shard")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  pd->add_option("--valid-fraction", prep.valid_fraction,
+                 "Tail fraction of each input for validation")
+      ->check(CLI::Range(0.0, 0.99));
+  pd->add_option("--valid-input", prep.valid_inputs, "Files (or dirs, globs) for validation");
+  pd->add_option("--threads", prep.threads, "Chunks tokenized concurrently")
+      ->check(CLI::Range(1, 256));
+
+  VerifyArgs verify;
+  auto* vd = app.add_subcommand("verify-data",
+                                "Recompute checksums and check shards against manifest.json");
+  vd->add_option("dir", verify.dir, "Dataset directory (holds manifest.json)")->required();
+  vd->add_option("-c,--config", verify.config_path,
+                 "Also check against this config's model.vocab_size")
+      ->check(CLI::ExistingFile);
+  vd->add_flag("--no-checksums", verify.no_checksums, "Only sizes, structure and attributes");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -176,6 +276,8 @@ int run_cli(int argc, char** argv) {
   if (*train) return cmd_train(train_args);
   if (*show) return cmd_config_show(train_args);
   if (*mk) return cmd_make_synthetic(synth);
+  if (*pd) return cmd_prepare_data(prep);
+  if (*vd) return cmd_verify_data(verify);
   if (!train_args.config_path.empty()) return cmd_train(train_args);
   std::cout << app.help();
   return kExitUserError;

@@ -237,8 +237,14 @@ Config from_json(const json& root, const std::string& file) {
   }
   {
     ObjectReader d = r.child("data");
+    d.get("path", c.data.path);
     d.get("train_path", c.data.train_path);
     d.get("valid_path", c.data.valid_path);
+    d.get("verify_checksums", c.data.verify_checksums);
+    d.get("shuffle", c.data.shuffle);
+    d.get("prefetch", c.data.prefetch);
+    d.get("reader_threads", c.data.reader_threads);
+    d.get("block_windows", c.data.block_windows);
     d.finish();
   }
   {
@@ -428,8 +434,18 @@ void validate(Config& c) {
   rules.check(t.eval_iters >= 1, "training.eval_iters", t.eval_iters, "must be >= 1");
   rules.check_one_of("training.device", t.device, {"auto", "cpu", "cuda"});
 
-  rules.check(!c.data.train_path.empty(), "data.train_path", "\"\"",
-              "must name an HDF5 shard or a directory of shards");
+  const auto& d = c.data;
+  rules.check(!d.path.empty() || !d.train_path.empty(), "data.path", "\"\"",
+              "set data.path (a prepare-data directory) or data.train_path (HDF5 shards)");
+  rules.check(d.path.empty() || d.train_path.empty(), "data.train_path", "\"" + d.train_path + "\"",
+              "give data.path or data.train_path, not both");
+  rules.check(d.path.empty() || d.valid_path.empty(), "data.valid_path", "\"" + d.valid_path + "\"",
+              "with data.path the validation split comes from its manifest");
+  rules.check(d.prefetch >= 1 && d.prefetch <= 1024, "data.prefetch", d.prefetch,
+              "must be in [1, 1024]");
+  rules.check(d.reader_threads >= 1 && d.reader_threads <= 64, "data.reader_threads",
+              d.reader_threads, "must be in [1, 64]");
+  rules.check(d.block_windows >= 1, "data.block_windows", d.block_windows, "must be >= 1");
 }
 
 Config load(const std::string& path, const std::vector<std::string>& overrides) {
@@ -524,7 +540,14 @@ json to_json(const Config& c) {
               {"capacity_factor", e.capacity_factor},
               {"expert_dropout", e.expert_dropout},
               {"kernels", e.kernels}};
-  j["data"] = {{"train_path", c.data.train_path}, {"valid_path", c.data.valid_path}};
+  j["data"] = {{"path", c.data.path},
+               {"train_path", c.data.train_path},
+               {"valid_path", c.data.valid_path},
+               {"verify_checksums", c.data.verify_checksums},
+               {"shuffle", c.data.shuffle},
+               {"prefetch", c.data.prefetch},
+               {"reader_threads", c.data.reader_threads},
+               {"block_windows", c.data.block_windows}};
   const auto& t = c.training;
   j["training"] = {{"output_dir", t.output_dir}, {"train_iters", t.train_iters},
                    {"epochs", t.epochs},         {"eval_interval", t.eval_interval},

@@ -191,7 +191,7 @@ std::vector<int32_t> read_tokens(const ShardInfo& shard, int64_t offset, int64_t
 }
 
 void write_shard(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,
-                 const std::string& tokenizer) {
+                 const std::string& tokenizer, std::span<const int64_t> doc_offsets) {
   silence_hdf5();
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] >= static_cast<uint64_t>(vocab_size)) {
@@ -216,6 +216,17 @@ void write_shard(const std::string& path, std::span<const uint32_t> tokens, int6
     if (n > 0 &&
         H5Dwrite(ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data()) < 0) {
       fail(tmp, "write of " + std::to_string(n) + " tokens failed (disk full?)");
+    }
+    if (!doc_offsets.empty()) {
+      hsize_t nd = doc_offsets.size();
+      H5Id dspace(H5Screate_simple(1, &nd, nullptr), H5Sclose);
+      H5Id docs(H5Dcreate2(file.get(), "doc_offsets", H5T_STD_I64LE, dspace.get(), H5P_DEFAULT,
+                           H5P_DEFAULT, H5P_DEFAULT),
+                H5Dclose);
+      if (!docs.ok() || H5Dwrite(docs.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                 doc_offsets.data()) < 0) {
+        fail(tmp, "write of dataset 'doc_offsets' failed (disk full?)");
+      }
     }
     write_int_attr(file.get(), "format_version", kShardFormatVersion);
     write_int_attr(file.get(), "vocab_size", vocab_size);

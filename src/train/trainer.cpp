@@ -13,7 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "moe/data/token_dataset.h"
+#include "moe/data/dataset.h"
+#include "moe/data/streaming_loader.h"
 #include "moe/model/transformer.h"
 #include "moe/train/lr_schedule.h"
 #include "moe/train/metrics_log.h"
@@ -86,12 +87,20 @@ void require_path(const config::Config& cfg, const char* key, const std::string&
   }
 }
 
-torch::Tensor make_batch(const data::TokenDataset& ds, data::WindowSampler& sampler, int64_t B,
-                         const torch::Device& device) {
-  auto batch = torch::empty({B, ds.window_len()}, torch::kLong);
-  int64_t* p = batch.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) ds.copy_window(sampler.next(), p + b * ds.window_len());
-  return batch.to(device, /*non_blocking=*/true);
+// Batches live in torch tensors from the start: pinned host memory when training on CUDA, so
+// the copy to the device can be non-blocking.
+data::BufferFactory tensor_buffers(const torch::Device& device) {
+  const bool pin = device.is_cuda();
+  return [pin](int64_t n) {
+    auto t = std::make_shared<torch::Tensor>(
+        torch::empty({n}, torch::TensorOptions().dtype(torch::kLong).pinned_memory(pin)));
+    return data::BatchBuffer{t->data_ptr<int64_t>(), t};
+  };
+}
+
+torch::Tensor to_device(const data::Batch& b, const torch::Device& device) {
+  const auto& t = *static_cast<torch::Tensor*>(b.buffer.owner.get());
+  return t.view({b.rows, b.cols}).to(device, /*non_blocking=*/true);
 }
 
 struct StepLosses {
@@ -128,17 +137,23 @@ StepLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batc
   return l;
 }
 
-EvalResult evaluate(model::TransformerLM& model, const data::TokenDataset& ds,
+EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardInfo>& shards,
                     const config::Config& cfg, const torch::Device& device) {
   torch::NoGradGuard no_grad;
   model->eval();
   const int64_t B = cfg.train_micro_batch_size_per_gpu;
-  const int64_t windows = std::min(ds.num_windows(), cfg.training.eval_iters * B);
-  data::WindowSampler in_order(ds.num_windows(), 0, /*shuffle=*/false);
+  data::LoaderOptions lo;
+  lo.seq_len = cfg.model.seq_len;
+  lo.batch_size = B;
+  lo.shuffle = false;  // the same windows at every evaluation
+  lo.prefetch = 2;
+  lo.block_windows = cfg.data.block_windows;
+  data::StreamingLoader loader(shards, lo, {}, tensor_buffers(device));
+  const int64_t windows = std::min(loader.windows_per_epoch(), cfg.training.eval_iters * B);
   double loss_sum = 0.0;
   int64_t correct = 0, count = 0;
   for (int64_t done = 0; done < windows; done += B) {
-    auto batch = make_batch(ds, in_order, std::min(B, windows - done), device);
+    auto batch = to_device(loader.next(), device).narrow(0, 0, std::min(B, windows - done));
     const int64_t S = batch.size(1) - 1;
     auto targets = batch.narrow(1, 1, S).reshape({-1});
     auto logits = model->forward(batch.narrow(1, 0, S)).logits;
@@ -188,18 +203,21 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
                     ": fp16.enabled = true: the fp16 loss scaler is not implemented yet; use "
                     "bf16.enabled = true on this GPU");
   }
-  require_path(cfg, "data.train_path", cfg.data.train_path);
+  if (!cfg.data.path.empty()) require_path(cfg, "data.path", cfg.data.path);
+  if (!cfg.data.train_path.empty()) require_path(cfg, "data.train_path", cfg.data.train_path);
   if (!cfg.data.valid_path.empty()) require_path(cfg, "data.valid_path", cfg.data.valid_path);
-  data::TokenDataset train_ds(cfg.data.train_path, cfg.model.vocab_size, cfg.model.seq_len);
-  std::optional<data::TokenDataset> valid_ds;
-  if (!cfg.data.valid_path.empty()) {
-    valid_ds.emplace(cfg.data.valid_path, cfg.model.vocab_size, cfg.model.seq_len);
-  }
+  if (cfg.data.verify_checksums) log->info("data: verifying shard checksums");
+  const data::DatasetShards shards =
+      data::open_dataset({cfg.data.path, cfg.data.train_path, cfg.data.valid_path},
+                         cfg.model.vocab_size, cfg.model.seq_len, cfg.data.verify_checksums);
+  const bool has_valid = !shards.valid.empty();
+  int64_t train_windows = 0;
+  for (const auto& s : shards.train) train_windows += s.num_tokens / (cfg.model.seq_len + 1);
   check_output_dir(cfg);
 
   const int64_t gbs = cfg.train_batch_size, mbs = cfg.train_micro_batch_size_per_gpu;
   const int64_t gas = cfg.gradient_accumulation_steps;
-  const int64_t steps_per_epoch = (train_ds.num_windows() + gbs - 1) / gbs;
+  const int64_t steps_per_epoch = (train_windows + gbs - 1) / gbs;
   const int64_t total_steps = cfg.training.train_iters > 0 ? cfg.training.train_iters
                                                            : cfg.training.epochs * steps_per_epoch;
 
@@ -240,22 +258,33 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
             model->parameters().empty() ? 0 : config::count_parameters(cfg),
             config::active_parameters_per_token(cfg), cfg.model.num_layers, cfg.moe.num_experts,
             cfg.moe.top_k, device.str());
-  log->info("data: {} training windows of {} tokens; {} steps of {} sequences ({} x {} micro)",
-            train_ds.num_windows(), cfg.model.seq_len, total_steps, gbs, mbs, gas);
+  log->info(
+      "data: {} training windows of {} tokens in {} shards; {} steps of {} sequences ({} x "
+      "{} micro)",
+      train_windows, cfg.model.seq_len, shards.train.size(), total_steps, gbs, mbs, gas);
 
   TrainSummary summary;
   summary.output_dir = cfg.training.output_dir;
   summary.steps = total_steps;
-  if (valid_ds) {
+  if (has_valid) {
     summary.has_validation = true;
-    summary.majority_baseline = valid_ds->majority_baseline();
-    summary.initial_eval = evaluate(model, *valid_ds, cfg, device);
+    summary.majority_baseline = data::majority_baseline(shards.valid, cfg.model.seq_len);
+    summary.initial_eval = evaluate(model, shards.valid, cfg, device);
     metrics.write(eval_record(0, summary.initial_eval));
     log->info("step 0: validation loss {:.4f}, accuracy {:.4f}", summary.initial_eval.loss,
               summary.initial_eval.accuracy);
   }
 
-  data::WindowSampler sampler(train_ds.num_windows(), cfg.training.seed, /*shuffle=*/true);
+  data::LoaderOptions lo;
+  lo.seq_len = cfg.model.seq_len;
+  lo.batch_size = mbs;
+  lo.seed = cfg.training.seed;
+  lo.shuffle = cfg.data.shuffle;
+  lo.prefetch = cfg.data.prefetch;
+  lo.reader_threads = static_cast<int>(cfg.data.reader_threads);
+  lo.block_windows = cfg.data.block_windows;
+  data::StreamingLoader loader(shards.train, lo, {}, tensor_buffers(device));
+  data::LoaderState loader_state;
   const int64_t tokens_per_step = gbs * cfg.model.seq_len;
   auto run_start = Clock::now();
   for (int64_t step = 0; step < total_steps; ++step) {
@@ -265,9 +294,12 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
     optimizer.zero_grad(/*set_to_none=*/true);
     double lm_sum = 0.0, aux_sum = 0.0, z_sum = 0.0;
     int64_t dropped = 0;
+    const double wait_before = loader.wait_seconds();
     std::vector<torch::Tensor> load;  // tokens per expert, summed over micro-batches
     for (int64_t micro = 0; micro < gas; ++micro) {
-      auto batch = make_batch(train_ds, sampler, mbs, device);
+      data::Batch host = loader.next();
+      loader_state = host.state_after;
+      auto batch = to_device(host, device);
       if (bf16) {
         at::autocast::set_autocast_enabled(at::kCUDA, true);
         at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
@@ -309,7 +341,8 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
                    {"tokens", (step + 1) * tokens_per_step},
                    {"dropped_tokens", dropped},
                    {"expert_tokens", expert_loads(load)},
-                   {"epoch", sampler.state().epoch},
+                   {"epoch", loader_state.epoch},
+                   {"data_wait_s", loader.wait_seconds() - wait_before},
                    {"step_time_s", step_s},
                    {"tokens_per_s", static_cast<double>(tokens_per_step) / step_s}});
     if ((step + 1) % cfg.steps_per_print == 0 || step + 1 == total_steps) {
@@ -319,9 +352,9 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
                 static_cast<double>((step + 1) * tokens_per_step) / elapsed);
     }
     const bool last = step + 1 == total_steps;
-    if (valid_ds && (last || (cfg.training.eval_interval > 0 &&
-                              (step + 1) % cfg.training.eval_interval == 0))) {
-      EvalResult r = evaluate(model, *valid_ds, cfg, device);
+    if (has_valid && (last || (cfg.training.eval_interval > 0 &&
+                               (step + 1) % cfg.training.eval_interval == 0))) {
+      EvalResult r = evaluate(model, shards.valid, cfg, device);
       metrics.write(eval_record(step + 1, r));
       log->info("step {}: validation loss {:.4f}, accuracy {:.4f}, perplexity {:.2f}", step + 1,
                 r.loss, r.accuracy, r.perplexity);

@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "moe/data/dataset.h"
 #include "moe/data/synthetic.h"
-#include "moe/data/token_dataset.h"
 #include "moe/util/errors.h"
 
 namespace moe::data {
@@ -82,7 +82,7 @@ TEST_F(ShardTest, OutOfRangeTokensAreRejectedWithOffset) {
             std::string::npos);
 }
 
-TEST_F(ShardTest, DatasetWindowsAndBaseline) {
+TEST_F(ShardTest, OpenDatasetChecksRawShardsAndComputesBaseline) {
   SyntheticSpec spec;
   spec.vocab_size = 32;
   spec.doc_len = 9;
@@ -90,35 +90,27 @@ TEST_F(ShardTest, DatasetWindowsAndBaseline) {
   auto toks = make_permutation_corpus(spec);
   ASSERT_EQ(toks.size(), 450u);
   write_shard(path("s.h5"), toks, 32, "synthetic");
-  TokenDataset ds(path("s.h5"), 32, 8);
-  EXPECT_EQ(ds.num_windows(), 50);
-  std::vector<int64_t> w(9);
-  ds.copy_window(3, w.data());
-  for (int i = 0; i < 9; ++i) EXPECT_EQ(w[i], toks[27 + i]);
-  EXPECT_LE(ds.majority_baseline(), 0.3);
-  EXPECT_NE(
-      error_of([&] { TokenDataset small(path("s.h5"), 16, 8); }).find("exceeds model.vocab_size"),
-      std::string::npos);
-  EXPECT_NE(error_of([&] { TokenDataset one(path("s.h5"), 32, 1000); }).find("one training window"),
+  DatasetShards d = open_dataset({"", path("s.h5"), path("s.h5")}, 32, 8, false);
+  EXPECT_EQ(d.train.size(), 1u);
+  EXPECT_EQ(d.valid.size(), 1u);
+  EXPECT_TRUE(d.scanned);
+  EXPECT_LE(majority_baseline(d.valid, 8), 0.3);
+  EXPECT_NE(error_of([&] {
+              open_dataset({"", path("s.h5"), ""}, 16, 8, false);
+            }).find("exceeds model.vocab_size"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              open_dataset({"", path("s.h5"), ""}, 32, 1000, false);
+            }).find("one window needs seq_len + 1 = 1001"),
             std::string::npos);
 }
 
-TEST(WindowSampler, VisitsEveryWindowOncePerEpochAndIsSeeded) {
-  WindowSampler a(10, 7, true), b(10, 7, true), c(10, 8, true);
-  std::vector<int64_t> ea, eb, ec;
-  for (int i = 0; i < 10; ++i) {
-    ea.push_back(a.next());
-    eb.push_back(b.next());
-    ec.push_back(c.next());
-  }
-  EXPECT_EQ(ea, eb);
-  EXPECT_NE(ea, ec);
-  auto sorted = ea;
-  std::sort(sorted.begin(), sorted.end());
-  for (int i = 0; i < 10; ++i) EXPECT_EQ(sorted[i], i);
-  a.next();
-  EXPECT_EQ(a.state().epoch, 1);
-  EXPECT_EQ(a.state().position, 1);
+TEST_F(ShardTest, MajorityBaselineCountsTargetsOnly) {
+  // Windows of 4 tokens (seq_len 3): targets are positions 1..3 of each window.
+  std::vector<uint32_t> t = {9, 1, 1, 2, 9, 1, 3, 3};
+  write_shard(path("b.h5"), t, 10, "test");
+  // targets: 1 1 2 | 1 3 3 -> token 1 three times of six.
+  EXPECT_DOUBLE_EQ(majority_baseline({inspect_shard(path("b.h5"))}, 3), 0.5);
 }
 
 TEST(Synthetic, FollowsItsPermutation) {

@@ -105,8 +105,14 @@ struct MoeConfig {
 };
 
 struct DataConfig {
-  std::string train_path;  // an HDF5 shard, or a directory of *.h5 shards
-  std::string valid_path;  // same; required for validation
+  std::string path;               // dataset directory with manifest.json (prepare-data's output)
+  std::string train_path;         // or: an HDF5 shard, or a directory of *.h5 shards
+  std::string valid_path;         // same, for validation (only with train_path)
+  bool verify_checksums = false;  // recompute md5/xxh3 of every shard before training
+  bool shuffle = true;            // seeded per-epoch shuffle of blocks and windows
+  int64_t prefetch = 4;           // batches prepared ahead of the trainer
+  int64_t reader_threads = 1;     // concurrent block readers
+  int64_t block_windows = 256;    // windows per contiguous read (the shuffle granularity)
 };
 
 struct TrainingConfig {

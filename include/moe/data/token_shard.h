@@ -28,8 +28,9 @@ ShardInfo inspect_shard(const std::string& path);
 std::vector<int32_t> read_tokens(const ShardInfo& shard, int64_t offset, int64_t count);
 
 // Writes a shard atomically (temporary name, then rename). Token ids must be < vocab_size.
+// doc_offsets (optional): start offset of each document, written as dataset `doc_offsets`.
 void write_shard(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,
-                 const std::string& tokenizer);
+                 const std::string& tokenizer, std::span<const int64_t> doc_offsets = {});
 
 // A shard path, or a directory whose *.h5 files (sorted by name) are the shards.
 std::vector<std::string> list_shards(const std::string& path);

@@ -1,0 +1,40 @@
+// Which shards a run reads, checked before training starts: a dataset directory with a
+// manifest.json (prepare-data's output), or raw shard paths (a file or a directory of *.h5).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe/data/token_shard.h"
+
+namespace moe::data {
+
+struct LoaderState {  // small and exact: enough to resume the same batch sequence
+  int64_t epoch = 0;
+  int64_t position = 0;  // windows consumed in this epoch
+};
+
+struct DatasetPaths {
+  std::string dataset_dir;  // with manifest.json: splits "train" and (optional) "valid"
+  std::string train_path;   // else raw shards
+  std::string valid_path;
+};
+
+struct DatasetShards {
+  std::vector<ShardInfo> train;
+  std::vector<ShardInfo> valid;  // empty: no validation
+  bool scanned = false;          // raw shards were scanned for out-of-range tokens
+};
+
+// Opens and checks every shard (structure, attributes, vocabulary, one window at least; with a
+// manifest: sizes and max token id, and full checksums when `checksums`; without one: a scan of
+// all token ids, since nothing else vouches for them). Throws UserError naming the file.
+DatasetShards open_dataset(const DatasetPaths& paths, int64_t model_vocab_size, int64_t seq_len,
+                           bool checksums);
+
+// Share of next-token targets (all window positions but the first) equal to the most frequent
+// one: the accuracy of always predicting that token. Reads the shards in bounded chunks.
+double majority_baseline(const std::vector<ShardInfo>& shards, int64_t seq_len);
+
+}  // namespace moe::data

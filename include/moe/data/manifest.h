@@ -1,0 +1,38 @@
+// manifest.json of a dataset directory: which shard files make each split, with token counts,
+// byte sizes, checksums and the largest token id. Paths are file names inside the directory;
+// anything that could escape it ("..", "/", "\") is rejected.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace moe::data {
+
+inline constexpr int64_t kManifestVersion = 1;
+
+struct ManifestShard {
+  std::string file;  // name inside the dataset directory
+  int64_t tokens = 0;
+  int64_t bytes = 0;
+  int64_t max_token = -1;  // largest token id in the shard (-1: empty)
+  int64_t documents = 0;
+  std::string md5;
+  std::string xxh3;
+};
+
+struct Manifest {
+  int64_t format_version = kManifestVersion;
+  int64_t vocab_size = 0;
+  std::string tokenizer;
+  std::map<std::string, std::vector<ManifestShard>> splits;  // "train", "valid"
+};
+
+// Reads DIR/manifest.json; throws UserError naming the file and the bad field.
+Manifest load_manifest(const std::string& dir);
+// Writes DIR/manifest.json atomically (temporary file, fsync, rename).
+void save_manifest(const std::string& dir, const Manifest& m);
+bool has_manifest(const std::string& dir);
+
+}  // namespace moe::data

@@ -1,0 +1,33 @@
+// prepare-data: text files -> tokenized HDF5 shards + manifest.json (with checksums).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "moe/data/manifest.h"
+
+namespace moe::data {
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;        // files, directories (recursive) or globs
+  std::vector<std::string> valid_inputs;  // whole files for the validation split
+  double valid_fraction = 0.0;            // else: this tail fraction of every input file
+  std::string out_dir;
+  std::string tokenizer = "byte";  // byte | sentencepiece
+  std::string spm_model;
+  int64_t shard_tokens = int64_t(16) << 20;
+  int threads = 2;  // chunks tokenized (and shards hashed) concurrently
+};
+
+// Reports progress: bytes of input done, bytes in all.
+using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+
+Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress = {});
+
+// Files named by inputs: a file as is, a directory's regular files (recursive, sorted), a
+// glob's matches (sorted). Throws UserError for an input that names nothing.
+std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs);
+
+}  // namespace moe::data
