@@ -19,6 +19,7 @@
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
 #include "moe/data/verify.h"
+#include "moe/train/inference.h"
 #include "moe/train/trainer.h"
 #include "moe/util/errors.h"
 #include "torch/headeronly/version.h"
@@ -31,6 +32,8 @@ struct TrainArgs {
   std::string config_path;
   std::vector<std::string> overrides;
   bool overwrite = false;
+  bool no_resume = false;
+  std::string resume_from;
 };
 
 struct LogArgs {
@@ -71,13 +74,26 @@ int cmd_train(const TrainArgs& a) {
   config::Config cfg = config::load(a.config_path, a.overrides);
   train::TrainOptions opt;
   opt.overwrite = a.overwrite;
+  opt.resume = !a.no_resume;
+  opt.resume_from = a.resume_from;
   train::TrainSummary s = train::run_training(cfg, opt);
+  if (s.interrupted) {
+    std::printf("stopped after step %lld with a checkpoint; run the same command to resume\n",
+                static_cast<long long>(s.steps));
+    return kExitOk;
+  }
   // The closing summary goes to stdout: scripts (and the demo) read it.
   std::printf("trained %lld steps; last training loss %.4f (first %.4f)\n",
               static_cast<long long>(s.steps), s.last_train_loss, s.first_train_loss);
   if (s.has_validation) {
-    std::printf("validation loss %.4f (step 0: %.4f), perplexity %.3f\n", s.final_eval.loss,
-                s.initial_eval.loss, s.final_eval.perplexity);
+    if (s.resumed_from < 0) {
+      std::printf("validation loss %.4f (step 0: %.4f), perplexity %.3f\n", s.final_eval.loss,
+                  s.initial_eval.loss, s.final_eval.perplexity);
+    } else {
+      std::printf("validation loss %.4f (resumed at step %lld), perplexity %.3f\n",
+                  s.final_eval.loss, static_cast<long long>(s.resumed_from),
+                  s.final_eval.perplexity);
+    }
     std::printf("validation next-token accuracy %.4f (always-most-frequent-token baseline %.4f)\n",
                 s.final_eval.accuracy, s.majority_baseline);
   }
@@ -108,12 +124,17 @@ int cmd_make_synthetic(const SynthArgs& a) {
   if (ec)
     throw UserError("make-synthetic: " + a.out_dir + ": cannot create directory: " + ec.message());
   data::SyntheticSpec train = a.spec, valid = a.spec;
+  // Printable symbols ('0' onwards) in a byte-level vocabulary of 128, so that `moe-train
+  // generate` shows the model's continuation as text.
+  const bool printable = a.spec.vocab_size <= 78;
+  train.first_token = valid.first_token = printable ? '0' : 0;
+  const int64_t vocab = printable ? 128 : a.spec.vocab_size;
   valid.num_docs = a.valid_docs;
   valid.doc_seed = a.spec.doc_seed + 7919;  // disjoint document stream, same programs
   for (auto [name, spec] : {std::pair{"train.h5", &train}, std::pair{"valid.h5", &valid}}) {
     auto tokens = data::make_permutation_corpus(*spec);
     std::string path = (fs::path(a.out_dir) / name).string();
-    data::write_shard(path, tokens, spec->vocab_size, "synthetic-permutation");
+    data::write_shard(path, tokens, vocab, printable ? "byte" : "synthetic-permutation");
     spdlog::info("wrote {} ({} tokens)", path, tokens.size());
   }
   return kExitOk;
@@ -189,6 +210,24 @@ int cmd_verify_data(const VerifyArgs& a) {
   return kExitOk;
 }
 
+struct EvalArgs {
+  TrainArgs cfg;
+  std::string checkpoint;
+};
+
+int cmd_eval(const EvalArgs& a) {
+  if (a.cfg.config_path.empty()) throw UserError("eval: --config FILE is required");
+  config::Config cfg = config::load(a.cfg.config_path, a.cfg.overrides);
+  std::cout << train::eval_checkpoint(cfg, a.checkpoint).dump(2) << "\n";
+  return kExitOk;
+}
+
+int cmd_generate(const train::GenerateOptions& g) {
+  std::string text = train::generate_text(g);
+  std::printf("%s%s\n", g.prompt.c_str(), text.c_str());
+  return kExitOk;
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
@@ -207,7 +246,12 @@ int run_cli(int argc, char** argv) {
       "--overwrite", train_args.overwrite,
       "Delete an earlier run's files in training.output_dir (default: keep them as *.prev-TIME)");
 
+  app.add_flag("--no-resume", train_args.no_resume,
+               "Start over even if training.output_dir holds checkpoints (they are kept)");
+  app.add_option("--resume", train_args.resume_from, "Resume from this checkpoint directory");
   auto* train = app.add_subcommand("train", "Train a model (same as moe-train --config FILE)");
+  train->add_flag("--no-resume", train_args.no_resume, "Start over even if checkpoints exist");
+  train->add_option("--resume", train_args.resume_from, "Resume from this checkpoint directory");
   add_config_options(train, train_args);
   train->add_flag(
       "--overwrite", train_args.overwrite,
@@ -260,6 +304,36 @@ int run_cli(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   vd->add_flag("--no-checksums", verify.no_checksums, "Only sizes, structure and attributes");
 
+  EvalArgs eval_args;
+  auto* ev = app.add_subcommand(
+      "eval", "Validation loss, perplexity and accuracy of a checkpoint, as JSON");
+  add_config_options(ev, eval_args.cfg);
+  ev->add_option("--checkpoint", eval_args.checkpoint,
+                 "Checkpoint directory (default: the newest)");
+
+  train::GenerateOptions gen;
+  auto* gn = app.add_subcommand("generate", "Continue a prompt with a trained (byte-level) model");
+  gn->add_option("--checkpoint", gen.checkpoint_dir, "Checkpoint directory")->required();
+  gn->add_option("--prompt", gen.prompt, "Text to continue")->required();
+  gn->add_option("-n,--max-new-tokens", gen.max_new_tokens, "Tokens to generate")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  gn->add_option("--temperature", gen.temperature, "Sampling temperature; 0 = greedy")
+      ->check(CLI::Range(0.0, 100.0));
+  gn->add_option("--top-k", gen.top_k, "Sample from the k most likely tokens; 0 = all")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+  gn->add_flag_callback(
+      "--greedy", [&gen] { gen.temperature = 0.0; }, "Always take the most likely token");
+  gn->add_option("--seed", gen.seed, "Sampling seed");
+  gn->add_option("--device", gen.device, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+
+  std::string info_dir;
+  auto* ck = app.add_subcommand("checkpoint", "Inspect checkpoints");
+  ck->require_subcommand(1);
+  auto* ci =
+      ck->add_subcommand("info", "List the tensors (name, dtype, shape) of a checkpoint as JSON");
+  ci->add_option("dir", info_dir, "Checkpoint directory")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -277,6 +351,12 @@ int run_cli(int argc, char** argv) {
   if (*show) return cmd_config_show(train_args);
   if (*mk) return cmd_make_synthetic(synth);
   if (*pd) return cmd_prepare_data(prep);
+  if (*ev) return cmd_eval(eval_args);
+  if (*gn) return cmd_generate(gen);
+  if (*ci) {
+    std::cout << train::describe_checkpoint(info_dir).dump(2) << "\n";
+    return kExitOk;
+  }
   if (*vd) return cmd_verify_data(verify);
   if (!train_args.config_path.empty()) return cmd_train(train_args);
   std::cout << app.help();

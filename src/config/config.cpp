@@ -256,7 +256,19 @@ Config from_json(const json& root, const std::string& file) {
     t.get("eval_iters", c.training.eval_iters);
     t.get("seed", c.training.seed);
     t.get("device", c.training.device);
+    t.get("exit_interval", c.training.exit_interval);
+    t.get("exit_duration_minutes", c.training.exit_duration_minutes);
     t.finish();
+  }
+  {
+    ObjectReader k = r.child("checkpoint");
+    k.get("save_interval", c.checkpoint.save_interval);
+    k.get("save_interval_minutes", c.checkpoint.save_interval_minutes);
+    k.get("keep_last", c.checkpoint.keep_last);
+    k.get("keep_every", c.checkpoint.keep_every);
+    k.get("save_initial", c.checkpoint.save_initial);
+    k.get("save_final", c.checkpoint.save_final);
+    k.finish();
   }
   r.accept("$schema");  // lets editors find configs/schema.json
   r.finish();
@@ -433,6 +445,17 @@ void validate(Config& c) {
               "must be >= 0 (0 = only at the end)");
   rules.check(t.eval_iters >= 1, "training.eval_iters", t.eval_iters, "must be >= 1");
   rules.check_one_of("training.device", t.device, {"auto", "cpu", "cuda"});
+  rules.check(t.exit_interval >= 0, "training.exit_interval", t.exit_interval,
+              "must be >= 0 (0 = off)");
+  rules.check(t.exit_duration_minutes >= 0, "training.exit_duration_minutes",
+              t.exit_duration_minutes, "must be >= 0 (0 = off)");
+  const auto& k = c.checkpoint;
+  rules.check(k.save_interval >= 0, "checkpoint.save_interval", k.save_interval,
+              "must be >= 0 (0 = off)");
+  rules.check(k.save_interval_minutes >= 0, "checkpoint.save_interval_minutes",
+              k.save_interval_minutes, "must be >= 0 (0 = off)");
+  rules.check(k.keep_last >= 1, "checkpoint.keep_last", k.keep_last, "must be >= 1");
+  rules.check(k.keep_every >= 0, "checkpoint.keep_every", k.keep_every, "must be >= 0 (0 = none)");
 
   const auto& d = c.data;
   rules.check(!d.path.empty() || !d.train_path.empty(), "data.path", "\"\"",
@@ -549,10 +572,20 @@ json to_json(const Config& c) {
                {"reader_threads", c.data.reader_threads},
                {"block_windows", c.data.block_windows}};
   const auto& t = c.training;
-  j["training"] = {{"output_dir", t.output_dir}, {"train_iters", t.train_iters},
-                   {"epochs", t.epochs},         {"eval_interval", t.eval_interval},
-                   {"eval_iters", t.eval_iters}, {"seed", t.seed},
-                   {"device", t.device}};
+  j["training"] = {{"output_dir", t.output_dir},
+                   {"train_iters", t.train_iters},
+                   {"epochs", t.epochs},
+                   {"eval_interval", t.eval_interval},
+                   {"eval_iters", t.eval_iters},
+                   {"seed", t.seed},
+                   {"device", t.device},
+                   {"exit_interval", t.exit_interval},
+                   {"exit_duration_minutes", t.exit_duration_minutes}};
+  const auto& k = c.checkpoint;
+  j["checkpoint"] = {
+      {"save_interval", k.save_interval}, {"save_interval_minutes", k.save_interval_minutes},
+      {"keep_last", k.keep_last},         {"keep_every", k.keep_every},
+      {"save_initial", k.save_initial},   {"save_final", k.save_final}};
   return j;
 }
 

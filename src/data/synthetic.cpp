@@ -23,7 +23,7 @@ std::vector<uint32_t> make_permutation_corpus(const SyntheticSpec& spec) {
     const auto& p = perms[static_cast<size_t>(pick_prog(rng))];
     uint32_t x = static_cast<uint32_t>(pick_tok(rng));
     for (int64_t t = 0; t < spec.doc_len; ++t) {
-      out.push_back(x);
+      out.push_back(spec.first_token + x);
       x = p[x];
     }
   }

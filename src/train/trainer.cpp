@@ -1,21 +1,29 @@
 #include "moe/train/trainer.h"
 
+#include <ATen/autocast_mode.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
-
-#include <ATen/autocast_mode.h>
-#include <spdlog/spdlog.h>
-#include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
 
 #include "moe/data/dataset.h"
 #include "moe/data/streaming_loader.h"
 #include "moe/model/transformer.h"
+#include "moe/train/adamw.h"
+#include "moe/train/checkpoint.h"
+#include "moe/train/checkpoint_store.h"
+#include "moe/train/evaluation.h"
+#include "moe/train/loss_scaler.h"
 #include "moe/train/lr_schedule.h"
 #include "moe/train/metrics_log.h"
 #include "moe/util/errors.h"
@@ -29,20 +37,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-torch::Device pick_device(const config::Config& cfg) {
-  const bool have_cuda = torch::cuda::is_available();
-  if (cfg.training.device == "cuda") {
-    if (!have_cuda) {
-      throw UserError("config: " + cfg.source_file +
-                      ": training.device = \"cuda\": no CUDA device is visible");
-    }
-    return torch::kCUDA;
-  }
-  if (cfg.training.device == "cpu" || !have_cuda) return torch::kCPU;
-  return torch::kCUDA;
+// ---- signals: SIGTERM/SIGINT finish the step, checkpoint, exit 0; a second SIGINT exits at
+// once; SIGUSR1 checkpoints and continues. -------------------------------------------------
+std::atomic<int> g_stop_signal{0};
+std::atomic<bool> g_checkpoint_request{false};
+
+extern "C" void on_stop_signal(int sig) {
+  if (sig == SIGINT && g_stop_signal.load() != 0) _exit(130);
+  g_stop_signal.store(sig);
+}
+extern "C" void on_usr1(int) { g_checkpoint_request.store(true); }
+
+void install_signal_handlers() {
+  g_stop_signal.store(0);
+  g_checkpoint_request.store(false);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  sa.sa_handler = on_usr1;
+  sigaction(SIGUSR1, &sa, nullptr);
 }
 
-// Checks (without writing) that the output directory can take a new run.
 void check_output_dir(const config::Config& cfg) {
   const std::string& dir = cfg.training.output_dir;
   std::error_code ec;
@@ -52,11 +69,9 @@ void check_output_dir(const config::Config& cfg) {
   }
 }
 
-// The files a run writes; an earlier run's copies are kept (renamed) unless --overwrite.
-constexpr const char* kRunFiles[] = {"metrics.jsonl", "config.json"};
+// The files a fresh run writes; an earlier run's copies are kept (renamed) unless --overwrite.
+constexpr const char* kRunFiles[] = {"metrics.jsonl", "config.json", "checkpoints"};
 
-// Called only after every input check passed. Without checkpoints there is nothing to resume,
-// so a new run starts; the earlier run's files are renamed to NAME.prev-YYYYmmdd-HHMMSS.
 void set_aside_previous_run(const std::string& dir, bool overwrite, spdlog::logger& log) {
   std::error_code ec;
   char stamp[32];
@@ -66,7 +81,7 @@ void set_aside_previous_run(const std::string& dir, bool overwrite, spdlog::logg
     fs::path p = fs::path(dir) / name;
     if (!fs::exists(p, ec)) continue;
     if (overwrite) {
-      fs::remove(p, ec);
+      fs::remove_all(p, ec);
       continue;
     }
     fs::path kept = p;
@@ -78,7 +93,25 @@ void set_aside_previous_run(const std::string& dir, bool overwrite, spdlog::logg
   }
 }
 
-// Names the config key when a data path does not exist (the loader names only the file).
+// The step a checkpoint holds, from its state.json; -1 when unreadable.
+int64_t peek_step(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "state.json");
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("step") && j["step"].is_number_integer()
+             ? j["step"].get<int64_t>()
+             : -1;
+}
+
+// Keeps the first `lines` lines of a metrics file (those of steps a checkpoint covers).
+void truncate_lines(const fs::path& path, int64_t lines) {
+  std::ifstream in(path);
+  std::string kept, line;
+  for (int64_t i = 0; i < lines && std::getline(in, line); ++i) kept += line + "\n";
+  in.close();
+  std::ofstream out(path, std::ios::trunc);
+  out << kept;
+}
+
 void require_path(const config::Config& cfg, const char* key, const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
@@ -87,29 +120,12 @@ void require_path(const config::Config& cfg, const char* key, const std::string&
   }
 }
 
-// Batches live in torch tensors from the start: pinned host memory when training on CUDA, so
-// the copy to the device can be non-blocking.
-data::BufferFactory tensor_buffers(const torch::Device& device) {
-  const bool pin = device.is_cuda();
-  return [pin](int64_t n) {
-    auto t = std::make_shared<torch::Tensor>(
-        torch::empty({n}, torch::TensorOptions().dtype(torch::kLong).pinned_memory(pin)));
-    return data::BatchBuffer{t->data_ptr<int64_t>(), t};
-  };
-}
-
-torch::Tensor to_device(const data::Batch& b, const torch::Device& device) {
-  const auto& t = *static_cast<torch::Tensor*>(b.buffer.owner.get());
-  return t.view({b.rows, b.cols}).to(device, /*non_blocking=*/true);
-}
-
 struct StepLosses {
   torch::Tensor total, lm, aux, z;
   std::vector<torch::Tensor> tokens_per_expert;  // per MoE layer
   int64_t dropped = 0;
 };
 
-// Per-layer expert loads as nested JSON arrays (for the metrics file).
 json expert_loads(const std::vector<torch::Tensor>& per_layer) {
   json layers = json::array();
   for (const auto& t : per_layer) {
@@ -123,12 +139,11 @@ json expert_loads(const std::vector<torch::Tensor>& per_layer) {
 StepLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batch,
                           const config::Config& cfg) {
   const int64_t S = batch.size(1) - 1;
-  auto inputs = batch.narrow(1, 0, S);
-  auto targets = batch.narrow(1, 1, S);
-  model::LmOutput out = model->forward(inputs);
+  model::LmOutput out = model->forward(batch.narrow(1, 0, S));
   StepLosses l;
   l.lm = torch::nn::functional::cross_entropy(
-      out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat), targets.reshape({-1}));
+      out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat),
+      batch.narrow(1, 1, S).reshape({-1}));
   l.aux = out.aux_loss;
   l.z = out.z_loss;
   l.total = l.lm + cfg.moe.aux_loss_coeff * l.aux + cfg.moe.z_loss_coeff * l.z;
@@ -137,53 +152,26 @@ StepLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batc
   return l;
 }
 
-EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardInfo>& shards,
-                    const config::Config& cfg, const torch::Device& device) {
-  torch::NoGradGuard no_grad;
-  model->eval();
-  const int64_t B = cfg.train_micro_batch_size_per_gpu;
-  data::LoaderOptions lo;
-  lo.seq_len = cfg.model.seq_len;
-  lo.batch_size = B;
-  lo.shuffle = false;  // the same windows at every evaluation
-  lo.prefetch = 2;
-  lo.block_windows = cfg.data.block_windows;
-  data::StreamingLoader loader(shards, lo, {}, tensor_buffers(device));
-  const int64_t windows = std::min(loader.windows_per_epoch(), cfg.training.eval_iters * B);
-  double loss_sum = 0.0;
-  int64_t correct = 0, count = 0;
-  for (int64_t done = 0; done < windows; done += B) {
-    auto batch = to_device(loader.next(), device).narrow(0, 0, std::min(B, windows - done));
-    const int64_t S = batch.size(1) - 1;
-    auto targets = batch.narrow(1, 1, S).reshape({-1});
-    auto logits = model->forward(batch.narrow(1, 0, S)).logits;
-    logits = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
-    loss_sum += torch::nn::functional::cross_entropy(
-                    logits, targets,
-                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                    .item<double>();
-    correct += logits.argmax(-1).eq(targets).sum().item<int64_t>();
-    count += targets.numel();
-  }
-  model->train();
-  EvalResult r;
-  r.tokens = count;
-  r.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, count));
-  r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, count));
-  r.perplexity = std::exp(std::min(r.loss, 700.0));
-  return r;
-}
-
 json eval_record(int64_t step, const EvalResult& r) {
-  return {{"type", "eval"},    {"step", step},           {"split", "valid"},
-          {"loss", r.loss},    {"accuracy", r.accuracy}, {"perplexity", r.perplexity},
-          {"tokens", r.tokens}};
+  return {{"type", "eval"},         {"step", step},
+          {"split", "valid"},       {"loss", r.loss},
+          {"accuracy", r.accuracy}, {"perplexity", r.perplexity},
+          {"tokens", r.tokens},     {"expert_imbalance", r.expert_imbalance}};
 }
 
-void set_lr(torch::optim::Optimizer& opt, double lr) {
-  for (auto& group : opt.param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+std::vector<AdamWGroup> param_groups(model::TransformerLM& model, const config::Config& cfg) {
+  AdamWGroup decay, no_decay;
+  decay.weight_decay = cfg.optimizer.type == "Adam" ? 0.0 : cfg.optimizer.weight_decay;
+  for (auto& item : model->named_parameters()) {
+    // Norm weights and biases (1-D) are not decayed, as in Megatron and DeepSpeed's examples.
+    AdamWGroup& g =
+        item.value().dim() >= 2 || cfg.optimizer.decay_norms_and_biases ? decay : no_decay;
+    g.names.push_back(item.key());
+    g.params.push_back(item.value());
   }
+  std::vector<AdamWGroup> groups{decay};
+  if (!no_decay.params.empty()) groups.push_back(no_decay);
+  return groups;
 }
 
 }  // namespace
@@ -198,14 +186,12 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
     log->warn("{} is enabled but training runs on the CPU: computing in fp32",
               cfg.fp16.enabled ? "fp16" : "bf16");
   }
-  if (device.is_cuda() && cfg.fp16.enabled) {
-    throw UserError("config: " + cfg.source_file +
-                    ": fp16.enabled = true: the fp16 loss scaler is not implemented yet; use "
-                    "bf16.enabled = true on this GPU");
-  }
+  const bool fp16 = device.is_cuda() && cfg.fp16.enabled;
+  const bool bf16 = device.is_cuda() && cfg.bf16.enabled;
   if (!cfg.data.path.empty()) require_path(cfg, "data.path", cfg.data.path);
   if (!cfg.data.train_path.empty()) require_path(cfg, "data.train_path", cfg.data.train_path);
   if (!cfg.data.valid_path.empty()) require_path(cfg, "data.valid_path", cfg.data.valid_path);
+  if (!opt.resume_from.empty()) require_path(cfg, "--resume", opt.resume_from);
   if (cfg.data.verify_checksums) log->info("data: verifying shard checksums");
   const data::DatasetShards shards =
       data::open_dataset({cfg.data.path, cfg.data.train_path, cfg.data.valid_path},
@@ -225,54 +211,102 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
   model::TransformerLM model(cfg);
   model->to(device);
   model->train();
-  const bool bf16 = device.is_cuda() && cfg.bf16.enabled;
-
-  std::vector<torch::Tensor> decay, no_decay;
-  for (auto& p : model->parameters()) {
-    (p.dim() >= 2 || cfg.optimizer.decay_norms_and_biases ? decay : no_decay).push_back(p);
-  }
-  const double wd = cfg.optimizer.type == "Adam" ? 0.0 : cfg.optimizer.weight_decay;
-  auto adam_opts = [&](double weight_decay) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(cfg.optimizer.lr)
-            .betas({cfg.optimizer.betas[0], cfg.optimizer.betas[1]})
-            .eps(cfg.optimizer.eps)
-            .weight_decay(weight_decay));
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, adam_opts(wd));
-  if (!no_decay.empty()) groups.emplace_back(no_decay, adam_opts(0.0));
-  torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(cfg.optimizer.lr));
+  FusedAdamW optimizer(param_groups(model, cfg), cfg.optimizer.betas[0], cfg.optimizer.betas[1],
+                       cfg.optimizer.eps);
   LrSchedule schedule(cfg.scheduler, cfg.optimizer.lr, total_steps);
+  LossScaler scaler(cfg.fp16);
+
+  // ---- resume: an explicit checkpoint, else the newest loadable one in output_dir ----
+  const fs::path out_dir = cfg.training.output_dir;
+  CheckpointStore store((out_dir / "checkpoints").string());
+  TrainingState state;
+  TrainSummary summary;
+  bool finished_run = false;
+  if (!opt.resume_from.empty()) {
+    state = load_checkpoint(opt.resume_from, model, &optimizer);
+    summary.resumed_from = state.step;
+  } else if (opt.resume && !opt.overwrite) {
+    for (const auto& dir : store.candidates()) {
+      if (peek_step(dir) >= total_steps) {
+        // A finished run is not continued: a new one starts and the old one is kept aside.
+        log->warn("{} holds a finished run (step {} of {}); starting a new run", dir,
+                  peek_step(dir), total_steps);
+        finished_run = true;
+        break;
+      }
+      try {
+        state = load_checkpoint(dir, model, &optimizer);
+        summary.resumed_from = state.step;
+        break;
+      } catch (const UserError& e) {
+        log->error("checkpoint {} is unusable ({}); trying the one before", dir, e.what());
+      }
+    }
+    if (summary.resumed_from < 0 && !finished_run && !store.candidates().empty()) {
+      throw UserError("checkpoint: no loadable checkpoint in " + store.root() +
+                      " (see the errors above); use --no-resume to start over");
+    }
+  }
+  scaler.restore(summary.resumed_from >= 0 ? state.scaler : scaler.state());
 
   // ---- from here on we write into the output directory ----
-  fs::create_directories(cfg.training.output_dir);
-  set_aside_previous_run(cfg.training.output_dir, opt.overwrite, *log);
+  fs::create_directories(out_dir);
+  const fs::path metrics_path = out_dir / "metrics.jsonl";
+  if (summary.resumed_from >= 0) {
+    truncate_lines(metrics_path, state.metrics_lines);
+    log->info("resuming from step {} (tokens {}, epoch {}, window {})", state.step, state.tokens,
+              state.loader.epoch, state.loader.position);
+  } else {
+    set_aside_previous_run(out_dir.string(), opt.overwrite, *log);
+  }
+  store.clean_partial();
   {
-    std::ofstream resolved(fs::path(cfg.training.output_dir) / "config.json");
+    std::ofstream resolved(out_dir / "config.json");
     resolved << config::to_json(cfg).dump(2) << "\n";
   }
-  MetricsLog metrics((fs::path(cfg.training.output_dir) / "metrics.jsonl").string());
+  MetricsLog metrics(metrics_path.string(), /*append=*/summary.resumed_from >= 0);
 
   log->info("model: {} parameters ({} active per token), {} layers, {} experts top-{}; device {}",
-            model->parameters().empty() ? 0 : config::count_parameters(cfg),
-            config::active_parameters_per_token(cfg), cfg.model.num_layers, cfg.moe.num_experts,
-            cfg.moe.top_k, device.str());
+            config::count_parameters(cfg), config::active_parameters_per_token(cfg),
+            cfg.model.num_layers, cfg.moe.num_experts, cfg.moe.top_k, device.str());
   log->info(
       "data: {} training windows of {} tokens in {} shards; {} steps of {} sequences ({} x "
       "{} micro)",
       train_windows, cfg.model.seq_len, shards.train.size(), total_steps, gbs, mbs, gas);
 
-  TrainSummary summary;
+  const int64_t tokens_per_step = gbs * cfg.model.seq_len;
+  auto last_save = Clock::now();
+  auto save = [&](const char* why) {
+    state.metrics_lines = metrics.lines();
+    state.config = config::to_json(cfg);
+    state.scaler = scaler.state();
+    const std::string tmp = store.begin(state.step);
+    try {
+      save_checkpoint(tmp, model, optimizer, state);
+      const std::string dir =
+          store.commit(tmp, state.step, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every);
+      log->info("checkpoint ({}): {}", why, dir);
+    } catch (...) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);  // the previous checkpoint and `latest` are untouched
+      throw;
+    }
+    last_save = Clock::now();
+  };
+
   summary.output_dir = cfg.training.output_dir;
   summary.steps = total_steps;
-  if (has_valid) {
-    summary.has_validation = true;
+  summary.has_validation = has_valid;
+  if (has_valid)
     summary.majority_baseline = data::majority_baseline(shards.valid, cfg.model.seq_len);
-    summary.initial_eval = evaluate(model, shards.valid, cfg, device);
-    metrics.write(eval_record(0, summary.initial_eval));
-    log->info("step 0: validation loss {:.4f}, accuracy {:.4f}", summary.initial_eval.loss,
-              summary.initial_eval.accuracy);
+  if (summary.resumed_from < 0) {
+    if (has_valid) {
+      summary.initial_eval = evaluate(model, shards.valid, cfg, device);
+      metrics.write(eval_record(0, summary.initial_eval));
+      log->info("step 0: validation loss {:.4f}, accuracy {:.4f}", summary.initial_eval.loss,
+                summary.initial_eval.accuracy);
+    }
+    if (cfg.checkpoint.save_initial) save("initial");
   }
 
   data::LoaderOptions lo;
@@ -283,30 +317,31 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
   lo.prefetch = cfg.data.prefetch;
   lo.reader_threads = static_cast<int>(cfg.data.reader_threads);
   lo.block_windows = cfg.data.block_windows;
-  data::StreamingLoader loader(shards.train, lo, {}, tensor_buffers(device));
-  data::LoaderState loader_state;
-  const int64_t tokens_per_step = gbs * cfg.model.seq_len;
+  data::StreamingLoader loader(shards.train, lo, state.loader, tensor_buffers(device));
+
+  install_signal_handlers();
   auto run_start = Clock::now();
-  for (int64_t step = 0; step < total_steps; ++step) {
+  const int64_t first_step = state.step;
+  for (int64_t step = state.step; step < total_steps; ++step) {
     auto t0 = Clock::now();
     const double lr = schedule.lr_at(step);
-    set_lr(optimizer, lr);
-    optimizer.zero_grad(/*set_to_none=*/true);
+    optimizer.zero_grad();
     double lm_sum = 0.0, aux_sum = 0.0, z_sum = 0.0;
     int64_t dropped = 0;
-    const double wait_before = loader.wait_seconds();
     std::vector<torch::Tensor> load;  // tokens per expert, summed over micro-batches
+    const double wait_before = loader.wait_seconds();
     for (int64_t micro = 0; micro < gas; ++micro) {
       data::Batch host = loader.next();
-      loader_state = host.state_after;
+      state.loader = host.state_after;
       auto batch = to_device(host, device);
-      if (bf16) {
+      if (bf16 || fp16) {
         at::autocast::set_autocast_enabled(at::kCUDA, true);
-        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+        at::autocast::set_autocast_dtype(at::kCUDA, bf16 ? at::kBFloat16 : at::kHalf);
       }
       StepLosses l = compute_losses(model, batch, cfg);
-      if (bf16) at::autocast::set_autocast_enabled(at::kCUDA, false);
-      (l.total / static_cast<double>(gas)).backward();
+      if (bf16 || fp16) at::autocast::set_autocast_enabled(at::kCUDA, false);
+      // Only fp16 scales the loss; bf16 and fp32 gradients need no scaling.
+      (l.total * ((fp16 ? scaler.scale() : 1.0) / static_cast<double>(gas))).backward();
       lm_sum += l.lm.item<double>();
       aux_sum += l.aux.item<double>();
       z_sum += l.z.item<double>();
@@ -317,39 +352,61 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
         for (size_t i = 0; i < load.size(); ++i) load[i] = load[i] + l.tokens_per_expert[i];
       }
     }
-    if (bf16) at::autocast::clear_cache();
+    if (bf16 || fp16) at::autocast::clear_cache();
+    // fp16: unscale in place and detect overflow in one pass; skip the step on overflow.
+    bool overflow = false;
+    if (fp16) {
+      std::vector<torch::Tensor> grads;
+      for (auto& p : model->parameters()) {
+        if (p.grad().defined()) grads.push_back(p.grad());
+      }
+      auto found_inf = torch::zeros({1}, torch::TensorOptions().device(device));
+      auto inv_scale =
+          torch::full({1}, 1.0 / scaler.scale(), torch::TensorOptions().device(device));
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+      overflow = found_inf.item<float>() > 0;
+    }
     const double max_norm =
         cfg.gradient_clipping > 0 ? cfg.gradient_clipping : std::numeric_limits<double>::infinity();
-    const double grad_norm = torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
-    if (!std::isfinite(grad_norm) || !std::isfinite(lm_sum)) {
-      throw TrainingError("training diverged at step " + std::to_string(step + 1) + ": loss " +
-                          std::to_string(lm_sum / gas) + ", grad norm " +
-                          std::to_string(grad_norm));
-    }
-    optimizer.step();
-    const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    double grad_norm =
+        overflow ? std::nan("") : torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
     const double loss = lm_sum / static_cast<double>(gas);
-    if (step == 0) summary.first_train_loss = loss;
+    if (fp16) {
+      scaler.update(overflow);
+    } else if (!std::isfinite(grad_norm) || !std::isfinite(loss)) {
+      throw TrainingError("training diverged at step " + std::to_string(step + 1) + ": loss " +
+                          std::to_string(loss) + ", grad norm " + std::to_string(grad_norm));
+    }
+    if (!overflow) optimizer.step(lr);
+    state.step = step + 1;
+    state.tokens = state.step * tokens_per_step;
+    const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (step == first_step) summary.first_train_loss = loss;
     summary.last_train_loss = loss;
-    metrics.write({{"type", "train"},
-                   {"step", step + 1},
-                   {"loss", loss},
-                   {"aux_loss", aux_sum / static_cast<double>(gas)},
-                   {"z_loss", z_sum / static_cast<double>(gas)},
-                   {"lr", lr},
-                   {"grad_norm", grad_norm},
-                   {"tokens", (step + 1) * tokens_per_step},
-                   {"dropped_tokens", dropped},
-                   {"expert_tokens", expert_loads(load)},
-                   {"epoch", loader_state.epoch},
-                   {"data_wait_s", loader.wait_seconds() - wait_before},
-                   {"step_time_s", step_s},
-                   {"tokens_per_s", static_cast<double>(tokens_per_step) / step_s}});
+    json rec = {{"type", "train"},
+                {"step", step + 1},
+                {"loss", loss},
+                {"aux_loss", aux_sum / static_cast<double>(gas)},
+                {"z_loss", z_sum / static_cast<double>(gas)},
+                {"lr", lr},
+                {"grad_norm", overflow ? json(nullptr) : json(grad_norm)},
+                {"tokens", state.tokens},
+                {"dropped_tokens", dropped},
+                {"expert_tokens", expert_loads(load)},
+                {"epoch", state.loader.epoch},
+                {"data_wait_s", loader.wait_seconds() - wait_before},
+                {"step_time_s", step_s},
+                {"tokens_per_s", static_cast<double>(tokens_per_step) / step_s}};
+    if (fp16) {
+      rec["loss_scale"] = scaler.scale();
+      rec["skipped_steps"] = scaler.state().skipped_steps;
+    }
+    metrics.write(rec);
     if ((step + 1) % cfg.steps_per_print == 0 || step + 1 == total_steps) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
       log->info("step {}/{}: loss {:.4f} aux {:.4f} lr {:.3e} grad_norm {:.3f} {:.0f} tok/s",
                 step + 1, total_steps, loss, aux_sum / static_cast<double>(gas), lr, grad_norm,
-                static_cast<double>((step + 1) * tokens_per_step) / elapsed);
+                static_cast<double>((step + 1 - first_step) * tokens_per_step) / elapsed);
     }
     const bool last = step + 1 == total_steps;
     if (has_valid && (last || (cfg.training.eval_interval > 0 &&
@@ -359,6 +416,39 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       log->info("step {}: validation loss {:.4f}, accuracy {:.4f}, perplexity {:.2f}", step + 1,
                 r.loss, r.accuracy, r.perplexity);
       if (last) summary.final_eval = r;
+    }
+    const double minutes = std::chrono::duration<double>(Clock::now() - last_save).count() / 60.0;
+    if (last && cfg.checkpoint.save_final) {
+      save("final");
+    } else if (cfg.checkpoint.save_interval > 0 && (step + 1) % cfg.checkpoint.save_interval == 0) {
+      save("interval");
+    } else if (cfg.checkpoint.save_interval_minutes > 0 &&
+               minutes >= cfg.checkpoint.save_interval_minutes) {
+      save("time");
+    } else if (g_checkpoint_request.exchange(false)) {
+      save("SIGUSR1");
+    }
+    const double run_minutes =
+        std::chrono::duration<double>(Clock::now() - run_start).count() / 60.0;
+    const bool exit_now =
+        !last &&
+        ((cfg.training.exit_interval > 0 && (step + 1) % cfg.training.exit_interval == 0) ||
+         (cfg.training.exit_duration_minutes > 0 &&
+          run_minutes >= cfg.training.exit_duration_minutes));
+    if (exit_now) {
+      save("exit_interval");
+      log->info("exit_interval/exit_duration reached after step {}; run the same command to resume",
+                step + 1);
+      summary.interrupted = true;
+      summary.steps = step + 1;
+      break;
+    }
+    if (g_stop_signal.load() != 0 && !last) {
+      save(g_stop_signal.load() == SIGTERM ? "SIGTERM" : "SIGINT");
+      log->warn("stopped by signal after step {}; resume by running the same command", step + 1);
+      summary.interrupted = true;
+      summary.steps = step + 1;
+      break;
     }
   }
   return summary;

@@ -64,7 +64,7 @@ class CliTest : public ::testing::Test {
             {"scheduler", {{"type", "Constant"}}},
             {"steps_per_print", 1},
             {"model",
-             {{"vocab_size", 16},
+             {{"vocab_size", 128},
               {"seq_len", 16},
               {"hidden_size", 16},
               {"num_layers", 1},

@@ -115,6 +115,15 @@ struct DataConfig {
   int64_t block_windows = 256;    // windows per contiguous read (the shuffle granularity)
 };
 
+struct CheckpointConfig {
+  int64_t save_interval = 0;           // optimizer steps between checkpoints; 0 = off
+  double save_interval_minutes = 0.0;  // wall-clock minutes between checkpoints; 0 = off
+  int64_t keep_last = 3;               // newest checkpoints kept
+  int64_t keep_every = 0;              // also keep every step that is a multiple; 0 = none
+  bool save_initial = false;           // a checkpoint of the initial weights (step 0)
+  bool save_final = true;              // a checkpoint when training ends
+};
+
 struct TrainingConfig {
   std::string output_dir = "runs/moe-train";
   int64_t train_iters = 0;  // optimizer steps; 0 = derive from epochs
@@ -123,6 +132,8 @@ struct TrainingConfig {
   int64_t eval_iters = 20;  // validation batches per evaluation
   uint64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda
+  int64_t exit_interval = 0;    // Megatron's: checkpoint and exit 0 after steps divisible by it
+  double exit_duration_minutes = 0.0;  // checkpoint and exit 0 once this much time has passed
 };
 
 struct Config {
@@ -146,6 +157,7 @@ struct Config {
   MoeConfig moe;
   DataConfig data;
   TrainingConfig training;
+  CheckpointConfig checkpoint;
 
   std::string source_file;            // where it came from, for messages; not serialised
   std::vector<std::string> warnings;  // accepted-but-ignored keys etc.; the CLI logs them

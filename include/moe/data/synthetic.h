@@ -16,8 +16,9 @@ struct SyntheticSpec {
   int64_t programs = 4;
   int64_t doc_len = 65;  // tokens per document (= model.seq_len + 1 aligns documents to windows)
   int64_t num_docs = 1000;
-  uint64_t seed = 1;      // seeds the permutations (shared by train and validation)
-  uint64_t doc_seed = 2;  // seeds the documents (differs between train and validation)
+  uint64_t seed = 1;         // seeds the permutations (shared by train and validation)
+  uint64_t doc_seed = 2;     // seeds the documents (differs between train and validation)
+  uint32_t first_token = 0;  // symbols are first_token .. first_token + vocab_size - 1
 };
 
 std::vector<uint32_t> make_permutation_corpus(const SyntheticSpec& spec);

@@ -2,6 +2,7 @@
 // at most the line being written.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -12,7 +13,9 @@ namespace moe::train {
 class MetricsLog {
  public:
   MetricsLog() = default;
-  explicit MetricsLog(const std::string& path);  // truncates
+  // Truncates, or appends (a resumed run continues the file).
+  explicit MetricsLog(const std::string& path, bool append = false);
+  int64_t lines() const { return lines_; }  // lines in the file
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
   ~MetricsLog();
@@ -21,6 +24,7 @@ class MetricsLog {
  private:
   std::FILE* f_ = nullptr;
   std::string path_;
+  int64_t lines_ = 0;
 };
 
 }  // namespace moe::train

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "moe/config/config.h"
 
@@ -15,10 +16,14 @@ struct EvalResult {
   double accuracy = 0.0;  // next-token top-1
   double perplexity = 0.0;
   int64_t tokens = 0;
+  // Expert load balance over the evaluation: per layer, max load / mean load (1 = perfect).
+  std::vector<double> expert_imbalance;
 };
 
 struct TrainSummary {
   int64_t steps = 0;
+  int64_t resumed_from = -1;  // step of the checkpoint resumed from, -1 for a fresh start
+  bool interrupted = false;   // stopped by SIGTERM/SIGINT after writing a checkpoint
   double first_train_loss = 0.0;
   double last_train_loss = 0.0;
   bool has_validation = false;
@@ -29,7 +34,9 @@ struct TrainSummary {
 };
 
 struct TrainOptions {
-  bool overwrite = false;  // delete an earlier run's files in output_dir instead of keeping them
+  bool overwrite = false;   // delete an earlier run's files in output_dir instead of keeping them
+  bool resume = true;       // resume from <output_dir>/checkpoints/latest when there is one
+  std::string resume_from;  // a specific checkpoint directory (implies resume)
 };
 
 TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt);

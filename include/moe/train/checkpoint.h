@@ -1,0 +1,41 @@
+// What a checkpoint holds and how it maps to files:
+//   model.safetensors      every parameter by name (fp32 master weights)
+//   optimizer.safetensors  <name>.exp_avg, <name>.exp_avg_sq, <name>.step for every parameter
+//   state.json             step, tokens, loader position, loss scaler, RNG states, metrics line
+//                          count, the resolved config and the format version
+// The safetensors files open in Python's `safetensors` with no code execution.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "moe/data/dataset.h"
+#include "moe/model/transformer.h"
+#include "moe/train/adamw.h"
+#include "moe/train/loss_scaler.h"
+
+namespace moe::train {
+
+inline constexpr int64_t kCheckpointFormatVersion = 1;
+
+struct TrainingState {
+  int64_t step = 0;  // optimizer steps done
+  int64_t tokens = 0;
+  data::LoaderState loader;
+  LossScalerState scaler;
+  int64_t metrics_lines = 0;  // lines of metrics.jsonl that belong to steps <= step
+  nlohmann::json config;      // the resolved config of the run that wrote it
+};
+
+// Writes the three files into `dir` (an empty directory).
+void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedAdamW& optimizer,
+                     const TrainingState& state);
+
+// Loads `dir` into the model and optimizer (whose shapes must match). Throws UserError naming
+// the file and the problem for anything missing, damaged or mismatched.
+TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& model,
+                              FusedAdamW* optimizer);
+
+}  // namespace moe::train

@@ -1,0 +1,192 @@
+#include "moe/train/checkpoint.h"
+
+#include <ATen/Context.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "moe/train/checkpoint_store.h"
+#include "moe/util/errors.h"
+#include "moe/util/safetensors.h"
+
+namespace moe::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const char* dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return "F32";
+    case at::kDouble:
+      return "F64";
+    case at::kHalf:
+      return "F16";
+    case at::kBFloat16:
+      return "BF16";
+    case at::kLong:
+      return "I64";
+    case at::kInt:
+      return "I32";
+    case at::kByte:
+      return "U8";
+    case at::kBool:
+      return "BOOL";
+    default:
+      throw TrainingError(std::string("checkpoint: no safetensors dtype for ") + c10::toString(t));
+  }
+}
+
+// Host copies keep the tensors alive while the file is written.
+struct HostTensors {
+  std::vector<at::Tensor> keep;
+  std::vector<SafeTensorView> views;
+  void add(const std::string& name, const at::Tensor& t) {
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    keep.push_back(c);
+    views.push_back({name, dtype_name(c.scalar_type()), c.sizes().vec(), c.data_ptr(),
+                     static_cast<size_t>(c.nbytes())});
+  }
+};
+
+void copy_into(const SafetensorsFile& f, const std::string& name, at::Tensor& dst) {
+  const SafeTensorEntry& e = f.entry(name);
+  at::Tensor host = at::empty(dst.sizes(), dst.options().device(at::kCPU));
+  if (e.dtype != dtype_name(dst.scalar_type()) || e.shape != dst.sizes().vec()) {
+    std::ostringstream msg;
+    msg << "tensor '" << name << "' is " << e.dtype << " " << at::IntArrayRef(e.shape)
+        << "; the model expects " << dtype_name(dst.scalar_type()) << " " << dst.sizes();
+    throw UserError("checkpoint: " + f.path() + ": " + msg.str());
+  }
+  std::memcpy(host.data_ptr(), f.data(e), e.end - e.begin);
+  at::NoGradGuard g;
+  dst.copy_(host);
+}
+
+std::string to_hex(const at::Tensor& bytes) {
+  static const char* d = "0123456789abcdef";
+  const auto* p = bytes.data_ptr<uint8_t>();
+  std::string s(static_cast<size_t>(bytes.numel()) * 2, '0');
+  for (int64_t i = 0; i < bytes.numel(); ++i) {
+    s[2 * i] = d[p[i] >> 4];
+    s[2 * i + 1] = d[p[i] & 15];
+  }
+  return s;
+}
+
+at::Tensor from_hex(const std::string& s, const std::string& file) {
+  if (s.size() % 2 != 0) throw UserError("checkpoint: " + file + ": bad RNG state");
+  at::Tensor t = at::empty({static_cast<int64_t>(s.size() / 2)}, at::kByte);
+  auto* p = t.data_ptr<uint8_t>();
+  auto nib = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw UserError("checkpoint: " + file + ": bad RNG state");
+  };
+  for (size_t i = 0; i < s.size() / 2; ++i)
+    p[i] = static_cast<uint8_t>(nib(s[2 * i]) * 16 + nib(s[2 * i + 1]));
+  return t;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedAdamW& optimizer,
+                     const TrainingState& state) {
+  HostTensors weights;
+  for (const auto& item : model->named_parameters()) weights.add(item.key(), item.value());
+  write_safetensors((fs::path(dir) / "model.safetensors").string(), weights.views,
+                    {{"format", "pt"}, {"producer", "moe-train"}});
+  if (const char* hook = std::getenv("MOE_TEST_ABORT_IN_CHECKPOINT")) {
+    // Test hook (tests/train/checkpoint_test.py): die half-way through a checkpoint write.
+    if (std::to_string(state.step) == hook) std::abort();
+  }
+  HostTensors opt;
+  for (auto& [name, st] : optimizer.named_state()) {
+    opt.add(name + ".exp_avg", st->exp_avg);
+    opt.add(name + ".exp_avg_sq", st->exp_avg_sq);
+    opt.add(name + ".step", st->step);
+  }
+  write_safetensors((fs::path(dir) / "optimizer.safetensors").string(), opt.views,
+                    {{"format", "pt"}, {"producer", "moe-train"}, {"optimizer", "AdamW"}});
+  json j;
+  j["format_version"] = kCheckpointFormatVersion;
+  j["step"] = state.step;
+  j["tokens"] = state.tokens;
+  j["loader"] = {{"epoch", state.loader.epoch}, {"position", state.loader.position}};
+  j["loss_scaler"] = {{"scale", state.scaler.scale},
+                      {"cur_iter", state.scaler.cur_iter},
+                      {"last_overflow_iter", state.scaler.last_overflow_iter},
+                      {"cur_hysteresis", state.scaler.cur_hysteresis},
+                      {"skipped_steps", state.scaler.skipped_steps}};
+  j["rng"]["cpu"] = to_hex(at::detail::getDefaultCPUGenerator().get_state());
+  if (at::hasCUDA()) {
+    j["rng"]["cuda"] = to_hex(at::globalContext().defaultGenerator(at::kCUDA).get_state());
+  }
+  j["metrics_lines"] = state.metrics_lines;
+  j["config"] = state.config;
+  const std::string path = (fs::path(dir) / "state.json").string();
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  out.flush();
+  if (!out) throw TrainingError("checkpoint: " + path + ": write failed (disk full?)");
+}
+
+TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& model,
+                              FusedAdamW* optimizer) {
+  const std::string state_path = (fs::path(dir) / "state.json").string();
+  std::ifstream in(state_path);
+  if (!in) throw UserError("checkpoint: " + state_path + ": missing");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw UserError("checkpoint: " + state_path + ": invalid JSON: " + e.what());
+  }
+  TrainingState s;
+  try {
+    if (j.at("format_version").get<int64_t>() != kCheckpointFormatVersion) {
+      throw UserError("checkpoint: " + state_path + ": format_version " +
+                      j.at("format_version").dump() + "; expected " +
+                      std::to_string(kCheckpointFormatVersion));
+    }
+    s.step = j.at("step").get<int64_t>();
+    s.tokens = j.at("tokens").get<int64_t>();
+    s.loader = {j.at("loader").at("epoch").get<int64_t>(),
+                j.at("loader").at("position").get<int64_t>()};
+    const auto& ls = j.at("loss_scaler");
+    s.scaler = {ls.at("scale").get<double>(), ls.at("cur_iter").get<int64_t>(),
+                ls.at("last_overflow_iter").get<int64_t>(), ls.at("cur_hysteresis").get<int64_t>(),
+                ls.at("skipped_steps").get<int64_t>()};
+    s.metrics_lines = j.at("metrics_lines").get<int64_t>();
+    s.config = j.at("config");
+  } catch (const json::exception& e) {
+    throw UserError("checkpoint: " + state_path + ": " + e.what());
+  }
+  SafetensorsFile weights((fs::path(dir) / "model.safetensors").string());
+  for (auto& item : model->named_parameters()) copy_into(weights, item.key(), item.value());
+  if (optimizer != nullptr) {
+    SafetensorsFile opt((fs::path(dir) / "optimizer.safetensors").string());
+    for (auto& [name, st] : optimizer->named_state()) {
+      copy_into(opt, name + ".exp_avg", st->exp_avg);
+      copy_into(opt, name + ".exp_avg_sq", st->exp_avg_sq);
+      copy_into(opt, name + ".step", st->step);
+    }
+  }
+  // Restore RNGs last: nothing above draws random numbers, and dropout must continue exactly.
+  try {
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();  // a handle sharing the default
+    cpu.set_state(from_hex(j.at("rng").at("cpu").get<std::string>(), state_path));
+    if (at::hasCUDA() && j.at("rng").contains("cuda")) {
+      at::Generator cuda = at::globalContext().defaultGenerator(at::kCUDA);
+      cuda.set_state(from_hex(j["rng"]["cuda"].get<std::string>(), state_path));
+    }
+  } catch (const json::exception& e) {
+    throw UserError("checkpoint: " + state_path + ": " + e.what());
+  }
+  return s;
+}
+
+}  // namespace moe::train

@@ -1,0 +1,116 @@
+#include "moe/train/evaluation.h"
+
+#include <cmath>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "moe/util/errors.h"
+
+namespace moe::train {
+
+torch::Device pick_device(const config::Config& cfg) {
+  const bool have_cuda = torch::cuda::is_available();
+  if (cfg.training.device == "cuda") {
+    if (!have_cuda) {
+      throw UserError("config: " + cfg.source_file +
+                      ": training.device = \"cuda\": no CUDA device is visible");
+    }
+    return torch::kCUDA;
+  }
+  if (cfg.training.device == "cpu" || !have_cuda) return torch::kCPU;
+  return torch::kCUDA;
+}
+
+data::BufferFactory tensor_buffers(const torch::Device& device) {
+  const bool pin = device.is_cuda();
+  return [pin](int64_t n) {
+    auto t = std::make_shared<torch::Tensor>(
+        torch::empty({n}, torch::TensorOptions().dtype(torch::kLong).pinned_memory(pin)));
+    return data::BatchBuffer{t->data_ptr<int64_t>(), t};
+  };
+}
+
+torch::Tensor to_device(const data::Batch& b, const torch::Device& device) {
+  const auto& t = *static_cast<torch::Tensor*>(b.buffer.owner.get());
+  return t.view({b.rows, b.cols}).to(device, /*non_blocking=*/true);
+}
+
+EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardInfo>& shards,
+                    const config::Config& cfg, const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
+  const int64_t B = cfg.train_micro_batch_size_per_gpu;
+  data::LoaderOptions lo;
+  lo.seq_len = cfg.model.seq_len;
+  lo.batch_size = B;
+  lo.shuffle = false;  // the same windows at every evaluation
+  lo.prefetch = 2;
+  lo.block_windows = cfg.data.block_windows;
+  data::StreamingLoader loader(shards, lo, {}, tensor_buffers(device));
+  const int64_t windows = std::min(loader.windows_per_epoch(), cfg.training.eval_iters * B);
+  double loss_sum = 0.0;
+  int64_t correct = 0, count = 0;
+  std::vector<torch::Tensor> load;
+  for (int64_t done = 0; done < windows; done += B) {
+    auto batch = to_device(loader.next(), device).narrow(0, 0, std::min(B, windows - done));
+    const int64_t S = batch.size(1) - 1;
+    auto targets = batch.narrow(1, 1, S).reshape({-1});
+    model::LmOutput out = model->forward(batch.narrow(1, 0, S));
+    auto logits = out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat);
+    loss_sum += torch::nn::functional::cross_entropy(
+                    logits, targets,
+                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
+    correct += logits.argmax(-1).eq(targets).sum().item<int64_t>();
+    count += targets.numel();
+    for (size_t l = 0; l < out.tokens_per_expert.size(); ++l) {
+      if (load.size() <= l)
+        load.push_back(out.tokens_per_expert[l].to(torch::kDouble));
+      else
+        load[l] += out.tokens_per_expert[l].to(torch::kDouble);
+    }
+  }
+  if (was_training) model->train();
+  EvalResult r;
+  r.tokens = count;
+  r.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, count));
+  r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, count));
+  r.perplexity = std::exp(std::min(r.loss, 700.0));
+  for (const auto& l : load)
+    r.expert_imbalance.push_back((l.max() / l.mean().clamp_min(1e-9)).item<double>());
+  return r;
+}
+
+std::vector<int64_t> generate(model::TransformerLM& model, const std::vector<int64_t>& prompt,
+                              int64_t seq_len, const SamplingOptions& opt,
+                              const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
+  std::vector<int64_t> tokens = prompt;
+  for (int64_t i = 0; i < opt.max_new_tokens; ++i) {
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - seq_len);
+    auto ctx =
+        torch::tensor(std::vector<int64_t>(tokens.begin() + start, tokens.end()), torch::kLong)
+            .view({1, -1})
+            .to(device);
+    auto logits = model->forward(ctx).logits[0][-1].to(torch::kFloat).to(torch::kCPU);
+    int64_t next;
+    if (opt.temperature <= 0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      logits = logits / opt.temperature;
+      if (opt.top_k > 0 && opt.top_k < logits.size(0)) {
+        auto kth = std::get<0>(logits.topk(opt.top_k)).min();
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+      }
+      next = torch::multinomial(torch::softmax(logits, -1), 1, false, gen).item<int64_t>();
+    }
+    tokens.push_back(next);
+  }
+  return std::vector<int64_t>(tokens.begin() + static_cast<int64_t>(prompt.size()), tokens.end());
+}
+
+}  // namespace moe::train
