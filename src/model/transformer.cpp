@@ -1,5 +1,7 @@
 #include "moe/model/transformer.h"
 
+#include "moe/model/activation_checkpoint.h"
+
 #include <cmath>
 
 #include <torch/torch.h>
@@ -80,7 +82,8 @@ BlockOutput BlockImpl::forward(const torch::Tensor& x) {
   return o;
 }
 
-TransformerLMImpl::TransformerLMImpl(const config::Config& cfg) : mcfg_(cfg.model) {
+TransformerLMImpl::TransformerLMImpl(const config::Config& cfg)
+    : mcfg_(cfg.model), checkpoint_blocks_(cfg.activation_checkpointing.number_checkpoints) {
   const auto& m = cfg.model;
   embed = register_module("embed", torch::nn::Embedding(m.vocab_size, m.hidden_size));
   pos_embed = register_module("pos_embed", torch::nn::Embedding(m.seq_len, m.hidden_size));
@@ -111,8 +114,12 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
   auto x = embed->forward(tokens) + pos_embed->forward(pos).unsqueeze(0);
   out.aux_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
   out.z_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
-  for (auto& b : blocks) {
-    BlockOutput bo = b->forward(x);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    // The first `checkpoint_blocks_` blocks keep only their input during training.
+    BlockOutput bo = is_training() && static_cast<int64_t>(i) < checkpoint_blocks_ &&
+                             torch::GradMode::is_enabled()
+                         ? checkpointed_block_forward(blocks[i], x)
+                         : blocks[i]->forward(x);
     x = bo.x;
     out.aux_loss = out.aux_loss + bo.moe.aux_loss;
     out.z_loss = out.z_loss + bo.moe.z_loss;

@@ -1,6 +1,7 @@
 #include "moe/train/trainer.h"
 
 #include <ATen/autocast_mode.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -12,7 +13,9 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <optional>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -174,6 +177,38 @@ std::vector<AdamWGroup> param_groups(model::TransformerLM& model, const config::
   return groups;
 }
 
+// What to tell a user whose step ran out of memory (the seed guide's OOM checklist): where,
+// with which batch, the allocator's numbers, and the settings that lower memory. Nothing is
+// saved: the last complete checkpoint stays the one to resume from.
+std::string oom_report(const config::Config& cfg, const torch::Device& device, int64_t step,
+                       const std::string& what) {
+  std::ostringstream msg;
+  msg << "out of memory at step " << step << " on " << device.str() << " with micro-batch ["
+      << cfg.train_micro_batch_size_per_gpu << ", " << cfg.model.seq_len << "] tokens";
+  if (device.is_cuda()) {
+    const auto stats =
+        c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+    const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    auto gib = [](int64_t b) { return static_cast<double>(b) / (1 << 30); };
+    msg << std::fixed << std::setprecision(2) << "; allocator: allocated "
+        << gib(stats.allocated_bytes[agg].current) << " GiB (peak "
+        << gib(stats.allocated_bytes[agg].peak) << "), reserved "
+        << gib(stats.reserved_bytes[agg].current) << " GiB (peak "
+        << gib(stats.reserved_bytes[agg].peak) << "), " << stats.num_alloc_retries << " retries, "
+        << stats.num_ooms << " OOMs";
+  }
+  msg << "; to use less memory: lower train_micro_batch_size_per_gpu (now "
+      << cfg.train_micro_batch_size_per_gpu << ") and raise gradient_accumulation_steps (now "
+      << cfg.gradient_accumulation_steps << ") to keep train_batch_size, set "
+      << "activation_checkpointing.number_checkpoints (now "
+      << cfg.activation_checkpointing.number_checkpoints << " of " << cfg.model.num_layers
+      << " blocks), or shorten model.seq_len; the last checkpoint is intact. ("
+      << what.substr(0, 200) << ")";
+  std::string s = msg.str();
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
 }  // namespace
 
 TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
@@ -322,134 +357,148 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
   install_signal_handlers();
   auto run_start = Clock::now();
   const int64_t first_step = state.step;
-  for (int64_t step = state.step; step < total_steps; ++step) {
-    auto t0 = Clock::now();
-    const double lr = schedule.lr_at(step);
-    optimizer.zero_grad();
-    double lm_sum = 0.0, aux_sum = 0.0, z_sum = 0.0;
-    int64_t dropped = 0;
-    std::vector<torch::Tensor> load;  // tokens per expert, summed over micro-batches
-    const double wait_before = loader.wait_seconds();
-    for (int64_t micro = 0; micro < gas; ++micro) {
-      data::Batch host = loader.next();
-      state.loader = host.state_after;
-      auto batch = to_device(host, device);
-      if (bf16 || fp16) {
-        at::autocast::set_autocast_enabled(at::kCUDA, true);
-        at::autocast::set_autocast_dtype(at::kCUDA, bf16 ? at::kBFloat16 : at::kHalf);
+  int64_t current_step = state.step;
+  // Test hook (tests/train/checkpoint_test.py): pretend the allocator ran out at this step.
+  const char* fake_oom = std::getenv("MOE_TEST_FAKE_OOM_AT_STEP");
+  try {
+    for (int64_t step = state.step; step < total_steps; ++step) {
+      current_step = step + 1;
+      TORCH_CHECK_WITH(OutOfMemoryError,
+                       fake_oom == nullptr || std::to_string(step + 1) != fake_oom,
+                       "out of memory (MOE_TEST_FAKE_OOM_AT_STEP)");
+      auto t0 = Clock::now();
+      const double lr = schedule.lr_at(step);
+      optimizer.zero_grad();
+      double lm_sum = 0.0, aux_sum = 0.0, z_sum = 0.0;
+      int64_t dropped = 0;
+      std::vector<torch::Tensor> load;  // tokens per expert, summed over micro-batches
+      const double wait_before = loader.wait_seconds();
+      for (int64_t micro = 0; micro < gas; ++micro) {
+        data::Batch host = loader.next();
+        state.loader = host.state_after;
+        auto batch = to_device(host, device);
+        if (bf16 || fp16) {
+          at::autocast::set_autocast_enabled(at::kCUDA, true);
+          at::autocast::set_autocast_dtype(at::kCUDA, bf16 ? at::kBFloat16 : at::kHalf);
+        }
+        StepLosses l = compute_losses(model, batch, cfg);
+        if (bf16 || fp16) at::autocast::set_autocast_enabled(at::kCUDA, false);
+        // Only fp16 scales the loss; bf16 and fp32 gradients need no scaling.
+        (l.total * ((fp16 ? scaler.scale() : 1.0) / static_cast<double>(gas))).backward();
+        lm_sum += l.lm.item<double>();
+        aux_sum += l.aux.item<double>();
+        z_sum += l.z.item<double>();
+        dropped += l.dropped;
+        if (load.empty()) {
+          load = l.tokens_per_expert;
+        } else {
+          for (size_t i = 0; i < load.size(); ++i) load[i] = load[i] + l.tokens_per_expert[i];
+        }
       }
-      StepLosses l = compute_losses(model, batch, cfg);
-      if (bf16 || fp16) at::autocast::set_autocast_enabled(at::kCUDA, false);
-      // Only fp16 scales the loss; bf16 and fp32 gradients need no scaling.
-      (l.total * ((fp16 ? scaler.scale() : 1.0) / static_cast<double>(gas))).backward();
-      lm_sum += l.lm.item<double>();
-      aux_sum += l.aux.item<double>();
-      z_sum += l.z.item<double>();
-      dropped += l.dropped;
-      if (load.empty()) {
-        load = l.tokens_per_expert;
-      } else {
-        for (size_t i = 0; i < load.size(); ++i) load[i] = load[i] + l.tokens_per_expert[i];
+      if (bf16 || fp16) at::autocast::clear_cache();
+      // fp16: unscale in place and detect overflow in one pass; skip the step on overflow.
+      bool overflow = false;
+      if (fp16) {
+        std::vector<torch::Tensor> grads;
+        for (auto& p : model->parameters()) {
+          if (p.grad().defined()) grads.push_back(p.grad());
+        }
+        auto found_inf = torch::zeros({1}, torch::TensorOptions().device(device));
+        auto inv_scale =
+            torch::full({1}, 1.0 / scaler.scale(), torch::TensorOptions().device(device));
+        at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+        overflow = found_inf.item<float>() > 0;
+      }
+      const double max_norm = cfg.gradient_clipping > 0 ? cfg.gradient_clipping
+                                                        : std::numeric_limits<double>::infinity();
+      double grad_norm = overflow
+                             ? std::nan("")
+                             : torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
+      const double loss = lm_sum / static_cast<double>(gas);
+      if (fp16) {
+        scaler.update(overflow);
+      } else if (!std::isfinite(grad_norm) || !std::isfinite(loss)) {
+        throw TrainingError("training diverged at step " + std::to_string(step + 1) + ": loss " +
+                            std::to_string(loss) + ", grad norm " + std::to_string(grad_norm));
+      }
+      if (!overflow) optimizer.step(lr);
+      state.step = step + 1;
+      state.tokens = state.step * tokens_per_step;
+      const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (step == first_step) summary.first_train_loss = loss;
+      summary.last_train_loss = loss;
+      json rec = {{"type", "train"},
+                  {"step", step + 1},
+                  {"loss", loss},
+                  {"aux_loss", aux_sum / static_cast<double>(gas)},
+                  {"z_loss", z_sum / static_cast<double>(gas)},
+                  {"lr", lr},
+                  {"grad_norm", overflow ? json(nullptr) : json(grad_norm)},
+                  {"tokens", state.tokens},
+                  {"dropped_tokens", dropped},
+                  {"expert_tokens", expert_loads(load)},
+                  {"epoch", state.loader.epoch},
+                  {"data_wait_s", loader.wait_seconds() - wait_before},
+                  {"step_time_s", step_s},
+                  {"tokens_per_s", static_cast<double>(tokens_per_step) / step_s}};
+      if (fp16) {
+        rec["loss_scale"] = scaler.scale();
+        rec["skipped_steps"] = scaler.state().skipped_steps;
+      }
+      metrics.write(rec);
+      if ((step + 1) % cfg.steps_per_print == 0 || step + 1 == total_steps) {
+        const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
+        log->info("step {}/{}: loss {:.4f} aux {:.4f} lr {:.3e} grad_norm {:.3f} {:.0f} tok/s",
+                  step + 1, total_steps, loss, aux_sum / static_cast<double>(gas), lr, grad_norm,
+                  static_cast<double>((step + 1 - first_step) * tokens_per_step) / elapsed);
+      }
+      const bool last = step + 1 == total_steps;
+      if (has_valid && (last || (cfg.training.eval_interval > 0 &&
+                                 (step + 1) % cfg.training.eval_interval == 0))) {
+        EvalResult r = evaluate(model, shards.valid, cfg, device);
+        metrics.write(eval_record(step + 1, r));
+        log->info("step {}: validation loss {:.4f}, accuracy {:.4f}, perplexity {:.2f}", step + 1,
+                  r.loss, r.accuracy, r.perplexity);
+        if (last) summary.final_eval = r;
+      }
+      const double minutes = std::chrono::duration<double>(Clock::now() - last_save).count() / 60.0;
+      if (last && cfg.checkpoint.save_final) {
+        save("final");
+      } else if (cfg.checkpoint.save_interval > 0 &&
+                 (step + 1) % cfg.checkpoint.save_interval == 0) {
+        save("interval");
+      } else if (cfg.checkpoint.save_interval_minutes > 0 &&
+                 minutes >= cfg.checkpoint.save_interval_minutes) {
+        save("time");
+      } else if (g_checkpoint_request.exchange(false)) {
+        save("SIGUSR1");
+      }
+      const double run_minutes =
+          std::chrono::duration<double>(Clock::now() - run_start).count() / 60.0;
+      const bool exit_now =
+          !last &&
+          ((cfg.training.exit_interval > 0 && (step + 1) % cfg.training.exit_interval == 0) ||
+           (cfg.training.exit_duration_minutes > 0 &&
+            run_minutes >= cfg.training.exit_duration_minutes));
+      if (exit_now) {
+        save("exit_interval");
+        log->info(
+            "exit_interval/exit_duration reached after step {}; run the same command to resume",
+            step + 1);
+        summary.interrupted = true;
+        summary.steps = step + 1;
+        break;
+      }
+      if (g_stop_signal.load() != 0 && !last) {
+        save(g_stop_signal.load() == SIGTERM ? "SIGTERM" : "SIGINT");
+        log->warn("stopped by signal after step {}; resume by running the same command", step + 1);
+        summary.interrupted = true;
+        summary.steps = step + 1;
+        break;
       }
     }
-    if (bf16 || fp16) at::autocast::clear_cache();
-    // fp16: unscale in place and detect overflow in one pass; skip the step on overflow.
-    bool overflow = false;
-    if (fp16) {
-      std::vector<torch::Tensor> grads;
-      for (auto& p : model->parameters()) {
-        if (p.grad().defined()) grads.push_back(p.grad());
-      }
-      auto found_inf = torch::zeros({1}, torch::TensorOptions().device(device));
-      auto inv_scale =
-          torch::full({1}, 1.0 / scaler.scale(), torch::TensorOptions().device(device));
-      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
-      overflow = found_inf.item<float>() > 0;
-    }
-    const double max_norm =
-        cfg.gradient_clipping > 0 ? cfg.gradient_clipping : std::numeric_limits<double>::infinity();
-    double grad_norm =
-        overflow ? std::nan("") : torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
-    const double loss = lm_sum / static_cast<double>(gas);
-    if (fp16) {
-      scaler.update(overflow);
-    } else if (!std::isfinite(grad_norm) || !std::isfinite(loss)) {
-      throw TrainingError("training diverged at step " + std::to_string(step + 1) + ": loss " +
-                          std::to_string(loss) + ", grad norm " + std::to_string(grad_norm));
-    }
-    if (!overflow) optimizer.step(lr);
-    state.step = step + 1;
-    state.tokens = state.step * tokens_per_step;
-    const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (step == first_step) summary.first_train_loss = loss;
-    summary.last_train_loss = loss;
-    json rec = {{"type", "train"},
-                {"step", step + 1},
-                {"loss", loss},
-                {"aux_loss", aux_sum / static_cast<double>(gas)},
-                {"z_loss", z_sum / static_cast<double>(gas)},
-                {"lr", lr},
-                {"grad_norm", overflow ? json(nullptr) : json(grad_norm)},
-                {"tokens", state.tokens},
-                {"dropped_tokens", dropped},
-                {"expert_tokens", expert_loads(load)},
-                {"epoch", state.loader.epoch},
-                {"data_wait_s", loader.wait_seconds() - wait_before},
-                {"step_time_s", step_s},
-                {"tokens_per_s", static_cast<double>(tokens_per_step) / step_s}};
-    if (fp16) {
-      rec["loss_scale"] = scaler.scale();
-      rec["skipped_steps"] = scaler.state().skipped_steps;
-    }
-    metrics.write(rec);
-    if ((step + 1) % cfg.steps_per_print == 0 || step + 1 == total_steps) {
-      const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
-      log->info("step {}/{}: loss {:.4f} aux {:.4f} lr {:.3e} grad_norm {:.3f} {:.0f} tok/s",
-                step + 1, total_steps, loss, aux_sum / static_cast<double>(gas), lr, grad_norm,
-                static_cast<double>((step + 1 - first_step) * tokens_per_step) / elapsed);
-    }
-    const bool last = step + 1 == total_steps;
-    if (has_valid && (last || (cfg.training.eval_interval > 0 &&
-                               (step + 1) % cfg.training.eval_interval == 0))) {
-      EvalResult r = evaluate(model, shards.valid, cfg, device);
-      metrics.write(eval_record(step + 1, r));
-      log->info("step {}: validation loss {:.4f}, accuracy {:.4f}, perplexity {:.2f}", step + 1,
-                r.loss, r.accuracy, r.perplexity);
-      if (last) summary.final_eval = r;
-    }
-    const double minutes = std::chrono::duration<double>(Clock::now() - last_save).count() / 60.0;
-    if (last && cfg.checkpoint.save_final) {
-      save("final");
-    } else if (cfg.checkpoint.save_interval > 0 && (step + 1) % cfg.checkpoint.save_interval == 0) {
-      save("interval");
-    } else if (cfg.checkpoint.save_interval_minutes > 0 &&
-               minutes >= cfg.checkpoint.save_interval_minutes) {
-      save("time");
-    } else if (g_checkpoint_request.exchange(false)) {
-      save("SIGUSR1");
-    }
-    const double run_minutes =
-        std::chrono::duration<double>(Clock::now() - run_start).count() / 60.0;
-    const bool exit_now =
-        !last &&
-        ((cfg.training.exit_interval > 0 && (step + 1) % cfg.training.exit_interval == 0) ||
-         (cfg.training.exit_duration_minutes > 0 &&
-          run_minutes >= cfg.training.exit_duration_minutes));
-    if (exit_now) {
-      save("exit_interval");
-      log->info("exit_interval/exit_duration reached after step {}; run the same command to resume",
-                step + 1);
-      summary.interrupted = true;
-      summary.steps = step + 1;
-      break;
-    }
-    if (g_stop_signal.load() != 0 && !last) {
-      save(g_stop_signal.load() == SIGTERM ? "SIGTERM" : "SIGINT");
-      log->warn("stopped by signal after step {}; resume by running the same command", step + 1);
-      summary.interrupted = true;
-      summary.steps = step + 1;
-      break;
-    }
+  } catch (const c10::OutOfMemoryError& e) {
+    throw TrainingError(oom_report(cfg, device, current_step, e.what_without_backtrace()));
   }
   return summary;
 }

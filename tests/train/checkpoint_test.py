@@ -156,5 +156,17 @@ with tempfile.TemporaryDirectory() as d:
     check(g.returncode == 0 and text.startswith(doc[:8]) and matches >= 22,
           f"generate continues the prompt: {text!r} vs document {doc[:32]!r} ({matches}/24)")
 
+    # 7. Out of memory (simulated): exit 3, one line with the batch and the remedies, and the
+    #    previous checkpoint untouched.
+    oom = tmp / "oom"
+    r = run("--config", cfg_path, "--set", f"training.output_dir={oom}", env={"MOE_TEST_FAKE_OOM_AT_STEP": "15"})
+    lines = [l for l in r.stderr.splitlines() if l.startswith("moe-train:")]
+    check(r.returncode == 3 and len(lines) == 1 and "out of memory at step 15" in lines[0]
+          and "micro-batch [8, 32]" in lines[0] and "activation_checkpointing" in lines[0],
+          f"OOM: exit {r.returncode}, {lines}")
+    ck = oom / "checkpoints"
+    check((ck / "latest").read_text().strip() == "step-00000010" and
+          not any(p.name.startswith(".tmp") for p in ck.iterdir()), "OOM left latest at step 10, nothing partial")
+
 print(f"{len(failures)} failed")
 sys.exit(1 if failures else 0)

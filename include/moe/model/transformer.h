@@ -75,8 +75,12 @@ class TransformerLMImpl : public torch::nn::Module {
   RMSNorm final_norm{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tied
 
+  // Blocks [0, n) recompute their activations in the backward (activation checkpointing).
+  void set_checkpoint_blocks(int64_t n) { checkpoint_blocks_ = n; }
+
  private:
   config::ModelConfig mcfg_;
+  int64_t checkpoint_blocks_ = 0;
 };
 TORCH_MODULE(TransformerLM);
 

@@ -1,0 +1,97 @@
+#include "moe/model/activation_checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <ATen/Context.h>
+#include <torch/autograd.h>
+#include <torch/torch.h>
+#include <atomic>
+
+namespace moe::model {
+
+namespace {
+
+std::atomic<int64_t> g_recomputations{0};
+
+struct RngSnapshot {
+  at::Tensor cpu, cuda;
+  static RngSnapshot take() {
+    RngSnapshot s;
+    s.cpu = at::detail::getDefaultCPUGenerator().get_state();
+    if (at::hasCUDA()) s.cuda = at::globalContext().defaultGenerator(at::kCUDA).get_state();
+    return s;
+  }
+  void restore() const {
+    at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
+    cpu_gen.set_state(cpu);
+    if (cuda.defined()) {
+      at::Generator cuda_gen = at::globalContext().defaultGenerator(at::kCUDA);
+      cuda_gen.set_state(cuda);
+    }
+  }
+};
+
+class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+ public:
+  // Outputs: block output, aux loss, z loss, then the per-expert counts (not differentiable).
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const torch::Tensor& x, int64_t block_ptr) {
+    auto* block = reinterpret_cast<Block*>(block_ptr);
+    ctx->saved_data["block"] = block_ptr;
+    auto rng = std::make_shared<RngSnapshot>(RngSnapshot::take());
+    ctx->saved_data["rng_cpu"] = rng->cpu;
+    if (rng->cuda.defined()) ctx->saved_data["rng_cuda"] = rng->cuda;
+    ctx->save_for_backward({x});
+    BlockOutput o;
+    {
+      torch::NoGradGuard no_grad;
+      o = (*block)->forward(x);
+    }
+    ctx->saved_data["dropped"] = o.moe.dropped;
+    ctx->mark_non_differentiable({o.moe.tokens_per_expert});
+    return {o.x, o.moe.aux_loss, o.moe.z_loss, o.moe.tokens_per_expert};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* block = reinterpret_cast<Block*>(ctx->saved_data["block"].toInt());
+    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    RngSnapshot now = RngSnapshot::take();
+    RngSnapshot then;
+    then.cpu = ctx->saved_data["rng_cpu"].toTensor();
+    if (ctx->saved_data.count("rng_cuda")) then.cuda = ctx->saved_data["rng_cuda"].toTensor();
+    then.restore();
+    BlockOutput o;
+    {
+      torch::AutoGradMode enable(true);
+      o = (*block)->forward(x);
+    }
+    now.restore();
+    ++g_recomputations;
+    std::vector<torch::Tensor> outs{o.x}, gouts{grads[0]};
+    for (auto [t, g] : {std::pair{o.moe.aux_loss, grads[1]}, std::pair{o.moe.z_loss, grads[2]}}) {
+      if (g.defined() && t.requires_grad()) {
+        outs.push_back(t);
+        gouts.push_back(g);
+      }
+    }
+    torch::autograd::backward(outs, gouts);
+    return {x.grad(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+int64_t checkpoint_recomputations() { return g_recomputations.load(); }
+
+BlockOutput checkpointed_block_forward(Block& block, const torch::Tensor& x) {
+  auto outs = CheckpointFunction::apply(x, reinterpret_cast<int64_t>(&block));
+  BlockOutput o;
+  o.x = outs[0];
+  o.moe.aux_loss = outs[1];
+  o.moe.z_loss = outs[2];
+  o.moe.tokens_per_expert = outs[3];
+  return o;
+}
+
+}  // namespace moe::model
