@@ -270,6 +270,14 @@ Config from_json(const json& root, const std::string& file) {
     k.get("save_final", c.checkpoint.save_final);
     k.finish();
   }
+  {
+    ObjectReader m = r.child("monitor");
+    ObjectReader p = m.child("prometheus");
+    p.get("port", c.monitor.prometheus_port);
+    p.get("host", c.monitor.prometheus_host);
+    p.finish();
+    m.finish();
+  }
   r.accept("$schema");  // lets editors find configs/schema.json
   r.finish();
   return c;
@@ -449,6 +457,11 @@ void validate(Config& c) {
               "must be >= 0 (0 = off)");
   rules.check(t.exit_duration_minutes >= 0, "training.exit_duration_minutes",
               t.exit_duration_minutes, "must be >= 0 (0 = off)");
+  rules.check(c.monitor.prometheus_port >= 0 && c.monitor.prometheus_port <= 65535,
+              "monitor.prometheus.port", c.monitor.prometheus_port,
+              "must be in [0, 65535] (0 = off)");
+  rules.check(!c.monitor.prometheus_host.empty(), "monitor.prometheus.host", "\"\"",
+              "must name an address to bind, e.g. 127.0.0.1");
   const auto& k = c.checkpoint;
   rules.check(k.save_interval >= 0, "checkpoint.save_interval", k.save_interval,
               "must be >= 0 (0 = off)");
@@ -586,6 +599,8 @@ json to_json(const Config& c) {
       {"save_interval", k.save_interval}, {"save_interval_minutes", k.save_interval_minutes},
       {"keep_last", k.keep_last},         {"keep_every", k.keep_every},
       {"save_initial", k.save_initial},   {"save_final", k.save_final}};
+  j["monitor"] = {
+      {"prometheus", {{"port", c.monitor.prometheus_port}, {"host", c.monitor.prometheus_host}}}};
   return j;
 }
 

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 #include <atomic>
 #include <chrono>
@@ -22,6 +23,7 @@
 #include "moe/data/dataset.h"
 #include "moe/data/streaming_loader.h"
 #include "moe/model/transformer.h"
+#include "moe/monitor/monitor.h"
 #include "moe/train/adamw.h"
 #include "moe/train/checkpoint.h"
 #include "moe/train/checkpoint_store.h"
@@ -155,6 +157,13 @@ StepLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batc
   return l;
 }
 
+int64_t host_rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, rss = 0;
+  statm >> pages >> rss;
+  return rss * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
 json eval_record(int64_t step, const EvalResult& r) {
   return {{"type", "eval"},         {"step", step},
           {"split", "valid"},       {"loss", r.loss},
@@ -284,6 +293,22 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
   }
   scaler.restore(summary.resumed_from >= 0 ? state.scaler : scaler.state());
 
+  // Sinks next: a Prometheus port that cannot be bound is still a user error, before any write.
+  monitor::MonitorOptions mo;
+  auto sink_dir = [&](const config::MonitorSinkConfig& s, const char* fallback) {
+    if (!s.enabled) return std::string();
+    const fs::path base = s.output_path.empty() ? out_dir / fallback : fs::path(s.output_path);
+    return (base / s.job_name).string();
+  };
+  mo.tensorboard_dir = sink_dir(cfg.tensorboard, "tensorboard");
+  mo.csv_dir = sink_dir(cfg.csv_monitor, "csv");
+  mo.prometheus_port = static_cast<int>(cfg.monitor.prometheus_port);
+  mo.prometheus_host = cfg.monitor.prometheus_host;
+  monitor::Monitor sinks(mo);
+  if (mo.prometheus_port > 0) {
+    log->info("prometheus: serving http://{}:{}/metrics", mo.prometheus_host, mo.prometheus_port);
+  }
+
   // ---- from here on we write into the output directory ----
   fs::create_directories(out_dir);
   const fs::path metrics_path = out_dir / "metrics.jsonl";
@@ -310,6 +335,10 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       train_windows, cfg.model.seq_len, shards.train.size(), total_steps, gbs, mbs, gas);
 
   const int64_t tokens_per_step = gbs * cfg.model.seq_len;
+  auto write_record = [&](const json& rec) {
+    metrics.write(rec);
+    sinks.record(rec);
+  };
   auto last_save = Clock::now();
   auto save = [&](const char* why) {
     state.metrics_lines = metrics.lines();
@@ -337,7 +366,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
   if (summary.resumed_from < 0) {
     if (has_valid) {
       summary.initial_eval = evaluate(model, shards.valid, cfg, device);
-      metrics.write(eval_record(0, summary.initial_eval));
+      write_record(eval_record(0, summary.initial_eval));
       log->info("step 0: validation loss {:.4f}, accuracy {:.4f}", summary.initial_eval.loss,
                 summary.initial_eval.accuracy);
     }
@@ -355,6 +384,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
   data::StreamingLoader loader(shards.train, lo, state.loader, tensor_buffers(device));
 
   install_signal_handlers();
+  sd_notify(0, "READY=1");
   auto run_start = Clock::now();
   const int64_t first_step = state.step;
   int64_t current_step = state.step;
@@ -445,7 +475,11 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
         rec["loss_scale"] = scaler.scale();
         rec["skipped_steps"] = scaler.state().skipped_steps;
       }
-      metrics.write(rec);
+      rec["host_rss_bytes"] = host_rss_bytes();
+      write_record(rec);
+      // systemd: the watchdog sees a live loop; `systemctl status` shows where it is.
+      sd_notifyf(0, "WATCHDOG=1\nSTATUS=step %lld/%lld loss %.4f", static_cast<long long>(step + 1),
+                 static_cast<long long>(total_steps), loss);
       if ((step + 1) % cfg.steps_per_print == 0 || step + 1 == total_steps) {
         const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
         log->info("step {}/{}: loss {:.4f} aux {:.4f} lr {:.3e} grad_norm {:.3f} {:.0f} tok/s",
@@ -456,7 +490,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       if (has_valid && (last || (cfg.training.eval_interval > 0 &&
                                  (step + 1) % cfg.training.eval_interval == 0))) {
         EvalResult r = evaluate(model, shards.valid, cfg, device);
-        metrics.write(eval_record(step + 1, r));
+        write_record(eval_record(step + 1, r));
         log->info("step {}: validation loss {:.4f}, accuracy {:.4f}, perplexity {:.2f}", step + 1,
                   r.loss, r.accuracy, r.perplexity);
         if (last) summary.final_eval = r;

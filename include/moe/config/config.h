@@ -115,6 +115,11 @@ struct DataConfig {
   int64_t block_windows = 256;    // windows per contiguous read (the shuffle granularity)
 };
 
+struct MonitorConfig {
+  int64_t prometheus_port = 0;                // monitor.prometheus.port; 0 = no endpoint
+  std::string prometheus_host = "127.0.0.1";  // monitor.prometheus.host
+};
+
 struct CheckpointConfig {
   int64_t save_interval = 0;           // optimizer steps between checkpoints; 0 = off
   double save_interval_minutes = 0.0;  // wall-clock minutes between checkpoints; 0 = off
@@ -158,6 +163,7 @@ struct Config {
   DataConfig data;
   TrainingConfig training;
   CheckpointConfig checkpoint;
+  MonitorConfig monitor;
 
   std::string source_file;            // where it came from, for messages; not serialised
   std::vector<std::string> warnings;  // accepted-but-ignored keys etc.; the CLI logs them
