@@ -19,6 +19,7 @@
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
 #include "moe/data/verify.h"
+#include "moe/env/environment.h"
 #include "moe/train/inference.h"
 #include "moe/train/trainer.h"
 #include "moe/util/errors.h"
@@ -210,6 +211,31 @@ int cmd_verify_data(const VerifyArgs& a) {
   return kExitOk;
 }
 
+int cmd_env(const TrainArgs& a, std::vector<std::string> dirs, bool as_json) {
+  if (!a.config_path.empty()) {
+    config::Config cfg = config::load(a.config_path, a.overrides);
+    dirs.push_back(cfg.training.output_dir);
+    const std::string& data = cfg.data.path.empty() ? cfg.data.train_path : cfg.data.path;
+    dirs.push_back(std::filesystem::is_directory(data)
+                       ? data
+                       : std::filesystem::path(data).parent_path().string());
+  }
+  if (dirs.empty()) dirs.push_back(".");
+  nlohmann::json report = env::environment_report(dirs);
+  int worst = 0;
+  for (const auto& c : report["checks"]) {
+    const std::string v = c["verdict"];
+    worst = std::max(worst, v == "fail" ? 2 : v == "warn" ? 1 : 0);
+    if (!as_json) {
+      std::printf("%-5s %-28s %s\n", v.c_str(), c["check"].get<std::string>().c_str(),
+                  c["detail"].get<std::string>().c_str());
+    }
+  }
+  report["verdict"] = worst == 2 ? "fail" : worst == 1 ? "warn" : "ok";
+  if (as_json) std::cout << report.dump(2) << "\n";
+  return worst == 2 ? kExitUserError : kExitOk;
+}
+
 struct EvalArgs {
   TrainArgs cfg;
   std::string checkpoint;
@@ -327,6 +353,17 @@ int run_cli(int argc, char** argv) {
   gn->add_option("--device", gen.device, "auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
+  bool env_json = false;
+  std::vector<std::string> env_dirs;
+  TrainArgs env_cfg;
+  auto* en = app.add_subcommand(
+      "env", "Check the environment: LibTorch, CUDA, cuDNN, NCCL, GPUs, CPU, memory, disks");
+  en->add_flag("--json", env_json, "Print the report as JSON");
+  en->add_option("-c,--config", env_cfg.config_path,
+                 "Also check this config's output and data directories")
+      ->check(CLI::ExistingFile);
+  en->add_option("--dir", env_dirs, "Directories to check for free space and write speed");
+
   std::string info_dir;
   auto* ck = app.add_subcommand("checkpoint", "Inspect checkpoints");
   ck->require_subcommand(1);
@@ -351,6 +388,7 @@ int run_cli(int argc, char** argv) {
   if (*show) return cmd_config_show(train_args);
   if (*mk) return cmd_make_synthetic(synth);
   if (*pd) return cmd_prepare_data(prep);
+  if (*en) return cmd_env(env_cfg, env_dirs, env_json);
   if (*ev) return cmd_eval(eval_args);
   if (*gn) return cmd_generate(gen);
   if (*ci) {

@@ -139,5 +139,16 @@ with tempfile.TemporaryDirectory() as d:
     else:
         print("skip systemd-analyze: not installed")
 
+    # moe-train env: valid JSON; without a GPU the GPU check is a clear warn, not a crash.
+    r = subprocess.run([BIN, "env", "--json", "--dir", str(tmp)], capture_output=True, text=True)
+    report = json.loads(r.stdout) if r.returncode == 0 else {}
+    gpu = [c for c in report.get("checks", []) if c["check"].startswith("GPU")]
+    have_gpu = any(c["check"].startswith("GPU ") for c in gpu)
+    check(r.returncode == 0 and gpu and (have_gpu or gpu[0]["verdict"] == "warn"),
+          f"env --json: exit {r.returncode}, GPU checks {gpu}")
+    r = subprocess.run([BIN, "env"], capture_output=True, text=True)
+    check(r.returncode == 0 and any(l.startswith(("ok ", "warn ")) for l in r.stdout.splitlines()),
+          "env prints a verdict per check")
+
 print(f"{len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -1,0 +1,18 @@
+// `moe-train env`: what DeepSpeed's ds_report and the seed guide's environment checks look at
+// (LibTorch, CUDA runtime, cuDNN, NCCL, GPUs and their architectures against ours, driver, CPU,
+// memory, the free space and write speed of the run's directories, relevant environment
+// variables), each with a verdict: ok, warn or fail.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace moe::env {
+
+// dirs: directories whose free space and write throughput to measure (created if missing? no:
+// a missing directory is reported as a warning).
+nlohmann::json environment_report(const std::vector<std::string>& dirs);
+
+}  // namespace moe::env

@@ -1,0 +1,165 @@
+#include "moe/env/environment.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/cuda.h>
+#include <nlohmann/json.hpp>
+
+#include "moe/build_info.h"
+#include "moe/kernels/permute.h"
+#include "torch/headeronly/version.h"
+
+#ifdef MOE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace moe::env {
+
+using nlohmann::json;
+
+namespace {
+
+json check(const std::string& name, const std::string& verdict, const std::string& detail) {
+  return {{"check", name}, {"verdict", verdict}, {"detail", detail}};
+}
+
+std::string version_string(long v, long major_div, long minor_div) {
+  if (v <= 0) return "unknown";
+  return std::to_string(v / major_div) + "." + std::to_string((v % major_div) / minor_div) + "." +
+         std::to_string(v % minor_div);
+}
+
+int64_t meminfo_kib(const std::string& key) {
+  std::ifstream in("/proc/meminfo");
+  std::string k;
+  int64_t v = 0;
+  std::string unit;
+  while (in >> k >> v >> unit) {
+    if (k == key + ":") return v;
+  }
+  return -1;
+}
+
+// Write 64 MiB with one fsync and time it; removes the probe file.
+double write_mib_per_s(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / ".moe-train-env-probe").string();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return -1;
+  std::string block(1 << 20, 'x');
+  auto t0 = std::chrono::steady_clock::now();
+  bool ok = true;
+  for (int i = 0; i < 64 && ok; ++i)
+    ok = ::write(fd, block.data(), block.size()) == static_cast<ssize_t>(block.size());
+  ok = ok && ::fsync(fd) == 0;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fd);
+  ::unlink(path.c_str());
+  return ok ? 64.0 / s : -1;
+}
+
+}  // namespace
+
+json environment_report(const std::vector<std::string>& dirs) {
+  json checks = json::array();
+  checks.push_back(
+      check("moe-train", "ok",
+            std::string(build_info::kVersion) + " (commit " + build_info::kGitCommit + ")"));
+  checks.push_back(check("LibTorch", "ok", TORCH_VERSION));
+  const std::string archs = build_info::kCudaKernels ? build_info::kCudaArchitectures : "";
+  checks.push_back(check(
+      "CUDA kernels", build_info::kCudaKernels ? "ok" : "warn",
+      build_info::kCudaKernels ? "compiled for sm " + archs : "not compiled (CPU-only build)"));
+  const auto& hooks = at::detail::getCUDAHooks();
+  const bool torch_cuda = hooks.hasCUDA() || build_info::kCudaKernels;
+  if (torch_cuda) {
+    long rt = 0, dnn = 0;
+    try {
+      rt = hooks.versionCUDART();
+    } catch (...) {
+    }
+    try {
+      dnn = hooks.versionRuntimeCuDNN();
+    } catch (...) {
+    }
+    checks.push_back(check("CUDA runtime", rt > 0 ? "ok" : "warn", version_string(rt, 1000, 10)));
+    checks.push_back(check("cuDNN", dnn > 0 ? "ok" : "warn", version_string(dnn, 10000, 100)));
+  }
+  {
+    using GetVersion = int (*)(int*);
+    void* nccl = ::dlopen("libnccl.so.2", RTLD_LAZY | RTLD_LOCAL);
+    int v = 0;
+    if (nccl != nullptr) {
+      if (auto f = reinterpret_cast<GetVersion>(::dlsym(nccl, "ncclGetVersion"))) f(&v);
+    }
+    checks.push_back(check("NCCL", v > 0 ? "ok" : "warn",
+                           v > 0 ? version_string(v, 10000, 100) + " (not needed on one GPU)"
+                                 : "not found (not needed on one GPU)"));
+  }
+  const int64_t gpus = static_cast<int64_t>(torch::cuda::device_count());
+  if (gpus == 0) {
+    checks.push_back(check("GPU", "warn",
+                           "no CUDA device visible (no GPU, no driver, or CUDA_VISIBLE_DEVICES "
+                           "hides them): training runs on the CPU"));
+  }
+#ifdef MOE_HAVE_CUDA
+  int driver = 0;
+  if (gpus > 0 && cudaDriverGetVersion(&driver) == cudaSuccess) {
+    checks.push_back(check("NVIDIA driver (CUDA API)", "ok", version_string(driver, 1000, 10)));
+  }
+  for (int64_t i = 0; i < gpus; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, static_cast<int>(i)) != cudaSuccess) continue;
+    size_t free_b = 0, total_b = 0;
+    cudaSetDevice(static_cast<int>(i));
+    cudaMemGetInfo(&free_b, &total_b);
+    const std::string sm = std::to_string(p.major) + std::to_string(p.minor);
+    const bool covered = (";" + archs + ";").find(";" + sm + ";") != std::string::npos;
+    std::ostringstream d;
+    d << p.name << ", sm_" << sm << ", " << (total_b >> 20) << " MiB (" << (free_b >> 20)
+      << " MiB free)" << (covered ? "" : "; our kernels are not compiled for this architecture");
+    checks.push_back(check("GPU " + std::to_string(i), covered ? "ok" : "warn", d.str()));
+  }
+#endif
+  checks.push_back(
+      check("CPU", "ok", std::to_string(std::thread::hardware_concurrency()) + " logical cores"));
+  const int64_t total = meminfo_kib("MemTotal"), avail = meminfo_kib("MemAvailable");
+  checks.push_back(check("memory", "ok",
+                         std::to_string(total >> 10) + " MiB total, " +
+                             std::to_string(avail >> 10) + " MiB available"));
+  for (const auto& dir : dirs) {
+    struct statvfs st {};
+    if (::statvfs(dir.c_str(), &st) != 0) {
+      checks.push_back(check("directory " + dir, "warn", "does not exist (yet)"));
+      continue;
+    }
+    const double free_gib = static_cast<double>(st.f_bavail) * st.f_frsize / (1 << 30);
+    const double mibs = write_mib_per_s(dir);
+    std::ostringstream d;
+    d.precision(3);
+    d << free_gib << " GiB free, ";
+    if (mibs > 0)
+      d << "writes " << mibs << " MiB/s (64 MiB + fsync)";
+    else
+      d << "not writable";
+    checks.push_back(check("directory " + dir, mibs > 0 && free_gib > 1 ? "ok" : "warn", d.str()));
+  }
+  for (const char* var : {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}) {
+    const char* v = std::getenv(var);
+    checks.push_back(check(var, "ok", v ? v : "(unset)"));
+  }
+  return {{"checks", checks}};
+}
+
+}  // namespace moe::env
