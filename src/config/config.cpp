@@ -276,6 +276,7 @@ Config from_json(const json& root, const std::string& file) {
     p.get("port", c.monitor.prometheus_port);
     p.get("host", c.monitor.prometheus_host);
     p.finish();
+    m.get("peak_tflops", c.monitor.peak_tflops);
     m.finish();
   }
   r.accept("$schema");  // lets editors find configs/schema.json
@@ -460,6 +461,8 @@ void validate(Config& c) {
   rules.check(c.monitor.prometheus_port >= 0 && c.monitor.prometheus_port <= 65535,
               "monitor.prometheus.port", c.monitor.prometheus_port,
               "must be in [0, 65535] (0 = off)");
+  rules.check(c.monitor.peak_tflops >= 0, "monitor.peak_tflops", c.monitor.peak_tflops,
+              "must be >= 0 (0 = known GPUs only)");
   rules.check(!c.monitor.prometheus_host.empty(), "monitor.prometheus.host", "\"\"",
               "must name an address to bind, e.g. 127.0.0.1");
   const auto& k = c.checkpoint;
@@ -600,7 +603,8 @@ json to_json(const Config& c) {
       {"keep_last", k.keep_last},         {"keep_every", k.keep_every},
       {"save_initial", k.save_initial},   {"save_final", k.save_final}};
   j["monitor"] = {
-      {"prometheus", {{"port", c.monitor.prometheus_port}, {"host", c.monitor.prometheus_host}}}};
+      {"prometheus", {{"port", c.monitor.prometheus_port}, {"host", c.monitor.prometheus_host}}},
+      {"peak_tflops", c.monitor.peak_tflops}};
   return j;
 }
 

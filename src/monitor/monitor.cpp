@@ -45,6 +45,16 @@ constexpr PromSpec kTrain[] = {
     {"skipped_steps", "moe_train_skipped_steps_total", "counter", "fp16 steps skipped on overflow"},
     {"host_rss_bytes", "moe_train_host_rss_bytes", "gauge", "Resident memory of the process"},
     {"epoch", "moe_train_epoch", "gauge", "Current data epoch"},
+    {"mfu", "moe_train_mfu", "gauge", "Model FLOPs utilisation of the last step"},
+    {"gpu_mem_allocated_bytes", "moe_train_gpu_memory_allocated_bytes", "gauge",
+     "CUDA caching allocator: allocated"},
+    {"gpu_mem_reserved_bytes", "moe_train_gpu_memory_reserved_bytes", "gauge",
+     "CUDA caching allocator: reserved"},
+    {"gpu_mem_peak_bytes", "moe_train_gpu_memory_peak_bytes", "gauge",
+     "CUDA caching allocator: peak allocated"},
+    {"forward_s", "moe_train_forward_seconds", "gauge", "wall_clock_breakdown: forward"},
+    {"backward_s", "moe_train_backward_seconds", "gauge", "wall_clock_breakdown: backward"},
+    {"optimizer_s", "moe_train_optimizer_seconds", "gauge", "wall_clock_breakdown: optimizer"},
 };
 constexpr PromSpec kEval[] = {
     {"loss", "moe_train_eval_loss", "gauge", "Validation loss"},

@@ -1,6 +1,7 @@
 #include "moe/train/trainer.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -155,6 +156,28 @@ StepLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batc
   l.tokens_per_expert = std::move(out.tokens_per_expert);
   l.dropped = out.dropped;
   return l;
+}
+
+// Dense peak of the device for MFU, in TFLOP/s: the config's value, else a known GPU's bf16/fp16
+// tensor-core peak; 0 (no MFU) when unknown, e.g. on a CPU without monitor.peak_tflops.
+double peak_tflops(const config::Config& cfg, const torch::Device& device) {
+  if (cfg.monitor.peak_tflops > 0) return cfg.monitor.peak_tflops;
+  if (!device.is_cuda()) return 0.0;
+  const std::string name =
+      at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->name;
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos)
+    return 989.4;
+  if (name.find("A100") != std::string::npos) return 312.0;
+  return 0.0;
+}
+
+void add_gpu_stats(json& rec, const torch::Device& device) {
+  const auto stats =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+  const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  rec["gpu_mem_allocated_bytes"] = stats.allocated_bytes[agg].current;
+  rec["gpu_mem_reserved_bytes"] = stats.reserved_bytes[agg].current;
+  rec["gpu_mem_peak_bytes"] = stats.allocated_bytes[agg].peak;
 }
 
 int64_t host_rss_bytes() {
@@ -383,6 +406,35 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
   lo.block_windows = cfg.data.block_windows;
   data::StreamingLoader loader(shards.train, lo, state.loader, tensor_buffers(device));
 
+  // Model FLOPs per token (PaLM's count): 6 x active matmul parameters + 12 x L x d x S for
+  // attention scores; forward and backward. MFU needs a peak: monitor.peak_tflops, or known GPUs.
+  const double flops_per_token =
+      6.0 * static_cast<double>(config::active_parameters_per_token(cfg)) +
+      12.0 * static_cast<double>(cfg.model.num_layers * cfg.model.hidden_size * cfg.model.seq_len);
+  const double peak_flops = peak_tflops(cfg, device) * 1e12;
+  auto sync_for_timing = [&] {
+    if (cfg.wall_clock_breakdown && device.is_cuda()) torch::cuda::synchronize();
+  };
+  const bool progress_bar = isatty(STDERR_FILENO) && log->level() <= spdlog::level::info;
+  auto clear_progress = [&] {
+    if (progress_bar) std::fprintf(stderr, "\r\033[K");
+  };
+  auto show_progress = [&](int64_t done, int64_t total, int64_t first, Clock::time_point start,
+                           double loss) {
+    if (!progress_bar) return;
+    const double rate = std::chrono::duration<double>(Clock::now() - start).count() /
+                        static_cast<double>(std::max<int64_t>(1, done - first));
+    const int64_t eta = static_cast<int64_t>(rate * static_cast<double>(total - done));
+    const int width = 30, filled = static_cast<int>(width * done / std::max<int64_t>(1, total));
+    std::fprintf(stderr, "\r\033[K[%s%s] %lld/%lld loss %.4f ETA %02lld:%02lld:%02lld",
+                 std::string(static_cast<size_t>(filled), '#').c_str(),
+                 std::string(static_cast<size_t>(width - filled), '.').c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total), loss,
+                 static_cast<long long>(eta / 3600), static_cast<long long>(eta / 60 % 60),
+                 static_cast<long long>(eta % 60));
+    if (done == total) std::fprintf(stderr, "\n");
+  };
+
   install_signal_handlers();
   sd_notify(0, "READY=1");
   auto run_start = Clock::now();
@@ -397,6 +449,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
                        fake_oom == nullptr || std::to_string(step + 1) != fake_oom,
                        "out of memory (MOE_TEST_FAKE_OOM_AT_STEP)");
       auto t0 = Clock::now();
+      double forward_s = 0, backward_s = 0;
       const double lr = schedule.lr_at(step);
       optimizer.zero_grad();
       double lm_sum = 0.0, aux_sum = 0.0, z_sum = 0.0;
@@ -411,10 +464,16 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
           at::autocast::set_autocast_enabled(at::kCUDA, true);
           at::autocast::set_autocast_dtype(at::kCUDA, bf16 ? at::kBFloat16 : at::kHalf);
         }
+        auto tf = Clock::now();
         StepLosses l = compute_losses(model, batch, cfg);
         if (bf16 || fp16) at::autocast::set_autocast_enabled(at::kCUDA, false);
+        sync_for_timing();
+        auto tb = Clock::now();
         // Only fp16 scales the loss; bf16 and fp32 gradients need no scaling.
         (l.total * ((fp16 ? scaler.scale() : 1.0) / static_cast<double>(gas))).backward();
+        sync_for_timing();
+        forward_s += std::chrono::duration<double>(tb - tf).count();
+        backward_s += std::chrono::duration<double>(Clock::now() - tb).count();
         lm_sum += l.lm.item<double>();
         aux_sum += l.aux.item<double>();
         z_sum += l.z.item<double>();
@@ -451,7 +510,10 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
         throw TrainingError("training diverged at step " + std::to_string(step + 1) + ": loss " +
                             std::to_string(loss) + ", grad norm " + std::to_string(grad_norm));
       }
+      auto to = Clock::now();
       if (!overflow) optimizer.step(lr);
+      sync_for_timing();
+      const double optimizer_s = std::chrono::duration<double>(Clock::now() - to).count();
       state.step = step + 1;
       state.tokens = state.step * tokens_per_step;
       const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -476,6 +538,16 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
         rec["skipped_steps"] = scaler.state().skipped_steps;
       }
       rec["host_rss_bytes"] = host_rss_bytes();
+      if (cfg.wall_clock_breakdown) {  // DeepSpeed's breakdown (CUDA syncs between phases)
+        rec["forward_s"] = forward_s;
+        rec["backward_s"] = backward_s;
+        rec["optimizer_s"] = optimizer_s;
+      }
+      if (peak_flops > 0) {
+        rec["mfu"] = static_cast<double>(tokens_per_step) / step_s * flops_per_token / peak_flops;
+      }
+      if (device.is_cuda()) add_gpu_stats(rec, device);
+      clear_progress();
       write_record(rec);
       // systemd: the watchdog sees a live loop; `systemctl status` shows where it is.
       sd_notifyf(0, "WATCHDOG=1\nSTATUS=step %lld/%lld loss %.4f", static_cast<long long>(step + 1),
@@ -486,6 +558,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
                   step + 1, total_steps, loss, aux_sum / static_cast<double>(gas), lr, grad_norm,
                   static_cast<double>((step + 1 - first_step) * tokens_per_step) / elapsed);
       }
+      show_progress(step + 1, total_steps, first_step, run_start, loss);
       const bool last = step + 1 == total_steps;
       if (has_valid && (last || (cfg.training.eval_interval > 0 &&
                                  (step + 1) % cfg.training.eval_interval == 0))) {

@@ -118,6 +118,7 @@ struct DataConfig {
 struct MonitorConfig {
   int64_t prometheus_port = 0;                // monitor.prometheus.port; 0 = no endpoint
   std::string prometheus_host = "127.0.0.1";  // monitor.prometheus.host
+  double peak_tflops = 0.0;  // device peak for MFU; 0 = known GPUs only, none on CPU
 };
 
 struct CheckpointConfig {
