@@ -257,6 +257,7 @@ Config from_json(const json& root, const std::string& file) {
     t.get("seed", c.training.seed);
     t.get("device", c.training.device);
     t.get("exit_interval", c.training.exit_interval);
+    t.get("max_bad_steps", c.training.max_bad_steps);
     t.get("exit_duration_minutes", c.training.exit_duration_minutes);
     t.finish();
   }
@@ -268,6 +269,7 @@ Config from_json(const json& root, const std::string& file) {
     k.get("keep_every", c.checkpoint.keep_every);
     k.get("save_initial", c.checkpoint.save_initial);
     k.get("save_final", c.checkpoint.save_final);
+    k.get("on_failure", c.checkpoint.on_failure);
     k.finish();
   }
   {
@@ -454,6 +456,7 @@ void validate(Config& c) {
               "must be >= 0 (0 = only at the end)");
   rules.check(t.eval_iters >= 1, "training.eval_iters", t.eval_iters, "must be >= 1");
   rules.check_one_of("training.device", t.device, {"auto", "cpu", "cuda"});
+  rules.check(t.max_bad_steps >= 1, "training.max_bad_steps", t.max_bad_steps, "must be >= 1");
   rules.check(t.exit_interval >= 0, "training.exit_interval", t.exit_interval,
               "must be >= 0 (0 = off)");
   rules.check(t.exit_duration_minutes >= 0, "training.exit_duration_minutes",
@@ -470,6 +473,7 @@ void validate(Config& c) {
               "must be >= 0 (0 = off)");
   rules.check(k.save_interval_minutes >= 0, "checkpoint.save_interval_minutes",
               k.save_interval_minutes, "must be >= 0 (0 = off)");
+  rules.check_one_of("checkpoint.on_failure", k.on_failure, {"stop", "continue"});
   rules.check(k.keep_last >= 1, "checkpoint.keep_last", k.keep_last, "must be >= 1");
   rules.check(k.keep_every >= 0, "checkpoint.keep_every", k.keep_every, "must be >= 0 (0 = none)");
 
@@ -596,12 +600,14 @@ json to_json(const Config& c) {
                    {"seed", t.seed},
                    {"device", t.device},
                    {"exit_interval", t.exit_interval},
+                   {"max_bad_steps", t.max_bad_steps},
                    {"exit_duration_minutes", t.exit_duration_minutes}};
   const auto& k = c.checkpoint;
   j["checkpoint"] = {
       {"save_interval", k.save_interval}, {"save_interval_minutes", k.save_interval_minutes},
       {"keep_last", k.keep_last},         {"keep_every", k.keep_every},
-      {"save_initial", k.save_initial},   {"save_final", k.save_final}};
+      {"save_initial", k.save_initial},   {"save_final", k.save_final},
+      {"on_failure", k.on_failure}};
   j["monitor"] = {
       {"prometheus", {{"port", c.monitor.prometheus_port}, {"host", c.monitor.prometheus_host}}},
       {"peak_tflops", c.monitor.peak_tflops}};

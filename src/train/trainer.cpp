@@ -180,6 +180,58 @@ void add_gpu_stats(json& rec, const torch::Device& device) {
   rec["gpu_mem_peak_bytes"] = stats.allocated_bytes[agg].peak;
 }
 
+// Global L2 norm of all gradients (fp32, foreach ops) and, when it is finite, scaling by
+// min(1, max_norm / (norm + 1e-6)): torch.nn.utils.clip_grad_norm_'s arithmetic. Non-finite norms
+// leave the gradients untouched so the first bad layer can still be found.
+double clip_gradients(model::TransformerLM& model, double max_norm) {
+  std::vector<torch::Tensor> grads;
+  for (auto& p : model->parameters()) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return 0.0;
+  auto norms = at::_foreach_norm(grads, 2);
+  auto total = at::linalg_vector_norm(at::stack(norms), 2);
+  const double t = total.item<double>();
+  if (std::isfinite(t) && std::isfinite(max_norm)) {
+    auto coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+    at::_foreach_mul_(grads, coef);
+  }
+  return t;
+}
+
+// The first parameter (in module order) whose gradient holds a NaN or Inf.
+std::string first_non_finite_gradient(model::TransformerLM& model) {
+  for (const auto& item : model->named_parameters()) {
+    const auto& g = item.value().grad();
+    if (g.defined() && !g.isfinite().all().item<bool>()) return item.key();
+  }
+  return "(none: the loss itself)";
+}
+
+// Test hook (tests/train/faults_test.py): MOE_TEST_INJECT_NAN="grad:PARAM:STEP,STEP..." puts a NaN
+// into PARAM's gradient, "loss:STEP,..." makes the step's loss NaN.
+void inject_nan_for_tests(model::TransformerLM& model, int64_t step, double& loss_sum) {
+  const char* spec = std::getenv("MOE_TEST_INJECT_NAN");
+  if (spec == nullptr) return;
+  std::string s = spec;
+  const auto steps_at = s.rfind(':');
+  std::string steps = "," + s.substr(steps_at + 1) + ",";
+  if (steps.find("," + std::to_string(step) + ",") == std::string::npos) return;
+  if (s.rfind("loss:", 0) == 0) {
+    loss_sum = std::nan("");
+    for (auto& p : model->parameters()) {
+      if (p.grad().defined()) p.mutable_grad().fill_(std::nan(""));
+    }
+    return;
+  }
+  const std::string param = s.substr(5, steps_at - 5);  // after "grad:"
+  for (auto& item : model->named_parameters()) {
+    if (item.key() == param && item.value().grad().defined()) {
+      item.value().mutable_grad().view(-1)[0] = std::nan("");
+    }
+  }
+}
+
 int64_t host_rss_bytes() {
   std::ifstream statm("/proc/self/statm");
   int64_t pages = 0, rss = 0;
@@ -373,9 +425,15 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       const std::string dir =
           store.commit(tmp, state.step, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every);
       log->info("checkpoint ({}): {}", why, dir);
-    } catch (...) {
+    } catch (const TrainingError& e) {
       std::error_code ec;
       fs::remove_all(tmp, ec);  // the previous checkpoint and `latest` are untouched
+      if (cfg.checkpoint.on_failure != "continue") throw;
+      log->error("{}; training continues (checkpoint.on_failure = continue)", e.what());
+      return;
+    } catch (...) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
       throw;
     }
     last_save = Clock::now();
@@ -440,6 +498,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
   auto run_start = Clock::now();
   const int64_t first_step = state.step;
   int64_t current_step = state.step;
+  int64_t consecutive_bad = 0;
   // Test hook (tests/train/checkpoint_test.py): pretend the allocator ran out at this step.
   const char* fake_oom = std::getenv("MOE_TEST_FAKE_OOM_AT_STEP");
   try {
@@ -498,20 +557,36 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
         at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
         overflow = found_inf.item<float>() > 0;
       }
+      inject_nan_for_tests(model, step + 1, lm_sum);
       const double max_norm = cfg.gradient_clipping > 0 ? cfg.gradient_clipping
                                                         : std::numeric_limits<double>::infinity();
-      double grad_norm = overflow
-                             ? std::nan("")
-                             : torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
+      double grad_norm = overflow ? std::nan("") : clip_gradients(model, max_norm);
       const double loss = lm_sum / static_cast<double>(gas);
+      bool skipped = overflow;
       if (fp16) {
         scaler.update(overflow);
       } else if (!std::isfinite(grad_norm) || !std::isfinite(loss)) {
-        throw TrainingError("training diverged at step " + std::to_string(step + 1) + ": loss " +
-                            std::to_string(loss) + ", grad norm " + std::to_string(grad_norm));
+        // bf16/fp32: skip the update; stop after training.max_bad_steps in a row.
+        skipped = true;
+        const std::string where = first_non_finite_gradient(model);
+        const std::vector<std::string> ckpts = store.candidates();
+        if (++consecutive_bad >= cfg.training.max_bad_steps) {
+          throw TrainingError(
+              "non-finite " + std::string(std::isfinite(loss) ? "gradients" : "loss") +
+              " at step " + std::to_string(step + 1) + " (" + std::to_string(consecutive_bad) +
+              " bad steps in a row, training.max_bad_steps = " +
+              std::to_string(cfg.training.max_bad_steps) + "); first non-finite gradients in " +
+              where + "; last good checkpoint: " + (ckpts.empty() ? "none" : ckpts.front()));
+        }
+        log->warn(
+            "step {}: non-finite {} (first in {}); update skipped ({} of {} allowed in a row)",
+            step + 1, std::isfinite(loss) ? "gradients" : "loss", where, consecutive_bad,
+            cfg.training.max_bad_steps - 1);
+      } else {
+        consecutive_bad = 0;
       }
       auto to = Clock::now();
-      if (!overflow) optimizer.step(lr);
+      if (!skipped) optimizer.step(lr);
       sync_for_timing();
       const double optimizer_s = std::chrono::duration<double>(Clock::now() - to).count();
       state.step = step + 1;
@@ -520,6 +595,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       if (step == first_step) summary.first_train_loss = loss;
       summary.last_train_loss = loss;
       json rec = {{"type", "train"},
+                  {"skipped", skipped},
                   {"step", step + 1},
                   {"loss", loss},
                   {"aux_loss", aux_sum / static_cast<double>(gas)},

@@ -128,6 +128,7 @@ struct CheckpointConfig {
   int64_t keep_every = 0;              // also keep every step that is a multiple; 0 = none
   bool save_initial = false;           // a checkpoint of the initial weights (step 0)
   bool save_final = true;              // a checkpoint when training ends
+  std::string on_failure = "stop";     // a failed write (disk full): stop (exit 3) | continue
 };
 
 struct TrainingConfig {
@@ -138,6 +139,7 @@ struct TrainingConfig {
   int64_t eval_iters = 20;  // validation batches per evaluation
   uint64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda
+  int64_t max_bad_steps = 3;    // bf16/fp32: stop (exit 3) at this many non-finite steps in a row
   int64_t exit_interval = 0;    // Megatron's: checkpoint and exit 0 after steps divisible by it
   double exit_duration_minutes = 0.0;  // checkpoint and exit 0 once this much time has passed
 };
