@@ -2,9 +2,11 @@
 
 #include <ATen/Context.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "moe/train/checkpoint_store.h"
 #include "moe/util/errors.h"
@@ -91,6 +93,14 @@ at::Tensor from_hex(const std::string& s, const std::string& file) {
   return t;
 }
 
+// Test hook (tests/train/crash_test.py): MOE_TEST_PAUSE_IN_CHECKPOINT_MS widens the window
+// between a checkpoint's files so that random SIGKILLs land inside writes.
+void test_pause() {
+  if (const char* ms = std::getenv("MOE_TEST_PAUSE_IN_CHECKPOINT_MS")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
+  }
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedAdamW& optimizer,
@@ -103,6 +113,7 @@ void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedA
     // Test hook (tests/train/checkpoint_test.py): die half-way through a checkpoint write.
     if (std::to_string(state.step) == hook) std::abort();
   }
+  test_pause();
   HostTensors opt;
   for (auto& [name, st] : optimizer.named_state()) {
     opt.add(name + ".exp_avg", st->exp_avg);
@@ -111,6 +122,7 @@ void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedA
   }
   write_safetensors((fs::path(dir) / "optimizer.safetensors").string(), opt.views,
                     {{"format", "pt"}, {"producer", "moe-train"}, {"optimizer", "AdamW"}});
+  test_pause();
   json j;
   j["format_version"] = kCheckpointFormatVersion;
   j["step"] = state.step;
