@@ -34,6 +34,12 @@ json parse_json_text(const std::string& text, const std::string& file) {
     std::string reason = pos == std::string::npos ? what : what.substr(pos + 2);
     throw UserError("config: " + file + ":" + std::to_string(line) + ":" + std::to_string(col) +
                     ": invalid JSON: " + reason);
+  } catch (const json::exception& e) {
+    // E.g. out_of_range for a number like 1e3000 (found by fuzz/fuzz_config.cpp).
+    std::string what = e.what();
+    auto pos = what.find("] ");
+    throw UserError("config: " + file + ": invalid JSON: " +
+                    (pos == std::string::npos ? what : what.substr(pos + 2)));
   }
 }
 

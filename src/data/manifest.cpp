@@ -56,7 +56,7 @@ Manifest load_manifest(const std::string& dir) {
   json j;
   try {
     j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for huge numbers
     bad(file, std::string("invalid JSON: ") + e.what());
   }
   Manifest m;

@@ -101,6 +101,9 @@ config_case("huge_integer.json", good.replace('"train_iters": 2', '"train_iters"
             "training.train_iters")
 config_case("huge_float.json", good.replace('"train_batch_size": 4', '"train_batch_size": 1e300'),
             "train_batch_size = 1e+300: expected an integer")
+# Found by fuzz/fuzz_config.cpp: nlohmann throws out_of_range (not parse_error) for this.
+config_case("huge_exponent.json", good.replace('"train_batch_size": 4', '"train_batch_size": 1e3000'),
+            "number overflow")
 mutate("huge_vocab.json", put("model.vocab_size", 2 ** 40), "model.vocab_size")
 # --- configs: inconsistent ---
 mutate("inconsistent_batch.json", put("gradient_accumulation_steps", 3), "must be a multiple of gradient_accumulation_steps")
