@@ -38,8 +38,8 @@ json parse_json_text(const std::string& text, const std::string& file) {
     // E.g. out_of_range for a number like 1e3000 (found by fuzz/fuzz_config.cpp).
     std::string what = e.what();
     auto pos = what.find("] ");
-    throw UserError("config: " + file + ": invalid JSON: " +
-                    (pos == std::string::npos ? what : what.substr(pos + 2)));
+    throw UserError("config: " + file +
+                    ": invalid JSON: " + (pos == std::string::npos ? what : what.substr(pos + 2)));
   }
 }
 
@@ -416,6 +416,11 @@ void validate(Config& c) {
   }
   rules.check_one_of("zero_optimization.offload_optimizer.device",
                      c.zero_optimization.offload_optimizer.device, {"none", "cpu"});
+  if (c.zero_optimization.offload_optimizer.device == "cpu") {
+    c.warnings.push_back(
+        "zero_optimization.offload_optimizer.device = cpu: optimizer offload is not implemented "
+        "yet; optimizer state stays on the training device");
+  }
   rules.check(c.activation_checkpointing.number_checkpoints >= 0,
               "activation_checkpointing.number_checkpoints",
               c.activation_checkpointing.number_checkpoints, "must be >= 0");

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include <dlfcn.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 #include <atomic>
@@ -231,6 +232,45 @@ void inject_nan_for_tests(model::TransformerLM& model, int64_t step, double& los
     }
   }
 }
+
+// NVIDIA's management library, loaded at run time if present (no link-time dependency):
+// utilisation, power and temperature of the training GPU, sampled every steps_per_print steps.
+class Nvml {
+ public:
+  Nvml() {
+    lib_ = ::dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (lib_ == nullptr) return;
+    init_ = reinterpret_cast<int (*)()>(::dlsym(lib_, "nvmlInit_v2"));
+    handle_ =
+        reinterpret_cast<int (*)(unsigned, void**)>(::dlsym(lib_, "nvmlDeviceGetHandleByIndex_v2"));
+    util_ =
+        reinterpret_cast<int (*)(void*, unsigned*)>(::dlsym(lib_, "nvmlDeviceGetUtilizationRates"));
+    power_ = reinterpret_cast<int (*)(void*, unsigned*)>(::dlsym(lib_, "nvmlDeviceGetPowerUsage"));
+    temp_ =
+        reinterpret_cast<int (*)(void*, int, unsigned*)>(::dlsym(lib_, "nvmlDeviceGetTemperature"));
+    ok_ = init_ && handle_ && util_ && power_ && temp_ && init_() == 0;
+  }
+  ~Nvml() {
+    if (lib_ != nullptr) ::dlclose(lib_);
+  }
+  void sample(json& rec, int index) {
+    void* dev = nullptr;
+    if (!ok_ || handle_(static_cast<unsigned>(std::max(0, index)), &dev) != 0) return;
+    unsigned rates[2] = {0, 0}, mw = 0, celsius = 0;  // nvmlUtilization_t {gpu, memory}
+    if (util_(dev, rates) == 0) rec["gpu_utilization"] = rates[0] / 100.0;
+    if (power_(dev, &mw) == 0) rec["gpu_power_w"] = mw / 1000.0;
+    if (temp_(dev, 0, &celsius) == 0) rec["gpu_temperature_c"] = celsius;  // NVML_TEMPERATURE_GPU
+  }
+
+ private:
+  void* lib_ = nullptr;
+  bool ok_ = false;
+  int (*init_)() = nullptr;
+  int (*handle_)(unsigned, void**) = nullptr;
+  int (*util_)(void*, unsigned*) = nullptr;
+  int (*power_)(void*, unsigned*) = nullptr;
+  int (*temp_)(void*, int, unsigned*) = nullptr;
+};
 
 int64_t host_rss_bytes() {
   std::ifstream statm("/proc/self/statm");
@@ -493,6 +533,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
     if (done == total) std::fprintf(stderr, "\n");
   };
 
+  Nvml nvml;  // GPU utilisation, power, temperature when libnvidia-ml is present
   install_signal_handlers();
   sd_notify(0, "READY=1");
   auto run_start = Clock::now();
@@ -614,6 +655,9 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
         rec["skipped_steps"] = scaler.state().skipped_steps;
       }
       rec["host_rss_bytes"] = host_rss_bytes();
+      rec["samples_per_s"] = static_cast<double>(gbs) / step_s;
+      if (device.is_cuda() && ((step + 1) % cfg.steps_per_print == 0))
+        nvml.sample(rec, device.index());
       if (cfg.wall_clock_breakdown) {  // DeepSpeed's breakdown (CUDA syncs between phases)
         rec["forward_s"] = forward_s;
         rec["backward_s"] = backward_s;

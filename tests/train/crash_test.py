@@ -21,7 +21,7 @@ ap.add_argument("--kills", type=int, default=5)
 ap.add_argument("--seed", type=int, default=1)
 args = ap.parse_args()
 BIN = args.binary
-TIMING = {"step_time_s", "tokens_per_s", "data_wait_s", "host_rss_bytes"}
+TIMING = {"step_time_s", "tokens_per_s", "samples_per_s", "data_wait_s", "host_rss_bytes"}
 rng = random.Random(args.seed)
 failures = []
 
@@ -62,14 +62,23 @@ with tempfile.TemporaryDirectory() as d:
         p = subprocess.Popen([BIN, "--config", tmp / "cfg.json", "-q", "--set", f"training.output_dir={crash}"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         restarts += 1
-        time.sleep(rng.uniform(0.3, 1.5))  # startup takes ~0.4 s; steps and checkpoint writes follow
+        ckdir = crash / "checkpoints"
+        if kills % 2 == 1:
+            # Every other kill waits for a checkpoint write to be in progress (the pause hook
+            # holds it open), so kills inside writes do not depend on the machine's speed.
+            deadline = time.time() + 60
+            while time.time() < deadline and p.poll() is None and not (
+                    ckdir.exists() and any(q.name.startswith(".tmp-") for q in ckdir.iterdir())):
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0.0, 0.03))
+        else:
+            time.sleep(rng.uniform(0.3, 1.5))  # startup takes ~0.4 s; steps and writes follow
         if p.poll() is not None:
             check(p.returncode == 0, f"run finished before the kill with exit {p.returncode}")
             break
         p.send_signal(signal.SIGKILL)
         p.wait()
         kills += 1
-        ckdir = crash / "checkpoints"
         if ckdir.exists() and any(q.name.startswith(".tmp-") for q in ckdir.iterdir()):
             inside_writes += 1
         latest = crash / "checkpoints/latest"
@@ -87,7 +96,7 @@ with tempfile.TemporaryDirectory() as d:
         b = (crash / "checkpoints" / final / f).read_bytes()
         check(a == b, f"{f} byte-identical to the uninterrupted run")
     check(rows(ref) == rows(crash), "metrics identical to the uninterrupted run (timing and RSS aside)")
-    check(args.kills < 5 or inside_writes > 0, f"{inside_writes} of the kills landed inside a checkpoint write")
+    check(args.kills < 2 or inside_writes > 0, f"{inside_writes} of the kills landed inside a checkpoint write")
 print(f"{kills} kills ({inside_writes} inside checkpoint writes), {restarts} starts, "
       f"{time.time() - start:.1f} s; {len(failures)} failed")
 sys.exit(1 if failures else 0)
