@@ -22,6 +22,15 @@ std::string check_shard(const std::string& path, const ManifestShard& s, const M
     return "size " + std::to_string(size) + " bytes; manifest says " + std::to_string(s.bytes) +
            (size < s.bytes ? " (truncated)" : "");
   }
+  // Checksums first: a tampered or damaged file is rejected before libhdf5 parses it
+  // (libhdf5 1.10.8 has memory-safety bugs on malformed files; docs/reliability.md).
+  if (opt.checksums) {
+    FileDigest d = digest_file(path);
+    if (d.md5 != s.md5) return "md5 " + d.md5 + " does not match manifest " + s.md5;
+    if (!s.xxh3.empty() && d.xxh3 != s.xxh3) {
+      return "xxh3 " + d.xxh3 + " does not match manifest " + s.xxh3;
+    }
+  }
   ShardInfo info;
   try {
     info = inspect_shard(path);
@@ -45,13 +54,6 @@ std::string check_shard(const std::string& path, const ManifestShard& s, const M
   if (opt.model_vocab_size > 0 && m.vocab_size > opt.model_vocab_size) {
     return "dataset vocab_size " + std::to_string(m.vocab_size) + " exceeds model.vocab_size " +
            std::to_string(opt.model_vocab_size);
-  }
-  if (opt.checksums) {
-    FileDigest d = digest_file(path);
-    if (d.md5 != s.md5) return "md5 " + d.md5 + " does not match manifest " + s.md5;
-    if (!s.xxh3.empty() && d.xxh3 != s.xxh3) {
-      return "xxh3 " + d.xxh3 + " does not match manifest " + s.xxh3;
-    }
   }
   return "";
 }
