@@ -16,6 +16,9 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from e2e import Checks, error_lines, make_synthetic  # noqa: E402
+
 try:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 except ImportError:
@@ -23,13 +26,7 @@ except ImportError:
     sys.exit(77)
 
 BIN, ROOT = sys.argv[1], pathlib.Path(sys.argv[2])
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
+check = Checks()
 
 
 def free_port():
@@ -42,8 +39,7 @@ def free_port():
 
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
-    subprocess.run([BIN, "make-synthetic", "--out", tmp / "data", "--vocab", "32", "--programs", "2",
-                    "--doc-len", "17", "--train-docs", "400", "--valid-docs", "32"], check=True, capture_output=True)
+    make_synthetic(BIN, tmp / "data", vocab=32, programs=2, doc_len=17, train_docs=400, valid_docs=32)
     cfg = {
         "train_batch_size": 8,
         "steps_per_print": 1000,
@@ -150,5 +146,5 @@ with tempfile.TemporaryDirectory() as d:
     check(r.returncode == 0 and any(l.startswith(("ok ", "warn ")) for l in r.stdout.splitlines()),
           "env prints a verdict per check")
 
-print(f"{len(failures)} failed")
-sys.exit(1 if failures else 0)
+print(f"{len(check.failures)} failed")
+sys.exit(check.exit_code())

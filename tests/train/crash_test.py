@@ -15,6 +15,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from e2e import Checks, error_lines, make_synthetic  # noqa: E402
+
 ap = argparse.ArgumentParser()
 ap.add_argument("binary")
 ap.add_argument("--kills", type=int, default=5)
@@ -23,13 +26,7 @@ args = ap.parse_args()
 BIN = args.binary
 TIMING = {"step_time_s", "tokens_per_s", "samples_per_s", "data_wait_s", "host_rss_bytes"}
 rng = random.Random(args.seed)
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+check = Checks()
 
 
 def rows(run_dir):
@@ -39,8 +36,7 @@ def rows(run_dir):
 start = time.time()
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
-    subprocess.run([BIN, "make-synthetic", "--out", tmp / "data", "--vocab", "32", "--programs", "3",
-                    "--doc-len", "33", "--train-docs", "600", "--valid-docs", "32"], check=True, capture_output=True)
+    make_synthetic(BIN, tmp / "data", vocab=32, programs=3, doc_len=33, train_docs=600, valid_docs=32)
     cfg = {
         "train_batch_size": 8,
         "model": {"vocab_size": 128, "seq_len": 32, "hidden_size": 32, "num_layers": 2, "num_heads": 2,
@@ -98,5 +94,5 @@ with tempfile.TemporaryDirectory() as d:
     check(rows(ref) == rows(crash), "metrics identical to the uninterrupted run (timing and RSS aside)")
     check(args.kills < 2 or inside_writes > 0, f"{inside_writes} of the kills landed inside a checkpoint write")
 print(f"{kills} kills ({inside_writes} inside checkpoint writes), {restarts} starts, "
-      f"{time.time() - start:.1f} s; {len(failures)} failed")
-sys.exit(1 if failures else 0)
+      f"{time.time() - start:.1f} s; {len(check.failures)} failed")
+sys.exit(check.exit_code())

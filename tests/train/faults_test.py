@@ -13,14 +13,11 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from e2e import Checks, error_lines, make_synthetic  # noqa: E402
+
 BIN = sys.argv[1]
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
+check = Checks()
 
 
 def run(cfg_path, *extra, env=None):
@@ -28,14 +25,9 @@ def run(cfg_path, *extra, env=None):
                           text=True, env={**os.environ, **(env or {})})
 
 
-def error_lines(r):
-    return [l for l in r.stderr.splitlines() if l.startswith("moe-train:")]
-
-
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
-    subprocess.run([BIN, "make-synthetic", "--out", tmp / "data", "--vocab", "32", "--programs", "2",
-                    "--doc-len", "33", "--train-docs", "300", "--valid-docs", "16"], check=True, capture_output=True)
+    make_synthetic(BIN, tmp / "data", vocab=32, programs=2, doc_len=33, train_docs=300, valid_docs=16)
     cfg = {
         "train_batch_size": 8,
         "model": {"vocab_size": 128, "seq_len": 32, "hidden_size": 32, "num_layers": 2, "num_heads": 2},
@@ -93,5 +85,5 @@ with tempfile.TemporaryDirectory() as d:
         finally:
             subprocess.run(["umount", str(mnt)])
 
-print(f"{len(failures)} failed")
-sys.exit(1 if failures else 0)
+print(f"{len(check.failures)} failed")
+sys.exit(check.exit_code())
