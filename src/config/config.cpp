@@ -416,11 +416,6 @@ void validate(Config& c) {
   }
   rules.check_one_of("zero_optimization.offload_optimizer.device",
                      c.zero_optimization.offload_optimizer.device, {"none", "cpu"});
-  if (c.zero_optimization.offload_optimizer.device == "cpu") {
-    c.warnings.push_back(
-        "zero_optimization.offload_optimizer.device = cpu: optimizer offload is not implemented "
-        "yet; optimizer state stays on the training device");
-  }
   rules.check(c.activation_checkpointing.number_checkpoints >= 0,
               "activation_checkpointing.number_checkpoints",
               c.activation_checkpointing.number_checkpoints, "must be >= 0");

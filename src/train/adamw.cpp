@@ -1,17 +1,47 @@
 #include "moe/train/adamw.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <stdexcept>
 
 namespace moe::train {
 
-FusedAdamW::FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta2, double eps)
-    : groups_(std::move(groups)), beta1_(beta1), beta2_(beta2), eps_(eps) {
+namespace {
+
+at::Tensor host_buffer(const at::Tensor& like, bool pinned) {
+  return at::empty(like.sizes(), at::TensorOptions().dtype(at::kFloat).pinned_memory(pinned));
+}
+
+}  // namespace
+
+FusedAdamW::FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta2, double eps,
+                       OffloadOptions offload)
+    : groups_(std::move(groups)), beta1_(beta1), beta2_(beta2), eps_(eps), offload_(offload) {
   for (const auto& g : groups_) {
     auto& st = state_.emplace_back();
+    auto& master = master_.emplace_back();
+    auto& host_grad = host_grad_.emplace_back();
     for (const auto& p : g.params) {
-      st.push_back({at::zeros_like(p, at::MemoryFormat::Preserve),
-                    at::zeros_like(p, at::MemoryFormat::Preserve),
-                    at::zeros({}, p.options().dtype(at::kFloat))});
+      if (!offload_.enabled) {
+        st.push_back({at::zeros_like(p, at::MemoryFormat::Preserve),
+                      at::zeros_like(p, at::MemoryFormat::Preserve),
+                      at::zeros({}, p.options().dtype(at::kFloat))});
+        continue;
+      }
+      if (p.scalar_type() != at::kFloat) {
+        throw std::invalid_argument("optimizer offload: parameter " + g.names[master.size()] +
+                                    " is " + std::string(c10::toString(p.scalar_type())) +
+                                    "; fp32 working weights are expected");
+      }
+      const bool pinned = offload_.pin_memory && p.is_cuda();
+      master.push_back(host_buffer(p, pinned));
+      master.back().copy_(p.detach());
+      host_grad.push_back(host_buffer(p, pinned));
+      st.push_back({at::zeros_like(master.back()), at::zeros_like(master.back()),
+                    at::zeros({}, at::TensorOptions().dtype(at::kFloat))});
     }
   }
 }
@@ -19,6 +49,15 @@ FusedAdamW::FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta
 void FusedAdamW::step(double lr, const std::optional<torch::Tensor>& grad_scale,
                       const std::optional<torch::Tensor>& found_inf) {
   at::NoGradGuard no_grad;
+  if (offload_.enabled) {
+    step_offloaded(lr, grad_scale, found_inf);
+  } else {
+    step_on_device(lr, grad_scale, found_inf);
+  }
+}
+
+void FusedAdamW::step_on_device(double lr, const std::optional<torch::Tensor>& grad_scale,
+                                const std::optional<torch::Tensor>& found_inf) {
   for (size_t g = 0; g < groups_.size(); ++g) {
     std::vector<at::Tensor> params, grads, m, v, steps;
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
@@ -37,6 +76,106 @@ void FusedAdamW::step(double lr, const std::optional<torch::Tensor>& grad_scale,
                       groups_[g].weight_decay, eps_, /*amsgrad=*/false, /*maximize=*/false,
                       grad_scale, found_inf);
     if (found_inf) at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), *found_inf));
+  }
+}
+
+void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& grad_scale,
+                                const std::optional<torch::Tensor>& found_inf) {
+  // The scalars travel to the host once (a sync, but the update needs the grads there anyway).
+  std::optional<at::Tensor> scale_h, inf_h;
+  if (grad_scale) scale_h = grad_scale->to(at::kCPU, at::kFloat);
+  if (found_inf) inf_h = found_inf->to(at::kCPU, at::kFloat);
+
+  struct Bucket {
+    size_t group;
+    std::vector<size_t> index;
+  };
+  std::vector<Bucket> buckets;
+  bool on_cuda = false;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    int64_t bytes = offload_.bucket_bytes;  // forces a new bucket at each group start
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      const auto& p = groups_[g].params[i];
+      if (!p.grad().defined()) continue;
+      on_cuda = on_cuda || p.is_cuda();
+      if (bytes >= offload_.bucket_bytes) {
+        buckets.push_back({g, {}});
+        bytes = 0;
+      }
+      buckets.back().index.push_back(i);
+      bytes += p.numel() * static_cast<int64_t>(sizeof(float));
+    }
+  }
+
+  auto update = [&](const Bucket& b) {
+    std::vector<at::Tensor> masters, grads, m, v, steps;
+    for (size_t i : b.index) {
+      masters.push_back(master_[b.group][i]);
+      grads.push_back(host_grad_[b.group][i]);
+      m.push_back(state_[b.group][i].exp_avg);
+      v.push_back(state_[b.group][i].exp_avg_sq);
+      steps.push_back(state_[b.group][i].step);
+    }
+    at::_foreach_add_(steps, 1);
+    at::_fused_adamw_(masters, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, beta1_, beta2_,
+                      groups_[b.group].weight_decay, eps_, /*amsgrad=*/false,
+                      /*maximize=*/false, scale_h, inf_h);
+    if (inf_h) at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), *inf_h));
+  };
+  auto copy_grads = [&](const Bucket& b, bool non_blocking) {
+    for (size_t i : b.index) {
+      host_grad_[b.group][i].copy_(groups_[b.group].params[i].grad(), non_blocking);
+    }
+  };
+  auto copy_weights_back = [&](const Bucket& b, bool non_blocking) {
+    for (size_t i : b.index) groups_[b.group].params[i].copy_(master_[b.group][i], non_blocking);
+  };
+
+  if (!on_cuda) {  // a CPU run: the same path with host-to-host copies (what the tests exercise)
+    for (const auto& b : buckets) {
+      copy_grads(b, false);
+      update(b);
+      copy_weights_back(b, false);
+    }
+    return;
+  }
+  // Device-to-host copies of every bucket are queued on a side stream after the backward pass;
+  // bucket b is updated as soon as its own copies have landed, and its weights go back on the
+  // same stream while the CPU works on bucket b+1. The compute stream waits for the last copy.
+  const auto device = groups_[buckets.front().group].params[buckets.front().index.front()].device();
+  c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device.index());
+  c10::cuda::CUDAStream copy = c10::cuda::getStreamFromPool(false, device.index());
+  at::cuda::CUDAEvent grads_ready;
+  grads_ready.record(compute);
+  grads_ready.block(copy);
+  std::vector<at::cuda::CUDAEvent> arrived(buckets.size());
+  {
+    c10::cuda::CUDAStreamGuard guard(copy);
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      copy_grads(buckets[b], offload_.pin_memory);
+      arrived[b].record(copy);
+    }
+  }
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    arrived[b].synchronize();
+    update(buckets[b]);
+    c10::cuda::CUDAStreamGuard guard(copy);
+    copy_weights_back(buckets[b], offload_.pin_memory);
+  }
+  at::cuda::CUDAEvent weights_back;
+  weights_back.record(copy);
+  weights_back.block(compute);
+  // A later step's copies wait on the compute stream, which now waits on these: the pinned
+  // master buffers are not rewritten before their copies to the device have finished.
+}
+
+void FusedAdamW::reload_master_weights() {
+  if (!offload_.enabled) return;
+  at::NoGradGuard no_grad;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      master_[g][i].copy_(groups_[g].params[i].detach());
+    }
   }
 }
 

@@ -180,6 +180,7 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
   SafetensorsFile weights((fs::path(dir) / "model.safetensors").string());
   for (auto& item : model->named_parameters()) copy_into(weights, item.key(), item.value());
   if (optimizer != nullptr) {
+    optimizer->reload_master_weights();
     SafetensorsFile opt((fs::path(dir) / "optimizer.safetensors").string());
     for (auto& [name, st] : optimizer->named_state()) {
       copy_into(opt, name + ".exp_avg", st->exp_avg);

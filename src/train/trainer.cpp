@@ -326,7 +326,10 @@ std::string oom_report(const config::Config& cfg, const torch::Device& device, i
       << cfg.gradient_accumulation_steps << ") to keep train_batch_size, set "
       << "activation_checkpointing.number_checkpoints (now "
       << cfg.activation_checkpointing.number_checkpoints << " of " << cfg.model.num_layers
-      << " blocks), or shorten model.seq_len; the last checkpoint is intact. ("
+      << " blocks), set zero_optimization.offload_optimizer.device = cpu (now "
+      << cfg.zero_optimization.offload_optimizer.device
+      << ": moves Adam state and master weights to host memory), or shorten model.seq_len; the "
+         "last checkpoint is intact. ("
       << what.substr(0, 200) << ")";
   std::string s = msg.str();
   std::replace(s.begin(), s.end(), '\n', ' ');
@@ -370,8 +373,14 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
   model::TransformerLM model(cfg);
   model->to(device);
   model->train();
+  OffloadOptions offload;
+  offload.enabled = cfg.zero_optimization.offload_optimizer.device == "cpu";
+  offload.pin_memory = cfg.zero_optimization.offload_optimizer.pin_memory;
+  if (offload.enabled && device.is_cpu()) {
+    log->info("optimizer offload on a CPU run: the host-side update path runs with host copies");
+  }
   FusedAdamW optimizer(param_groups(model, cfg), cfg.optimizer.betas[0], cfg.optimizer.betas[1],
-                       cfg.optimizer.eps);
+                       cfg.optimizer.eps, offload);
   LrSchedule schedule(cfg.scheduler, cfg.optimizer.lr, total_steps);
   LossScaler scaler(cfg.fp16);
 

@@ -83,6 +83,19 @@ with tempfile.TemporaryDirectory() as d:
     after = lambda ms: [strip(m) for m in ms if m["step"] > 20]
     check(after(ma) == after(mb), "metrics lines after step 20 identical (timing and RSS fields aside)")
 
+    # 1b. Optimizer offload (host master weights + Adam state, bucketed copies): a run stopped at
+    # step 20 and resumed ends bitwise equal to the straight on-device run above.
+    o = tmp / "offload"
+    off = ["--set", "zero_optimization.offload_optimizer.device=cpu"]
+    r = run("--config", cfg_path, *off, "--set", f"training.output_dir={o}", "--set", "training.exit_interval=20")
+    check(r.returncode == 0 and "host-side update path" in r.stderr, "offloaded run stops at step 20")
+    r = run("--config", cfg_path, *off, "--set", f"training.output_dir={o}")
+    check(r.returncode == 0 and "resuming from step 20" in r.stderr, "offloaded run resumes from step 20")
+    for f in ["model.safetensors", "optimizer.safetensors"]:
+        same = (a / "checkpoints/step-00000040" / f).read_bytes() == (o / "checkpoints/step-00000040" / f).read_bytes()
+        check(same, f"offloaded+resumed step 40 {f} bitwise equal to the on-device run")
+    check(after(ma) == after(metrics(o)), "offloaded metrics after step 20 identical to on-device")
+
     # 2. A checkpoint write killed midway leaves `latest` at the previous, loadable checkpoint.
     c = tmp / "c"
     r = run("--config", cfg_path, "--set", f"training.output_dir={c}", env={"MOE_TEST_ABORT_IN_CHECKPOINT": "20"})

@@ -1,9 +1,18 @@
 // AdamW as one fused multi-tensor update per parameter group (at::_fused_adamw_, which LibTorch
-// implements for CPU and CUDA), the same math as torch.optim.AdamW(fused=True). Optional
-// grad_scale / found_inf make fp16 unscaling and overflow skipping part of the same kernel.
-// State (exp_avg, exp_avg_sq, step) is addressable by parameter name for checkpoints.
+// implements for CPU (vectorised, at::parallel_for) and CUDA), the same math as
+// torch.optim.AdamW(fused=True). Optional grad_scale / found_inf make fp16 unscaling and overflow
+// skipping part of the same kernel. State (exp_avg, exp_avg_sq, step) is addressable by
+// parameter name for checkpoints.
+//
+// Offload (DeepSpeed's zero_optimization.offload_optimizer.device = "cpu"): the fp32 master
+// weights and the Adam state live in (pinned) host memory and the update runs on the CPU. Each
+// step copies the gradients to the host in buckets on a side CUDA stream, updates bucket b on the
+// CPU while bucket b+1 is still in flight, and copies each updated bucket back as soon as it is
+// done, so copies in both directions overlap the CPU update. The device keeps only the working
+// weights and their gradients: 8 of the 16 bytes per parameter that fp32 AdamW needs on the GPU.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,19 +31,38 @@ struct AdamWState {                         // of one parameter
   torch::Tensor exp_avg, exp_avg_sq, step;  // step: fp32 scalar, as PyTorch keeps it
 };
 
+struct OffloadOptions {
+  bool enabled = false;
+  bool pin_memory = true;             // page-locked host buffers (CUDA only): async copies
+  int64_t bucket_bytes = 64ll << 20;  // gradient bytes per copy/update bucket
+};
+
 class FusedAdamW {
  public:
-  FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta2, double eps);
+  FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta2, double eps,
+             OffloadOptions offload = {});
   // One update at learning rate `lr`. Parameters without a gradient are left alone.
   void step(double lr, const std::optional<torch::Tensor>& grad_scale = std::nullopt,
             const std::optional<torch::Tensor>& found_inf = std::nullopt);
   void zero_grad();
   std::vector<std::pair<std::string, AdamWState*>> named_state();
+  // Offload: the host master copy is the truth; call after the model's weights were replaced
+  // (a checkpoint load) so the next update starts from them. A no-op without offload.
+  void reload_master_weights();
+  bool offloaded() const { return offload_.enabled; }
 
  private:
+  void step_on_device(double lr, const std::optional<torch::Tensor>& grad_scale,
+                      const std::optional<torch::Tensor>& found_inf);
+  void step_offloaded(double lr, const std::optional<torch::Tensor>& grad_scale,
+                      const std::optional<torch::Tensor>& found_inf);
+
   std::vector<AdamWGroup> groups_;
   std::vector<std::vector<AdamWState>> state_;
   double beta1_, beta2_, eps_;
+  OffloadOptions offload_;
+  // Offload only, per group and parameter: fp32 master weights and gradient staging buffers.
+  std::vector<std::vector<torch::Tensor>> master_, host_grad_;
 };
 
 }  // namespace moe::train
