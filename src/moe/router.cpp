@@ -3,6 +3,7 @@
 #include <torch/nn/init.h>
 #include <torch/torch.h>
 
+#include "moe/kernels/router.h"
 #include "moe/moe/moe_math.h"
 
 namespace moe::moe {
@@ -10,6 +11,28 @@ namespace moe::moe {
 RouterImpl::RouterImpl(const RouterOptions& opt) : opt_(opt) {
   weight = register_parameter("weight", torch::empty({opt.num_experts, opt.hidden_size}));
   torch::nn::init::xavier_uniform_(weight);
+  expert_bias = register_buffer("expert_bias", torch::zeros({opt.num_experts}));
+}
+
+void RouterImpl::update_expert_bias(const torch::Tensor& tokens_per_expert) {
+  if (opt_.bias_update_rate <= 0) return;
+  torch::NoGradGuard no_grad;
+  auto load = tokens_per_expert.to(expert_bias.device(), torch::kFloat);
+  expert_bias.add_(torch::sign(load.mean() - load), opt_.bias_update_rate);
+}
+
+RouterScores score_and_select_reference(const torch::Tensor& logits, const torch::Tensor& bias,
+                                        int64_t k, bool sigmoid_scores, bool normalize_topk) {
+  RouterScores s;
+  s.probs = sigmoid_scores ? torch::sigmoid(logits) : torch::softmax(logits, -1);
+  auto keys = bias.defined() ? s.probs.detach() + bias : s.probs.detach();
+  s.topk_idx = topk_lower_id_wins(keys, k).second;
+  s.topk_weight = s.probs.gather(-1, s.topk_idx);
+  if (normalize_topk && (k > 1 || sigmoid_scores)) {
+    s.topk_weight = s.topk_weight / s.topk_weight.sum(-1, true).clamp_min(1e-20);
+  }
+  s.lse = at::logsumexp(logits, -1);
+  return s;
 }
 
 std::pair<torch::Tensor, torch::Tensor> topk_lower_id_wins(const torch::Tensor& scores, int64_t k) {
@@ -36,7 +59,7 @@ torch::Tensor capacity_keep_mask(const torch::Tensor& topk_idx, const torch::Ten
   return keep.view_as(topk_idx);
 }
 
-Routing RouterImpl::forward(const torch::Tensor& x) {
+Routing RouterImpl::forward(const torch::Tensor& x, bool fused_kernel) {
   Routing r;
   const int64_t T = x.size(0), E = opt_.num_experts, k = opt_.top_k;
   {
@@ -44,12 +67,17 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     r.logits = torch::nn::functional::linear(x.to(torch::kFloat), weight.to(torch::kFloat));
   }
-  torch::Tensor scores =
-      opt_.sigmoid_scores ? torch::sigmoid(r.logits) : torch::softmax(r.logits, -1);
-  auto [top_scores, top_idx] = topk_lower_id_wins(scores, k);
-  torch::Tensor w = top_scores;
-  if (opt_.normalize_topk && (k > 1 || opt_.sigmoid_scores)) {
-    w = w / w.sum(-1, true).clamp_min(1e-20);
+  // The bias takes part only when it is in use: a zero bias changes no selection.
+  const torch::Tensor bias = opt_.bias_update_rate > 0 ? expert_bias : torch::Tensor();
+  torch::Tensor scores, top_idx, w, lse, counts;
+  if (fused_kernel) {
+    auto f = kernels::fused_router(r.logits, bias, k, opt_.sigmoid_scores, opt_.normalize_topk);
+    scores = f.probs, top_idx = f.topk_idx, w = f.topk_weight, lse = f.lse;
+    counts = f.tokens_per_expert;
+  } else {
+    auto s =
+        score_and_select_reference(r.logits, bias, k, opt_.sigmoid_scores, opt_.normalize_topk);
+    scores = s.probs, top_idx = s.topk_idx, w = s.topk_weight, lse = s.lse;
   }
   r.topk_idx = top_idx;
   const int64_t capacity = expert_capacity(T, k, E, opt_.capacity_factor);
@@ -60,13 +88,16 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
     r.keep = torch::ones_like(top_idx, top_idx.options().dtype(torch::kBool));
   }
   r.topk_weight = w;
-  auto kept_idx = top_idx.masked_select(r.keep);
-  r.tokens_per_expert = at::bincount(kept_idx, {}, E);
-  r.dropped = T * k - kept_idx.numel();
+  if (capacity < T * k || !counts.defined()) {
+    auto kept_idx = top_idx.masked_select(r.keep);
+    counts = at::bincount(kept_idx, {}, E);
+  }
+  r.tokens_per_expert = counts;
+  r.dropped = T * k - counts.sum().item<int64_t>();
   // Aux loss on the probability simplex: softmax scores, or sigmoid scores normalised per token.
   auto probs = opt_.sigmoid_scores ? scores / scores.sum(-1, true).clamp_min(1e-20) : scores;
   r.aux_loss = load_balancing_loss(probs, r.tokens_per_expert, k);
-  r.z_loss = router_z_loss(r.logits);
+  r.z_loss = lse.square().mean();  // router_z_loss(logits), from the lse already computed
   return r;
 }
 

@@ -14,6 +14,9 @@ struct RouterOptions {
   bool sigmoid_scores = false;  // default softmax
   bool normalize_topk = true;
   double capacity_factor = 0.0;  // 0 = dropless
+  // Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for selection
+  // only, moved by this much towards balance once per optimizer step. 0 = off.
+  double bias_update_rate = 0.0;
 };
 
 struct Routing {
@@ -27,12 +30,29 @@ struct Routing {
   int64_t dropped = 0;              // assignments dropped by capacity
 };
 
+// Scores and selection from fp32 logits [T, E]: the part of the router that the fused CUDA
+// kernel (moe/kernels/router.h) replaces, with the same contract.
+//   probs  [T, E] softmax(logits), or sigmoid(logits)
+//   topk   the k highest probs + bias (bias: undefined or [E], selection only; ties -> lower id)
+//   weight probs at the chosen ids, divided by their sum when normalize && (k > 1 || sigmoid)
+//   lse    [T] logsumexp(logits) (the z-loss is mean(lse^2))
+struct RouterScores {
+  torch::Tensor probs, topk_idx, topk_weight, lse;
+};
+RouterScores score_and_select_reference(const torch::Tensor& logits, const torch::Tensor& bias,
+                                        int64_t k, bool sigmoid_scores, bool normalize_topk);
+
 class RouterImpl : public torch::nn::Module {
  public:
   explicit RouterImpl(const RouterOptions& opt);
-  Routing forward(const torch::Tensor& x);  // x [T, hidden]
+  // x [T, hidden]. fused_kernel: scores and selection in our CUDA kernel (x on a GPU).
+  Routing forward(const torch::Tensor& x, bool fused_kernel = false);
   const RouterOptions& options() const { return opt_; }
-  torch::Tensor weight;  // [E, hidden], xavier_uniform
+  // Aux-loss-free balancing: bias_e += rate * sign(mean load - load_e), tokens_per_expert [E]
+  // counted over the whole optimizer step. A no-op when bias_update_rate is 0.
+  void update_expert_bias(const torch::Tensor& tokens_per_expert);
+  torch::Tensor weight;       // [E, hidden], xavier_uniform
+  torch::Tensor expert_bias;  // [E] fp32 buffer (zeros; not a parameter, never decayed)
 
  private:
   RouterOptions opt_;

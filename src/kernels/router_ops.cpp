@@ -1,0 +1,66 @@
+// Autograd wrapper around the fused router kernels (src/kernels/router.cu). In a CPU-only build
+// the op reports that the kernels are absent; the router never selects it there.
+#include <torch/autograd.h>
+#include <torch/types.h>
+
+#include "moe/kernels/router.h"
+
+namespace moe::kernels {
+
+#ifdef MOE_HAVE_CUDA
+
+namespace {
+
+class FusedRouter : public torch::autograd::Function<FusedRouter> {
+ public:
+  // Outputs: probs, topk_weight, lse (differentiable), topk_idx, counts (not).
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const torch::Tensor& logits,
+                                                const torch::Tensor& bias, int64_t top_k,
+                                                bool sigmoid_scores, bool normalize_topk) {
+    FusedRouterOutput o =
+        detail::router_forward(logits, bias, top_k, sigmoid_scores, normalize_topk);
+    ctx->save_for_backward({logits, o.probs, o.topk_idx, o.topk_weight, o.lse});
+    ctx->saved_data["sigmoid"] = sigmoid_scores;
+    ctx->saved_data["normalize"] = normalize_topk;
+    ctx->mark_non_differentiable({o.topk_idx, o.tokens_per_expert});
+    return {o.probs, o.topk_weight, o.lse, o.topk_idx, o.tokens_per_expert};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    auto g = detail::router_backward(s[0], s[1], s[2], s[3], s[4], grads[0], grads[1], grads[2],
+                                     ctx->saved_data["sigmoid"].toBool(),
+                                     ctx->saved_data["normalize"].toBool());
+    return {g, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+FusedRouterOutput fused_router(const at::Tensor& logits, const at::Tensor& bias, int64_t top_k,
+                               bool sigmoid_scores, bool normalize_topk) {
+  auto outs = FusedRouter::apply(logits, bias, top_k, sigmoid_scores, normalize_topk);
+  return {outs[0], outs[3], outs[1], outs[2], outs[4]};
+}
+
+#else
+
+FusedRouterOutput fused_router(const at::Tensor&, const at::Tensor&, int64_t, bool, bool) {
+  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+}
+
+namespace detail {
+FusedRouterOutput router_forward(const at::Tensor&, const at::Tensor&, int64_t, bool, bool, bool) {
+  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+}
+at::Tensor router_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&, const at::Tensor&, bool, bool) {
+  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+}
+}  // namespace detail
+
+#endif
+
+}  // namespace moe::kernels
