@@ -238,6 +238,8 @@ Config from_json(const json& root, const std::string& file) {
     m.get("z_loss_coeff", c.moe.z_loss_coeff);
     m.get("capacity_factor", c.moe.capacity_factor);
     m.get("expert_dropout", c.moe.expert_dropout);
+    m.get("shared_expert_hidden_size", c.moe.shared_expert_hidden_size);
+    m.get("router_bias_update_rate", c.moe.router_bias_update_rate);
     m.get("kernels", c.moe.kernels);
     m.finish();
   }
@@ -452,6 +454,11 @@ void validate(Config& c) {
   rules.check(e.expert_dropout >= 0 && e.expert_dropout < 1, "moe.expert_dropout", e.expert_dropout,
               "must be in [0, 1)");
   rules.check_one_of("moe.kernels", e.kernels, {"auto", "cuda", "reference"});
+  rules.check(e.shared_expert_hidden_size >= 0, "moe.shared_expert_hidden_size",
+              e.shared_expert_hidden_size, "must be >= 0 (0 = no shared expert)");
+  rules.check(e.router_bias_update_rate >= 0 && e.router_bias_update_rate < 1,
+              "moe.router_bias_update_rate", e.router_bias_update_rate,
+              "must be in [0, 1) (0 = no expert bias)");
 
   const auto& t = c.training;
   rules.check(!t.output_dir.empty(), "training.output_dir", "\"\"", "must not be empty");
@@ -588,6 +595,8 @@ json to_json(const Config& c) {
               {"z_loss_coeff", e.z_loss_coeff},
               {"capacity_factor", e.capacity_factor},
               {"expert_dropout", e.expert_dropout},
+              {"shared_expert_hidden_size", e.shared_expert_hidden_size},
+              {"router_bias_update_rate", e.router_bias_update_rate},
               {"kernels", e.kernels}};
   j["data"] = {{"path", c.data.path},
                {"train_path", c.data.train_path},
@@ -630,10 +639,11 @@ int64_t expert_hidden_size(const Config& c) {
 int64_t count_parameters(const Config& c) {
   const int64_t d = c.model.hidden_size, L = c.model.num_layers, V = c.model.vocab_size;
   const int64_t f = expert_hidden_size(c), E = c.moe.num_experts;
-  int64_t per_layer = 4 * d * d         // qkv + out projections
-                      + 2 * d           // two RMSNorm weights
-                      + d * E           // router
-                      + E * 3 * d * f;  // SwiGLU experts
+  int64_t per_layer = 4 * d * d        // qkv + out projections
+                      + 2 * d          // two RMSNorm weights
+                      + d * E          // router
+                      + E * 3 * d * f  // SwiGLU experts
+                      + 3 * d * c.moe.shared_expert_hidden_size;
   int64_t embed = V * d + c.model.seq_len * d;
   int64_t head = c.model.tie_embeddings ? 0 : V * d;
   return L * per_layer + embed + head + d;  // + final norm
@@ -642,7 +652,9 @@ int64_t count_parameters(const Config& c) {
 int64_t active_parameters_per_token(const Config& c) {
   const int64_t d = c.model.hidden_size, L = c.model.num_layers;
   const int64_t f = expert_hidden_size(c);
-  return L * (4 * d * d + d * c.moe.num_experts + c.moe.top_k * 3 * d * f) + c.model.vocab_size * d;
+  return L * (4 * d * d + d * c.moe.num_experts + c.moe.top_k * 3 * d * f +
+              3 * d * c.moe.shared_expert_hidden_size) +
+         c.model.vocab_size * d;
 }
 
 }  // namespace moe::config

@@ -17,13 +17,16 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   const int64_t* c = counts.data_ptr<int64_t>();
   std::vector<torch::Tensor> outs;
   outs.reserve(static_cast<size_t>(opt_.num_experts));
+  // unbind, not w_gate[e]: the backward of E selects would build E zero-filled [E, d, f]
+  // gradients and add them up; unbind's backward stacks the E slices into one.
+  const auto gate = w_gate.unbind(0), up = w_up.unbind(0), down = w_down.unbind(0);
   int64_t offset = 0;
   for (int64_t e = 0; e < opt_.num_experts; ++e) {
     if (c[e] == 0) continue;  // experts without tokens are normal
     auto seg = x.narrow(0, offset, c[e]);
-    auto h = torch::silu(seg.matmul(w_gate[e])) * seg.matmul(w_up[e]);
+    auto h = torch::silu(seg.matmul(gate[e])) * seg.matmul(up[e]);
     if (opt_.dropout > 0) h = torch::dropout(h, opt_.dropout, is_training());
-    outs.push_back(h.matmul(w_down[e]));
+    outs.push_back(h.matmul(down[e]));
     offset += c[e];
   }
   if (outs.empty()) return torch::zeros_like(x);

@@ -10,13 +10,19 @@ namespace moe::moe {
 MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt) : opt_(opt) {
   router = register_module("router", Router(opt.router));
   experts = register_module("experts", Experts(opt.experts));
+  if (opt.shared_expert_hidden_size > 0) {
+    ExpertsOptions shared = opt.experts;
+    shared.num_experts = 1;
+    shared.ffn_size = opt.shared_expert_hidden_size;
+    shared_expert = register_module("shared_expert", Experts(shared));
+  }
 }
 
 MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
   MoeLayerOutput out;
-  Routing r = router->forward(x);
-  const int64_t T = x.size(0);
   const KernelPath path = resolve_kernel_path(opt_.kernels, x.is_cuda());
+  Routing r = router->forward(x, /*fused_kernel=*/path == KernelPath::kCuda);
+  const int64_t T = x.size(0);
   DispatchPlan plan = plan_dispatch(r.topk_idx, r.keep, opt_.router.num_experts);
   torch::Tensor permuted =
       path == KernelPath::kCuda
@@ -27,6 +33,9 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
               ? kernels::unpermute_combine(y, plan.source_token, plan.source_assignment,
                                            r.topk_weight, T)
               : unpermute_combine(y, plan, r.topk_weight, T);
+  if (shared_expert) {
+    out.y = out.y + shared_expert->forward(x, torch::full({1}, T, torch::kLong));
+  }
   out.aux_loss = r.aux_loss;
   out.z_loss = r.z_loss;
   out.tokens_per_expert = r.tokens_per_expert;

@@ -137,6 +137,14 @@ void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedA
   if (at::hasCUDA()) {
     j["rng"]["cuda"] = to_hex(at::globalContext().defaultGenerator(at::kCUDA).get_state());
   }
+  // Expert biases (aux-loss-free balancing) are buffers, not weights: the state carries them.
+  for (const auto& b : model->named_buffers()) {
+    if (b.key().size() >= 11 && b.key().compare(b.key().size() - 11, 11, "expert_bias") == 0) {
+      auto v = b.value().to(at::kCPU, at::kFloat).contiguous();
+      j["expert_biases"][b.key()] =
+          std::vector<float>(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+    }
+  }
   j["metrics_lines"] = state.metrics_lines;
   j["config"] = state.config;
   const std::string path = (fs::path(dir) / "state.json").string();
@@ -176,6 +184,28 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
     s.config = j.at("config");
   } catch (const json::exception& e) {
     throw UserError("checkpoint: " + state_path + ": " + e.what());
+  }
+  {
+    // Expert biases: zero unless the state carries them (a run without the feature saves none).
+    at::NoGradGuard no_grad;
+    auto buffers = model->named_buffers();
+    for (auto& b : buffers) {
+      if (b.key().find("expert_bias") != std::string::npos) b.value().zero_();
+    }
+    const json biases = j.value("expert_biases", json::object());
+    try {
+      for (const auto& [name, values] : biases.items()) {
+        auto* buf = buffers.find(name);
+        const auto v = values.get<std::vector<float>>();
+        if (buf == nullptr || buf->numel() != static_cast<int64_t>(v.size())) {
+          throw UserError("checkpoint: " + state_path + ": expert_biases." + name +
+                          " does not match this model (" + std::to_string(v.size()) + " values)");
+        }
+        buf->copy_(at::tensor(v));
+      }
+    } catch (const json::exception& e) {
+      throw UserError("checkpoint: " + state_path + ": expert_biases: " + e.what());
+    }
   }
   SafetensorsFile weights((fs::path(dir) / "model.safetensors").string());
   for (auto& item : model->named_parameters()) copy_into(weights, item.key(), item.value());

@@ -636,7 +636,12 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
         consecutive_bad = 0;
       }
       auto to = Clock::now();
-      if (!skipped) optimizer.step(lr);
+      if (!skipped) {
+        optimizer.step(lr);
+        // Aux-loss-free balancing: each router's bias follows this step's load (all micro-batches).
+        for (size_t i = 0; i < load.size(); ++i)
+          model->blocks[i]->moe->router->update_expert_bias(load[i]);
+      }
       sync_for_timing();
       const double optimizer_s = std::chrono::duration<double>(Clock::now() - to).count();
       state.step = step + 1;

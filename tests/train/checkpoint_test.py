@@ -96,6 +96,29 @@ with tempfile.TemporaryDirectory() as d:
         check(same, f"offloaded+resumed step 40 {f} bitwise equal to the on-device run")
     check(after(ma) == after(metrics(o)), "offloaded metrics after step 20 identical to on-device")
 
+    # 1c. Aux-loss-free expert biases live in state.json: with them on, 40 straight and 20 + resume
+    # still end bitwise equal (a bias lost on resume would change the routing after step 20).
+    bias = ["--set", "moe.router_bias_update_rate=0.01"]
+    s1, s2 = tmp / "bias-straight", tmp / "bias-resumed"
+    r = run("--config", cfg_path, *bias, "--set", f"training.output_dir={s1}")
+    check(r.returncode == 0, "expert-bias run, straight")
+    r = run("--config", cfg_path, *bias, "--set", f"training.output_dir={s2}", "--set", "training.exit_interval=20")
+    r = run("--config", cfg_path, *bias, "--set", f"training.output_dir={s2}")
+    check(r.returncode == 0 and "resuming from step 20" in r.stderr, "expert-bias run resumes from step 20")
+    st = json.loads((s2 / "checkpoints/step-00000040/state.json").read_text())
+    biases = st.get("expert_biases", {})
+    check(len(biases) == 2 and any(abs(v) > 0 for b in biases.values() for v in b),
+          f"state.json carries non-zero expert biases for both layers ({sorted(biases)})")
+    for f in ["model.safetensors", "optimizer.safetensors", "state.json"]:
+        x = (s1 / "checkpoints/step-00000040" / f).read_bytes()
+        y = (s2 / "checkpoints/step-00000040" / f).read_bytes()
+        if f == "state.json":
+            strip_paths = lambda b: {k: v for k, v in json.loads(b).items() if k != "config"}
+            same = strip_paths(x) == strip_paths(y)
+        else:
+            same = x == y
+        check(same, f"expert-bias run: step 40 {f} equal after resume")
+
     # 2. A checkpoint write killed midway leaves `latest` at the previous, loadable checkpoint.
     c = tmp / "c"
     r = run("--config", cfg_path, "--set", f"training.output_dir={c}", env={"MOE_TEST_ABORT_IN_CHECKPOINT": "20"})

@@ -101,6 +101,8 @@ struct MoeConfig {
   double z_loss_coeff = 0.001;             // router z-loss
   double capacity_factor = 0.0;            // 0 = dropless
   double expert_dropout = 0.0;             // dropout on the experts' hidden activations (Switch)
+  int64_t shared_expert_hidden_size = 0;   // > 0: a dense SwiGLU expert every token passes through
+  double router_bias_update_rate = 0.0;    // > 0: aux-loss-free expert bias (DeepSeek-V3)
   std::string kernels = "auto";            // auto | cuda | reference
 };
 

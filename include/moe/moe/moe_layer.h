@@ -14,7 +14,8 @@ namespace moe::moe {
 struct MoeLayerOptions {
   RouterOptions router;
   ExpertsOptions experts;
-  std::string kernels = "auto";  // auto | cuda | reference
+  std::string kernels = "auto";           // auto | cuda | reference
+  int64_t shared_expert_hidden_size = 0;  // > 0: a dense SwiGLU expert for every token
 };
 
 struct MoeLayerOutput {
@@ -32,6 +33,9 @@ class MoeLayerImpl : public torch::nn::Module {
 
   Router router{nullptr};
   Experts experts{nullptr};
+  // The shared expert (DeepSeekMoE): one SwiGLU MLP held as a single-expert stack [1, ...], so it
+  // reuses the experts' code and init. Null when shared_expert_hidden_size is 0.
+  Experts shared_expert{nullptr};
 
  private:
   MoeLayerOptions opt_;
