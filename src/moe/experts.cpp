@@ -1,5 +1,7 @@
 #include "moe/moe/experts.h"
 
+#include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/torch.h>
 
 namespace moe::moe {
@@ -11,7 +13,27 @@ ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
   w_down = register_parameter("w_down", torch::randn({E, f, d}) * opt.output_init_std);
 }
 
+bool ExpertsImpl::uses_grouped_mm(const torch::Tensor& x) const {
+  if (!opt_.grouped_mm || !x.is_cuda()) return false;
+  const bool bf16 = x.scalar_type() == torch::kBFloat16 ||
+                    (at::autocast::is_autocast_enabled(at::kCUDA) &&
+                     at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16);
+  // _grouped_mm wants 16-byte-aligned rows (8 bf16) and runs on sm_90+ (CUTLASS grouped GEMM).
+  return bf16 && opt_.hidden_size % 8 == 0 && opt_.ffn_size % 8 == 0 &&
+         at::cuda::getDeviceProperties(x.get_device())->major >= 9;
+}
+
 torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& tokens_per_expert) {
+  if (uses_grouped_mm(x)) {
+    // All experts in one grouped GEMM per projection; offsets (group ends) stay on the device.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto offs = tokens_per_expert.to(x.device()).cumsum(0).to(torch::kInt);
+    const auto xb = x.to(torch::kBFloat16);
+    auto h = torch::silu(at::_grouped_mm(xb, w_gate.to(torch::kBFloat16), offs)) *
+             at::_grouped_mm(xb, w_up.to(torch::kBFloat16), offs);
+    if (opt_.dropout > 0) h = torch::dropout(h, opt_.dropout, is_training());
+    return at::_grouped_mm(h, w_down.to(torch::kBFloat16), offs);
+  }
   // Per-expert GEMMs over contiguous segments; counts are needed on the host to slice.
   auto counts = tokens_per_expert.to(torch::kCPU);
   const int64_t* c = counts.data_ptr<int64_t>();

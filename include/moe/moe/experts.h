@@ -14,6 +14,9 @@ struct ExpertsOptions {
   double dropout = 0.0;  // expert dropout on the SwiGLU activations (Switch's "expert dropout")
   double init_std = 0.02;
   double output_init_std = 0.02;
+  // CUDA + bf16 activations + Hopper or newer + rows of a multiple of 8: one at::_grouped_mm per
+  // projection (no host sync on the counts). Off, or elsewhere: one GEMM per expert.
+  bool grouped_mm = true;
 };
 
 class ExpertsImpl : public torch::nn::Module {
@@ -21,6 +24,8 @@ class ExpertsImpl : public torch::nn::Module {
   explicit ExpertsImpl(const ExpertsOptions& opt);
   // x [N, d] in expert order, tokens_per_expert [E] -> [N, d].
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& tokens_per_expert);
+  // Whether forward(x) takes the grouped-GEMM path.
+  bool uses_grouped_mm(const torch::Tensor& x) const;
 
   torch::Tensor w_gate;  // [E, d, f]
   torch::Tensor w_up;    // [E, d, f]
