@@ -267,6 +267,7 @@ Config from_json(const json& root, const std::string& file) {
     t.get("exit_interval", c.training.exit_interval);
     t.get("max_bad_steps", c.training.max_bad_steps);
     t.get("exit_duration_minutes", c.training.exit_duration_minutes);
+    t.get("cuda_graph", c.training.cuda_graph);
     t.finish();
   }
   {
@@ -616,7 +617,8 @@ json to_json(const Config& c) {
                    {"device", t.device},
                    {"exit_interval", t.exit_interval},
                    {"max_bad_steps", t.max_bad_steps},
-                   {"exit_duration_minutes", t.exit_duration_minutes}};
+                   {"exit_duration_minutes", t.exit_duration_minutes},
+                   {"cuda_graph", t.cuda_graph}};
   const auto& k = c.checkpoint;
   j["checkpoint"] = {
       {"save_interval", k.save_interval}, {"save_interval_minutes", k.save_interval_minutes},

@@ -21,6 +21,17 @@ DispatchPlan plan_dispatch(const torch::Tensor& topk_idx, const torch::Tensor& k
   return p;
 }
 
+DispatchPlan plan_dispatch_all_kept(const torch::Tensor& topk_idx,
+                                    const torch::Tensor& tokens_per_expert) {
+  DispatchPlan p;
+  const int64_t k = topk_idx.size(1);
+  auto order = std::get<1>(at::sort(topk_idx.reshape(-1), /*stable=*/true, 0, false));
+  p.source_assignment = order;
+  p.source_token = at::floor_divide(order, k);
+  p.tokens_per_expert = tokens_per_expert;
+  return p;
+}
+
 torch::Tensor permute_tokens(const torch::Tensor& x, const DispatchPlan& plan) {
   return x.index_select(0, plan.source_token);
 }

@@ -23,7 +23,8 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
   const KernelPath path = resolve_kernel_path(opt_.kernels, x.is_cuda());
   Routing r = router->forward(x, /*fused_kernel=*/path == KernelPath::kCuda);
   const int64_t T = x.size(0);
-  DispatchPlan plan = plan_dispatch(r.topk_idx, r.keep, opt_.router.num_experts);
+  DispatchPlan plan = r.all_kept ? plan_dispatch_all_kept(r.topk_idx, r.tokens_per_expert)
+                                 : plan_dispatch(r.topk_idx, r.keep, opt_.router.num_experts);
   torch::Tensor permuted =
       path == KernelPath::kCuda
           ? kernels::permute_rows(x, plan.source_token, plan.source_assignment, opt_.router.top_k)
@@ -34,7 +35,7 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
                                            r.topk_weight, T)
               : unpermute_combine(y, plan, r.topk_weight, T);
   if (shared_expert) {
-    out.y = out.y + shared_expert->forward(x, torch::full({1}, T, torch::kLong));
+    out.y = out.y + shared_expert->forward(x, torch::full({1}, T, x.options().dtype(torch::kLong)));
   }
   out.aux_loss = r.aux_loss;
   out.z_loss = r.z_loss;

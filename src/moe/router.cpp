@@ -93,7 +93,9 @@ Routing RouterImpl::forward(const torch::Tensor& x, bool fused_kernel) {
     counts = at::bincount(kept_idx, {}, E);
   }
   r.tokens_per_expert = counts;
-  r.dropped = T * k - counts.sum().item<int64_t>();
+  r.all_kept = capacity >= T * k;
+  // Only a capacity limit drops; dropless routing needs no host sync here.
+  r.dropped = r.all_kept ? 0 : T * k - counts.sum().item<int64_t>();
   // Aux loss on the probability simplex: softmax scores, or sigmoid scores normalised per token.
   auto probs = opt_.sigmoid_scores ? scores / scores.sum(-1, true).clamp_min(1e-20) : scores;
   r.aux_loss = load_balancing_loss(probs, r.tokens_per_expert, k);

@@ -56,26 +56,38 @@ void FusedAdamW::step(double lr, const std::optional<torch::Tensor>& grad_scale,
   }
 }
 
+// The tensors of group g whose parameters have a gradient, as the fused kernel takes them.
+struct FusedAdamW::Lists {
+  std::vector<at::Tensor> params, grads, m, v, steps;
+};
+
+FusedAdamW::Lists FusedAdamW::with_grads(size_t g) {
+  Lists l;
+  for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+    const auto& p = groups_[g].params[i];
+    if (!p.grad().defined()) continue;
+    l.params.push_back(p);
+    l.grads.push_back(p.grad());
+    l.m.push_back(state_[g][i].exp_avg);
+    l.v.push_back(state_[g][i].exp_avg_sq);
+    l.steps.push_back(state_[g][i].step);
+  }
+  return l;
+}
+
 void FusedAdamW::step_on_device(double lr, const std::optional<torch::Tensor>& grad_scale,
                                 const std::optional<torch::Tensor>& found_inf) {
   for (size_t g = 0; g < groups_.size(); ++g) {
-    std::vector<at::Tensor> params, grads, m, v, steps;
-    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
-      const auto& p = groups_[g].params[i];
-      if (!p.grad().defined()) continue;
-      params.push_back(p);
-      grads.push_back(p.grad());
-      m.push_back(state_[g][i].exp_avg);
-      v.push_back(state_[g][i].exp_avg_sq);
-      steps.push_back(state_[g][i].step);
-    }
-    if (params.empty()) continue;
+    Lists l = with_grads(g);
+    if (l.params.empty()) continue;
     // As torch.optim's fused path: count the step first, take it back if it was skipped.
-    at::_foreach_add_(steps, 1);
-    at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, beta1_, beta2_,
-                      groups_[g].weight_decay, eps_, /*amsgrad=*/false, /*maximize=*/false,
-                      grad_scale, found_inf);
-    if (found_inf) at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), *found_inf));
+    at::_foreach_add_(l.steps, 1);
+    at::_fused_adamw_(l.params, l.grads, l.m, l.v, /*max_exp_avg_sqs=*/{}, l.steps, lr, beta1_,
+                      beta2_, groups_[g].weight_decay, eps_, /*amsgrad=*/false,
+                      /*maximize=*/false, grad_scale, found_inf);
+    if (found_inf) {
+      at::_foreach_sub_(l.steps, std::vector<at::Tensor>(l.steps.size(), *found_inf));
+    }
   }
 }
 
@@ -167,6 +179,20 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
   weights_back.block(compute);
   // A later step's copies wait on the compute stream, which now waits on these: the pinned
   // master buffers are not rewritten before their copies to the device have finished.
+}
+
+void FusedAdamW::step_capturable(const torch::Tensor& lr, const torch::Tensor& found_inf) {
+  TORCH_CHECK(!offload_.enabled, "optimizer: the capturable step does not support offload");
+  at::NoGradGuard no_grad;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    Lists l = with_grads(g);
+    if (l.params.empty()) continue;
+    at::_foreach_add_(l.steps, 1);
+    at::_fused_adamw_(l.params, l.grads, l.m, l.v, /*max_exp_avg_sqs=*/{}, l.steps, lr, beta1_,
+                      beta2_, groups_[g].weight_decay, eps_, /*amsgrad=*/false,
+                      /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
+    at::_foreach_sub_(l.steps, std::vector<at::Tensor>(l.steps.size(), found_inf));
+  }
 }
 
 void FusedAdamW::reload_master_weights() {

@@ -29,6 +29,7 @@
 #include "moe/train/adamw.h"
 #include "moe/train/checkpoint.h"
 #include "moe/train/checkpoint_store.h"
+#include "moe/train/cuda_graph_step.h"
 #include "moe/train/evaluation.h"
 #include "moe/train/loss_scaler.h"
 #include "moe/train/lr_schedule.h"
@@ -43,6 +44,7 @@ using nlohmann::json;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr int64_t kGraphWarmupSteps = 3;  // eager steps before the CUDA graph is captured
 
 // ---- signals: SIGTERM/SIGINT finish the step, checkpoint, exit 0; a second SIGINT exits at
 // once; SIGUSR1 checkpoints and continues. -------------------------------------------------
@@ -542,6 +544,30 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
     if (done == total) std::fprintf(stderr, "\n");
   };
 
+  const double max_norm =
+      cfg.gradient_clipping > 0 ? cfg.gradient_clipping : std::numeric_limits<double>::infinity();
+  // training.cuda_graph: the whole step as one CUDA graph when this run allows it
+  // (include/moe/train/cuda_graph_step.h lists the conditions).
+  std::unique_ptr<CudaGraphStep> graph_step;
+  bool graph_captured = false;
+  if (cfg.training.cuda_graph) {
+    const std::string why = cuda_graph_ineligible_reason(cfg, device);
+    if (!why.empty()) {
+      log->warn("training.cuda_graph: not used because {}; training runs eagerly", why);
+    } else {
+      auto micro_forward = [&model, &cfg](const torch::Tensor& tokens) {
+        at::autocast::set_autocast_enabled(at::kCUDA, true);
+        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+        StepLosses l = compute_losses(model, tokens, cfg);
+        at::autocast::set_autocast_enabled(at::kCUDA, false);
+        return MicroLosses{l.total, l.lm, l.aux, l.z, l.tokens_per_expert};
+      };
+      graph_step = std::make_unique<CudaGraphStep>(
+          model->parameters(), optimizer, micro_forward, gas,
+          std::vector<int64_t>{mbs, cfg.model.seq_len + 1}, max_norm, device);
+    }
+  }
+
   Nvml nvml;  // GPU utilisation, power, temperature when libnvidia-ml is present
   install_signal_handlers();
   sd_notify(0, "READY=1");
@@ -560,14 +586,43 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       auto t0 = Clock::now();
       double forward_s = 0, backward_s = 0;
       const double lr = schedule.lr_at(step);
-      optimizer.zero_grad();
       double lm_sum = 0.0, aux_sum = 0.0, z_sum = 0.0;
       int64_t dropped = 0;
       std::vector<torch::Tensor> load;  // tokens per expert, summed over micro-batches
       const double wait_before = loader.wait_seconds();
-      for (int64_t micro = 0; micro < gas; ++micro) {
-        data::Batch host = loader.next();
-        state.loader = host.state_after;
+      std::vector<data::Batch> hosts;
+      for (int64_t micro = 0; micro < gas; ++micro) hosts.push_back(loader.next());
+      state.loader = hosts.back().state_after;
+      // CUDA graph: eager warm-up steps first (allocator, cuBLAS, autograd settle), then one
+      // capture; every later step is a replay. A failed capture leaves the run eager.
+      bool graphed = false;
+      if (graph_step && step - first_step >= kGraphWarmupSteps) {
+        for (int64_t micro = 0; micro < gas; ++micro) {
+          graph_step->set_input(micro, to_device(hosts[static_cast<size_t>(micro)], device));
+        }
+        if (!graph_captured) {
+          std::string why;
+          graph_captured = graph_step->capture(why);
+          at::autocast::clear_cache();
+          if (graph_captured) {
+            log->info("training.cuda_graph: step {} captured; replaying from here on", step + 1);
+          } else {
+            log->warn("training.cuda_graph: capture failed ({}); training continues eagerly", why);
+            graph_step.reset();
+          }
+        }
+        if (graph_step) {
+          graph_step->replay(lr);
+          graphed = true;
+          lm_sum = graph_step->lm_sum.item<double>();
+          aux_sum = graph_step->aux_sum.item<double>();
+          z_sum = graph_step->z_sum.item<double>();
+          load = graph_step->tokens_per_expert;
+        }
+      }
+      if (!graphed) optimizer.zero_grad();
+      for (int64_t micro = 0; micro < (graphed ? 0 : gas); ++micro) {
+        const data::Batch& host = hosts[static_cast<size_t>(micro)];
         auto batch = to_device(host, device);
         if (bf16 || fp16) {
           at::autocast::set_autocast_enabled(at::kCUDA, true);
@@ -596,7 +651,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       if (bf16 || fp16) at::autocast::clear_cache();
       // fp16: unscale in place and detect overflow in one pass; skip the step on overflow.
       bool overflow = false;
-      if (fp16) {
+      if (fp16 && !graphed) {
         std::vector<torch::Tensor> grads;
         for (auto& p : model->parameters()) {
           if (p.grad().defined()) grads.push_back(p.grad());
@@ -607,10 +662,13 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
         at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
         overflow = found_inf.item<float>() > 0;
       }
-      inject_nan_for_tests(model, step + 1, lm_sum);
-      const double max_norm = cfg.gradient_clipping > 0 ? cfg.gradient_clipping
-                                                        : std::numeric_limits<double>::infinity();
-      double grad_norm = overflow ? std::nan("") : clip_gradients(model, max_norm);
+      double grad_norm;
+      if (graphed) {  // clipped (and the update done or skipped) inside the graph
+        grad_norm = graph_step->grad_norm.item<double>();
+      } else {
+        inject_nan_for_tests(model, step + 1, lm_sum);
+        grad_norm = overflow ? std::nan("") : clip_gradients(model, max_norm);
+      }
       const double loss = lm_sum / static_cast<double>(gas);
       bool skipped = overflow;
       if (fp16) {
@@ -637,7 +695,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       }
       auto to = Clock::now();
       if (!skipped) {
-        optimizer.step(lr);
+        if (!graphed) optimizer.step(lr);
         // Aux-loss-free balancing: each router's bias follows this step's load (all micro-batches).
         for (size_t i = 0; i < load.size(); ++i)
           model->blocks[i]->moe->router->update_expert_bias(load[i]);
@@ -651,6 +709,7 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       summary.last_train_loss = loss;
       json rec = {{"type", "train"},
                   {"skipped", skipped},
+                  {"cuda_graph", graphed},
                   {"step", step + 1},
                   {"loss", loss},
                   {"aux_loss", aux_sum / static_cast<double>(gas)},

@@ -203,6 +203,35 @@ TEST_F(CliTest, SetOverridesLearningRateInMetrics) {
       << bad.err;
 }
 
+// training.cuda_graph where the step cannot be captured: one warning naming the reason, then
+// the same eager training (identical losses to a run without the switch).
+TEST_F(CliTest, CudaGraphOnCpuFallsBackToEagerWithReason) {
+  fs::path eager = root_ / "run_eager", graph = root_ / "run_graph";
+  std::string p = write("graph.json", good_config(eager.string()).dump());
+  ASSERT_EQ(run("--config " + p).code, 0);
+  Result r = run("--config " + p +
+                 " --set training.cuda_graph=true --set training.output_dir=" + graph.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("training.cuda_graph: not used because training runs on the CPU"),
+            std::string::npos)
+      << r.err;
+  auto losses = [](const fs::path& dir) {
+    std::vector<double> v;
+    std::ifstream in(dir / "metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      json m = json::parse(line);
+      if (m["type"] == "train") {
+        v.push_back(m["loss"].get<double>());
+        EXPECT_FALSE(m["cuda_graph"].get<bool>());
+      }
+    }
+    return v;
+  };
+  EXPECT_EQ(losses(eager), losses(graph));
+  EXPECT_EQ(losses(graph).size(), 3u);
+}
+
 TEST_F(CliTest, ConfigShowPrintsResolvedJson) {
   json j = good_config((root_ / "unused").string());
   Result r = run("config show --config " + write("show.json", j.dump()));

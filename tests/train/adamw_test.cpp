@@ -144,6 +144,26 @@ TEST(Offload, ReloadMasterWeightsAfterExternalLoad) {
   expect_bitwise_equal(on_device, gb, offloaded, ga);
 }
 
+// The CUDA-graph update (lr and the skip decision in device tensors) is the same update.
+TEST(CapturableStep, BitwiseEqualToHostLrStepAndSkipsOnFoundInf) {
+  auto ga = make_groups(21);
+  auto gb = clone_groups(ga);
+  FusedAdamW host_lr(ga, 0.9, 0.95, 1e-8);
+  FusedAdamW tensor_lr(gb, 0.9, 0.95, 1e-8);
+  for (int step = 1; step <= 4; ++step) {
+    set_grads(ga, step);
+    set_grads(gb, step);
+    const double lr = 1e-2 * step;
+    if (step == 2) {  // a skipped step: nothing moves, the counters stay
+      tensor_lr.step_capturable(torch::full({}, lr), torch::ones({}));
+      continue;
+    }
+    host_lr.step(lr);
+    tensor_lr.step_capturable(torch::full({}, lr), torch::zeros({}));
+  }
+  expect_bitwise_equal(host_lr, ga, tensor_lr, gb);
+}
+
 TEST(Offload, RejectsNonFp32WorkingWeights) {
   AdamWGroup g{{"half"}, {torch::randn({4, 4}).to(torch::kBFloat16)}, 0.0};
   OffloadOptions off;

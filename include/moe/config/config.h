@@ -143,6 +143,7 @@ struct TrainingConfig {
   std::string device = "auto";  // auto | cpu | cuda
   int64_t max_bad_steps = 3;    // bf16/fp32: stop (exit 3) at this many non-finite steps in a row
   int64_t exit_interval = 0;    // Megatron's: checkpoint and exit 0 after steps divisible by it
+  bool cuda_graph = false;      // capture the whole step in a CUDA graph (when eligible)
   double exit_duration_minutes = 0.0;  // checkpoint and exit 0 once this much time has passed
 };
 

@@ -18,6 +18,11 @@ struct DispatchPlan {
 DispatchPlan plan_dispatch(const torch::Tensor& topk_idx, const torch::Tensor& keep,
                            int64_t num_experts);
 
+// The same plan when every assignment is kept (dropless): N = T * k, fixed shapes and no host
+// sync (the counts come from the router), which CUDA-graph capture needs.
+DispatchPlan plan_dispatch_all_kept(const torch::Tensor& topk_idx,
+                                    const torch::Tensor& tokens_per_expert);
+
 // x [T, d] -> [N, d] rows in expert order.
 torch::Tensor permute_tokens(const torch::Tensor& x, const DispatchPlan& plan);
 

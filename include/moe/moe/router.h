@@ -28,6 +28,7 @@ struct Routing {
   torch::Tensor aux_loss;           // scalar fp32
   torch::Tensor z_loss;             // scalar fp32
   int64_t dropped = 0;              // assignments dropped by capacity
+  bool all_kept = true;             // no capacity limit applied (dropless, or capacity >= T * k)
 };
 
 // Scores and selection from fp32 logits [T, E]: the part of the router that the fused CUDA

@@ -44,6 +44,9 @@ class FusedAdamW {
   // One update at learning rate `lr`. Parameters without a gradient are left alone.
   void step(double lr, const std::optional<torch::Tensor>& grad_scale = std::nullopt,
             const std::optional<torch::Tensor>& found_inf = std::nullopt);
+  // The same update with the learning rate in a device tensor and the skip decided on the device
+  // (found_inf != 0 skips): no host values, so a CUDA graph can capture it. Not with offload.
+  void step_capturable(const torch::Tensor& lr, const torch::Tensor& found_inf);
   void zero_grad();
   std::vector<std::pair<std::string, AdamWState*>> named_state();
   // Offload: the host master copy is the truth; call after the model's weights were replaced
@@ -56,6 +59,9 @@ class FusedAdamW {
                       const std::optional<torch::Tensor>& found_inf);
   void step_offloaded(double lr, const std::optional<torch::Tensor>& grad_scale,
                       const std::optional<torch::Tensor>& found_inf);
+
+  struct Lists;
+  Lists with_grads(size_t group);
 
   std::vector<AdamWGroup> groups_;
   std::vector<std::vector<AdamWState>> state_;

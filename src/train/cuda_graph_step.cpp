@@ -1,0 +1,138 @@
+#include "moe/train/cuda_graph_step.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace moe::train {
+
+std::string cuda_graph_ineligible_reason(const config::Config& cfg, const torch::Device& device) {
+  if (!device.is_cuda()) return "training runs on the CPU";
+  if (!cfg.bf16.enabled) return "bf16.enabled is false (the graph needs bf16 grouped GEMMs)";
+  if (at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->major < 9)
+    return "the GPU is older than sm_90 (no grouped GEMM)";
+  if (cfg.moe.kernels == "reference") return "moe.kernels is reference (host-synced routing)";
+  if (cfg.moe.capacity_factor > 0) return "moe.capacity_factor > 0 (token counts vary per step)";
+  if (cfg.activation_checkpointing.number_checkpoints > 0)
+    return "activation checkpointing is on (its recompute restores RNG state on the host)";
+  if (cfg.zero_optimization.offload_optimizer.device == "cpu")
+    return "optimizer offload is on (the update runs on the host)";
+  if (cfg.model.hidden_size % 8 != 0 || config::expert_hidden_size(cfg) % 8 != 0)
+    return "hidden sizes are not multiples of 8 (no grouped GEMM)";
+  return "";
+}
+
+struct CudaGraphStep::Graph {
+  at::cuda::CUDAGraph graph;
+};
+
+CudaGraphStep::CudaGraphStep(std::vector<torch::Tensor> params, FusedAdamW& optimizer,
+                             MicroForward forward, int64_t micro_batches,
+                             std::vector<int64_t> batch_shape, double max_norm,
+                             const torch::Device& device)
+    : graph_(std::make_unique<Graph>()),
+      params_(std::move(params)),
+      optimizer_(optimizer),
+      forward_(std::move(forward)),
+      max_norm_(max_norm) {
+  auto opts = torch::TensorOptions(device);
+  for (int64_t i = 0; i < micro_batches; ++i) {
+    inputs_.push_back(torch::zeros(batch_shape, opts.dtype(torch::kLong)));
+  }
+  lr_ = torch::zeros({}, opts.dtype(torch::kFloat));
+}
+
+CudaGraphStep::~CudaGraphStep() = default;
+
+void CudaGraphStep::set_input(int64_t micro, const torch::Tensor& tokens) {
+  inputs_.at(static_cast<size_t>(micro)).copy_(tokens, /*non_blocking=*/true);
+}
+
+// What the graph holds. Every tensor it creates lives in the graph's private pool and keeps its
+// address across replays, so the outputs below stay valid views of the latest replay.
+void CudaGraphStep::body() {
+  const double gas = static_cast<double>(inputs_.size());
+  torch::Tensor lm, aux, z;
+  std::vector<torch::Tensor> load;
+  for (const auto& tokens : inputs_) {
+    MicroLosses l = forward_(tokens);
+    (l.total / gas).backward();
+    lm = lm.defined() ? lm + l.lm.detach() : l.lm.detach();
+    aux = aux.defined() ? aux + l.aux.detach() : l.aux.detach();
+    z = z.defined() ? z + l.z.detach() : l.z.detach();
+    if (load.empty()) {
+      load = l.tokens_per_expert;
+    } else {
+      for (size_t i = 0; i < load.size(); ++i) load[i] = load[i] + l.tokens_per_expert[i];
+    }
+  }
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (auto& p : params_) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  // clip_grad_norm_'s arithmetic on the device; a non-finite norm or loss skips the update.
+  auto norm = at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2)), 2);
+  found_inf = (~(norm.isfinite() & lm.isfinite())).to(torch::kFloat);
+  if (std::isfinite(max_norm_)) {
+    auto coef = (max_norm_ / (norm + 1e-6)).clamp_max(1.0);
+    at::_foreach_mul_(grads, coef);
+  }
+  optimizer_.step_capturable(lr_, found_inf);
+  lm_sum = lm;
+  aux_sum = aux;
+  z_sum = z;
+  grad_norm = norm;
+  tokens_per_expert = load;
+}
+
+bool CudaGraphStep::capture(std::string& why) {
+  optimizer_.zero_grad();  // gradients are allocated inside the graph's pool
+  const auto device = inputs_.front().device();
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
+  {
+    at::cuda::CUDAEvent ready;  // the side stream starts after everything queued so far
+    ready.record(c10::cuda::getCurrentCUDAStream(device.index()));
+    ready.block(side);
+  }
+  try {
+    c10::cuda::CUDAStreamGuard guard(side);
+    // Thread-local capture mode: the data loader's threads may touch CUDA (pinned buffers)
+    // while we capture; only this thread's unsafe calls invalidate the capture.
+    graph_->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    try {
+      body();
+    } catch (...) {
+      try {
+        graph_->graph.capture_end();
+      } catch (...) {
+      }
+      throw;
+    }
+    graph_->graph.capture_end();
+  } catch (const std::exception& e) {
+    why = e.what();
+    const auto nl = why.find('\n');
+    if (nl != std::string::npos) why.resize(nl);
+    graph_->graph.reset();
+    optimizer_.zero_grad();
+    cudaGetLastError();  // a failed capture may leave an error code behind
+    return false;
+  }
+  at::cuda::CUDAEvent captured;
+  captured.record(side);
+  captured.block(c10::cuda::getCurrentCUDAStream(device.index()));
+  return true;
+}
+
+void CudaGraphStep::replay(double lr) {
+  lr_.fill_(lr);
+  graph_->graph.replay();
+}
+
+}  // namespace moe::train
