@@ -37,12 +37,13 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Arg-max over the warp: larger key wins, equal keys go to the lower id.
+// Arg-max over the warp: larger key wins, equal keys go to the lower id; id INT_MAX is "no
+// candidate" and loses to any real one, whatever its key (keys are never NaN: see below).
 __device__ __forceinline__ void warp_argmax(float& key, int& id) {
   for (int o = kWarp / 2; o > 0; o /= 2) {
     const float k2 = __shfl_xor_sync(0xffffffffu, key, o);
     const int i2 = __shfl_xor_sync(0xffffffffu, id, o);
-    if (k2 > key || (k2 == key && i2 < id)) {
+    if (i2 != INT_MAX && (id == INT_MAX || k2 > key || (k2 == key && i2 < id))) {
       key = k2;
       id = i2;
     }
@@ -93,14 +94,18 @@ __global__ void router_forward_kernel(const float* __restrict__ logits,
   float w[kMaxTopK];
   float wsum = 0.f;
   for (int j = 0; j < k; ++j) {
-    float key = -FLT_MAX;
+    // A diverging step can bring NaN scores: they rank lowest, so every round still picks a
+    // real expert (k <= E) and no id is ever out of range; the NaN weights then make the loss
+    // NaN and the trainer skips the step, as on the reference path.
+    float key = -INFINITY;
     int id = INT_MAX;
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int e = lane + i * kWarp;
       if (e < E && !((taken >> i) & 1u)) {
-        const float key_e = bias != nullptr ? p[i] + bias[e] : p[i];
-        if (key_e > key || (key_e == key && e < id)) {
+        float key_e = bias != nullptr ? p[i] + bias[e] : p[i];
+        if (isnan(key_e)) key_e = -INFINITY;
+        if (id == INT_MAX || key_e > key || (key_e == key && e < id)) {
           key = key_e;
           id = e;
         }
@@ -266,22 +271,25 @@ at::Tensor router_backward(const at::Tensor& logits, const at::Tensor& probs,
                            const at::Tensor& lse, const at::Tensor& grad_probs,
                            const at::Tensor& grad_weight, const at::Tensor& grad_lse,
                            bool sigmoid_scores, bool normalize_topk) {
-  check_logits(logits);
-  const int64_t T = logits.size(0), E = logits.size(1), k = topk_idx.size(1);
-  TORCH_CHECK(probs.sizes() == logits.sizes() && topk_weight.sizes() == topk_idx.sizes() &&
-                  topk_idx.size(0) == T && lse.numel() == T,
-              "moe router kernel: backward shapes disagree: logits ", logits.sizes(), ", probs ",
-              probs.sizes(), ", topk ", topk_idx.sizes(), " / ", topk_weight.sizes(), ", lse ",
-              lse.sizes());
+  // logits: needed (and checked) for sigmoid scores only; softmax takes everything from probs.
+  check_logits(probs);
+  if (sigmoid_scores) check_logits(logits);
+  const int64_t T = probs.size(0), E = probs.size(1), k = topk_idx.size(1);
+  TORCH_CHECK((!sigmoid_scores || logits.sizes() == probs.sizes()) &&
+                  topk_weight.sizes() == topk_idx.sizes() && topk_idx.size(0) == T &&
+                  lse.numel() == T,
+              "moe router kernel: backward shapes disagree: probs ", probs.sizes(), ", topk ",
+              topk_idx.sizes(), " / ", topk_weight.sizes(), ", lse ", lse.sizes());
   auto contiguous_f32 = [](const at::Tensor& g) {
     return g.defined() ? g.to(at::kFloat).contiguous() : g;
   };
   const at::Tensor gp = contiguous_f32(grad_probs), gw = contiguous_f32(grad_weight),
                    gl = contiguous_f32(grad_lse);
-  const at::Tensor lc = logits.contiguous(), pc = probs.contiguous(), ic = topk_idx.contiguous(),
+  const at::Tensor lc = sigmoid_scores ? logits.contiguous() : at::Tensor(),
+                   pc = probs.contiguous(), ic = topk_idx.contiguous(),
                    wc = topk_weight.contiguous(), sc = lse.contiguous();
-  const c10::cuda::CUDAGuard guard(logits.device());
-  at::Tensor grad_logits = at::empty({T, E}, logits.options());
+  const c10::cuda::CUDAGuard guard(probs.device());
+  at::Tensor grad_logits = at::empty({T, E}, probs.options());
   const bool normalize = normalize_topk && (k > 1 || sigmoid_scores);
   if (T > 0) {
     auto stream = at::cuda::getCurrentCUDAStream();
@@ -289,7 +297,7 @@ at::Tensor router_backward(const at::Tensor& logits, const at::Tensor& probs,
     auto ptr = [](const at::Tensor& x) { return x.defined() ? x.data_ptr<float>() : nullptr; };
     auto launch = [&](auto kernel) {
       kernel<<<grid, block, 0, stream>>>(
-          lc.data_ptr<float>(), pc.data_ptr<float>(), ic.data_ptr<int64_t>(), wc.data_ptr<float>(),
+          ptr(lc), pc.data_ptr<float>(), ic.data_ptr<int64_t>(), wc.data_ptr<float>(),
           sc.data_ptr<float>(), ptr(gp), ptr(gw), ptr(gl), T, static_cast<int>(E),
           static_cast<int>(k), normalize, grad_logits.data_ptr<float>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -20,7 +20,10 @@ class FusedRouter : public torch::autograd::Function<FusedRouter> {
                                                 bool sigmoid_scores, bool normalize_topk) {
     FusedRouterOutput o =
         detail::router_forward(logits, bias, top_k, sigmoid_scores, normalize_topk);
-    ctx->save_for_backward({logits, o.probs, o.topk_idx, o.topk_weight, o.lse});
+    // The softmax backward needs only the probs; sigmoid also needs the logits (z-loss term).
+    ctx->save_for_backward(
+        {sigmoid_scores ? logits : torch::Tensor(), o.probs, o.topk_idx, o.topk_weight, o.lse});
+    ctx->set_materialize_grads(false);  // absent gradients stay undefined: the kernel skips them
     ctx->saved_data["sigmoid"] = sigmoid_scores;
     ctx->saved_data["normalize"] = normalize_topk;
     ctx->mark_non_differentiable({o.topk_idx, o.tokens_per_expert});

@@ -18,9 +18,14 @@ bool ExpertsImpl::uses_grouped_mm(const torch::Tensor& x) const {
   const bool bf16 = x.scalar_type() == torch::kBFloat16 ||
                     (at::autocast::is_autocast_enabled(at::kCUDA) &&
                      at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16);
-  // _grouped_mm wants 16-byte-aligned rows (8 bf16) and runs on sm_90+ (CUTLASS grouped GEMM).
+  // _grouped_mm wants 16-byte-aligned rows (8 bf16).
   return bf16 && opt_.hidden_size % 8 == 0 && opt_.ffn_size % 8 == 0 &&
-         at::cuda::getDeviceProperties(x.get_device())->major >= 9;
+         experts_grouped_mm_supported(x.device());
+}
+
+bool experts_grouped_mm_supported(const torch::Device& device) {
+  return device.is_cuda() &&
+         at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->major == 9;
 }
 
 torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& tokens_per_expert) {

@@ -3,26 +3,32 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
 #include <cmath>
 
+#include "moe/kernels/permute.h"
+#include "moe/moe/experts.h"
+
 namespace moe::train {
 
 std::string cuda_graph_ineligible_reason(const config::Config& cfg, const torch::Device& device) {
   if (!device.is_cuda()) return "training runs on the CPU";
   if (!cfg.bf16.enabled) return "bf16.enabled is false (the graph needs bf16 grouped GEMMs)";
-  if (at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->major < 9)
-    return "the GPU is older than sm_90 (no grouped GEMM)";
+  if (!::moe::moe::experts_grouped_mm_supported(device))
+    return "the GPU is not sm_90 (the grouped-GEMM experts are enabled on Hopper only)";
   if (cfg.moe.kernels == "reference") return "moe.kernels is reference (host-synced routing)";
+  if (!kernels::cuda_kernels_compiled()) return "this build has no CUDA kernels";
   if (cfg.moe.capacity_factor > 0) return "moe.capacity_factor > 0 (token counts vary per step)";
   if (cfg.activation_checkpointing.number_checkpoints > 0)
     return "activation checkpointing is on (its recompute restores RNG state on the host)";
   if (cfg.zero_optimization.offload_optimizer.device == "cpu")
     return "optimizer offload is on (the update runs on the host)";
-  if (cfg.model.hidden_size % 8 != 0 || config::expert_hidden_size(cfg) % 8 != 0)
+  if (cfg.model.hidden_size % 8 != 0 || config::expert_hidden_size(cfg) % 8 != 0 ||
+      cfg.moe.shared_expert_hidden_size % 8 != 0)
     return "hidden sizes are not multiples of 8 (no grouped GEMM)";
   return "";
 }
@@ -80,7 +86,10 @@ void CudaGraphStep::body() {
   auto norm = at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2)), 2);
   found_inf = (~(norm.isfinite() & lm.isfinite())).to(torch::kFloat);
   if (std::isfinite(max_norm_)) {
+    // A non-finite norm leaves the gradients as they are (the update is skipped anyway), so the
+    // first bad parameter can still be found, as in the eager path.
     auto coef = (max_norm_ / (norm + 1e-6)).clamp_max(1.0);
+    coef = at::where(norm.isfinite(), coef, at::ones_like(coef));
     at::_foreach_mul_(grads, coef);
   }
   optimizer_.step_capturable(lr_, found_inf);
@@ -94,34 +103,51 @@ void CudaGraphStep::body() {
 bool CudaGraphStep::capture(std::string& why) {
   optimizer_.zero_grad();  // gradients are allocated inside the graph's pool
   const auto device = inputs_.front().device();
+  // The private pool is filled from scratch: hand the warm-up steps' cached blocks back first,
+  // or the capture would briefly need a second step's worth of memory.
+  torch::cuda::synchronize(device.index());
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  const auto pool = at::cuda::graph_pool_handle();
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
   {
     at::cuda::CUDAEvent ready;  // the side stream starts after everything queued so far
     ready.record(c10::cuda::getCurrentCUDAStream(device.index()));
     ready.block(side);
   }
+  bool ended = false;
   try {
     c10::cuda::CUDAStreamGuard guard(side);
     // Thread-local capture mode: the data loader's threads may touch CUDA (pinned buffers)
     // while we capture; only this thread's unsafe calls invalidate the capture.
-    graph_->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    graph_->graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
     try {
       body();
     } catch (...) {
       try {
         graph_->graph.capture_end();
+        ended = true;
       } catch (...) {
       }
       throw;
     }
     graph_->graph.capture_end();
+    ended = true;
   } catch (const std::exception& e) {
     why = e.what();
     const auto nl = why.find('\n');
     if (nl != std::string::npos) why.resize(nl);
-    graph_->graph.reset();
+    if (!ended) {
+      // capture_end() threw before giving the pool back: leave the allocator's capture mode and
+      // free the step's memory here, or the eager fallback would run short of it.
+      try {
+        c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool);
+        c10::cuda::CUDACachingAllocator::releasePool(device.index(), pool);
+      } catch (...) {
+      }
+    }
+    graph_->graph.reset();  // releases the pool itself when the capture did end
     optimizer_.zero_grad();
-    cudaGetLastError();  // a failed capture may leave an error code behind
+    (void)cudaGetLastError();  // a failed capture may leave an error code behind
     return false;
   }
   at::cuda::CUDAEvent captured;

@@ -556,10 +556,14 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       log->warn("training.cuda_graph: not used because {}; training runs eagerly", why);
     } else {
       auto micro_forward = [&model, &cfg](const torch::Tensor& tokens) {
-        at::autocast::set_autocast_enabled(at::kCUDA, true);
-        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+        struct Bf16Autocast {  // switched off again even when the forward throws mid-capture
+          Bf16Autocast() {
+            at::autocast::set_autocast_enabled(at::kCUDA, true);
+            at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+          }
+          ~Bf16Autocast() { at::autocast::set_autocast_enabled(at::kCUDA, false); }
+        } autocast;
         StepLosses l = compute_losses(model, tokens, cfg);
-        at::autocast::set_autocast_enabled(at::kCUDA, false);
         return MicroLosses{l.total, l.lm, l.aux, l.z, l.tokens_per_expert};
       };
       graph_step = std::make_unique<CudaGraphStep>(
@@ -590,13 +594,18 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       int64_t dropped = 0;
       std::vector<torch::Tensor> load;  // tokens per expert, summed over micro-batches
       const double wait_before = loader.wait_seconds();
+      // Eager steps take each micro-batch as they reach it (loading overlaps compute); a graph
+      // replay needs all of them first.
       std::vector<data::Batch> hosts;
-      for (int64_t micro = 0; micro < gas; ++micro) hosts.push_back(loader.next());
-      state.loader = hosts.back().state_after;
+      auto next_batch = [&] {
+        hosts.push_back(loader.next());
+        state.loader = hosts.back().state_after;
+      };
       // CUDA graph: eager warm-up steps first (allocator, cuBLAS, autograd settle), then one
       // capture; every later step is a replay. A failed capture leaves the run eager.
       bool graphed = false;
       if (graph_step && step - first_step >= kGraphWarmupSteps) {
+        for (int64_t micro = 0; micro < gas; ++micro) next_batch();
         for (int64_t micro = 0; micro < gas; ++micro) {
           graph_step->set_input(micro, to_device(hosts[static_cast<size_t>(micro)], device));
         }
@@ -622,8 +631,8 @@ TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
       }
       if (!graphed) optimizer.zero_grad();
       for (int64_t micro = 0; micro < (graphed ? 0 : gas); ++micro) {
-        const data::Batch& host = hosts[static_cast<size_t>(micro)];
-        auto batch = to_device(host, device);
+        if (hosts.size() <= static_cast<size_t>(micro)) next_batch();
+        auto batch = to_device(hosts[static_cast<size_t>(micro)], device);
         if (bf16 || fp16) {
           at::autocast::set_autocast_enabled(at::kCUDA, true);
           at::autocast::set_autocast_dtype(at::kCUDA, bf16 ? at::kBFloat16 : at::kHalf);

@@ -36,4 +36,10 @@ class ExpertsImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Experts);
 
+// Whether `device` takes the grouped-GEMM path: CUDA sm_90 only. _grouped_mm's fast kernels
+// exist for sm_90 and sm_100, but sm_100 has an open PyTorch bug (pytorch/pytorch#172439:
+// garbage weight gradients for experts without tokens), and other devices fall back to a
+// host-synced loop.
+bool experts_grouped_mm_supported(const torch::Device& device);
+
 }  // namespace moe::moe
