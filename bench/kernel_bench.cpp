@@ -146,6 +146,17 @@ int main(int argc, char** argv) {
       auto y = torch::randn({N, d}, opts.dtype(dtype));
       auto w = routed.topk_weight.contiguous();
 
+      // dispatch plan (dropless): read T*k*8 (expert ids); write 2*N*8 (rows) + E*8 (counts).
+      const double plan_bytes = static_cast<double>(T * k * 8 + 2 * N * 8 + E * 8);
+      report("plan", "reference", E, k,
+             time_ms([&] { (void)moe::moe::plan_dispatch(routed.topk_idx, keep, E); }, cuda, reps),
+             plan_bytes);
+      if (kernels) {
+        report("plan", "cuda", E, k,
+               time_ms([&] { (void)moe::kernels::detail::dispatch_plan(routed.topk_idx, E); }, cuda,
+                       reps),
+               plan_bytes);
+      }
       // permute: read T*d (x), N*8 (index); write N*d.
       const double permute_bytes = static_cast<double>((T * d + N * d) * elt + N * 8);
       report("permute", "reference", E, k,

@@ -3,6 +3,7 @@
 // is written by exactly one thread, which sums its inputs in a fixed order (j = 0..k-1).
 //
 // Byte counts that bound each kernel (N = kept assignments, T tokens, d hidden, b bytes/elem):
+//   plan (dropless, A = T*k): read 2*A*8 + tiles*E*8, write 2*A*8 (+ tiles*E*4 counts)
 //   permute fwd:   read N*d*b, write N*d*b
 //   permute bwd:   read N*d*b, write T*d*b
 //   combine fwd:   read N*d*b + T*k*4, write T*d*b
@@ -12,6 +13,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include <array>
 
 #include "moe/kernels/permute.h"
 
@@ -27,6 +30,53 @@ __global__ void invert_assignment_kernel(const int64_t* __restrict__ source_assi
                                          int64_t* __restrict__ rows_of_assignment) {
   int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (r < n) rows_of_assignment[source_assignment[r]] = r;
+}
+
+// Dispatch plan, dropless: assignment a = t*k + j goes to expert e = topk_idx[a]. Destination
+// rows are expert-contiguous and stable (ascending a within an expert) without atomics: one warp
+// owns a tile of kPlanTile consecutive assignments and walks it 32 at a time; lanes holding the
+// same expert find each other with __match_any_sync, take ranks by lane order, and the lowest
+// such lane advances that expert's running count. Pass 1 writes each tile's per-expert counts;
+// an exclusive scan over tiles (ATen, integer) gives each tile's first row per expert; pass 2
+// repeats the walk and writes source_assignment / source_token at the final rows.
+constexpr int kPlanTile = 1024;
+constexpr int kPlanWarps = 4;  // tiles per block
+
+template <bool kWrite>
+__global__ void plan_tiles_kernel(const int64_t* __restrict__ topk_idx, int64_t A, int64_t k, int E,
+                                  int* __restrict__ tile_counts,
+                                  const int64_t* __restrict__ tile_base,
+                                  int64_t* __restrict__ source_assignment,
+                                  int64_t* __restrict__ source_token) {
+  extern __shared__ int running_all[];  // kPlanWarps x E
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t tile = int64_t(blockIdx.x) * kPlanWarps + warp;
+  int* running = running_all + warp * E;
+  for (int e = lane; e < E; e += 32) running[e] = 0;
+  __syncwarp();
+  const int64_t begin = tile * kPlanTile;
+  if (begin < A) {  // uniform per warp
+    const int64_t end = min(begin + kPlanTile, A);
+    for (int64_t base = begin; base < end; base += 32) {
+      const int64_t a = base + lane;
+      const int e = a < end ? static_cast<int>(topk_idx[a]) : -1;
+      const unsigned same = __match_any_sync(0xffffffffu, e);
+      const int rank = __popc(same & ((1u << lane) - 1u));
+      if (e >= 0) {
+        if (kWrite) {
+          const int64_t row = tile_base[tile * E + e] + running[e] + rank;
+          source_assignment[row] = a;
+          source_token[row] = a / k;
+        }
+      }
+      __syncwarp();
+      if (e >= 0 && rank == 0) running[e] += __popc(same);  // one lane per expert
+      __syncwarp();
+    }
+  }
+  if (!kWrite) {
+    for (int e = lane; e < E; e += 32) tile_counts[tile * E + e] = running[e];
+  }
 }
 
 // One block per destination row; copies 16-byte vectors when the row allows (vec_bytes = 16),
@@ -141,6 +191,42 @@ at::Tensor assignment_rows(const at::Tensor& source_assignment, int64_t num_assi
       source_assignment.data_ptr<int64_t>(), n, rows.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return rows;
+}
+
+std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_experts) {
+  TORCH_CHECK(topk_idx.is_cuda() && topk_idx.scalar_type() == at::kLong && topk_idx.dim() == 2,
+              "moe kernels: topk_idx must be a 2-D int64 CUDA tensor, got ", topk_idx.scalar_type(),
+              " ", topk_idx.sizes());
+  TORCH_CHECK(num_experts >= 1 && num_experts * kPlanWarps * 4 <= 48 * 1024,
+              "moe kernels: num_experts = ", num_experts, " must be in [1, ",
+              48 * 1024 / (kPlanWarps * 4), "] for the dispatch plan");
+  const c10::cuda::CUDAGuard guard(topk_idx.device());
+  const auto idx = topk_idx.contiguous();
+  const int64_t A = idx.numel(), k = idx.size(1), E = num_experts;
+  const int64_t tiles = std::max<int64_t>(1, (A + kPlanTile - 1) / kPlanTile);
+  const int64_t blocks = (tiles + kPlanWarps - 1) / kPlanWarps;
+  TORCH_CHECK(blocks <= INT32_MAX, "moe kernels: ", A, " assignments exceed the grid limit");
+  auto opts = idx.options();
+  // Blocks cover kPlanWarps tiles; trailing warps past the last tile count nothing, so the
+  // count buffer is sized for all of them.
+  auto tile_counts = at::zeros({blocks * kPlanWarps, E}, opts.dtype(at::kInt));
+  auto source_assignment = at::empty({A}, opts), source_token = at::empty({A}, opts);
+  const size_t smem = static_cast<size_t>(kPlanWarps * E) * sizeof(int);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  plan_tiles_kernel<false><<<static_cast<unsigned>(blocks), kPlanWarps * 32, smem, stream>>>(
+      idx.data_ptr<int64_t>(), A, k, static_cast<int>(E), tile_counts.data_ptr<int>(), nullptr,
+      nullptr, nullptr);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // First row of tile b for expert e: rows of all earlier experts, then of e in earlier tiles.
+  auto counts = tile_counts.to(at::kLong);
+  auto tokens_per_expert = counts.sum(0);
+  auto expert_start = tokens_per_expert.cumsum(0) - tokens_per_expert;
+  auto tile_base = (counts.cumsum(0) - counts + expert_start.unsqueeze(0)).contiguous();
+  plan_tiles_kernel<true><<<static_cast<unsigned>(blocks), kPlanWarps * 32, smem, stream>>>(
+      idx.data_ptr<int64_t>(), A, k, static_cast<int>(E), nullptr, tile_base.data_ptr<int64_t>(),
+      source_assignment.data_ptr<int64_t>(), source_token.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {source_token, source_assignment, tokens_per_expert};
 }
 
 at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& source_token) {

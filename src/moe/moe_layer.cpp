@@ -23,8 +23,16 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
   const KernelPath path = resolve_kernel_path(opt_.kernels, x.is_cuda());
   Routing r = router->forward(x, /*fused_kernel=*/path == KernelPath::kCuda);
   const int64_t T = x.size(0);
-  DispatchPlan plan = r.all_kept ? plan_dispatch_all_kept(r.topk_idx, r.tokens_per_expert)
-                                 : plan_dispatch(r.topk_idx, r.keep, opt_.router.num_experts);
+  DispatchPlan plan;
+  if (r.all_kept && path == KernelPath::kCuda) {  // counts -> prefix sum -> rows, our kernel
+    auto [source_token, source_assignment, counts] =
+        kernels::detail::dispatch_plan(r.topk_idx, opt_.router.num_experts);
+    plan = {source_token, source_assignment, counts};
+  } else if (r.all_kept) {
+    plan = plan_dispatch_all_kept(r.topk_idx, r.tokens_per_expert);
+  } else {
+    plan = plan_dispatch(r.topk_idx, r.keep, opt_.router.num_experts);
+  }
   torch::Tensor permuted =
       path == KernelPath::kCuda
           ? kernels::permute_rows(x, plan.source_token, plan.source_assignment, opt_.router.top_k)

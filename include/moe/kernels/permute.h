@@ -4,6 +4,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
+
 namespace moe::kernels {
 
 // True when this binary was built with nvcc and carries the kernels.
@@ -22,6 +24,10 @@ at::Tensor unpermute_combine(const at::Tensor& y, const at::Tensor& source_token
                              int64_t num_tokens);
 
 namespace detail {  // raw launches (no autograd), exposed for tests and benchmarks
+// The dropless dispatch plan (every assignment kept): {source_token, source_assignment,
+// tokens_per_expert}, equal to moe::plan_dispatch's, from counts -> prefix sum -> stable rows
+// without sorting and without host syncs.
+std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_experts);
 at::Tensor assignment_rows(const at::Tensor& source_assignment, int64_t num_assignments);
 at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& source_token);
 at::Tensor permute_backward(const at::Tensor& grad_out, const at::Tensor& rows_of_assignment,
