@@ -16,6 +16,10 @@ if(MOE_HAVE_CUDA AND NOT DEFINED TORCH_CUDA_ARCH_LIST)
     string(REGEX REPLACE "^([0-9]+)([0-9])(a?)$" "\\1.\\2\\3" dotted "${a}")
     list(APPEND TORCH_CUDA_ARCH_LIST "${dotted}")
   endforeach()
+elseif(NOT DEFINED TORCH_CUDA_ARCH_LIST)
+  # Without our kernels nothing is compiled for a GPU, but a CUDA wheel's config still probes
+  # the local GPUs with a CUDA try_run, which fails without the CUDA language: name the archs.
+  set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
 endif()
 unset(CMAKE_CUDA_ARCHITECTURES)
 find_package(Torch QUIET CONFIG)

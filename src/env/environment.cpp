@@ -73,9 +73,11 @@ double write_mib_per_s(const std::string& dir) {
 
 json environment_report(const std::vector<std::string>& dirs) {
   json checks = json::array();
-  checks.push_back(
-      check("moe-train", "ok",
-            std::string(build_info::kVersion) + " (commit " + build_info::kGitCommit + ")"));
+  // A stream, not string +: GCC 12 reports a false -Warray-bounds on the inlined concatenation
+  // of these compile-time strings in some configurations (the cpu-only preset).
+  std::ostringstream version;
+  version << build_info::kVersion << " (commit " << build_info::kGitCommit << ")";
+  checks.push_back(check("moe-train", "ok", version.str()));
   checks.push_back(check("LibTorch", "ok", TORCH_VERSION));
   const std::string archs = build_info::kCudaKernels ? build_info::kCudaArchitectures : "";
   checks.push_back(check(
