@@ -75,12 +75,15 @@ FusedAdamW::Lists FusedAdamW::with_grads(size_t g) {
   return l;
 }
 
-void FusedAdamW::step_on_device(double lr, const std::optional<torch::Tensor>& grad_scale,
-                                const std::optional<torch::Tensor>& found_inf) {
+// One fused update per group; Lr is a double (host) or a device scalar tensor (capturable):
+// ATen has both overloads of _fused_adamw_. As torch.optim's fused path, the step is counted
+// first and taken back where found_inf says the update was skipped.
+template <typename Lr>
+void FusedAdamW::update_groups(const Lr& lr, const std::optional<torch::Tensor>& grad_scale,
+                               const std::optional<torch::Tensor>& found_inf) {
   for (size_t g = 0; g < groups_.size(); ++g) {
     Lists l = with_grads(g);
     if (l.params.empty()) continue;
-    // As torch.optim's fused path: count the step first, take it back if it was skipped.
     at::_foreach_add_(l.steps, 1);
     at::_fused_adamw_(l.params, l.grads, l.m, l.v, /*max_exp_avg_sqs=*/{}, l.steps, lr, beta1_,
                       beta2_, groups_[g].weight_decay, eps_, /*amsgrad=*/false,
@@ -89,6 +92,11 @@ void FusedAdamW::step_on_device(double lr, const std::optional<torch::Tensor>& g
       at::_foreach_sub_(l.steps, std::vector<at::Tensor>(l.steps.size(), *found_inf));
     }
   }
+}
+
+void FusedAdamW::step_on_device(double lr, const std::optional<torch::Tensor>& grad_scale,
+                                const std::optional<torch::Tensor>& found_inf) {
+  update_groups(lr, grad_scale, found_inf);
 }
 
 void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& grad_scale,
@@ -184,15 +192,7 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
 void FusedAdamW::step_capturable(const torch::Tensor& lr, const torch::Tensor& found_inf) {
   TORCH_CHECK(!offload_.enabled, "optimizer: the capturable step does not support offload");
   at::NoGradGuard no_grad;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    Lists l = with_grads(g);
-    if (l.params.empty()) continue;
-    at::_foreach_add_(l.steps, 1);
-    at::_fused_adamw_(l.params, l.grads, l.m, l.v, /*max_exp_avg_sqs=*/{}, l.steps, lr, beta1_,
-                      beta2_, groups_[g].weight_decay, eps_, /*amsgrad=*/false,
-                      /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
-    at::_foreach_sub_(l.steps, std::vector<at::Tensor>(l.steps.size(), found_inf));
-  }
+  update_groups(lr, std::nullopt, found_inf);
 }
 
 void FusedAdamW::reload_master_weights() {

@@ -62,6 +62,9 @@ class FusedAdamW {
 
   struct Lists;
   Lists with_grads(size_t group);
+  template <typename Lr>
+  void update_groups(const Lr& lr, const std::optional<torch::Tensor>& grad_scale,
+                     const std::optional<torch::Tensor>& found_inf);
 
   std::vector<AdamWGroup> groups_;
   std::vector<std::vector<AdamWState>> state_;
