@@ -6,10 +6,10 @@
 //
 // What a run needs to be captured (ineligible_reason() says which is missing): a CUDA device,
 // bf16 (the grouped-GEMM experts keep the counts on the device; fp32 and fp16 runs need host
-// counts or a host loss scale), sm_90 (grouped GEMM), moe.kernels on cuda, dropless routing (N = T * k rows:
-// fixed shapes), no activation checkpointing (its recompute saves and restores RNG state on the
-// host), no optimizer offload (a host update). Anything else runs eagerly, as does a capture that
-// fails: capture() reports why and the trainer goes on without the graph.
+// counts or a host loss scale), sm_90 (grouped GEMM), moe.kernels on cuda, dropless routing (N = T
+// * k rows: fixed shapes), no activation checkpointing (its recompute saves and restores RNG state
+// on the host), no optimizer offload (a host update). Anything else runs eagerly, as does a capture
+// that fails: capture() reports why and the trainer goes on without the graph.
 #pragma once
 
 #include <functional>
