@@ -16,7 +16,16 @@
 
 #include <array>
 
+#include "moe/kernels/kernel_args.h"
 #include "moe/kernels/permute.h"
+
+// Device-side argument asserts in debug builds; release kernels skip an out-of-range index
+// instead of touching memory outside their tensors (see moe/kernels/kernel_args.h).
+#ifndef NDEBUG
+#define MOE_DEVICE_ASSERT(cond) CUDA_KERNEL_ASSERT(cond)
+#else
+#define MOE_DEVICE_ASSERT(cond) ((void)0)
+#endif
 
 namespace moe::kernels {
 namespace {
@@ -27,9 +36,13 @@ constexpr int kThreads = 256;
 
 // rows_of_assignment[source_assignment[r]] = r; entries of dropped assignments stay -1.
 __global__ void invert_assignment_kernel(const int64_t* __restrict__ source_assignment, int64_t n,
+                                         int64_t num_assignments,
                                          int64_t* __restrict__ rows_of_assignment) {
   int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (r < n) rows_of_assignment[source_assignment[r]] = r;
+  if (r >= n) return;
+  const int64_t a = source_assignment[r];
+  MOE_DEVICE_ASSERT(a >= 0 && a < num_assignments);
+  if (a >= 0 && a < num_assignments) rows_of_assignment[a] = r;
 }
 
 // Dispatch plan, dropless: assignment a = t*k + j goes to expert e = topk_idx[a]. Destination
@@ -59,7 +72,11 @@ __global__ void plan_tiles_kernel(const int64_t* __restrict__ topk_idx, int64_t 
     const int64_t end = min(begin + kPlanTile, A);
     for (int64_t base = begin; base < end; base += 32) {
       const int64_t a = base + lane;
-      const int e = a < end ? static_cast<int>(topk_idx[a]) : -1;
+      // An id outside [0, E) would index `running` out of bounds: it is treated as "no
+      // assignment" (its rows stay unwritten; argument checks report it, see kernel_args.h).
+      const int64_t id = a < end ? topk_idx[a] : -1;
+      MOE_DEVICE_ASSERT(a >= end || (id >= 0 && id < E));
+      const int e = id >= 0 && id < E ? static_cast<int>(id) : -1;
       const unsigned same = __match_any_sync(0xffffffffu, e);
       const int rank = __popc(same & ((1u << lane) - 1u));
       if (e >= 0) {
@@ -83,9 +100,12 @@ __global__ void plan_tiles_kernel(const int64_t* __restrict__ topk_idx, int64_t 
 // else elements. Row offsets are int64: rows * row_bytes can pass 2^31.
 template <typename VecT>
 __global__ void gather_rows_kernel(const char* __restrict__ x, const int64_t* __restrict__ src,
-                                   int64_t row_vecs, char* __restrict__ out) {
+                                   int64_t src_rows, int64_t row_vecs, char* __restrict__ out) {
   const int64_t r = blockIdx.x;
-  const VecT* in_row = reinterpret_cast<const VecT*>(x) + src[r] * row_vecs;
+  const int64_t s = src[r];
+  MOE_DEVICE_ASSERT(s >= 0 && s < src_rows);
+  if (s < 0 || s >= src_rows) return;  // uniform per block
+  const VecT* in_row = reinterpret_cast<const VecT*>(x) + s * row_vecs;
   VecT* out_row = reinterpret_cast<VecT*>(out) + r * row_vecs;
   for (int64_t i = threadIdx.x; i < row_vecs; i += blockDim.x) out_row[i] = in_row[i];
 }
@@ -93,14 +113,15 @@ __global__ void gather_rows_kernel(const char* __restrict__ x, const int64_t* __
 // grad_x[t] = sum_j grad_out[rows[t*k + j]] (rows < 0 skipped), fp32 accumulation.
 template <typename scalar_t>
 __global__ void permute_backward_kernel(const scalar_t* __restrict__ grad_out,
-                                        const int64_t* __restrict__ rows, int64_t k, int64_t d,
-                                        scalar_t* __restrict__ grad_x) {
+                                        const int64_t* __restrict__ rows, int64_t n, int64_t k,
+                                        int64_t d, scalar_t* __restrict__ grad_x) {
   const int64_t t = blockIdx.x;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
     float acc = 0.f;
     for (int64_t j = 0; j < k; ++j) {
       int64_t r = rows[t * k + j];
-      if (r >= 0) acc += static_cast<float>(grad_out[r * d + c]);
+      MOE_DEVICE_ASSERT(r >= -1 && r < n);
+      if (r >= 0 && r < n) acc += static_cast<float>(grad_out[r * d + c]);
     }
     grad_x[t * d + c] = static_cast<scalar_t>(acc);
   }
@@ -110,14 +131,15 @@ __global__ void permute_backward_kernel(const scalar_t* __restrict__ grad_out,
 template <typename scalar_t>
 __global__ void combine_forward_kernel(const scalar_t* __restrict__ y,
                                        const int64_t* __restrict__ rows,
-                                       const float* __restrict__ w, int64_t k, int64_t d,
+                                       const float* __restrict__ w, int64_t n, int64_t k, int64_t d,
                                        scalar_t* __restrict__ out) {
   const int64_t t = blockIdx.x;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
     float acc = 0.f;
     for (int64_t j = 0; j < k; ++j) {
       int64_t r = rows[t * k + j];
-      if (r >= 0) acc += w[t * k + j] * static_cast<float>(y[r * d + c]);
+      MOE_DEVICE_ASSERT(r >= -1 && r < n);
+      if (r >= 0 && r < n) acc += w[t * k + j] * static_cast<float>(y[r * d + c]);
     }
     out[t * d + c] = static_cast<scalar_t>(acc);
   }
@@ -130,12 +152,15 @@ __global__ void combine_backward_kernel(const scalar_t* __restrict__ grad_out,
                                         const scalar_t* __restrict__ y,
                                         const int64_t* __restrict__ src_token,
                                         const int64_t* __restrict__ src_assignment,
-                                        const float* __restrict__ w, int64_t d,
-                                        scalar_t* __restrict__ grad_y, float* __restrict__ grad_w) {
+                                        const float* __restrict__ w, int64_t T, int64_t A,
+                                        int64_t d, scalar_t* __restrict__ grad_y,
+                                        float* __restrict__ grad_w) {
   __shared__ float partial[kThreads];
   const int64_t r = blockIdx.x;
   const int64_t t = src_token[r];
   const int64_t a = src_assignment[r];
+  MOE_DEVICE_ASSERT(t >= 0 && t < T && a >= 0 && a < A);
+  if (t < 0 || t >= T || a < 0 || a >= A) return;  // uniform per block
   const float wa = w[a];
   float dot = 0.f;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
@@ -166,7 +191,21 @@ void check_index(const at::Tensor& t, const char* name) {
               " on ", t.device());
 }
 
-int blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+int blocks_for(int64_t n, const char* kernel) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  check_grid(blocks, n, kernel);
+  return static_cast<int>(blocks);
+}
+
+// NaN (floating point) or -1 (integers): a test that asks for poisoned outputs sees every
+// element the kernel failed to write.
+void poison_fill(at::Tensor& t) {
+  if (at::isFloatingType(t.scalar_type())) {
+    t.fill_(NAN);
+  } else {
+    t.fill_(-1);
+  }
+}
 
 int threads_for_row(int64_t d) {
   int t = 32;
@@ -187,13 +226,18 @@ at::Tensor assignment_rows(const at::Tensor& source_assignment, int64_t num_assi
   TORCH_CHECK(n <= num_assignments, "moe kernels: ", n, " rows for ", num_assignments,
               " assignments");
   if (n == 0) return rows;
-  invert_assignment_kernel<<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-      source_assignment.data_ptr<int64_t>(), n, rows.data_ptr<int64_t>());
+  if (argument_checks()) {
+    check_values_in_range(source_assignment, 0, num_assignments, "source_assignment");
+  }
+  invert_assignment_kernel<<<blocks_for(n, "assignment_rows"), kThreads, 0,
+                             at::cuda::getCurrentCUDAStream()>>>(
+      source_assignment.data_ptr<int64_t>(), n, num_assignments, rows.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return rows;
 }
 
-std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_experts) {
+std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_experts,
+                                        bool poison) {
   TORCH_CHECK(topk_idx.is_cuda() && topk_idx.scalar_type() == at::kLong && topk_idx.dim() == 2,
               "moe kernels: topk_idx must be a 2-D int64 CUDA tensor, got ", topk_idx.scalar_type(),
               " ", topk_idx.sizes());
@@ -205,12 +249,17 @@ std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_
   const int64_t A = idx.numel(), k = idx.size(1), E = num_experts;
   const int64_t tiles = std::max<int64_t>(1, (A + kPlanTile - 1) / kPlanTile);
   const int64_t blocks = (tiles + kPlanWarps - 1) / kPlanWarps;
-  TORCH_CHECK(blocks <= INT32_MAX, "moe kernels: ", A, " assignments exceed the grid limit");
+  check_grid(blocks, A, "dispatch_plan");
+  if (argument_checks()) check_values_in_range(idx, 0, E, "topk_idx (expert ids)");
   auto opts = idx.options();
   // Blocks cover kPlanWarps tiles; trailing warps past the last tile count nothing, so the
   // count buffer is sized for all of them.
   auto tile_counts = at::zeros({blocks * kPlanWarps, E}, opts.dtype(at::kInt));
   auto source_assignment = at::empty({A}, opts), source_token = at::empty({A}, opts);
+  if (poison) {
+    poison_fill(source_assignment);
+    poison_fill(source_token);
+  }
   const size_t smem = static_cast<size_t>(kPlanWarps * E) * sizeof(int);
   auto stream = at::cuda::getCurrentCUDAStream();
   plan_tiles_kernel<false><<<static_cast<unsigned>(blocks), kPlanWarps * 32, smem, stream>>>(
@@ -229,13 +278,16 @@ std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_
   return {source_token, source_assignment, tokens_per_expert};
 }
 
-at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& source_token) {
+at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& source_token, bool poison) {
   check_cuda_2d(x, "x");
   check_index(source_token, "source_token");
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = source_token.numel(), d = x.size(1);
   auto out = at::empty({n, d}, x.options());
+  if (poison) poison_fill(out);
   if (n == 0 || d == 0) return out;
+  check_grid(n, n, "permute_forward");
+  if (argument_checks()) check_values_in_range(source_token, 0, x.size(0), "source_token");
   const int64_t row_bytes = d * x.element_size();
   auto stream = at::cuda::getCurrentCUDAStream();
   const bool vec16 = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
@@ -243,32 +295,31 @@ at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& source_token) 
   const int64_t vec_bytes = vec16 ? 16 : x.element_size();
   const int64_t row_vecs = row_bytes / vec_bytes;
   const int threads = threads_for_row(row_vecs);
-  TORCH_CHECK(n <= INT32_MAX, "moe kernels: permute of ", n, " rows exceeds the grid limit");
   const char* in = static_cast<const char*>(x.data_ptr());
   char* o = static_cast<char*>(out.data_ptr());
   const int64_t* src = source_token.data_ptr<int64_t>();
   switch (vec_bytes) {
     case 16:
-      gather_rows_kernel<uint4><<<n, threads, 0, stream>>>(in, src, row_vecs, o);
+      gather_rows_kernel<uint4><<<n, threads, 0, stream>>>(in, src, x.size(0), row_vecs, o);
       break;
     case 8:
-      gather_rows_kernel<uint2><<<n, threads, 0, stream>>>(in, src, row_vecs, o);
+      gather_rows_kernel<uint2><<<n, threads, 0, stream>>>(in, src, x.size(0), row_vecs, o);
       break;
     case 4:
-      gather_rows_kernel<uint32_t><<<n, threads, 0, stream>>>(in, src, row_vecs, o);
+      gather_rows_kernel<uint32_t><<<n, threads, 0, stream>>>(in, src, x.size(0), row_vecs, o);
       break;
     case 2:
-      gather_rows_kernel<uint16_t><<<n, threads, 0, stream>>>(in, src, row_vecs, o);
+      gather_rows_kernel<uint16_t><<<n, threads, 0, stream>>>(in, src, x.size(0), row_vecs, o);
       break;
     default:
-      gather_rows_kernel<uint8_t><<<n, threads, 0, stream>>>(in, src, row_vecs, o);
+      gather_rows_kernel<uint8_t><<<n, threads, 0, stream>>>(in, src, x.size(0), row_vecs, o);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 
 at::Tensor permute_backward(const at::Tensor& grad_out, const at::Tensor& rows_of_assignment,
-                            int64_t top_k) {
+                            int64_t top_k, bool poison) {
   check_cuda_2d(grad_out, "grad_out");
   check_index(rows_of_assignment, "rows_of_assignment");
   TORCH_CHECK(top_k >= 1 && rows_of_assignment.numel() % top_k == 0, "moe kernels: top_k = ", top_k,
@@ -276,20 +327,25 @@ at::Tensor permute_backward(const at::Tensor& grad_out, const at::Tensor& rows_o
   c10::cuda::CUDAGuard guard(grad_out.device());
   const int64_t T = rows_of_assignment.numel() / top_k, d = grad_out.size(1);
   auto grad_x = at::empty({T, d}, grad_out.options());
+  if (poison) poison_fill(grad_x);
   if (T == 0 || d == 0) return grad_x;
+  check_grid(T, T, "permute_backward");
+  if (argument_checks()) {
+    check_values_in_range(rows_of_assignment, -1, grad_out.size(0), "rows_of_assignment");
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, grad_out.scalar_type(), "permute_bwd", [&] {
         permute_backward_kernel<scalar_t>
             <<<T, threads_for_row(d), 0, at::cuda::getCurrentCUDAStream()>>>(
-                grad_out.data_ptr<scalar_t>(), rows_of_assignment.data_ptr<int64_t>(), top_k, d,
-                grad_x.data_ptr<scalar_t>());
+                grad_out.data_ptr<scalar_t>(), rows_of_assignment.data_ptr<int64_t>(),
+                grad_out.size(0), top_k, d, grad_x.data_ptr<scalar_t>());
       });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return grad_x;
 }
 
 at::Tensor combine_forward(const at::Tensor& y, const at::Tensor& rows_of_assignment,
-                           const at::Tensor& weights) {
+                           const at::Tensor& weights, bool poison) {
   check_cuda_2d(y, "y");
   check_cuda_2d(weights, "weights");
   check_index(rows_of_assignment, "rows_of_assignment");
@@ -300,12 +356,17 @@ at::Tensor combine_forward(const at::Tensor& y, const at::Tensor& rows_of_assign
   c10::cuda::CUDAGuard guard(y.device());
   const int64_t T = weights.size(0), k = weights.size(1), d = y.size(1);
   auto out = at::empty({T, d}, y.options());
+  if (poison) poison_fill(out);
   if (T == 0 || d == 0) return out;
+  check_grid(T, T, "combine_forward");
+  if (argument_checks()) {
+    check_values_in_range(rows_of_assignment, -1, y.size(0), "rows_of_assignment");
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "combine_fwd", [&] {
     combine_forward_kernel<scalar_t>
         <<<T, threads_for_row(d), 0, at::cuda::getCurrentCUDAStream()>>>(
             y.data_ptr<scalar_t>(), rows_of_assignment.data_ptr<int64_t>(),
-            weights.data_ptr<float>(), k, d, out.data_ptr<scalar_t>());
+            weights.data_ptr<float>(), y.size(0), k, d, out.data_ptr<scalar_t>());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -315,23 +376,39 @@ std::pair<at::Tensor, at::Tensor> combine_backward(const at::Tensor& grad_out, c
                                                    const at::Tensor& source_token,
                                                    const at::Tensor& source_assignment,
                                                    const at::Tensor& rows_of_assignment,
-                                                   const at::Tensor& weights) {
+                                                   const at::Tensor& weights, bool poison) {
   check_cuda_2d(grad_out, "grad_out");
   check_cuda_2d(y, "y");
+  check_cuda_2d(weights, "weights");
   check_index(source_token, "source_token");
   check_index(source_assignment, "source_assignment");
   (void)rows_of_assignment;
+  TORCH_CHECK(weights.scalar_type() == at::kFloat, "moe kernels: weights must be fp32, got ",
+              weights.scalar_type());
+  TORCH_CHECK(grad_out.size(1) == y.size(1) && grad_out.scalar_type() == y.scalar_type() &&
+                  source_token.numel() == y.size(0) && source_assignment.numel() == y.size(0),
+              "moe kernels: combine backward: grad_out ", grad_out.sizes(), " ",
+              grad_out.scalar_type(), ", y ", y.sizes(), " ", y.scalar_type(), ", ",
+              source_token.numel(), " source tokens, ", source_assignment.numel(),
+              " source assignments");
   c10::cuda::CUDAGuard guard(y.device());
   const int64_t n = y.size(0), d = y.size(1);
   auto grad_y = at::empty_like(y);
-  // Dropped assignments receive no row, so their weight gradient is 0.
+  if (poison) poison_fill(grad_y);
+  // Dropped assignments receive no row, so their weight gradient is 0 (not poisoned: the zero
+  // is part of the result).
   auto grad_w = at::zeros(weights.sizes(), weights.options().dtype(at::kFloat));
   if (n == 0) return {grad_y, grad_w};
+  check_grid(n, n, "combine_backward");
+  if (argument_checks()) {
+    check_values_in_range(source_token, 0, grad_out.size(0), "source_token");
+    check_values_in_range(source_assignment, 0, weights.numel(), "source_assignment");
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "combine_bwd", [&] {
     combine_backward_kernel<scalar_t><<<n, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         grad_out.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), source_token.data_ptr<int64_t>(),
-        source_assignment.data_ptr<int64_t>(), weights.data_ptr<float>(), d,
-        grad_y.data_ptr<scalar_t>(), grad_w.data_ptr<float>());
+        source_assignment.data_ptr<int64_t>(), weights.data_ptr<float>(), grad_out.size(0),
+        weights.numel(), d, grad_y.data_ptr<scalar_t>(), grad_w.data_ptr<float>());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {grad_y, grad_w};

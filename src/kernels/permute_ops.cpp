@@ -86,16 +86,16 @@ at::Tensor unpermute_combine(const at::Tensor&, const at::Tensor&, const at::Ten
 // The raw launches too, so tests and benchmarks link (and skip) in a build without nvcc.
 namespace detail {
 [[noreturn]] void no_kernels() { TORCH_CHECK(false, "moe-train was built without CUDA kernels"); }
-std::array<at::Tensor, 3> dispatch_plan(const at::Tensor&, int64_t) { no_kernels(); }
+std::array<at::Tensor, 3> dispatch_plan(const at::Tensor&, int64_t, bool) { no_kernels(); }
 at::Tensor assignment_rows(const at::Tensor&, int64_t) { no_kernels(); }
-at::Tensor permute_forward(const at::Tensor&, const at::Tensor&) { no_kernels(); }
-at::Tensor permute_backward(const at::Tensor&, const at::Tensor&, int64_t) { no_kernels(); }
-at::Tensor combine_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+at::Tensor permute_forward(const at::Tensor&, const at::Tensor&, bool) { no_kernels(); }
+at::Tensor permute_backward(const at::Tensor&, const at::Tensor&, int64_t, bool) { no_kernels(); }
+at::Tensor combine_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool) {
   no_kernels();
 }
 std::pair<at::Tensor, at::Tensor> combine_backward(const at::Tensor&, const at::Tensor&,
                                                    const at::Tensor&, const at::Tensor&,
-                                                   const at::Tensor&, const at::Tensor&) {
+                                                   const at::Tensor&, const at::Tensor&, bool) {
   no_kernels();
 }
 }  // namespace detail

@@ -17,7 +17,14 @@
 #include <cfloat>
 #include <climits>
 
+#include "moe/kernels/kernel_args.h"
 #include "moe/kernels/router.h"
+
+#ifndef NDEBUG
+#define MOE_DEVICE_ASSERT(cond) CUDA_KERNEL_ASSERT(cond)
+#else
+#define MOE_DEVICE_ASSERT(cond) ((void)0)
+#endif
 
 namespace moe::kernels {
 namespace {
@@ -155,12 +162,15 @@ __global__ void router_backward_kernel(
   if (grad_weight != nullptr) {
     float dot = 0.f, S = 0.f;
     for (int j = 0; j < k; ++j) {
+      const int64_t id = topk_idx[t * k + j];
+      MOE_DEVICE_ASSERT(id >= 0 && id < E);
       dot += grad_weight[t * k + j] * topk_weight[t * k + j];
-      S += probs[t * E + topk_idx[t * k + j]];
+      if (id >= 0 && id < E) S += probs[t * E + id];  // an invalid id adds nothing
     }
     S = fmaxf(S, 1e-20f);
     for (int j = 0; j < k; ++j) {
-      const int e = static_cast<int>(topk_idx[t * k + j]);
+      const int64_t id = topk_idx[t * k + j];
+      const int e = id >= 0 && id < E ? static_cast<int>(id) : -1;  // -1 matches no lane
       const float gw = grad_weight[t * k + j];
       const float add = normalize ? (gw - dot) / S : gw;
 #pragma unroll
@@ -207,7 +217,7 @@ void check_logits(const at::Tensor& logits) {
 
 int64_t grid_for(int64_t T) {
   const int64_t blocks = (T + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  TORCH_CHECK(blocks <= INT32_MAX, "moe router kernel: ", T, " tokens exceed the grid limit");
+  check_grid(blocks, T, "router");
   return blocks;
 }
 
@@ -291,6 +301,7 @@ at::Tensor router_backward(const at::Tensor& logits, const at::Tensor& probs,
   const c10::cuda::CUDAGuard guard(probs.device());
   at::Tensor grad_logits = at::empty({T, E}, probs.options());
   const bool normalize = normalize_topk && (k > 1 || sigmoid_scores);
+  if (argument_checks()) check_values_in_range(topk_idx, 0, E, "topk_idx (expert ids)");
   if (T > 0) {
     auto stream = at::cuda::getCurrentCUDAStream();
     const dim3 grid(static_cast<unsigned>(grid_for(T))), block(kWarp * kWarpsPerBlock);

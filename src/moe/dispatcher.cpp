@@ -51,12 +51,12 @@ KernelPath resolve_kernel_path(const std::string& setting, bool on_cuda) {
   if (setting == "cuda") {
     if (!kernels::cuda_kernels_compiled()) {
       throw UserError(
-          "config: moe.kernels = \"cuda\": this build has no CUDA kernels (nvcc was "
+          "moe.kernels = \"cuda\": this build has no CUDA kernels (nvcc was "
           "not found at build time); use \"reference\" or \"auto\"");
     }
     if (!on_cuda) {
       throw UserError(
-          "config: moe.kernels = \"cuda\": the model runs on the CPU; use "
+          "moe.kernels = \"cuda\": the model runs on the CPU; use "
           "\"reference\" or \"auto\"");
     }
     return KernelPath::kCuda;

@@ -3,6 +3,8 @@
 #include <torch/nn/init.h>
 #include <torch/torch.h>
 
+#include <limits>
+
 #include "moe/kernels/router.h"
 #include "moe/moe/moe_math.h"
 
@@ -26,6 +28,9 @@ RouterScores score_and_select_reference(const torch::Tensor& logits, const torch
   RouterScores s;
   s.probs = sigmoid_scores ? torch::sigmoid(logits) : torch::softmax(logits, -1);
   auto keys = bias.defined() ? s.probs.detach() + bias : s.probs.detach();
+  // NaN keys (a diverging step) rank lowest, as in the fused kernel: at::sort would put them
+  // first; as -inf they tie with real -inf keys, and ties go to the lower id on both paths.
+  keys = keys.masked_fill(keys.isnan(), -std::numeric_limits<float>::infinity());
   s.topk_idx = topk_lower_id_wins(keys, k).second;
   s.topk_weight = s.probs.gather(-1, s.topk_idx);
   if (normalize_topk && (k > 1 || sigmoid_scores)) {

@@ -1,132 +1,159 @@
-// Our CUDA permute / combine kernels against the ATen reference (label `gpu`; skipped without
-// a device). Indices and permutations compare exactly; values per dtype; gradients too.
+// Our CUDA permute / combine / dispatch-plan kernels against their double-precision oracles
+// (label `gpu`; skipped without a device). The comparisons and their tolerances live in
+// kernel_checks.cpp and are exercised on the CPU, with an emulation of these kernels, by
+// kernel_emulation_test.cpp. Every launch here poisons its outputs first (NaN / -1), so an
+// element a kernel never writes fails its check.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "moe/kernels/permute.h"
-#include "moe/moe/dispatcher.h"
-#include "moe/moe/router.h"
+#include <functional>
 
-namespace moe::kernels {
+#include "kernel_checks.h"
+#include "moe/kernels/kernel_args.h"
+#include "moe/kernels/permute.h"
+
+namespace moe::kernel_checks {
 namespace {
 
-struct Case {
-  torch::ScalarType dtype;
-  int64_t tokens, experts, k;
-};
+namespace kd = ::moe::kernels::detail;
 
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.dtype << " T=" << c.tokens << " E=" << c.experts << " k=" << c.k;
+bool gpu_ready() { return torch::cuda::is_available() && kernels::cuda_kernels_compiled(); }
+
+std::string failures(const std::vector<Verdict>& vs) {
+  std::string m;
+  all_ok(vs, &m);
+  return m;
 }
 
-class PermuteGpu : public ::testing::TestWithParam<Case> {
+PermuteOutputs run_kernels(const PermuteInputs& in) {
+  PermuteOutputs out;
+  out.rows_of_assignment = kd::assignment_rows(in.source_assignment, in.tokens * in.k);
+  out.permuted = kd::permute_forward(in.x, in.source_token, /*poison=*/true);
+  out.grad_x = kd::permute_backward(in.grad_permuted, in.rows_of_assignment, in.k, true);
+  out.combined = kd::combine_forward(in.y, in.rows_of_assignment, in.weights, true);
+  auto [gy, gw] = kd::combine_backward(in.grad_out, in.y, in.source_token, in.source_assignment,
+                                       in.rows_of_assignment, in.weights, true);
+  out.grad_y = gy;
+  out.grad_w = gw;
+  return out;
+}
+
+class PermuteGpu : public ::testing::TestWithParam<PermuteCase> {
  protected:
   void SetUp() override {
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-    if (!cuda_kernels_compiled()) GTEST_SKIP() << "built without CUDA kernels";
+    if (!gpu_ready()) GTEST_SKIP() << "no CUDA device, or built without the CUDA kernels";
   }
 };
 
-std::pair<double, double> tolerance(torch::ScalarType t) {
-  if (t == torch::kFloat) return {1e-5, 1e-5};
-  if (t == torch::kHalf) return {1e-3, 1e-3};
-  return {1e-2, 1e-2};  // bf16
-}
-
 TEST_P(PermuteGpu, ForwardAndBackwardMatchReference) {
-  const Case c = GetParam();
-  const int64_t d = 64, k = std::min(c.k, c.experts);
-  torch::manual_seed(c.tokens * 31 + c.experts * 7 + k);
-  auto dev = torch::Device(torch::kCUDA);
-  auto logits = torch::randn({c.tokens, c.experts}, torch::TensorOptions(dev));
-  auto [w, idx] = moe::topk_lower_id_wins(torch::softmax(logits, -1), k);
-  auto keep = torch::rand({c.tokens, k}, torch::TensorOptions(dev)) > 0.1;
-  moe::DispatchPlan plan = moe::plan_dispatch(idx, keep, c.experts);
-  auto x =
-      torch::randn({c.tokens, d}, torch::TensorOptions(dev).dtype(c.dtype)).requires_grad_(true);
-  auto x_ref = x.detach().clone().requires_grad_(true);
-  auto weights = (w * keep).contiguous().requires_grad_(true);
-  auto weights_ref = weights.detach().clone().requires_grad_(true);
+  const PermuteInputs in = make_permute_inputs(GetParam(), torch::Device(torch::kCUDA));
+  const PermuteOutputs out = run_kernels(in);
+  const auto vs = check_permute(in, out);
+  EXPECT_TRUE(all_ok(vs, nullptr)) << failures(vs);
 
-  // Poison: kernel outputs are fresh allocations; fill a guard buffer to catch unwritten rows.
-  auto permuted = permute_rows(x, plan.source_token, plan.source_assignment, k);
-  auto permuted_ref = moe::permute_tokens(x_ref, plan);
-  EXPECT_TRUE(torch::equal(permuted, permuted_ref));  // a copy: bitwise equal
+  // The autograd ops run the same kernels: bitwise the raw results.
+  auto x = in.x.clone().requires_grad_(true);
+  auto w = in.weights.clone().requires_grad_(true);
+  auto permuted = kernels::permute_rows(x, in.source_token, in.source_assignment, in.k);
+  EXPECT_TRUE(torch::equal(permuted, out.permuted));
+  auto y = in.y.clone().requires_grad_(true);
+  auto combined =
+      kernels::unpermute_combine(y, in.source_token, in.source_assignment, w, in.tokens);
+  EXPECT_TRUE(torch::equal(combined, out.combined));
+  combined.backward(in.grad_out);
+  EXPECT_TRUE(torch::equal(y.grad(), out.grad_y));
+  EXPECT_TRUE(torch::equal(w.grad(), out.grad_w));
+  permuted.backward(in.grad_permuted);
+  EXPECT_TRUE(torch::equal(x.grad(), out.grad_x));
 
-  auto y = permuted * 1.5;
-  auto y_ref = permuted_ref * 1.5;
-  auto out = unpermute_combine(y, plan.source_token, plan.source_assignment, weights, c.tokens);
-  auto out_ref = moe::unpermute_combine(y_ref, plan, weights_ref, c.tokens);
-  auto [atol, rtol] = tolerance(c.dtype);
-  EXPECT_TRUE(torch::allclose(out.to(torch::kFloat), out_ref.to(torch::kFloat), rtol, atol));
-
-  auto g = torch::randn_like(out);
-  out.backward(g);
-  out_ref.backward(g);
-  EXPECT_TRUE(
-      torch::allclose(x.grad().to(torch::kFloat), x_ref.grad().to(torch::kFloat), rtol, atol));
-  EXPECT_TRUE(torch::allclose(weights.grad(), weights_ref.grad(), rtol * 10, atol * 10));
-
-  // Run-to-run determinism: bitwise equal outputs.
-  auto again = unpermute_combine(y.detach(), plan.source_token, plan.source_assignment,
-                                 weights.detach(), c.tokens);
-  EXPECT_TRUE(torch::equal(again, out.detach()));
+  // Run to run: bitwise equal (no atomics).
+  const PermuteOutputs again = run_kernels(in);
+  EXPECT_TRUE(torch::equal(again.grad_x, out.grad_x));
+  EXPECT_TRUE(torch::equal(again.combined, out.combined));
+  EXPECT_TRUE(torch::equal(again.grad_w, out.grad_w));
 }
+
+INSTANTIATE_TEST_SUITE_P(Grid, PermuteGpu, ::testing::ValuesIn(permute_cases()),
+                         [](const auto& i) { return case_name(i.param); });
 
 // The dropless plan kernel (counts -> prefix sum -> stable rows) against the sort-based
-// reference: bitwise equal, and run-to-run identical. Tiles of 1024 assignments: the grid's
-// T x k covers one partial tile, several tiles, and 65537 x 8 (513 tiles).
-TEST_P(PermuteGpu, DispatchPlanMatchesReference) {
-  const Case c = GetParam();
-  if (c.dtype != torch::kFloat) GTEST_SKIP() << "the plan does not depend on the dtype";
-  const int64_t k = std::min(c.k, c.experts);
-  torch::manual_seed(c.tokens * 17 + c.experts * 3 + k);
-  auto dev = torch::TensorOptions(torch::Device(torch::kCUDA));
-  // Skewed routing: half the assignments go to expert 0, the rest spread out.
-  auto logits = torch::randn({c.tokens, c.experts}, dev);
-  logits.select(1, 0).add_(1.0);
-  auto idx = moe::topk_lower_id_wins(torch::softmax(logits, -1), k).second.contiguous();
-  auto keep = torch::ones({c.tokens, k}, dev.dtype(torch::kBool));
-  moe::DispatchPlan ref = moe::plan_dispatch(idx, keep, c.experts);
-  auto [source_token, source_assignment, counts] = detail::dispatch_plan(idx, c.experts);
-  EXPECT_TRUE(torch::equal(source_assignment, ref.source_assignment));
-  EXPECT_TRUE(torch::equal(source_token, ref.source_token));
-  EXPECT_TRUE(torch::equal(counts, ref.tokens_per_expert));
-  auto again = detail::dispatch_plan(idx, c.experts);
-  EXPECT_TRUE(torch::equal(again[1], source_assignment));
-}
-
-std::vector<Case> cases() {
-  std::vector<Case> v;
-  for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
-    for (int64_t t : {1, 7, 4096, 65537}) {
-      for (int64_t e : {1, 8, 64, 256}) {
-        for (int64_t k : {1, 2, 8}) {
-          if (k <= e) v.push_back({dt, t, e, k});
-        }
-      }
-    }
+// reference: bitwise, and run to run. Tiles of 1024 assignments: the grid's T x k covers one
+// partial tile, several tiles, and 65537 x 8 (513 tiles). The plan does not depend on a dtype.
+class DispatchPlanGpu : public ::testing::TestWithParam<PlanCase> {
+ protected:
+  void SetUp() override {
+    if (!gpu_ready()) GTEST_SKIP() << "no CUDA device, or built without the CUDA kernels";
   }
-  return v;
+};
+
+TEST_P(DispatchPlanGpu, MatchesReference) {
+  const PlanCase c = GetParam();
+  auto idx = make_plan_topk(c, torch::Device(torch::kCUDA));
+  auto [st, sa, counts] = kd::dispatch_plan(idx, c.experts, /*poison=*/true);
+  const auto vs = check_plan(idx, c.experts, {st, sa, counts});
+  EXPECT_TRUE(all_ok(vs, nullptr)) << failures(vs);
+  auto again = kd::dispatch_plan(idx, c.experts, true);
+  EXPECT_TRUE(torch::equal(again[1], sa));
 }
 
-std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  const Case& c = info.param;
-  const char* dt = c.dtype == torch::kFloat ? "fp32" : c.dtype == torch::kHalf ? "fp16" : "bf16";
-  return std::string(dt) + "_T" + std::to_string(c.tokens) + "_E" + std::to_string(c.experts) +
-         "_k" + std::to_string(c.k);
-}
+INSTANTIATE_TEST_SUITE_P(PlanGrid, DispatchPlanGpu, ::testing::ValuesIn(plan_cases()),
+                         [](const auto& i) { return case_name(i.param); });
 
-INSTANTIATE_TEST_SUITE_P(Grid, PermuteGpu, ::testing::ValuesIn(cases()), case_name);
-
-TEST(PermuteGpuPoison, EveryRowIsWritten) {
-  if (!torch::cuda::is_available() || !cuda_kernels_compiled()) GTEST_SKIP() << "no CUDA device";
-  auto dev = torch::Device(torch::kCUDA);
-  auto x = torch::arange(0, 5 * 8, torch::TensorOptions(dev).dtype(torch::kFloat)).view({5, 8});
-  auto src = torch::tensor({4, 0, 0, 3}, torch::TensorOptions(dev).dtype(torch::kLong));
-  auto out = detail::permute_forward(x, src);
+TEST(PermuteGpuPoison, EveryOutputIsWritten) {
+  if (!gpu_ready()) GTEST_SKIP() << "no CUDA device";
+  auto dev = torch::TensorOptions(torch::kCUDA);
+  auto x = torch::arange(0, 5 * 8, dev.dtype(torch::kFloat)).view({5, 8});
+  auto src = torch::tensor({4, 0, 0, 3}, dev.dtype(torch::kLong));
+  auto out = kd::permute_forward(x, src, /*poison=*/true);
   EXPECT_TRUE(torch::equal(out, x.index_select(0, src)));
+#ifdef NDEBUG
+  // The poison is really there: a source index out of range (argument checks off) makes the
+  // release kernel skip that row, which keeps the NaN poison. (Debug builds assert instead.)
+  const bool checks = kernels::argument_checks();
+  kernels::set_argument_checks(false);
+  auto bad = kd::permute_forward(x, torch::tensor({4, 9, 0}, dev.dtype(torch::kLong)), true);
+  kernels::set_argument_checks(checks);
+  EXPECT_TRUE(bad[1].isnan().all().item<bool>()) << bad;
+  EXPECT_TRUE(torch::equal(bad[0], x[4]));
+#endif
+}
+
+// Index values a caller can get wrong are refused with the value and its position when
+// argument checks are on (debug builds, MOE_KERNEL_ARG_CHECKS=1, or set_argument_checks).
+TEST(KernelArgsGpu, OutOfRangeIndicesAreRefusedWithValues) {
+  if (!gpu_ready()) GTEST_SKIP() << "no CUDA device";
+  const bool checks = kernels::argument_checks();
+  kernels::set_argument_checks(true);
+  auto dev = torch::TensorOptions(torch::kCUDA).dtype(torch::kLong);
+  auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace()).find(needle), std::string::npos)
+          << e.what_without_backtrace();
+    }
+  };
+  auto idx = torch::tensor({{0, 1}, {2, -1}}, dev);
+  expect_error([&] { kd::dispatch_plan(idx, 4); }, "holds -1 at position 3");
+  auto big = torch::tensor({{0, 1}, {2, 4}}, dev);
+  expect_error([&] { kd::dispatch_plan(big, 4); },
+               "holds 4 at position 3 of 4; expected values in [0, 4)");
+  auto x = torch::randn({3, 8}, torch::TensorOptions(torch::kCUDA));
+  expect_error([&] { kd::permute_forward(x, torch::tensor({0, 3}, dev)); }, "source_token holds 3");
+  expect_error(
+      [&] {
+        kd::assignment_rows(torch::tensor({0, 5}, dev), 4);
+      },
+      "source_assignment holds 5");
+  auto g = torch::randn({2, 8}, torch::TensorOptions(torch::kCUDA));
+  expect_error(
+      [&] {
+        kd::permute_backward(g, torch::tensor({0, 2}, dev), 1);
+      },
+      "rows_of_assignment holds 2");
+  kernels::set_argument_checks(checks);
 }
 
 }  // namespace
-}  // namespace moe::kernels
+}  // namespace moe::kernel_checks

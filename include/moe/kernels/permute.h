@@ -24,22 +24,28 @@ at::Tensor unpermute_combine(const at::Tensor& y, const at::Tensor& source_token
                              int64_t num_tokens);
 
 namespace detail {  // raw launches (no autograd), exposed for tests and benchmarks
+// poison: fill the outputs with NaN / -1 before the launch, so tests see every element a
+// kernel leaves unwritten. Index values are range-checked when argument checks are on
+// (moe/kernels/kernel_args.h).
+//
 // The dropless dispatch plan (every assignment kept): {source_token, source_assignment,
 // tokens_per_expert}, equal to moe::plan_dispatch's, from counts -> prefix sum -> stable rows
 // without sorting and without host syncs.
-std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_experts);
+std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_experts,
+                                        bool poison = false);
 at::Tensor assignment_rows(const at::Tensor& source_assignment, int64_t num_assignments);
-at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& source_token);
+at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& source_token,
+                           bool poison = false);
 at::Tensor permute_backward(const at::Tensor& grad_out, const at::Tensor& rows_of_assignment,
-                            int64_t top_k);
+                            int64_t top_k, bool poison = false);
 at::Tensor combine_forward(const at::Tensor& y, const at::Tensor& rows_of_assignment,
-                           const at::Tensor& weights);
+                           const at::Tensor& weights, bool poison = false);
 // Returns {grad_y [N, d], grad_weights [T, k] fp32}.
 std::pair<at::Tensor, at::Tensor> combine_backward(const at::Tensor& grad_out, const at::Tensor& y,
                                                    const at::Tensor& source_token,
                                                    const at::Tensor& source_assignment,
                                                    const at::Tensor& rows_of_assignment,
-                                                   const at::Tensor& weights);
+                                                   const at::Tensor& weights, bool poison = false);
 }  // namespace detail
 
 }  // namespace moe::kernels
