@@ -5,11 +5,13 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "moe/moe/dispatcher.h"
 #include "moe/util/errors.h"
 
 namespace moe::train {
 
-torch::Device pick_device(const config::Config& cfg) {
+namespace {
+torch::Device choose_device(const config::Config& cfg) {
   const bool have_cuda = torch::cuda::is_available();
   if (cfg.training.device == "cuda") {
     if (!have_cuda) {
@@ -20,6 +22,19 @@ torch::Device pick_device(const config::Config& cfg) {
   }
   if (cfg.training.device == "cpu" || !have_cuda) return torch::kCPU;
   return torch::kCUDA;
+}
+}  // namespace
+
+torch::Device pick_device(const config::Config& cfg) {
+  const torch::Device device = choose_device(cfg);
+  // The MoE kernel path is settled with the device, not at the first forward: a setting this
+  // build or device cannot honour fails before anything is written.
+  try {
+    (void)moe::resolve_kernel_path(cfg.moe.kernels, device.is_cuda());
+  } catch (const UserError& e) {
+    throw UserError("config: " + cfg.source_file + ": " + e.what());
+  }
+  return device;
 }
 
 data::BufferFactory tensor_buffers(const torch::Device& device) {

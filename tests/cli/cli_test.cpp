@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -230,6 +231,46 @@ TEST_F(CliTest, CudaGraphOnCpuFallsBackToEagerWithReason) {
   };
   EXPECT_EQ(losses(eager), losses(graph));
   EXPECT_EQ(losses(graph).size(), 3u);
+}
+
+// Every file under `dir` with its bytes: a run directory compared before and after.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    files[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? slurp(e.path()) : "<dir>";
+  }
+  return files;
+}
+
+// Device and kernel settings that cannot be honoured are refused before an earlier run is set
+// aside (rotation to *.prev-TIME) or a new config.json written: exit 2, one line, and the
+// finished run directory is byte-for-byte what it was.
+TEST_F(CliTest, DeviceSettingsRefusedBeforeAnyWrite) {
+  fs::path dir = root_ / "finished_run";
+  std::string p = write("finished.json", good_config(dir.string()).dump());
+  ASSERT_EQ(run("--config " + p).code, 0);
+  const auto before = snapshot(dir);
+  ASSERT_TRUE(before.count("config.json") && before.count("metrics.jsonl"));
+  const Result env = run("env");
+  const bool have_gpu = (env.out + env.err).find("no CUDA device visible") == std::string::npos;
+  struct Case {
+    std::string set, needle;
+  };
+  std::vector<Case> cases = {
+      {"--set moe.kernels=cuda --set training.device=cpu",
+       "moe.kernels = \"cuda\": "}};  // the model runs on the CPU (or: no kernels in this build)
+  if (!have_gpu) {
+    cases.push_back({"--set moe.kernels=cuda", "moe.kernels = \"cuda\""});
+    cases.push_back({"--set training.device=cuda", "training.device = \"cuda\": no CUDA device"});
+  }
+  for (const Case& c : cases) {
+    Result r = run("--config " + p + " " + c.set);
+    EXPECT_EQ(r.code, 2) << c.set << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("finished.json"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(snapshot(dir), before) << c.set;
+  }
 }
 
 TEST_F(CliTest, ConfigShowPrintsResolvedJson) {

@@ -15,6 +15,8 @@
 
 namespace moe::train {
 
+// The device from training.device, with the MoE kernel path checked against it and this build
+// (UserError naming the config file and key), before any caller writes anything.
 torch::Device pick_device(const config::Config& cfg);
 
 // Batch buffers as torch tensors: pinned when training on CUDA (non-blocking copies).
