@@ -133,4 +133,10 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
   return out;
 }
 
+void TransformerLMImpl::after_optimizer_step(const std::vector<torch::Tensor>& tokens_per_expert) {
+  for (size_t i = 0; i < tokens_per_expert.size() && i < blocks.size(); ++i) {
+    blocks[i]->moe->after_optimizer_step(tokens_per_expert[i]);
+  }
+}
+
 }  // namespace moe::model

@@ -156,35 +156,17 @@ void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedA
 
 TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& model,
                               FusedAdamW* optimizer) {
-  const std::string state_path = (fs::path(dir) / "state.json").string();
-  std::ifstream in(state_path);
-  if (!in) throw UserError("checkpoint: " + state_path + ": missing");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    throw UserError("checkpoint: " + state_path + ": invalid JSON: " + e.what());
-  }
+  // state.json has one reader (resume_policy.h); the tensors' parts of it are read here.
+  CheckpointState cs = read_checkpoint_state(dir);
+  const std::string& state_path = cs.path;
+  const json& j = cs.document;
   TrainingState s;
-  try {
-    if (j.at("format_version").get<int64_t>() != kCheckpointFormatVersion) {
-      throw UserError("checkpoint: " + state_path + ": format_version " +
-                      j.at("format_version").dump() + "; expected " +
-                      std::to_string(kCheckpointFormatVersion));
-    }
-    s.step = j.at("step").get<int64_t>();
-    s.tokens = j.at("tokens").get<int64_t>();
-    s.loader = {j.at("loader").at("epoch").get<int64_t>(),
-                j.at("loader").at("position").get<int64_t>()};
-    const auto& ls = j.at("loss_scaler");
-    s.scaler = {ls.at("scale").get<double>(), ls.at("cur_iter").get<int64_t>(),
-                ls.at("last_overflow_iter").get<int64_t>(), ls.at("cur_hysteresis").get<int64_t>(),
-                ls.at("skipped_steps").get<int64_t>()};
-    s.metrics_lines = j.at("metrics_lines").get<int64_t>();
-    s.config = j.at("config");
-  } catch (const json::exception& e) {
-    throw UserError("checkpoint: " + state_path + ": " + e.what());
-  }
+  s.step = cs.step;
+  s.tokens = cs.tokens;
+  s.loader = cs.loader;
+  s.scaler = cs.scaler;
+  s.metrics_lines = cs.metrics_lines;
+  s.config = cs.config;
   {
     // Expert biases: zero unless the state carries them (a run without the feature saves none).
     at::NoGradGuard no_grad;

@@ -12,6 +12,7 @@
 
 #include "moe/kernels/permute.h"
 #include "moe/moe/experts.h"
+#include "moe/train/step_runner.h"
 
 namespace moe::train {
 
@@ -71,27 +72,13 @@ void CudaGraphStep::body() {
     lm = lm.defined() ? lm + l.lm.detach() : l.lm.detach();
     aux = aux.defined() ? aux + l.aux.detach() : l.aux.detach();
     z = z.defined() ? z + l.z.detach() : l.z.detach();
-    if (load.empty()) {
-      load = l.tokens_per_expert;
-    } else {
-      for (size_t i = 0; i < load.size(); ++i) load[i] = load[i] + l.tokens_per_expert[i];
-    }
+    accumulate_loads(load, l.tokens_per_expert);
   }
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  for (auto& p : params_) {
-    if (p.grad().defined()) grads.push_back(p.grad());
-  }
-  // clip_grad_norm_'s arithmetic on the device; a non-finite norm or loss skips the update.
-  auto norm = at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2)), 2);
+  // The eager runner's clipping (step_runner.h), on the device; a non-finite norm or loss skips
+  // the update.
+  auto norm = clip_grad_norm(defined_grads(params_), max_norm_);
   found_inf = (~(norm.isfinite() & lm.isfinite())).to(torch::kFloat);
-  if (std::isfinite(max_norm_)) {
-    // A non-finite norm leaves the gradients as they are (the update is skipped anyway), so the
-    // first bad parameter can still be found, as in the eager path.
-    auto coef = (max_norm_ / (norm + 1e-6)).clamp_max(1.0);
-    coef = at::where(norm.isfinite(), coef, at::ones_like(coef));
-    at::_foreach_mul_(grads, coef);
-  }
   optimizer_.step_capturable(lr_, found_inf);
   lm_sum = lm;
   aux_sum = aux;

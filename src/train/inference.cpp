@@ -10,6 +10,7 @@
 #include "moe/train/checkpoint.h"
 #include "moe/train/checkpoint_store.h"
 #include "moe/train/evaluation.h"
+#include "moe/train/resume_policy.h"
 #include "moe/util/errors.h"
 #include "moe/util/safetensors.h"
 
@@ -49,14 +50,13 @@ json eval_checkpoint(const config::Config& cfg, const std::string& checkpoint_di
 }
 
 std::string generate_text(const GenerateOptions& opt) {
-  std::ifstream in(fs::path(opt.checkpoint_dir) / "state.json");
-  if (!in)
+  const StateFile state = read_state_file(opt.checkpoint_dir);
+  if (state.status == StateFile::Status::kMissing)
     throw UserError("generate: " + opt.checkpoint_dir + ": no state.json (not a checkpoint)");
-  json state = json::parse(in, nullptr, false);
-  if (state.is_discarded() || !state.contains("config")) {
+  if (state.status != StateFile::Status::kOk || !state.json.contains("config")) {
     throw UserError("generate: " + opt.checkpoint_dir + "/state.json: damaged");
   }
-  config::Config cfg = config::from_json(state["config"], opt.checkpoint_dir + "/state.json");
+  config::Config cfg = config::from_json(state.json["config"], opt.checkpoint_dir + "/state.json");
   cfg.training.device = opt.device;
   config::validate(cfg);
   std::vector<int64_t> prompt;

@@ -75,6 +75,10 @@ class TransformerLMImpl : public torch::nn::Module {
   RMSNorm final_norm{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tied
 
+  // Once per optimizer step that updated the weights, with that step's tokens per expert per
+  // MoE layer (summed over its micro-batches): each MoE layer's own bookkeeping (the routers'
+  // aux-loss-free expert biases) stays inside the layer.
+  void after_optimizer_step(const std::vector<torch::Tensor>& tokens_per_expert);
   // Blocks [0, n) recompute their activations in the backward (activation checkpointing).
   void set_checkpoint_blocks(int64_t n) { checkpoint_blocks_ = n; }
 

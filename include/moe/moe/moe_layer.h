@@ -30,6 +30,11 @@ class MoeLayerImpl : public torch::nn::Module {
  public:
   explicit MoeLayerImpl(const MoeLayerOptions& opt);
   MoeLayerOutput forward(const torch::Tensor& x);  // x [T, d]
+  // After an optimizer step that updated the weights: the router's expert bias follows the
+  // step's load (tokens per expert [E], all micro-batches).
+  void after_optimizer_step(const torch::Tensor& tokens_per_expert) {
+    router->update_expert_bias(tokens_per_expert);
+  }
 
   Router router{nullptr};
   Experts experts{nullptr};

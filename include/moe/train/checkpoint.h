@@ -15,10 +15,11 @@
 #include "moe/model/transformer.h"
 #include "moe/train/adamw.h"
 #include "moe/train/loss_scaler.h"
+#include "moe/train/resume_policy.h"
 
 namespace moe::train {
 
-inline constexpr int64_t kCheckpointFormatVersion = 1;
+inline constexpr int64_t kCheckpointFormatVersion = kStateFormatVersion;  // resume_policy.h
 
 struct TrainingState {
   int64_t step = 0;  // optimizer steps done

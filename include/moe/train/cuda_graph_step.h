@@ -27,6 +27,7 @@ namespace moe::train {
 struct MicroLosses {
   torch::Tensor total, lm, aux, z;               // scalars
   std::vector<torch::Tensor> tokens_per_expert;  // per MoE layer [E]
+  int64_t dropped = 0;                           // assignments dropped by expert capacity
 };
 // Forward of one micro-batch [B, S + 1] under the run's autocast; returns its losses.
 using MicroForward = std::function<MicroLosses(const torch::Tensor& tokens)>;
@@ -46,6 +47,7 @@ class CudaGraphStep {
   bool capture(std::string& why);
   // Runs the captured step at learning rate `lr`.
   void replay(double lr);
+  int64_t micro_batches() const { return static_cast<int64_t>(inputs_.size()); }
   // Outputs of the last replay (device tensors; read after replay()).
   torch::Tensor lm_sum, aux_sum, z_sum, grad_norm, found_inf;
   std::vector<torch::Tensor> tokens_per_expert;

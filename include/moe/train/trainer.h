@@ -8,17 +8,9 @@
 #include <vector>
 
 #include "moe/config/config.h"
+#include "moe/train/eval_result.h"
 
 namespace moe::train {
-
-struct EvalResult {
-  double loss = 0.0;
-  double accuracy = 0.0;  // next-token top-1
-  double perplexity = 0.0;
-  int64_t tokens = 0;
-  // Expert load balance over the evaluation: per layer, max load / mean load (1 = perfect).
-  std::vector<double> expert_imbalance;
-};
 
 struct TrainSummary {
   int64_t steps = 0;

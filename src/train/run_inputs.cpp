@@ -1,0 +1,63 @@
+#include "moe/train/run_inputs.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
+#include "moe/train/evaluation.h"
+#include "moe/util/errors.h"
+
+namespace moe::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void require_path(const config::Config& cfg, const char* key, const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    throw UserError("config: " + cfg.source_file + ": " + key + " = " + path +
+                    ": no such file or directory");
+  }
+}
+
+void check_output_dir(const config::Config& cfg) {
+  const std::string& dir = cfg.training.output_dir;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    throw UserError("config: " + cfg.source_file + ": training.output_dir = " + dir +
+                    ": exists and is not a directory");
+  }
+}
+
+}  // namespace
+
+RunInputs check_run_inputs(const config::Config& cfg, const TrainOptions& opt,
+                           spdlog::logger& log) {
+  RunInputs in;
+  in.device = pick_device(cfg);
+  if (in.device.is_cpu() && (cfg.fp16.enabled || cfg.bf16.enabled)) {
+    log.warn("{} is enabled but training runs on the CPU: computing in fp32",
+             cfg.fp16.enabled ? "fp16" : "bf16");
+  }
+  in.fp16 = in.device.is_cuda() && cfg.fp16.enabled;
+  in.bf16 = in.device.is_cuda() && cfg.bf16.enabled;
+  if (!cfg.data.path.empty()) require_path(cfg, "data.path", cfg.data.path);
+  if (!cfg.data.train_path.empty()) require_path(cfg, "data.train_path", cfg.data.train_path);
+  if (!cfg.data.valid_path.empty()) require_path(cfg, "data.valid_path", cfg.data.valid_path);
+  if (!opt.resume_from.empty()) require_path(cfg, "--resume", opt.resume_from);
+  if (cfg.data.verify_checksums) log.info("data: verifying shard checksums");
+  in.shards =
+      data::open_dataset({cfg.data.path, cfg.data.train_path, cfg.data.valid_path},
+                         cfg.model.vocab_size, cfg.model.seq_len, cfg.data.verify_checksums);
+  in.has_valid = !in.shards.valid.empty();
+  for (const auto& s : in.shards.train) in.train_windows += s.num_tokens / (cfg.model.seq_len + 1);
+  check_output_dir(cfg);
+  const int64_t steps_per_epoch =
+      (in.train_windows + cfg.train_batch_size - 1) / cfg.train_batch_size;
+  in.total_steps = cfg.training.train_iters > 0 ? cfg.training.train_iters
+                                                : cfg.training.epochs * steps_per_epoch;
+  return in;
+}
+
+}  // namespace moe::train

@@ -1,0 +1,282 @@
+#include "moe/train/step_runner.h"
+
+#include <ATen/autocast_mode.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+
+#include "moe/train/cuda_graph_step.h"
+#include "moe/util/errors.h"
+
+namespace moe::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kGraphWarmupSteps = 3;  // eager steps before the CUDA graph is captured
+
+// Forward of one micro-batch [B, S + 1]: next-token cross entropy plus the weighted router losses.
+MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batch,
+                           const config::Config& cfg) {
+  const int64_t S = batch.size(1) - 1;
+  model::LmOutput out = model->forward(batch.narrow(1, 0, S));
+  MicroLosses l;
+  l.lm = torch::nn::functional::cross_entropy(
+      out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat),
+      batch.narrow(1, 1, S).reshape({-1}));
+  l.aux = out.aux_loss;
+  l.z = out.z_loss;
+  l.total = l.lm + cfg.moe.aux_loss_coeff * l.aux + cfg.moe.z_loss_coeff * l.z;
+  l.tokens_per_expert = std::move(out.tokens_per_expert);
+  l.dropped = out.dropped;
+  return l;
+}
+
+// Test hook (tests/train/faults_test.py): MOE_TEST_INJECT_NAN="grad:PARAM:STEP,STEP..." puts a NaN
+// into PARAM's gradient, "loss:STEP,..." makes the step's loss NaN.
+void inject_nan_for_tests(model::TransformerLM& model, int64_t step, double& loss_sum) {
+  const char* spec = std::getenv("MOE_TEST_INJECT_NAN");
+  if (spec == nullptr) return;
+  std::string s = spec;
+  const auto steps_at = s.rfind(':');
+  std::string steps = "," + s.substr(steps_at + 1) + ",";
+  if (steps.find("," + std::to_string(step) + ",") == std::string::npos) return;
+  if (s.rfind("loss:", 0) == 0) {
+    loss_sum = std::nan("");
+    for (auto& p : model->parameters()) {
+      if (p.grad().defined()) p.mutable_grad().fill_(std::nan(""));
+    }
+    return;
+  }
+  const std::string param = s.substr(5, steps_at - 5);  // after "grad:"
+  for (auto& item : model->named_parameters()) {
+    if (item.key() == param && item.value().grad().defined()) {
+      item.value().mutable_grad().view(-1)[0] = std::nan("");
+    }
+  }
+}
+
+// The first parameter (in module order) whose gradient holds a NaN or Inf.
+std::string first_non_finite_gradient(model::TransformerLM& model) {
+  for (const auto& item : model->named_parameters()) {
+    const auto& g = item.value().grad();
+    if (g.defined() && !g.isfinite().all().item<bool>()) return item.key();
+  }
+  return "(none: the loss itself)";
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+class EagerStepRunner : public StepRunner {
+ public:
+  EagerStepRunner(model::TransformerLM& model, const config::Config& cfg, FusedAdamW& optimizer,
+                  LossScaler& scaler, const StepRunnerOptions& opt)
+      : model_(model), cfg_(cfg), optimizer_(optimizer), scaler_(scaler), opt_(opt) {}
+
+  StepResult run(int64_t step, double /*lr*/, const NextBatch& next) override {
+    StepResult r;
+    const bool autocast = opt_.bf16 || opt_.fp16;
+    optimizer_.zero_grad();
+    for (int64_t micro = 0; micro < opt_.micro_batches; ++micro) {
+      auto batch = next();
+      if (autocast) {
+        at::autocast::set_autocast_enabled(at::kCUDA, true);
+        at::autocast::set_autocast_dtype(at::kCUDA, opt_.bf16 ? at::kBFloat16 : at::kHalf);
+      }
+      auto tf = Clock::now();
+      MicroLosses l = compute_losses(model_, batch, cfg_);
+      if (autocast) at::autocast::set_autocast_enabled(at::kCUDA, false);
+      sync();
+      auto tb = Clock::now();
+      // Only fp16 scales the loss; bf16 and fp32 gradients need no scaling.
+      const double scale = opt_.fp16 ? scaler_.scale() : 1.0;
+      (l.total * (scale / static_cast<double>(opt_.micro_batches))).backward();
+      sync();
+      r.forward_s += std::chrono::duration<double>(tb - tf).count();
+      r.backward_s += seconds_since(tb);
+      r.lm_sum += l.lm.item<double>();
+      r.aux_sum += l.aux.item<double>();
+      r.z_sum += l.z.item<double>();
+      r.dropped += l.dropped;
+      accumulate_loads(r.tokens_per_expert, l.tokens_per_expert);
+    }
+    if (autocast) at::autocast::clear_cache();
+    auto grads = defined_grads(model_->parameters());
+    if (opt_.fp16) {  // unscale in place and detect overflow in one pass
+      auto found_inf = torch::zeros({1}, torch::TensorOptions().device(device()));
+      auto inv_scale =
+          torch::full({1}, 1.0 / scaler_.scale(), torch::TensorOptions().device(device()));
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+      r.overflow = found_inf.item<float>() > 0;
+    }
+    inject_nan_for_tests(model_, step + 1, r.lm_sum);
+    if (r.overflow) {
+      r.grad_norm = std::nan("");
+    } else {
+      r.grad_norm = grads.empty() ? 0.0 : clip_grad_norm(grads, opt_.max_norm).item<double>();
+    }
+    return r;
+  }
+
+  void update(double lr) override { optimizer_.step(lr); }
+
+ private:
+  void sync() {
+    if (opt_.sync_for_timing) torch::cuda::synchronize();
+  }
+  torch::Device device() { return model_->parameters().front().device(); }
+
+  model::TransformerLM& model_;
+  const config::Config& cfg_;
+  FusedAdamW& optimizer_;
+  LossScaler& scaler_;
+  StepRunnerOptions opt_;
+};
+
+// training.cuda_graph: eager warm-up steps first (allocator, cuBLAS, autograd settle), then one
+// capture; every later step is a replay. A failed capture leaves the run eager.
+class GraphStepRunner : public StepRunner {
+ public:
+  GraphStepRunner(model::TransformerLM& model, const config::Config& cfg, FusedAdamW& optimizer,
+                  LossScaler& scaler, const StepRunnerOptions& opt, const torch::Device& device,
+                  int64_t first_step, spdlog::logger& log)
+      : eager_(model, cfg, optimizer, scaler, opt), first_step_(first_step), log_(log) {
+    auto micro_forward = [&model, &cfg](const torch::Tensor& tokens) {
+      struct Bf16Autocast {  // switched off again even when the forward throws mid-capture
+        Bf16Autocast() {
+          at::autocast::set_autocast_enabled(at::kCUDA, true);
+          at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+        }
+        ~Bf16Autocast() { at::autocast::set_autocast_enabled(at::kCUDA, false); }
+      } autocast;
+      return compute_losses(model, tokens, cfg);
+    };
+    graph_ = std::make_unique<CudaGraphStep>(
+        model->parameters(), optimizer, micro_forward, opt.micro_batches,
+        std::vector<int64_t>{cfg.train_micro_batch_size_per_gpu, cfg.model.seq_len + 1},
+        opt.max_norm, device);
+  }
+
+  StepResult run(int64_t step, double lr, const NextBatch& next) override {
+    graphed_ = false;
+    if (!graph_ || step - first_step_ < kGraphWarmupSteps) return eager_.run(step, lr, next);
+    // A replay needs every micro-batch first; they are kept for an eager fallback.
+    std::vector<torch::Tensor> batches;
+    for (size_t micro = 0; micro < static_cast<size_t>(graph_inputs()); ++micro) {
+      batches.push_back(next());
+      graph_->set_input(static_cast<int64_t>(micro), batches.back());
+    }
+    if (!captured_) {
+      std::string why;
+      captured_ = graph_->capture(why);
+      at::autocast::clear_cache();
+      if (captured_) {
+        log_.info("training.cuda_graph: step {} captured; replaying from here on", step + 1);
+      } else {
+        log_.warn("training.cuda_graph: capture failed ({}); training continues eagerly", why);
+        graph_.reset();
+        size_t i = 0;
+        return eager_.run(step, lr, [&] { return batches.at(i++); });
+      }
+    }
+    graph_->replay(lr);
+    at::autocast::clear_cache();
+    graphed_ = true;
+    StepResult r;
+    r.graphed = true;
+    r.lm_sum = graph_->lm_sum.item<double>();
+    r.aux_sum = graph_->aux_sum.item<double>();
+    r.z_sum = graph_->z_sum.item<double>();
+    r.tokens_per_expert = graph_->tokens_per_expert;
+    r.grad_norm = graph_->grad_norm.item<double>();  // clipped (and updated or skipped) inside
+    return r;
+  }
+
+  void update(double lr) override {
+    if (!graphed_) eager_.update(lr);
+  }
+
+ private:
+  int64_t graph_inputs() const { return graph_->micro_batches(); }
+
+  EagerStepRunner eager_;
+  std::unique_ptr<CudaGraphStep> graph_;
+  bool captured_ = false, graphed_ = false;
+  int64_t first_step_;
+  spdlog::logger& log_;
+};
+
+}  // namespace
+
+std::vector<torch::Tensor> defined_grads(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  return grads;
+}
+
+torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& grads, double max_norm) {
+  auto norm = at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2)), 2);
+  if (std::isfinite(max_norm)) {
+    auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+    coef = at::where(norm.isfinite(), coef, at::ones_like(coef));
+    at::_foreach_mul_(grads, coef);
+  }
+  return norm;
+}
+
+void accumulate_loads(std::vector<torch::Tensor>& acc, const std::vector<torch::Tensor>& add) {
+  if (acc.empty()) {
+    acc = add;
+    return;
+  }
+  for (size_t i = 0; i < acc.size(); ++i) acc[i] = acc[i] + add[i];
+}
+
+bool NonFiniteGuard::skip(const StepResult& r, double loss, int64_t step,
+                          model::TransformerLM& model,
+                          const std::function<std::vector<std::string>()>& checkpoints) {
+  if (std::isfinite(r.grad_norm) && std::isfinite(loss)) {
+    consecutive_ = 0;
+    return false;
+  }
+  const std::string what = std::isfinite(loss) ? "gradients" : "loss";
+  const std::string where = first_non_finite_gradient(model);
+  const std::vector<std::string> ckpts = checkpoints();
+  if (++consecutive_ >= max_) {
+    throw TrainingError("non-finite " + what + " at step " + std::to_string(step) + " (" +
+                        std::to_string(consecutive_) +
+                        " bad steps in a row, training.max_bad_steps = " + std::to_string(max_) +
+                        "); first non-finite gradients in " + where +
+                        "; last good checkpoint: " + (ckpts.empty() ? "none" : ckpts.front()));
+  }
+  log_.warn("step {}: non-finite {} (first in {}); update skipped ({} of {} allowed in a row)",
+            step, what, where, consecutive_, max_ - 1);
+  return true;
+}
+
+std::unique_ptr<StepRunner> make_step_runner(model::TransformerLM& model, const config::Config& cfg,
+                                             FusedAdamW& optimizer, LossScaler& scaler,
+                                             const StepRunnerOptions& opt,
+                                             const torch::Device& device, int64_t first_step,
+                                             spdlog::logger& log) {
+  // training.cuda_graph: the whole step as one CUDA graph when this run allows it
+  // (include/moe/train/cuda_graph_step.h lists the conditions).
+  if (cfg.training.cuda_graph) {
+    const std::string why = cuda_graph_ineligible_reason(cfg, device);
+    if (why.empty()) {
+      return std::make_unique<GraphStepRunner>(model, cfg, optimizer, scaler, opt, device,
+                                               first_step, log);
+    }
+    log.warn("training.cuda_graph: not used because {}; training runs eagerly", why);
+  }
+  return std::make_unique<EagerStepRunner>(model, cfg, optimizer, scaler, opt);
+}
+
+}  // namespace moe::train
