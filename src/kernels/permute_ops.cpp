@@ -54,6 +54,10 @@ class UnpermuteCombine : public torch::autograd::Function<UnpermuteCombine> {
 
 }  // namespace
 
+std::array<at::Tensor, 3> plan_dispatch_dropless(const at::Tensor& topk_idx, int64_t num_experts) {
+  return detail::dispatch_plan(topk_idx, num_experts);
+}
+
 at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& source_token,
                         const at::Tensor& source_assignment, int64_t top_k) {
   // The backward sums, per token, the gradients of its destination rows: it needs the inverse map.
@@ -73,6 +77,10 @@ at::Tensor unpermute_combine(const at::Tensor& y, const at::Tensor& source_token
 #else
 
 bool cuda_kernels_compiled() { return false; }
+
+std::array<at::Tensor, 3> plan_dispatch_dropless(const at::Tensor&, int64_t) {
+  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+}
 
 at::Tensor permute_rows(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t) {
   TORCH_CHECK(false, "moe-train was built without CUDA kernels");

@@ -39,7 +39,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 namespace {
-moe::MoeLayerOptions moe_options(const config::Config& cfg) {
+moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device& device) {
   const auto& m = cfg.model;
   moe::MoeLayerOptions o;
   o.router.hidden_size = m.hidden_size;
@@ -57,19 +57,20 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg) {
   o.experts.init_std = m.init_std;
   // GPT-2/Megatron: residual-output projections scaled by 1/sqrt(2L).
   o.experts.output_init_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers));
-  o.kernels = cfg.moe.kernels;
+  o.kernel_path = moe::resolve_kernel_path(cfg.moe.kernels, device.is_cuda());
   return o;
 }
 }  // namespace
 
-BlockImpl::BlockImpl(const config::Config& cfg) : dropout_(cfg.model.dropout) {
+BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device)
+    : dropout_(cfg.model.dropout) {
   const auto& m = cfg.model;
   attn_norm = register_module("attn_norm", RMSNorm(m.hidden_size, m.norm_eps));
   attn = register_module(
       "attn", CausalSelfAttention(m.hidden_size, m.num_heads, m.dropout, m.init_std,
                                   m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers))));
   moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps));
-  moe = register_module("moe", moe::MoeLayer(moe_options(cfg)));
+  moe = register_module("moe", moe::MoeLayer(moe_options(cfg, device)));
 }
 
 BlockOutput BlockImpl::forward(const torch::Tensor& x) {
@@ -84,7 +85,7 @@ BlockOutput BlockImpl::forward(const torch::Tensor& x) {
   return o;
 }
 
-TransformerLMImpl::TransformerLMImpl(const config::Config& cfg)
+TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Device& device)
     : mcfg_(cfg.model), checkpoint_blocks_(cfg.activation_checkpointing.number_checkpoints) {
   const auto& m = cfg.model;
   embed = register_module("embed", torch::nn::Embedding(m.vocab_size, m.hidden_size));
@@ -96,7 +97,7 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg)
   }
   auto list = register_module("blocks", torch::nn::ModuleList());  // names blocks.0, blocks.1...
   for (int64_t i = 0; i < m.num_layers; ++i) {
-    blocks.push_back(Block(cfg));
+    blocks.push_back(Block(cfg, device));
     list->push_back(blocks.back());
   }
   final_norm = register_module("final_norm", RMSNorm(m.hidden_size, m.norm_eps));

@@ -46,6 +46,31 @@ torch::Tensor unpermute_combine(const torch::Tensor& y, const DispatchPlan& plan
   return out.index_add(0, plan.source_token, contrib).to(y.scalar_type());
 }
 
+DispatchPlan Dispatcher::plan(const torch::Tensor& topk_idx, const torch::Tensor& keep,
+                              bool all_kept, const torch::Tensor& tokens_per_expert) const {
+  if (all_kept && path_ == KernelPath::kCuda) {  // counts -> prefix sum -> rows, our kernel
+    auto [source_token, source_assignment, counts] =
+        kernels::plan_dispatch_dropless(topk_idx, num_experts_);
+    return {source_token, source_assignment, counts};
+  }
+  if (all_kept) return plan_dispatch_all_kept(topk_idx, tokens_per_expert);
+  return plan_dispatch(topk_idx, keep, num_experts_);
+}
+
+torch::Tensor Dispatcher::permute(const torch::Tensor& x, const DispatchPlan& plan) const {
+  if (path_ == KernelPath::kReference) return permute_tokens(x, plan);
+  TORCH_CHECK(x.is_cuda(), "moe layer: built for the CUDA kernels, given activations on ",
+              x.device());
+  return kernels::permute_rows(x, plan.source_token, plan.source_assignment, top_k_);
+}
+
+torch::Tensor Dispatcher::combine(const torch::Tensor& y, const DispatchPlan& plan,
+                                  const torch::Tensor& weights, int64_t num_tokens) const {
+  if (path_ == KernelPath::kReference) return unpermute_combine(y, plan, weights, num_tokens);
+  return kernels::unpermute_combine(y, plan.source_token, plan.source_assignment, weights,
+                                    num_tokens);
+}
+
 KernelPath resolve_kernel_path(const std::string& setting, bool on_cuda) {
   if (setting == "reference") return KernelPath::kReference;
   if (setting == "cuda") {

@@ -37,8 +37,17 @@ RouterScores score_and_select_reference(const torch::Tensor& logits, const torch
     s.topk_weight = s.topk_weight / s.topk_weight.sum(-1, true).clamp_min(1e-20);
   }
   s.lse = at::logsumexp(logits, -1);
+  s.tokens_per_expert = at::bincount(s.topk_idx.reshape(-1), {}, logits.size(-1));
   return s;
 }
+
+namespace {
+RouterScores score_and_select_fused(const torch::Tensor& logits, const torch::Tensor& bias,
+                                    int64_t k, bool sigmoid_scores, bool normalize_topk) {
+  auto f = kernels::fused_router(logits, bias, k, sigmoid_scores, normalize_topk);
+  return {f.probs, f.topk_idx, f.topk_weight, f.lse, f.tokens_per_expert};
+}
+}  // namespace
 
 std::pair<torch::Tensor, torch::Tensor> topk_lower_id_wins(const torch::Tensor& scores, int64_t k) {
   auto [values, indices] = at::sort(scores, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
@@ -64,7 +73,7 @@ torch::Tensor capacity_keep_mask(const torch::Tensor& topk_idx, const torch::Ten
   return keep.view_as(topk_idx);
 }
 
-Routing RouterImpl::forward(const torch::Tensor& x, bool fused_kernel) {
+Routing RouterImpl::forward(const torch::Tensor& x) {
   Routing r;
   const int64_t T = x.size(0), E = opt_.num_experts, k = opt_.top_k;
   {
@@ -74,16 +83,10 @@ Routing RouterImpl::forward(const torch::Tensor& x, bool fused_kernel) {
   }
   // The bias takes part only when it is in use: a zero bias changes no selection.
   const torch::Tensor bias = opt_.bias_update_rate > 0 ? expert_bias : torch::Tensor();
-  torch::Tensor scores, top_idx, w, lse, counts;
-  if (fused_kernel) {
-    auto f = kernels::fused_router(r.logits, bias, k, opt_.sigmoid_scores, opt_.normalize_topk);
-    scores = f.probs, top_idx = f.topk_idx, w = f.topk_weight, lse = f.lse;
-    counts = f.tokens_per_expert;
-  } else {
-    auto s =
-        score_and_select_reference(r.logits, bias, k, opt_.sigmoid_scores, opt_.normalize_topk);
-    scores = s.probs, top_idx = s.topk_idx, w = s.topk_weight, lse = s.lse;
-  }
+  const auto select = opt_.fused_kernel ? score_and_select_fused : score_and_select_reference;
+  const RouterScores s = select(r.logits, bias, k, opt_.sigmoid_scores, opt_.normalize_topk);
+  const torch::Tensor &scores = s.probs, &top_idx = s.topk_idx, &lse = s.lse;
+  torch::Tensor w = s.topk_weight, counts = s.tokens_per_expert;
   r.topk_idx = top_idx;
   const int64_t capacity = expert_capacity(T, k, E, opt_.capacity_factor);
   if (capacity < T * k) {
@@ -93,7 +96,7 @@ Routing RouterImpl::forward(const torch::Tensor& x, bool fused_kernel) {
     r.keep = torch::ones_like(top_idx, top_idx.options().dtype(torch::kBool));
   }
   r.topk_weight = w;
-  if (capacity < T * k || !counts.defined()) {
+  if (capacity < T * k) {
     auto kept_idx = top_idx.masked_select(r.keep);
     counts = at::bincount(kept_idx, {}, E);
   }

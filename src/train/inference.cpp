@@ -35,7 +35,7 @@ json eval_checkpoint(const config::Config& cfg, const std::string& checkpoint_di
                          cfg.model.vocab_size, cfg.model.seq_len, cfg.data.verify_checksums);
   if (shards.valid.empty()) throw UserError("eval: the config names no validation data");
   const torch::Device device = pick_device(cfg);
-  model::TransformerLM model(cfg);
+  model::TransformerLM model(cfg, device);
   TrainingState st = load_checkpoint(dir, model, nullptr);
   model->to(device);
   EvalResult r = evaluate(model, shards.valid, cfg, device);
@@ -69,7 +69,7 @@ std::string generate_text(const GenerateOptions& opt) {
   }
   if (prompt.empty()) throw UserError("generate: --prompt must not be empty");
   const torch::Device device = pick_device(cfg);
-  model::TransformerLM model(cfg);
+  model::TransformerLM model(cfg, device);
   load_checkpoint(opt.checkpoint_dir, model, nullptr);
   model->to(device);
   SamplingOptions s;

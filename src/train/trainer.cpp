@@ -134,7 +134,7 @@ OffloadOptions offload_options(const config::Config& cfg) {
 
 model::TransformerLM seeded_model(const config::Config& cfg, const torch::Device& device) {
   torch::manual_seed(cfg.training.seed);
-  model::TransformerLM model(cfg);
+  model::TransformerLM model(cfg, device);
   model->to(device);
   model->train();
   return model;

@@ -106,7 +106,7 @@ TEST(TinyStepGpu, ReferenceAndCudaKernelsAgree) {
         config::load(MOE_SOURCE_DIR "/configs/tiny.json",
                      {"moe.kernels=" + kernels, "bf16.enabled=true", "training.device=cuda"});
     torch::manual_seed(0);
-    model::TransformerLM m(cfg);
+    model::TransformerLM m(cfg, torch::kCUDA);
     m->to(torch::kCUDA);
     m->train();
     torch::manual_seed(1);

@@ -142,7 +142,7 @@ MoeLayerOptions small_layer(double capacity) {
   o.experts.num_experts = 4;
   o.experts.hidden_size = 8;
   o.experts.ffn_size = 16;
-  o.kernels = "reference";
+  o.kernel_path = KernelPath::kReference;
   return o;
 }
 

@@ -23,6 +23,11 @@ at::Tensor unpermute_combine(const at::Tensor& y, const at::Tensor& source_token
                              const at::Tensor& source_assignment, const at::Tensor& weights,
                              int64_t num_tokens);
 
+// The dropless dispatch plan (every assignment kept) of topk_idx [T, k] int64 CUDA:
+// {source_token, source_assignment, tokens_per_expert}, equal to moe::plan_dispatch's (stable
+// rows), from counts -> prefix sum -> rows without sorting and without host syncs.
+std::array<at::Tensor, 3> plan_dispatch_dropless(const at::Tensor& topk_idx, int64_t num_experts);
+
 namespace detail {  // raw launches (no autograd), exposed for tests and benchmarks
 // poison: fill the outputs with NaN / -1 before the launch, so tests see every element a
 // kernel leaves unwritten. Index values are range-checked when argument checks are on

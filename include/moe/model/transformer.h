@@ -46,7 +46,7 @@ struct BlockOutput {
 
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const config::Config& cfg);
+  BlockImpl(const config::Config& cfg, const torch::Device& device);
   BlockOutput forward(const torch::Tensor& x);
   RMSNorm attn_norm{nullptr}, moe_norm{nullptr};
   CausalSelfAttention attn{nullptr};
@@ -67,7 +67,9 @@ struct LmOutput {
 
 class TransformerLMImpl : public torch::nn::Module {
  public:
-  explicit TransformerLMImpl(const config::Config& cfg);
+  // `device`: where the model will run; it settles the MoE layers' kernel path (moe.kernels).
+  explicit TransformerLMImpl(const config::Config& cfg,
+                             const torch::Device& device = torch::Device(torch::kCPU));
   LmOutput forward(const torch::Tensor& tokens);  // [B, S] int64
 
   torch::nn::Embedding embed{nullptr}, pos_embed{nullptr};

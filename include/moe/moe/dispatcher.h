@@ -32,7 +32,27 @@ torch::Tensor unpermute_combine(const torch::Tensor& y, const DispatchPlan& plan
                                 const torch::Tensor& weights, int64_t num_tokens);
 
 enum class KernelPath { kReference, kCuda };
-// "auto" -> cuda on CUDA tensors when the kernels were compiled in, else reference.
+// moe.kernels for a model that runs on CUDA (on_cuda) or the CPU: "auto" -> cuda on CUDA when the
+// kernels were compiled in, else reference. UserError for "cuda" where it cannot run.
 KernelPath resolve_kernel_path(const std::string& setting, bool on_cuda);
+
+// Dispatch -> (experts) -> combine, on the path chosen once when the layer is built: the ATen
+// reference above, or our CUDA kernels (moe/kernels/permute.h). Both take the same DispatchPlan.
+class Dispatcher {
+ public:
+  Dispatcher(KernelPath path, int64_t num_experts, int64_t top_k)
+      : path_(path), num_experts_(num_experts), top_k_(top_k) {}
+  // The plan of a routing (topk_idx, keep [T, k]; counts [E] when every assignment is kept).
+  DispatchPlan plan(const torch::Tensor& topk_idx, const torch::Tensor& keep, bool all_kept,
+                    const torch::Tensor& tokens_per_expert) const;
+  torch::Tensor permute(const torch::Tensor& x, const DispatchPlan& plan) const;
+  torch::Tensor combine(const torch::Tensor& y, const DispatchPlan& plan,
+                        const torch::Tensor& weights, int64_t num_tokens) const;
+  KernelPath path() const { return path_; }
+
+ private:
+  KernelPath path_;
+  int64_t num_experts_, top_k_;
+};
 
 }  // namespace moe::moe

@@ -1,4 +1,5 @@
-// The MoE FFN: route -> dispatch -> experts -> combine. Reports per-expert load and losses.
+// The MoE FFN: route -> dispatch -> experts -> combine (Megatron-Core's moe_layer order; the
+// dispatcher is chosen once, in the constructor). Reports per-expert load and losses.
 #pragma once
 
 #include <string>
@@ -6,6 +7,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include "moe/moe/dispatcher.h"
 #include "moe/moe/experts.h"
 #include "moe/moe/router.h"
 
@@ -14,7 +16,9 @@ namespace moe::moe {
 struct MoeLayerOptions {
   RouterOptions router;
   ExpertsOptions experts;
-  std::string kernels = "auto";           // auto | cuda | reference
+  // Our CUDA kernels (router, dispatch plan, permute, combine) or the ATen reference: settled
+  // when the model is built for its device (resolve_kernel_path), never per call.
+  KernelPath kernel_path = KernelPath::kReference;
   int64_t shared_expert_hidden_size = 0;  // > 0: a dense SwiGLU expert for every token
 };
 
@@ -44,6 +48,7 @@ class MoeLayerImpl : public torch::nn::Module {
 
  private:
   MoeLayerOptions opt_;
+  Dispatcher dispatcher_;
 };
 TORCH_MODULE(MoeLayer);
 

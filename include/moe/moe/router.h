@@ -17,6 +17,9 @@ struct RouterOptions {
   // Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for selection
   // only, moved by this much towards balance once per optimizer step. 0 = off.
   double bias_update_rate = 0.0;
+  // Scores and selection in our fused CUDA kernel (moe/kernels/router.h) instead of the ATen
+  // reference; settled when the layer is built (resolve_kernel_path in dispatcher.h).
+  bool fused_kernel = false;
 };
 
 struct Routing {
@@ -37,8 +40,10 @@ struct Routing {
 //   topk   the k highest probs + bias (bias: undefined or [E], selection only; ties -> lower id)
 //   weight probs at the chosen ids, divided by their sum when normalize && (k > 1 || sigmoid)
 //   lse    [T] logsumexp(logits) (the z-loss is mean(lse^2))
+//   tokens_per_expert  [E] int64 bincount of topk_idx
+// The one result type of both implementations (the fused kernel's is converted in router.cpp).
 struct RouterScores {
-  torch::Tensor probs, topk_idx, topk_weight, lse;
+  torch::Tensor probs, topk_idx, topk_weight, lse, tokens_per_expert;
 };
 RouterScores score_and_select_reference(const torch::Tensor& logits, const torch::Tensor& bias,
                                         int64_t k, bool sigmoid_scores, bool normalize_topk);
@@ -46,8 +51,8 @@ RouterScores score_and_select_reference(const torch::Tensor& logits, const torch
 class RouterImpl : public torch::nn::Module {
  public:
   explicit RouterImpl(const RouterOptions& opt);
-  // x [T, hidden]. fused_kernel: scores and selection in our CUDA kernel (x on a GPU).
-  Routing forward(const torch::Tensor& x, bool fused_kernel = false);
+  // x [T, hidden] (on a GPU when options().fused_kernel).
+  Routing forward(const torch::Tensor& x);
   const RouterOptions& options() const { return opt_; }
   // Aux-loss-free balancing: bias_e += rate * sign(mean load - load_e), tokens_per_expert [E]
   // counted over the whole optimizer step. A no-op when bias_update_rate is 0.
