@@ -45,10 +45,10 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.router.hidden_size = m.hidden_size;
   o.router.num_experts = cfg.moe.num_experts;
   o.router.top_k = cfg.moe.top_k;
-  o.router.sigmoid_scores = cfg.moe.score_function == "sigmoid";
+  o.router.sigmoid_scores = cfg.moe.score_function == config::ScoreFunction::kSigmoid;
   o.router.normalize_topk = cfg.moe.normalize_topk;
   o.router.capacity_factor = cfg.moe.capacity_factor;
-  o.router.bias_update_rate = cfg.moe.router_bias_update_rate;
+  o.router.router_bias_update_rate = cfg.moe.router_bias_update_rate;
   o.shared_expert_hidden_size = cfg.moe.shared_expert_hidden_size;
   o.experts.num_experts = cfg.moe.num_experts;
   o.experts.hidden_size = m.hidden_size;

@@ -17,10 +17,10 @@ RouterImpl::RouterImpl(const RouterOptions& opt) : opt_(opt) {
 }
 
 void RouterImpl::update_expert_bias(const torch::Tensor& tokens_per_expert) {
-  if (opt_.bias_update_rate <= 0) return;
+  if (opt_.router_bias_update_rate <= 0) return;
   torch::NoGradGuard no_grad;
   auto load = tokens_per_expert.to(expert_bias.device(), torch::kFloat);
-  expert_bias.add_(torch::sign(load.mean() - load), opt_.bias_update_rate);
+  expert_bias.add_(torch::sign(load.mean() - load), opt_.router_bias_update_rate);
 }
 
 RouterScores score_and_select_reference(const torch::Tensor& logits, const torch::Tensor& bias,
@@ -82,7 +82,7 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
     r.logits = torch::nn::functional::linear(x.to(torch::kFloat), weight.to(torch::kFloat));
   }
   // The bias takes part only when it is in use: a zero bias changes no selection.
-  const torch::Tensor bias = opt_.bias_update_rate > 0 ? expert_bias : torch::Tensor();
+  const torch::Tensor bias = opt_.router_bias_update_rate > 0 ? expert_bias : torch::Tensor();
   const auto select = opt_.fused_kernel ? score_and_select_fused : score_and_select_reference;
   const RouterScores s = select(r.logits, bias, k, opt_.sigmoid_scores, opt_.normalize_topk);
   const torch::Tensor &scores = s.probs, &top_idx = s.topk_idx, &lse = s.lse;

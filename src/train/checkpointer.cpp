@@ -36,7 +36,7 @@ void Checkpointer::save(const char* why, int64_t metrics_lines) {
   } catch (const TrainingError& e) {
     std::error_code ec;
     fs::remove_all(tmp, ec);  // the previous checkpoint and `latest` are untouched
-    if (cfg_.checkpoint.on_failure != "continue") throw;
+    if (cfg_.checkpoint.on_failure != config::OnFailure::kContinue) throw;
     log_.error("{}; training continues (checkpoint.on_failure = continue)", e.what());
     return;
   } catch (...) {

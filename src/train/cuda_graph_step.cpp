@@ -26,7 +26,7 @@ std::string cuda_graph_ineligible_reason(const config::Config& cfg, const torch:
   if (cfg.moe.capacity_factor > 0) return "moe.capacity_factor > 0 (token counts vary per step)";
   if (cfg.activation_checkpointing.number_checkpoints > 0)
     return "activation checkpointing is on (its recompute restores RNG state on the host)";
-  if (cfg.zero_optimization.offload_optimizer.device == "cpu")
+  if (cfg.zero_optimization.offload_optimizer.device == config::OffloadDevice::kCpu)
     return "optimizer offload is on (the update runs on the host)";
   if (cfg.model.hidden_size % 8 != 0 || config::expert_hidden_size(cfg) % 8 != 0 ||
       cfg.moe.shared_expert_hidden_size % 8 != 0)

@@ -57,7 +57,8 @@ std::string generate_text(const GenerateOptions& opt) {
     throw UserError("generate: " + opt.checkpoint_dir + "/state.json: damaged");
   }
   config::Config cfg = config::from_json(state.json["config"], opt.checkpoint_dir + "/state.json");
-  cfg.training.device = opt.device;
+  cfg.training.device =
+      config::parse_choice<config::TrainingDevice>(opt.device, "training.device", cfg.source_file);
   config::validate(cfg);
   std::vector<int64_t> prompt;
   for (unsigned char c : opt.prompt) {

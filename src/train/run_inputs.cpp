@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "moe/train/evaluation.h"
+#include "moe/train/device.h"
 #include "moe/util/errors.h"
 
 namespace moe::train {

@@ -34,6 +34,7 @@
 #include "moe/train/checkpoint.h"
 #include "moe/train/checkpoint_store.h"
 #include "moe/train/checkpointer.h"
+#include "moe/train/device.h"
 #include "moe/train/evaluation.h"
 #include "moe/train/loss_scaler.h"
 #include "moe/train/lr_schedule.h"
@@ -77,7 +78,8 @@ void install_signal_handlers() {
 
 std::vector<AdamWGroup> param_groups(model::TransformerLM& model, const config::Config& cfg) {
   AdamWGroup decay, no_decay;
-  decay.weight_decay = cfg.optimizer.type == "Adam" ? 0.0 : cfg.optimizer.weight_decay;
+  decay.weight_decay =
+      cfg.optimizer.type == config::OptimizerType::kAdam ? 0.0 : cfg.optimizer.weight_decay;
   for (auto& item : model->named_parameters()) {
     // Norm weights and biases (1-D) are not decayed, as in Megatron and DeepSpeed's examples.
     AdamWGroup& g =
@@ -127,7 +129,7 @@ std::string oom_report(const config::Config& cfg, const torch::Device& device, i
 
 OffloadOptions offload_options(const config::Config& cfg) {
   OffloadOptions o;
-  o.enabled = cfg.zero_optimization.offload_optimizer.device == "cpu";
+  o.enabled = cfg.zero_optimization.offload_optimizer.device == config::OffloadDevice::kCpu;
   o.pin_memory = cfg.zero_optimization.offload_optimizer.pin_memory;
   return o;
 }

@@ -40,8 +40,8 @@ TEST(Config, MinimalGetsDefaults) {
   Config c = build(minimal());
   EXPECT_EQ(c.train_batch_size, 4);
   EXPECT_EQ(c.gradient_accumulation_steps, 1);
-  EXPECT_EQ(c.optimizer.type, "AdamW");
-  EXPECT_EQ(c.scheduler.type, "WarmupCosineLR");
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
+  EXPECT_EQ(c.scheduler.type, SchedulerType::kWarmupCosineLR);
   EXPECT_EQ(c.moe.num_experts, 8);
 }
 
@@ -209,6 +209,104 @@ TEST(Config, ResolvedJsonRoundTrips) {
   Config again = build(out);
   EXPECT_EQ(to_json(again), out);
   EXPECT_EQ(out["moe"]["expert_hidden_size"], expert_hidden_size(c));
+}
+
+TEST(Config, ClosedSetsReadAsEnumsAndWriteAsNames) {
+  json j = minimal();
+  j["optimizer"] = {{"type", "Adam"}};
+  j["scheduler"] = {{"type", "WarmupLR"}, {"params", {{"warmup_type", "linear"}}}};
+  j["zero_optimization"] = {{"offload_optimizer", {{"device", "cpu"}}}};
+  j["moe"] = {{"score_function", "sigmoid"}};
+  j["training"] = {{"device", "cpu"}};
+  j["checkpoint"] = {{"on_failure", "continue"}};
+  Config c = build(j);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdam);
+  EXPECT_EQ(c.scheduler.type, SchedulerType::kWarmupLR);
+  EXPECT_EQ(c.scheduler.warmup_type, WarmupType::kLinear);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_EQ(c.moe.score_function, ScoreFunction::kSigmoid);
+  EXPECT_EQ(c.training.device, TrainingDevice::kCpu);
+  EXPECT_EQ(c.checkpoint.on_failure, OnFailure::kContinue);
+  json out = to_json(c);
+  EXPECT_EQ(out["optimizer"]["type"], "Adam");
+  EXPECT_EQ(out["scheduler"]["params"]["warmup_type"], "linear");
+  EXPECT_EQ(out["zero_optimization"]["offload_optimizer"]["device"], "cpu");
+  EXPECT_EQ(out["moe"]["score_function"], "sigmoid");
+  EXPECT_EQ(out["training"]["device"], "cpu");
+  EXPECT_EQ(out["checkpoint"]["on_failure"], "continue");
+  // A LinearWarmupCosineDecay warmup is linear; it takes no warmup_type.
+  j["scheduler"] = {{"type", "LinearWarmupCosineDecay"}};
+  EXPECT_EQ(build(j).scheduler.warmup_type, WarmupType::kLinear);
+}
+
+TEST(Config, NamesOutsideAClosedSetListTheNames) {
+  json j = minimal();
+  j["training"] = {{"device", "gpu"}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: training.device = \"gpu\": expected one of auto, cpu, cuda");
+  j = minimal();
+  j["optimizer"] = {{"type", "SGD"}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: optimizer.type = \"SGD\": expected one of AdamW, Adam");
+  j = minimal();
+  j["scheduler"] = {{"type", "Cosine"}};
+  EXPECT_EQ(
+      error_of([&] { build(j); }),
+      "config: test.json: scheduler.type = \"Cosine\": expected one of WarmupLR, WarmupDecayLR, "
+      "WarmupCosineLR, LinearWarmupCosineDecay, Constant");
+  j = minimal();
+  j["moe"] = {{"kernels", "triton"}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: moe.kernels = \"triton\": expected one of auto, cuda, reference");
+  EXPECT_EQ(error_of([&] { parse_choice<TrainingDevice>("tpu", "training.device", "s.json"); }),
+            "config: s.json: training.device = \"tpu\": expected one of auto, cpu, cuda");
+  j = minimal();
+  j["training"] = {{"device", 1}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: training.device = 1: expected a string");
+}
+
+TEST(Config, MultiGpuKeysWarn) {
+  json j = minimal();
+  j["zero_optimization"] = {{"stage", 1}, {"overlap_comm", true}};
+  j["prescale_gradients"] = true;
+  EXPECT_EQ(build(j).warnings,
+            (std::vector<std::string>{
+                "zero_optimization.overlap_comm is a multi-GPU setting; ignored",
+                "prescale_gradients is a multi-GPU setting; ignored",
+                "zero_optimization.stage = 1: ZeRO partitions state across GPUs; with one GPU it "
+                "changes nothing"}));
+}
+
+TEST(Config, RulesWithNotesAndEmptyStrings) {
+  json j = minimal();
+  j["moe"] = {{"router_bias_update_rate", 1}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: moe.router_bias_update_rate = 1: must be in [0, 1) (0 = no expert "
+            "bias)");
+  j = minimal();
+  j["model"] = {{"vocab_size", 1}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: model.vocab_size = 1: must be in [2, 2^31]");
+  j = minimal();
+  j["optimizer"] = {{"params", {{"betas", {0.9, 1.0}}}}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: optimizer.params.betas[1] = 1: must be in [0, 1)");
+  j = minimal();
+  j["monitor"] = {{"prometheus", {{"host", ""}}}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: monitor.prometheus.host = \"\": must name an address to bind, e.g. "
+            "127.0.0.1");
+}
+
+TEST(Config, ResolvedJsonWritesOnlyTheSchedulersParams) {
+  json j = minimal();
+  j["scheduler"] = {{"type", "Constant"}};
+  EXPECT_EQ(to_json(build(j))["scheduler"]["params"], json::object());
+  j["scheduler"] = {{"type", "WarmupLR"}};
+  json params = to_json(build(j))["scheduler"]["params"];
+  EXPECT_EQ(params.size(), 4u) << params;
+  EXPECT_FALSE(params.contains("cos_min_ratio")) << params;
 }
 
 TEST(Config, ParameterCountOfTheSeedSizedModel) {

@@ -36,12 +36,12 @@ TEST(ExpertBias, UpdateFollowsSignOfLoadDeficit) {
   RouterOptions o;
   o.hidden_size = 8;
   o.num_experts = 4;
-  o.bias_update_rate = 0.01;
+  o.router_bias_update_rate = 0.01;
   Router r(o);
   r->update_expert_bias(torch::tensor({10, 0, 5, 5}, torch::kLong));
   EXPECT_TRUE(torch::allclose(r->expert_bias, torch::tensor({-0.01f, 0.01f, 0.0f, 0.0f})));
   RouterOptions off = o;
-  off.bias_update_rate = 0;
+  off.router_bias_update_rate = 0;
   Router r2(off);
   r2->update_expert_bias(torch::tensor({10, 0, 5, 5}, torch::kLong));
   EXPECT_EQ(r2->expert_bias.abs().sum().item<float>(), 0.0f);
@@ -54,7 +54,7 @@ TEST(ExpertBias, BalancesASkewedRouter) {
   o.hidden_size = 16;
   o.num_experts = 8;
   o.top_k = 2;
-  o.bias_update_rate = 0.005;
+  o.router_bias_update_rate = 0.005;
   Router r(o);
   {
     torch::NoGradGuard g;

@@ -10,32 +10,34 @@
 namespace moe::train {
 namespace {
 
-config::SchedulerConfig sched(const std::string& type) {
+using enum config::SchedulerType;
+
+config::SchedulerConfig sched(config::SchedulerType type) {
   config::SchedulerConfig s;
   s.type = type;
   return s;
 }
 
 TEST(LrSchedule, WarmupLRLogAndLinear) {
-  auto s = sched("WarmupLR");
+  auto s = sched(kWarmupLR);
   s.warmup_min_lr = 1e-5;
   s.warmup_max_lr = 1e-3;
   s.warmup_num_steps = 100;
-  s.warmup_type = "log";
+  s.warmup_type = config::WarmupType::kLog;
   LrSchedule log_sched(s, 0.5, 1000);
   EXPECT_DOUBLE_EQ(log_sched.lr_at(0), 1e-5);  // log(1) = 0
   EXPECT_DOUBLE_EQ(log_sched.lr_at(1), 1e-5 + (1e-3 - 1e-5) * std::log(2.0) / std::log(100.0));
   EXPECT_DOUBLE_EQ(log_sched.lr_at(50), 1e-5 + (1e-3 - 1e-5) * std::log(51.0) / std::log(100.0));
   EXPECT_DOUBLE_EQ(log_sched.lr_at(100), 1e-3);
   EXPECT_DOUBLE_EQ(log_sched.lr_at(999), 1e-3);
-  s.warmup_type = "linear";
+  s.warmup_type = config::WarmupType::kLinear;
   LrSchedule lin(s, 0.5, 1000);
   EXPECT_DOUBLE_EQ(lin.lr_at(0), 1e-5);
   EXPECT_DOUBLE_EQ(lin.lr_at(25), 1e-5 + (1e-3 - 1e-5) * 0.25);
 }
 
 TEST(LrSchedule, WarmupNumStepsIsClampedToTwo) {
-  auto s = sched("WarmupLR");
+  auto s = sched(kWarmupLR);
   s.warmup_num_steps = 0;
   s.warmup_max_lr = 1.0;
   LrSchedule l(s, 1.0, 10);
@@ -44,11 +46,11 @@ TEST(LrSchedule, WarmupNumStepsIsClampedToTwo) {
 }
 
 TEST(LrSchedule, WarmupDecayLR) {
-  auto s = sched("WarmupDecayLR");
+  auto s = sched(kWarmupDecayLR);
   s.warmup_min_lr = 0.0;
   s.warmup_max_lr = 2e-3;
   s.warmup_num_steps = 10;
-  s.warmup_type = "linear";
+  s.warmup_type = config::WarmupType::kLinear;
   s.total_num_steps = 110;
   LrSchedule l(s, 1.0, 0);
   EXPECT_DOUBLE_EQ(l.lr_at(0), 0.0);
@@ -60,11 +62,11 @@ TEST(LrSchedule, WarmupDecayLR) {
 }
 
 TEST(LrSchedule, WarmupCosineLR) {
-  auto s = sched("WarmupCosineLR");
+  auto s = sched(kWarmupCosineLR);
   s.warmup_min_ratio = 0.1;
   s.cos_min_ratio = 0.01;
   s.warmup_num_steps = 20;
-  s.warmup_type = "linear";
+  s.warmup_type = config::WarmupType::kLinear;
   s.total_num_steps = 120;
   const double base = 3e-4;
   LrSchedule l(s, base, 0);
@@ -83,16 +85,16 @@ TEST(LrSchedule, WarmupCosineLR) {
 }
 
 TEST(LrSchedule, WarmupCosineUsesRunLengthWhenTotalIsZero) {
-  auto s = sched("WarmupCosineLR");
+  auto s = sched(kWarmupCosineLR);
   s.warmup_num_steps = 10;
-  s.warmup_type = "linear";
+  s.warmup_type = config::WarmupType::kLinear;
   s.cos_min_ratio = 0.0;
   LrSchedule l(s, 1.0, 110);
   EXPECT_NEAR(l.lr_at(109), 0.0, 1e-15);
 }
 
 TEST(LrSchedule, LinearWarmupCosineDecayAndConstant) {
-  auto s = sched("LinearWarmupCosineDecay");
+  auto s = sched(kLinearWarmupCosineDecay);
   s.warmup_num_steps = 10;
   s.total_num_steps = 110;
   s.min_lr = 1e-5;
@@ -102,7 +104,7 @@ TEST(LrSchedule, LinearWarmupCosineDecayAndConstant) {
   EXPECT_DOUBLE_EQ(l.lr_at(10), 1e-3);
   EXPECT_NEAR(l.lr_at(60), 1e-5 + (1e-3 - 1e-5) * 0.5, 1e-15);
   EXPECT_DOUBLE_EQ(l.lr_at(110), 1e-5);
-  LrSchedule c(sched("Constant"), 7e-4, 100);
+  LrSchedule c(sched(kConstant), 7e-4, 100);
   EXPECT_DOUBLE_EQ(c.lr_at(0), 7e-4);
   EXPECT_DOUBLE_EQ(c.lr_at(99), 7e-4);
 }

@@ -1,21 +1,26 @@
 // The typed configuration tree. DeepSpeed key names where DeepSpeed has the concept
 // (train_batch_size, optimizer, scheduler, fp16, bf16, gradient_clipping, ...); our own
 // sections (model, moe, data, training, checkpoint, monitor) beside them. docs/config.md
-// documents every key. Loaded once, overrides applied, validated once.
+// documents every key. Loaded once, overrides applied, validated once. Each struct's keys, with
+// their JSON names, types and rules, are listed once in src/config/fields.h; members are named
+// after their keys (objects like optimizer.params are flattened into their section's struct).
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "moe/config/choices.h"
+
 namespace moe::config {
 
 struct OptimizerConfig {
-  std::string type = "AdamW";  // AdamW | Adam (Adam = AdamW with decoupled decay off)
-  double lr = 1e-3;            // peak learning rate
+  OptimizerType type = OptimizerType::kAdamW;  // Adam = AdamW with decoupled decay off
+  double lr = 1e-3;                            // peak learning rate
   std::array<double, 2> betas = {0.9, 0.999};
   double eps = 1e-8;
   double weight_decay = 0.01;
@@ -24,15 +29,14 @@ struct OptimizerConfig {
 
 // One struct for every scheduler type; which params are legal depends on `type`.
 struct SchedulerConfig {
-  std::string type = "WarmupCosineLR";  // WarmupLR | WarmupDecayLR | WarmupCosineLR |
-                                        // LinearWarmupCosineDecay | Constant
+  SchedulerType type = SchedulerType::kWarmupCosineLR;
   // WarmupLR / WarmupDecayLR (absolute learning rates)
   double warmup_min_lr = 0.0;
   double warmup_max_lr = 0.001;
   // shared
   int64_t warmup_num_steps = 1000;
-  std::string warmup_type = "log";  // log | linear
-  int64_t total_num_steps = 0;      // 0: the run's total optimizer steps
+  WarmupType warmup_type = WarmupType::kLog;
+  int64_t total_num_steps = 0;  // 0: the run's total optimizer steps
   // WarmupCosineLR (ratios of optimizer.params.lr)
   double warmup_min_ratio = 0.0;
   double cos_min_ratio = 0.0001;
@@ -55,7 +59,7 @@ struct Bf16Config {
 };
 
 struct OffloadOptimizerConfig {
-  std::string device = "none";  // none | cpu
+  OffloadDevice device = OffloadDevice::kNone;
   bool pin_memory = true;
 };
 
@@ -94,16 +98,16 @@ struct ModelConfig {
 struct MoeConfig {
   int64_t num_experts = 8;
   int64_t top_k = 2;
-  int64_t expert_hidden_size = 0;          // 0: 4 * hidden_size * 2 / 3 rounded up to 64 (SwiGLU)
-  std::string score_function = "softmax";  // softmax | sigmoid
-  bool normalize_topk = true;              // renormalise the k weights to sum to 1
-  double aux_loss_coeff = 0.01;            // Switch/GShard load-balancing loss
-  double z_loss_coeff = 0.001;             // router z-loss
-  double capacity_factor = 0.0;            // 0 = dropless
-  double expert_dropout = 0.0;             // dropout on the experts' hidden activations (Switch)
-  int64_t shared_expert_hidden_size = 0;   // > 0: a dense SwiGLU expert every token passes through
-  double router_bias_update_rate = 0.0;    // > 0: aux-loss-free expert bias (DeepSeek-V3)
-  std::string kernels = "auto";            // auto | cuda | reference
+  int64_t expert_hidden_size = 0;  // 0: 4 * hidden_size * 2 / 3 rounded up to 64 (SwiGLU)
+  ScoreFunction score_function = ScoreFunction::kSoftmax;
+  bool normalize_topk = true;             // renormalise the k weights to sum to 1
+  double aux_loss_coeff = 0.01;           // Switch/GShard load-balancing loss
+  double z_loss_coeff = 0.001;            // router z-loss
+  double capacity_factor = 0.0;           // 0 = dropless
+  double expert_dropout = 0.0;            // dropout on the experts' hidden activations (Switch)
+  int64_t shared_expert_hidden_size = 0;  // > 0: a dense SwiGLU expert every token passes through
+  double router_bias_update_rate = 0.0;   // > 0: aux-loss-free expert bias (DeepSeek-V3)
+  std::string kernels = "auto";           // auto | cuda | reference
 };
 
 struct DataConfig {
@@ -118,19 +122,20 @@ struct DataConfig {
 };
 
 struct MonitorConfig {
+  // The one exception to key names: the trainer reads these flat names.
   int64_t prometheus_port = 0;                // monitor.prometheus.port; 0 = no endpoint
   std::string prometheus_host = "127.0.0.1";  // monitor.prometheus.host
   double peak_tflops = 0.0;  // device peak for MFU; 0 = known GPUs only, none on CPU
 };
 
 struct CheckpointConfig {
-  int64_t save_interval = 0;           // optimizer steps between checkpoints; 0 = off
-  double save_interval_minutes = 0.0;  // wall-clock minutes between checkpoints; 0 = off
-  int64_t keep_last = 3;               // newest checkpoints kept
-  int64_t keep_every = 0;              // also keep every step that is a multiple; 0 = none
-  bool save_initial = false;           // a checkpoint of the initial weights (step 0)
-  bool save_final = true;              // a checkpoint when training ends
-  std::string on_failure = "stop";     // a failed write (disk full): stop (exit 3) | continue
+  int64_t save_interval = 0;                // optimizer steps between checkpoints; 0 = off
+  double save_interval_minutes = 0.0;       // wall-clock minutes between checkpoints; 0 = off
+  int64_t keep_last = 3;                    // newest checkpoints kept
+  int64_t keep_every = 0;                   // also keep every step that is a multiple; 0 = none
+  bool save_initial = false;                // a checkpoint of the initial weights (step 0)
+  bool save_final = true;                   // a checkpoint when training ends
+  OnFailure on_failure = OnFailure::kStop;  // a failed write (disk full): stop (exit 3) or not
 };
 
 struct TrainingConfig {
@@ -140,10 +145,10 @@ struct TrainingConfig {
   int64_t eval_interval = 100;
   int64_t eval_iters = 20;  // validation batches per evaluation
   uint64_t seed = 1234;
-  std::string device = "auto";  // auto | cpu | cuda
-  int64_t max_bad_steps = 3;    // bf16/fp32: stop (exit 3) at this many non-finite steps in a row
-  int64_t exit_interval = 0;    // Megatron's: checkpoint and exit 0 after steps divisible by it
-  bool cuda_graph = false;      // capture the whole step in a CUDA graph (when eligible)
+  TrainingDevice device = TrainingDevice::kAuto;
+  int64_t max_bad_steps = 3;  // bf16/fp32: stop (exit 3) at this many non-finite steps in a row
+  int64_t exit_interval = 0;  // Megatron's: checkpoint and exit 0 after steps divisible by it
+  bool cuda_graph = false;    // capture the whole step in a CUDA graph (when eligible)
   double exit_duration_minutes = 0.0;  // checkpoint and exit 0 once this much time has passed
 };
 
@@ -184,8 +189,20 @@ nlohmann::json load_json_file(const std::string& path);
 // (numbers, true/false, null, arrays), else taken as a string. Type checking happens in from_json.
 void apply_override(nlohmann::json& root, const std::string& assignment);
 
-// Builds the typed tree: unknown keys (with did-you-mean) and wrong types throw UserError.
+// Builds the typed tree: unknown keys (with did-you-mean), wrong types and names outside a
+// closed set throw UserError.
 Config from_json(const nlohmann::json& root, const std::string& file);
+
+// Throws UserError "PREFIXpath = "value": expected one of NAMES"; PREFIX is "config: FILE: ".
+[[noreturn]] void throw_not_a_choice(const std::string& prefix, std::string_view path,
+                                     std::string_view value, const std::string& names);
+
+// The enumerator named `value`; another value fails as it would in the config file at `path`.
+template <Choice E>
+E parse_choice(std::string_view value, std::string_view path, const std::string& file) {
+  if (auto e = parse_choice<E>(value)) return *e;
+  throw_not_a_choice("config: " + file + ": ", path, value, choice_list<E>());
+}
 
 // Range and consistency rules; resolves the batch triple. Throws UserError naming path and rule.
 void validate(Config& cfg);

@@ -16,7 +16,7 @@ struct RouterOptions {
   double capacity_factor = 0.0;  // 0 = dropless
   // Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for selection
   // only, moved by this much towards balance once per optimizer step. 0 = off.
-  double bias_update_rate = 0.0;
+  double router_bias_update_rate = 0.0;
   // Scores and selection in our fused CUDA kernel (moe/kernels/router.h) instead of the ATen
   // reference; settled when the layer is built (resolve_kernel_path in dispatcher.h).
   bool fused_kernel = false;
@@ -55,7 +55,7 @@ class RouterImpl : public torch::nn::Module {
   Routing forward(const torch::Tensor& x);
   const RouterOptions& options() const { return opt_; }
   // Aux-loss-free balancing: bias_e += rate * sign(mean load - load_e), tokens_per_expert [E]
-  // counted over the whole optimizer step. A no-op when bias_update_rate is 0.
+  // counted over the whole optimizer step. A no-op when router_bias_update_rate is 0.
   void update_expert_bias(const torch::Tensor& tokens_per_expert);
   torch::Tensor weight;       // [E, hidden], xavier_uniform
   torch::Tensor expert_bias;  // [E] fp32 buffer (zeros; not a parameter, never decayed)

@@ -1,5 +1,6 @@
-// Pieces shared by training, `moe-train eval` and `moe-train generate`: device choice, batch
-// buffers, validation (loss, perplexity, next-token accuracy, expert load), sampling.
+// Pieces shared by training, `moe-train eval` and `moe-train generate` (the device and batch
+// helpers are in device.h): validation (loss, perplexity, next-token accuracy, expert load),
+// sampling.
 #pragma once
 
 #include <cstdint>
@@ -11,17 +12,10 @@
 #include "moe/config/config.h"
 #include "moe/data/streaming_loader.h"
 #include "moe/model/transformer.h"
-#include "moe/train/trainer.h"
+#include "moe/train/device.h"
+#include "moe/train/eval_result.h"
 
 namespace moe::train {
-
-// The device from training.device, with the MoE kernel path checked against it and this build
-// (UserError naming the config file and key), before any caller writes anything.
-torch::Device pick_device(const config::Config& cfg);
-
-// Batch buffers as torch tensors: pinned when training on CUDA (non-blocking copies).
-data::BufferFactory tensor_buffers(const torch::Device& device);
-torch::Tensor to_device(const data::Batch& b, const torch::Device& device);
 
 // Validation over the first eval_iters micro-batches of `shards`, in order.
 EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardInfo>& shards,

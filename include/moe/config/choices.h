@@ -1,0 +1,95 @@
+// The config keys whose value is one of a closed set of names, as enums. Each enum's names are
+// its JSON spelling, in the order "expected one of" messages and configs/schema.json list them.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace moe::config {
+
+enum class OptimizerType { kAdamW, kAdam };  // optimizer.type
+enum class SchedulerType {                   // scheduler.type
+  kWarmupLR,
+  kWarmupDecayLR,
+  kWarmupCosineLR,
+  kLinearWarmupCosineDecay,
+  kConstant
+};
+enum class WarmupType { kLog, kLinear };           // scheduler.params.warmup_type
+enum class OffloadDevice { kNone, kCpu };          // zero_optimization.offload_optimizer.device
+enum class ScoreFunction { kSoftmax, kSigmoid };   // moe.score_function
+enum class TrainingDevice { kAuto, kCpu, kCuda };  // training.device
+enum class OnFailure { kStop, kContinue };         // checkpoint.on_failure
+
+template <class E>
+struct ChoiceNames;  // kNames[i] is the JSON name of the enumerator with value i
+template <>
+struct ChoiceNames<OptimizerType> {
+  static constexpr std::array<std::string_view, 2> kNames = {"AdamW", "Adam"};
+};
+template <>
+struct ChoiceNames<SchedulerType> {
+  static constexpr std::array<std::string_view, 5> kNames = {
+      "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "LinearWarmupCosineDecay", "Constant"};
+};
+template <>
+struct ChoiceNames<WarmupType> {
+  static constexpr std::array<std::string_view, 2> kNames = {"log", "linear"};
+};
+template <>
+struct ChoiceNames<OffloadDevice> {
+  static constexpr std::array<std::string_view, 2> kNames = {"none", "cpu"};
+};
+template <>
+struct ChoiceNames<ScoreFunction> {
+  static constexpr std::array<std::string_view, 2> kNames = {"softmax", "sigmoid"};
+};
+template <>
+struct ChoiceNames<TrainingDevice> {
+  static constexpr std::array<std::string_view, 3> kNames = {"auto", "cpu", "cuda"};
+};
+template <>
+struct ChoiceNames<OnFailure> {
+  static constexpr std::array<std::string_view, 2> kNames = {"stop", "continue"};
+};
+
+template <class E>
+concept Choice = std::is_enum_v<E> && requires {
+  ChoiceNames<E>::kNames;
+};
+
+template <Choice E>
+constexpr std::string_view name(E e) {
+  return ChoiceNames<E>::kNames[static_cast<std::size_t>(e)];
+}
+
+template <Choice E>
+constexpr std::optional<E> parse_choice(std::string_view s) {
+  for (std::size_t i = 0; i < ChoiceNames<E>::kNames.size(); ++i) {
+    if (ChoiceNames<E>::kNames[i] == s) return static_cast<E>(i);
+  }
+  return std::nullopt;
+}
+
+// "AdamW, Adam": the tail of an "expected one of" message.
+template <Choice E>
+std::string choice_list() {
+  std::string list;
+  for (std::string_view n : ChoiceNames<E>::kNames) {
+    list += (list.empty() ? "" : ", ") + std::string(n);
+  }
+  return list;
+}
+
+// Prints the JSON name (log lines and messages say "cpu", not 1).
+template <Choice E>
+std::ostream& operator<<(std::ostream& os, E e) {
+  return os << name(e);
+}
+
+}  // namespace moe::config

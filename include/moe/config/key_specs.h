@@ -1,0 +1,29 @@
+// Every key the config accepts, as the field lists declare it, for checks that documents
+// describing the config (configs/schema.json) agree with the code.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace moe::config {
+
+struct KeySpec {
+  std::string path;  // "optimizer.params.lr"
+  // The JSON Schema type: integer, number, boolean, string, array (two numbers), object, or ""
+  // for keys accepted and ignored (any value).
+  std::string type;
+  std::vector<std::string> choices;  // the names a closed-set string takes, in message order
+  nlohmann::json default_value;      // the built-in value; null for objects and ignored keys
+  // Bounds of the field's range rule (of each item for arrays); unset where there is none.
+  std::optional<double> minimum, maximum;
+  bool exclusive_minimum = false, exclusive_maximum = false;
+  bool not_empty = false;  // a string that must not be empty
+};
+
+// Depth first, in field-list order: an object's entry precedes its keys.
+std::vector<KeySpec> key_specs();
+
+}  // namespace moe::config

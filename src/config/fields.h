@@ -1,0 +1,214 @@
+// The field lists: every key of every section, once, with its member and rule. Reading
+// (from_json), the per-key rules of validate(), writing (to_json, so `config show` and the
+// checkpoint's state.json) and key_specs() all walk these lists, so a new key is its member in
+// config.h and one line here, plus its docs/config.md row and configs/schema.json entry (a test
+// compares the schema with key_specs()).
+//
+// A walk V provides:
+//   field(key, member, rule = {}, applies = true)  one key; `applies` false: not a key here
+//   object(key, fn)                                a nested JSON object; fn visits its keys
+//   ignored(key)                                   accepted, no meaning (DeepSpeed switches)
+//   multi_gpu(key)                                 accepted with a warning
+// The order is the reading and checking order: of several errors, the first met is reported.
+#pragma once
+
+#include <array>
+#include <concepts>
+#include <string_view>
+#include <type_traits>
+
+#include "field_types.h"
+#include "moe/config/config.h"
+
+namespace moe::config {
+
+// `S` is section struct T, const or not (reading fills it, the other walks only look).
+template <class S, class T>
+concept Section = std::same_as<std::remove_const_t<S>, T>;
+
+template <class V, class S>
+void section(V& v, std::string_view key, S& s) {
+  v.object(key, [&] { visit_fields(v, s); });
+}
+
+// moe.kernels is a string checked against these names.
+inline constexpr std::array<std::string_view, 3> kKernelNames = {"auto", "cuda", "reference"};
+
+void visit_fields(auto& v, Section<OptimizerConfig> auto& o) {
+  v.field("type", o.type);
+  v.object("params", [&] {
+    v.field("lr", o.lr, above(0));
+    v.field("betas", o.betas, in_open(0, 1));
+    v.field("eps", o.eps, above(0));
+    v.field("weight_decay", o.weight_decay, at_least(0));
+    v.field("decay_norms_and_biases", o.decay_norms_and_biases);
+    v.ignored("torch_adam");  // DeepSpeed implementation switches: no meaning here
+    v.ignored("adam_w_mode");
+  });
+}
+
+void visit_fields(auto& v, Section<SchedulerConfig> auto& s) {
+  v.field("type", s.type);
+  // Which params a type takes (read after `type`); the others are unknown keys.
+  using enum SchedulerType;
+  const bool absolute = s.type == kWarmupLR || s.type == kWarmupDecayLR;
+  const bool ratios = s.type == kWarmupCosineLR;
+  const bool linear = s.type == kLinearWarmupCosineDecay;
+  v.object("params", [&] {
+    v.field("warmup_min_lr", s.warmup_min_lr, at_least(0), absolute);
+    v.field("warmup_max_lr", s.warmup_max_lr, above(0), absolute);
+    v.field("warmup_min_ratio", s.warmup_min_ratio, in(0, 1), ratios);
+    v.field("cos_min_ratio", s.cos_min_ratio, in(0, 1), ratios);
+    v.field("warmup_num_steps", s.warmup_num_steps, at_least(0), absolute || ratios || linear);
+    v.field("warmup_type", s.warmup_type, {}, absolute || ratios);
+    v.field("total_num_steps", s.total_num_steps, at_least(0, "0 = the run's length"),
+            s.type == kWarmupDecayLR || ratios || linear);
+    v.field("min_lr", s.min_lr, at_least(0), linear);
+  });
+}
+
+void visit_fields(auto& v, Section<Fp16Config> auto& f) {
+  v.field("enabled", f.enabled);
+  v.field("loss_scale", f.loss_scale, at_least(0, "0 = dynamic"));
+  v.field("initial_scale_power", f.initial_scale_power, in(0, 62));
+  v.field("loss_scale_window", f.loss_scale_window, at_least(1));
+  v.field("hysteresis", f.hysteresis, at_least(1));
+  v.field("consecutive_hysteresis", f.consecutive_hysteresis);
+  v.field("min_loss_scale", f.min_loss_scale, above(0));
+}
+
+void visit_fields(auto& v, Section<Bf16Config> auto& b) { v.field("enabled", b.enabled); }
+
+void visit_fields(auto& v, Section<OffloadOptimizerConfig> auto& o) {
+  v.field("device", o.device);
+  v.field("pin_memory", o.pin_memory);
+}
+
+void visit_fields(auto& v, Section<ZeroConfig> auto& z) {
+  v.field("stage", z.stage, in(0, 3).says("must be 0, 1, 2 or 3"));
+  section(v, "offload_optimizer", z.offload_optimizer);
+  // Multi-GPU communication knobs: meaningless on one GPU, accepted so ds_configs load.
+  for (const char* k :
+       {"allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter",
+        "reduce_bucket_size", "contiguous_gradients", "round_robin_gradients"}) {
+    v.multi_gpu(k);
+  }
+}
+
+void visit_fields(auto& v, Section<ActivationCheckpointingConfig> auto& a) {
+  v.field("partition_activations", a.partition_activations);
+  v.field("cpu_checkpointing", a.cpu_checkpointing);
+  v.field("contiguous_memory_optimization", a.contiguous_memory_optimization);
+  v.field("number_checkpoints", a.number_checkpoints, at_least(0));
+  v.field("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary);
+  v.field("profile", a.profile);
+}
+
+void visit_fields(auto& v, Section<MonitorSinkConfig> auto& s) {
+  v.field("enabled", s.enabled);
+  v.field("output_path", s.output_path);
+  v.field("job_name", s.job_name);
+}
+
+void visit_fields(auto& v, Section<ModelConfig> auto& m) {
+  v.field("vocab_size", m.vocab_size, in(2, double(int64_t(1) << 31)).says("must be in [2, 2^31]"));
+  v.field("seq_len", m.seq_len, in(1, 1 << 20));
+  v.field("hidden_size", m.hidden_size, in(1, 65536));
+  v.field("num_layers", m.num_layers, in(1, 1024));
+  v.field("num_heads", m.num_heads, at_least(1));
+  v.field("dropout", m.dropout, in_open(0, 1));
+  v.field("init_std", m.init_std, above(0));
+  v.field("norm_eps", m.norm_eps, above(0));
+  v.field("tie_embeddings", m.tie_embeddings);
+}
+
+void visit_fields(auto& v, Section<MoeConfig> auto& m) {
+  v.field("num_experts", m.num_experts, in(1, 1024));
+  v.field("top_k", m.top_k, in(1, 8));
+  v.field("expert_hidden_size", m.expert_hidden_size, at_least(0, "0 = derived from hidden_size"));
+  v.field("score_function", m.score_function);
+  v.field("normalize_topk", m.normalize_topk);
+  v.field("aux_loss_coeff", m.aux_loss_coeff, at_least(0));
+  v.field("z_loss_coeff", m.z_loss_coeff, at_least(0));
+  v.field("capacity_factor", m.capacity_factor, at_least(0, "0 = dropless"));
+  v.field("expert_dropout", m.expert_dropout, in_open(0, 1));
+  v.field("shared_expert_hidden_size", m.shared_expert_hidden_size,
+          at_least(0, "0 = no shared expert"));
+  v.field("router_bias_update_rate", m.router_bias_update_rate,
+          in_open(0, 1, "0 = no expert bias"));
+  v.field("kernels", m.kernels, one_of(kKernelNames));
+}
+
+void visit_fields(auto& v, Section<DataConfig> auto& d) {
+  v.field("path", d.path);
+  v.field("train_path", d.train_path);
+  v.field("valid_path", d.valid_path);
+  v.field("verify_checksums", d.verify_checksums);
+  v.field("shuffle", d.shuffle);
+  v.field("prefetch", d.prefetch, in(1, 1024));
+  v.field("reader_threads", d.reader_threads, in(1, 64));
+  v.field("block_windows", d.block_windows, at_least(1));
+}
+
+void visit_fields(auto& v, Section<TrainingConfig> auto& t) {
+  v.field("output_dir", t.output_dir, not_empty("must not be empty"));
+  v.field("train_iters", t.train_iters, at_least(0, "0 = derive from epochs"));
+  v.field("epochs", t.epochs, at_least(1));
+  v.field("eval_interval", t.eval_interval, at_least(0, "0 = only at the end"));
+  v.field("eval_iters", t.eval_iters, at_least(1));
+  v.field("seed", t.seed);
+  v.field("device", t.device);
+  v.field("exit_interval", t.exit_interval, at_least(0, "0 = off"));
+  v.field("max_bad_steps", t.max_bad_steps, at_least(1));
+  v.field("exit_duration_minutes", t.exit_duration_minutes, at_least(0, "0 = off"));
+  v.field("cuda_graph", t.cuda_graph);
+}
+
+void visit_fields(auto& v, Section<CheckpointConfig> auto& k) {
+  v.field("save_interval", k.save_interval, at_least(0, "0 = off"));
+  v.field("save_interval_minutes", k.save_interval_minutes, at_least(0, "0 = off"));
+  v.field("keep_last", k.keep_last, at_least(1));
+  v.field("keep_every", k.keep_every, at_least(0, "0 = none"));
+  v.field("save_initial", k.save_initial);
+  v.field("save_final", k.save_final);
+  v.field("on_failure", k.on_failure);
+}
+
+void visit_fields(auto& v, Section<MonitorConfig> auto& m) {
+  v.object("prometheus", [&] {
+    v.field("port", m.prometheus_port, in(0, 65535, "0 = off"));
+    v.field("host", m.prometheus_host, not_empty("must name an address to bind, e.g. 127.0.0.1"));
+  });
+  v.field("peak_tflops", m.peak_tflops, at_least(0, "0 = known GPUs only"));
+}
+
+void visit_fields(auto& v, Section<Config> auto& c) {
+  // The batch triple's rules are cross-field: validate() resolves it.
+  v.field("train_batch_size", c.train_batch_size);
+  v.field("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
+  v.field("gradient_accumulation_steps", c.gradient_accumulation_steps);
+  section(v, "optimizer", c.optimizer);
+  section(v, "scheduler", c.scheduler);
+  section(v, "fp16", c.fp16);
+  section(v, "bf16", c.bf16);
+  v.field("gradient_clipping", c.gradient_clipping, at_least(0, "0 = off"));
+  v.field("steps_per_print", c.steps_per_print, at_least(1));
+  v.field("wall_clock_breakdown", c.wall_clock_breakdown);
+  section(v, "zero_optimization", c.zero_optimization);
+  section(v, "activation_checkpointing", c.activation_checkpointing);
+  section(v, "tensorboard", c.tensorboard);
+  section(v, "csv_monitor", c.csv_monitor);
+  for (const char* k : {"prescale_gradients", "gradient_predivide_factor",
+                        "communication_data_type", "zero_allow_untested_optimizer"}) {
+    v.multi_gpu(k);
+  }
+  section(v, "model", c.model);
+  section(v, "moe", c.moe);
+  section(v, "data", c.data);
+  section(v, "training", c.training);
+  section(v, "checkpoint", c.checkpoint);
+  section(v, "monitor", c.monitor);
+  v.ignored("$schema");  // lets editors find configs/schema.json
+}
+
+}  // namespace moe::config

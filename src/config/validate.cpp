@@ -1,0 +1,150 @@
+// validate(): the batch triple first, then each key's rule from the field lists, then the rules
+// that relate several keys. Every violation reads "config: FILE: path = value: rule".
+#include <array>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "fields.h"
+#include "moe/config/config.h"
+#include "moe/util/errors.h"
+
+namespace moe::config {
+
+namespace {
+
+template <class T>
+std::string shown(const T& value) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return "\"" + value + "\"";
+  } else {
+    std::ostringstream v;
+    v << value;
+    return v.str();
+  }
+}
+
+// Rules relating several keys, in one style: "path = value: rule".
+class Rules {
+ public:
+  explicit Rules(std::string file) : file_(std::move(file)) {}
+  template <class T>
+  void check(bool ok, const std::string& path, const T& value, const std::string& rule) const {
+    if (!ok) throw UserError("config: " + file_ + ": " + path + " = " + shown(value) + ": " + rule);
+  }
+
+ private:
+  std::string file_;
+};
+
+// Walks the field lists checking each key's own rule.
+class RuleChecker {
+ public:
+  explicit RuleChecker(const Rules& rules) : rules_(rules) {}
+
+  template <class T>
+  void field(std::string_view key, const T& value, const Rule& rule = {}, bool = true) {
+    if (rule.kind == Rule::Kind::kNone) return;
+    if constexpr (std::is_same_v<T, std::array<double, 2>>) {
+      for (size_t i = 0; i < value.size(); ++i) {
+        rules_.check(rule.allows(value[i]), paths_.of(key) + "[" + std::to_string(i) + "]",
+                     value[i], rule.describe());
+      }
+    } else {
+      rules_.check(rule.allows(value), paths_.of(key), value, rule.describe());
+    }
+  }
+
+  template <class F>
+  void object(std::string_view key, F&& visit) {
+    paths_.push(key);
+    visit();
+    paths_.pop();
+  }
+
+  void ignored(std::string_view) {}
+  void multi_gpu(std::string_view) {}
+
+ private:
+  const Rules& rules_;
+  PathStack paths_;
+};
+
+void resolve_batch(Config& c, const Rules& rules) {
+  int64_t& tbs = c.train_batch_size;
+  int64_t& mbs = c.train_micro_batch_size_per_gpu;
+  int64_t& gas = c.gradient_accumulation_steps;
+  rules.check(tbs >= 0, "train_batch_size", tbs, "must be > 0");
+  rules.check(mbs >= 0, "train_micro_batch_size_per_gpu", mbs, "must be > 0");
+  rules.check(gas >= 0, "gradient_accumulation_steps", gas, "must be > 0");
+  // DeepSpeed's rule with world size 1: any two determine the third.
+  if (tbs > 0 && mbs > 0 && gas > 0) {
+    rules.check(tbs == mbs * gas, "train_batch_size", tbs,
+                "must equal train_micro_batch_size_per_gpu (" + std::to_string(mbs) +
+                    ") x gradient_accumulation_steps (" + std::to_string(gas) +
+                    ") x world size (1)");
+  } else if (tbs > 0 && mbs > 0) {
+    rules.check(
+        tbs % mbs == 0, "train_batch_size", tbs,
+        "must be a multiple of train_micro_batch_size_per_gpu (" + std::to_string(mbs) + ")");
+    gas = tbs / mbs;
+  } else if (tbs > 0 && gas > 0) {
+    rules.check(tbs % gas == 0, "train_batch_size", tbs,
+                "must be a multiple of gradient_accumulation_steps (" + std::to_string(gas) + ")");
+    mbs = tbs / gas;
+  } else if (mbs > 0 && gas > 0) {
+    tbs = mbs * gas;
+  } else if (tbs > 0) {
+    mbs = tbs;
+    gas = 1;
+  } else if (mbs > 0) {
+    gas = 1;
+    tbs = mbs;
+  } else {
+    rules.check(false, "train_batch_size", tbs,
+                "set train_batch_size or train_micro_batch_size_per_gpu (both missing)");
+  }
+}
+
+// After the per-key rules, so each key is in its own range (num_heads >= 1 before dividing).
+void check_relations(Config& c, const Rules& rules) {
+  const auto& s = c.scheduler;
+  if (s.total_num_steps > 0 && s.type != SchedulerType::kWarmupLR &&
+      s.type != SchedulerType::kConstant) {
+    rules.check(s.total_num_steps > s.warmup_num_steps, "scheduler.params.total_num_steps",
+                s.total_num_steps,
+                "must be > warmup_num_steps (" + std::to_string(s.warmup_num_steps) + ")");
+  }
+  rules.check(!(c.fp16.enabled && c.bf16.enabled), "fp16.enabled", "true",
+              "fp16 and bf16 cannot both be enabled");
+  if (c.zero_optimization.stage > 0) {
+    c.warnings.push_back("zero_optimization.stage = " + std::to_string(c.zero_optimization.stage) +
+                         ": ZeRO partitions state across GPUs; with one GPU it changes nothing");
+  }
+  const auto& m = c.model;
+  rules.check(m.hidden_size % m.num_heads == 0, "model.num_heads", m.num_heads,
+              "must divide model.hidden_size (" + std::to_string(m.hidden_size) + ")");
+  const auto& e = c.moe;
+  rules.check(e.top_k <= e.num_experts, "moe.top_k", e.top_k,
+              "must be <= moe.num_experts (" + std::to_string(e.num_experts) + ")");
+  const auto& d = c.data;
+  rules.check(!d.path.empty() || !d.train_path.empty(), "data.path", d.path,
+              "set data.path (a prepare-data directory) or data.train_path (HDF5 shards)");
+  rules.check(d.path.empty() || d.train_path.empty(), "data.train_path", d.train_path,
+              "give data.path or data.train_path, not both");
+  rules.check(d.path.empty() || d.valid_path.empty(), "data.valid_path", d.valid_path,
+              "with data.path the validation split comes from its manifest");
+}
+
+}  // namespace
+
+void validate(Config& c) {
+  const Rules rules(c.source_file);
+  resolve_batch(c, rules);
+  RuleChecker checker(rules);
+  visit_fields(checker, std::as_const(c));
+  check_relations(c, rules);
+}
+
+}  // namespace moe::config
