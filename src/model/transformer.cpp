@@ -45,7 +45,7 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.router.hidden_size = m.hidden_size;
   o.router.num_experts = cfg.moe.num_experts;
   o.router.top_k = cfg.moe.top_k;
-  o.router.sigmoid_scores = cfg.moe.score_function == config::ScoreFunction::kSigmoid;
+  o.router.score_function = cfg.moe.score_function;
   o.router.normalize_topk = cfg.moe.normalize_topk;
   o.router.capacity_factor = cfg.moe.capacity_factor;
   o.router.router_bias_update_rate = cfg.moe.router_bias_update_rate;
@@ -53,7 +53,7 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.experts.num_experts = cfg.moe.num_experts;
   o.experts.hidden_size = m.hidden_size;
   o.experts.ffn_size = config::expert_hidden_size(cfg);
-  o.experts.dropout = cfg.moe.expert_dropout;
+  o.experts.expert_dropout = cfg.moe.expert_dropout;
   o.experts.init_std = m.init_std;
   // GPT-2/Megatron: residual-output projections scaled by 1/sqrt(2L).
   o.experts.output_init_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers));

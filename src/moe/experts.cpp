@@ -36,7 +36,7 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
     const auto xb = x.to(torch::kBFloat16);
     auto h = torch::silu(at::_grouped_mm(xb, w_gate.to(torch::kBFloat16), offs)) *
              at::_grouped_mm(xb, w_up.to(torch::kBFloat16), offs);
-    if (opt_.dropout > 0) h = torch::dropout(h, opt_.dropout, is_training());
+    if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
     return at::_grouped_mm(h, w_down.to(torch::kBFloat16), offs);
   }
   // Per-expert GEMMs over contiguous segments; counts are needed on the host to slice.
@@ -52,7 +52,7 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
     if (c[e] == 0) continue;  // experts without tokens are normal
     auto seg = x.narrow(0, offset, c[e]);
     auto h = torch::silu(seg.matmul(gate[e])) * seg.matmul(up[e]);
-    if (opt_.dropout > 0) h = torch::dropout(h, opt_.dropout, is_training());
+    if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
     outs.push_back(h.matmul(down[e]));
     offset += c[e];
   }

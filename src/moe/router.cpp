@@ -83,8 +83,9 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
   }
   // The bias takes part only when it is in use: a zero bias changes no selection.
   const torch::Tensor bias = opt_.router_bias_update_rate > 0 ? expert_bias : torch::Tensor();
+  const bool sigmoid = opt_.score_function == config::ScoreFunction::kSigmoid;
   const auto select = opt_.fused_kernel ? score_and_select_fused : score_and_select_reference;
-  const RouterScores s = select(r.logits, bias, k, opt_.sigmoid_scores, opt_.normalize_topk);
+  const RouterScores s = select(r.logits, bias, k, sigmoid, opt_.normalize_topk);
   const torch::Tensor &scores = s.probs, &top_idx = s.topk_idx, &lse = s.lse;
   torch::Tensor w = s.topk_weight, counts = s.tokens_per_expert;
   r.topk_idx = top_idx;
@@ -105,7 +106,7 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
   // Only a capacity limit drops; dropless routing needs no host sync here.
   r.dropped = r.all_kept ? 0 : T * k - counts.sum().item<int64_t>();
   // Aux loss on the probability simplex: softmax scores, or sigmoid scores normalised per token.
-  auto probs = opt_.sigmoid_scores ? scores / scores.sum(-1, true).clamp_min(1e-20) : scores;
+  auto probs = sigmoid ? scores / scores.sum(-1, true).clamp_min(1e-20) : scores;
   r.aux_loss = load_balancing_loss(probs, r.tokens_per_expert, k);
   r.z_loss = lse.square().mean();  // router_z_loss(logits), from the lse already computed
   return r;

@@ -11,7 +11,8 @@ struct ExpertsOptions {
   int64_t num_experts = 8;
   int64_t hidden_size = 0;
   int64_t ffn_size = 0;
-  double dropout = 0.0;  // expert dropout on the SwiGLU activations (Switch's "expert dropout")
+  double expert_dropout =
+      0.0;  // moe.expert_dropout on the SwiGLU activations (Switch's "expert dropout")
   double init_std = 0.02;
   double output_init_std = 0.02;
   // CUDA + bf16 activations + Hopper or newer + rows of a multiple of 8: one at::_grouped_mm per

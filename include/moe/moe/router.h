@@ -5,13 +5,15 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include "moe/config/choices.h"
+
 namespace moe::moe {
 
 struct RouterOptions {
   int64_t hidden_size = 0;
   int64_t num_experts = 8;
   int64_t top_k = 2;
-  bool sigmoid_scores = false;  // default softmax
+  config::ScoreFunction score_function = config::ScoreFunction::kSoftmax;  // moe.score_function
   bool normalize_topk = true;
   double capacity_factor = 0.0;  // 0 = dropless
   // Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for selection
