@@ -8,7 +8,11 @@
 //   field(key, member, rule = {}, applies = true)  one key; `applies` false: not a key here
 //   object(key, fn)                                a nested JSON object; fn visits its keys
 //   ignored(key)                                   accepted, no meaning (DeepSpeed switches)
-//   multi_gpu(key)                                 accepted with a warning
+//   multi_gpu(key)                                 accepted with the multi-GPU warning
+//   no_effect(key, reason)                         accepted with a warning giving the reason
+//   refused(key, reason)                           an error giving the reason; a warning when
+//                                                  disabled (false, or "enabled": false)
+// The last three read the value as opaque JSON: any content is accepted inside it.
 // The order is the reading and checking order: of several errors, the first met is reported.
 #pragma once
 
@@ -19,6 +23,7 @@
 
 #include "field_types.h"
 #include "moe/config/config.h"
+#include "moe/config/deepspeed_keys.h"
 
 namespace moe::config {
 
@@ -75,6 +80,7 @@ void visit_fields(auto& v, Section<Fp16Config> auto& f) {
   v.field("hysteresis", f.hysteresis, at_least(1));
   v.field("consecutive_hysteresis", f.consecutive_hysteresis);
   v.field("min_loss_scale", f.min_loss_scale, above(0));
+  v.ignored("auto_cast");  // casts the model's inputs: here token ids, autocast does the rest
 }
 
 void visit_fields(auto& v, Section<Bf16Config> auto& b) { v.field("enabled", b.enabled); }
@@ -90,9 +96,23 @@ void visit_fields(auto& v, Section<ZeroConfig> auto& z) {
   // Multi-GPU communication knobs: meaningless on one GPU, accepted so ds_configs load.
   for (const char* k :
        {"allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter",
-        "reduce_bucket_size", "contiguous_gradients", "round_robin_gradients"}) {
+        "reduce_bucket_size", "contiguous_gradients", "round_robin_gradients", "grad_hooks",
+        "ignore_unused_parameters", "elastic_checkpoint", "zero_hpz_partition_size",
+        "zero_quantized_weights", "zero_quantized_gradients"}) {
     v.multi_gpu(k);
   }
+  // Stage 3 partitions parameters across GPUs; one GPU holds them all.
+  for (const char* k :
+       {"stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
+        "stage3_param_persistence_threshold", "stage3_gather_16bit_weights_on_model_save",
+        "stage3_gather_fp16_weights_on_model_save", "sub_group_size"}) {
+    v.no_effect(k, "a ZeRO stage 3 setting; one GPU holds every parameter");
+  }
+  v.no_effect("offload_param",
+              "parameter offload is not implemented; parameters stay on the device");
+  v.refused("cpu_offload",
+            "it is DeepSpeed's deprecated switch; use zero_optimization.offload_optimizer.device = "
+            "\"cpu\"");
 }
 
 void visit_fields(auto& v, Section<ActivationCheckpointingConfig> auto& a) {
@@ -172,6 +192,11 @@ void visit_fields(auto& v, Section<CheckpointConfig> auto& k) {
   v.field("save_initial", k.save_initial);
   v.field("save_final", k.save_final);
   v.field("on_failure", k.on_failure);
+  // DeepSpeed's own checkpoint keys: consistency and layout across ranks.
+  for (const char* key :
+       {"tag_validation", "load_universal", "use_node_local_storage", "parallel_write"}) {
+    v.multi_gpu(key);
+  }
 }
 
 void visit_fields(auto& v, Section<MonitorConfig> auto& m) {
@@ -198,9 +223,21 @@ void visit_fields(auto& v, Section<Config> auto& c) {
   section(v, "activation_checkpointing", c.activation_checkpointing);
   section(v, "tensorboard", c.tensorboard);
   section(v, "csv_monitor", c.csv_monitor);
-  for (const char* k : {"prescale_gradients", "gradient_predivide_factor",
-                        "communication_data_type", "zero_allow_untested_optimizer"}) {
-    v.multi_gpu(k);
+  // DeepSpeed's other top-level keys: accepted with a warning, or refused (deepspeed_keys.h).
+  for (const DeepSpeedKey& k : kDeepSpeedKeys) {
+    switch (k.status) {
+      case DeepSpeedKeyStatus::kImplemented:
+        break;  // read above
+      case DeepSpeedKeyStatus::kMultiGpu:
+        v.multi_gpu(k.key);
+        break;
+      case DeepSpeedKeyStatus::kNoEffect:
+        v.no_effect(k.key, k.note);
+        break;
+      case DeepSpeedKeyStatus::kRefused:
+        v.refused(k.key, k.note);
+        break;
+    }
   }
   section(v, "model", c.model);
   section(v, "moe", c.moe);

@@ -62,6 +62,28 @@ class Reader {
     r.accept(key);
   }
 
+  void no_effect(std::string_view key, std::string_view reason) {
+    ObjectReader& r = readers_.back();
+    if (r.raw(key) != nullptr) {
+      warnings_.push_back(r.path_of(key) + " has no effect here: " + std::string(reason));
+    }
+  }
+
+  // A block that asks for nothing (false, or "enabled": false) is ignored with a warning.
+  void refused(std::string_view key, std::string_view reason) {
+    ObjectReader& r = readers_.back();
+    const json* v = r.raw(key);
+    if (v == nullptr) return;
+    const bool disabled =
+        *v == false || (v->is_object() && v->contains("enabled") && (*v)["enabled"] == false);
+    if (!disabled) {
+      throw UserError("config: " + file_ + ": " + r.path_of(key) +
+                      " is not supported: " + std::string(reason));
+    }
+    warnings_.push_back(r.path_of(key) +
+                        " is disabled; ignored (not supported: " + std::string(reason) + ")");
+  }
+
   void finish() const { readers_.back().finish(); }
 
  private:
@@ -78,6 +100,15 @@ Config from_json(const json& root, const std::string& file) {
   Reader reader(&root, file, c.warnings);
   visit_fields(reader, c);
   reader.finish();
+  // 0 in these members means "not given, derive it by DeepSpeed's batch rule"; a 0 written in
+  // the file (or by --set) is refused, as DeepSpeed does, here where presence is known.
+  for (const char* key :
+       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
+    const auto it = root.find(key);
+    if (it != root.end() && it->is_number() && *it == 0) {
+      throw UserError("config: " + file + ": " + key + " = 0: must be > 0");
+    }
+  }
   // This schedule's warmup is linear by definition (it takes no warmup_type).
   if (c.scheduler.type == SchedulerType::kLinearWarmupCosineDecay) {
     c.scheduler.warmup_type = WarmupType::kLinear;

@@ -111,6 +111,8 @@ ObjectReader ObjectReader::child(std::string_view key) {
 
 void ObjectReader::accept(std::string_view key) { known_.emplace(key); }
 
+const nlohmann::json* ObjectReader::raw(std::string_view key) { return find(key); }
+
 void ObjectReader::finish() const {
   if (node_ == nullptr) return;
   std::vector<std::string> candidates(known_.begin(), known_.end());

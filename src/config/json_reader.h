@@ -29,6 +29,8 @@ class ObjectReader {
   ObjectReader child(std::string_view key);
   // Marks keys as known without reading them (accepted-and-ignored DeepSpeed keys).
   void accept(std::string_view key);
+  // The value of `key` as it is, marked known; nullptr when absent or null (opaque blocks).
+  const nlohmann::json* raw(std::string_view key);
   // Throws UserError for the first key that was never read or accepted.
   void finish() const;
 

@@ -53,6 +53,11 @@ class KeyLister {
     specs_.push_back(std::move(k));
   }
   void multi_gpu(std::string_view key) { ignored(key); }
+  void no_effect(std::string_view key, std::string_view) { ignored(key); }
+  void refused(std::string_view key, std::string_view reason) {
+    ignored(key);
+    specs_.back().refused = reason;
+  }
 
   std::vector<KeySpec> take() { return std::move(specs_); }
 

@@ -36,6 +36,8 @@ class Writer {
 
   void ignored(std::string_view) {}
   void multi_gpu(std::string_view) {}
+  void no_effect(std::string_view, std::string_view) {}
+  void refused(std::string_view, std::string_view) {}
 
  private:
   json* node_;

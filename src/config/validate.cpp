@@ -65,6 +65,8 @@ class RuleChecker {
 
   void ignored(std::string_view) {}
   void multi_gpu(std::string_view) {}
+  void no_effect(std::string_view, std::string_view) {}
+  void refused(std::string_view, std::string_view) {}
 
  private:
   const Rules& rules_;

@@ -77,6 +77,17 @@ TEST(Config, MissingBatchIsAnError) {
   EXPECT_NE(error_of([&] { build(j); }).find("train_batch_size"), std::string::npos);
 }
 
+// DeepSpeed refuses a batch size of 0; here 0 once trained 400 steps (0 meant "derive it").
+TEST(Config, ExplicitZeroBatchSizesAreErrors) {
+  for (const char* key :
+       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
+    json j = minimal();
+    j[key] = 0;
+    EXPECT_EQ(error_of([&] { build(j); }),
+              std::string("config: test.json: ") + key + " = 0: must be > 0");
+  }
+}
+
 TEST(Config, UnknownKeySuggestsNearKey) {
   json j = minimal();
   j["optimizer"] = {{"params", {{"lrr", 0.1}}}};

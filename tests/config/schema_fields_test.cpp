@@ -42,8 +42,19 @@ std::string bound_mismatch(const json& s, const char* key, double want) {
   return "";
 }
 
+// The schema of a refused key: only its disabled forms validate, as only they load.
+const json kOnlyDisabled = json::parse(R"([
+  {"const": false},
+  {"type": "object", "properties": {"enabled": {"const": false}}, "required": ["enabled"]}
+])");
+
 // What the schema entry `s` gets wrong about key `k`; "" when nothing.
 std::string mismatch(const KeySpec& k, const json& s) {
+  if (!k.refused.empty()) {
+    return s.value("anyOf", json()) == kOnlyDisabled
+               ? ""
+               : "needs anyOf " + kOnlyDisabled.dump() + " (refused unless disabled)";
+  }
   if (k.type.empty()) return "";  // accepted and ignored: any value, so any schema
   const std::string type = s.value("type", "<none>");
   if (type != k.type) return "type " + type + ", the code reads " + k.type;

@@ -21,6 +21,9 @@ struct KeySpec {
   std::optional<double> minimum, maximum;
   bool exclusive_minimum = false, exclusive_maximum = false;
   bool not_empty = false;  // a string that must not be empty
+  // Why the key is refused (it is accepted only disabled: false or "enabled": false); "" when
+  // it is accepted.
+  std::string refused;
 };
 
 // Depth first, in field-list order: an object's entry precedes its keys.
