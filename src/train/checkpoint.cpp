@@ -5,6 +5,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -66,6 +68,34 @@ void copy_into(const SafetensorsFile& f, const std::string& name, at::Tensor& ds
   std::memcpy(host.data_ptr(), f.data(e), e.end - e.begin);
   at::NoGradGuard g;
   dst.copy_(host);
+}
+
+// `f` holds exactly the tensors of `expected`, each with the dtype and shape of its tensor.
+void check_tensor_set(const SafetensorsFile& f,
+                      const std::vector<std::pair<std::string, at::Tensor>>& expected,
+                      const char* owner) {
+  std::set<std::string> names;
+  for (const auto& [name, t] : expected) {
+    names.insert(name);
+    const SafeTensorEntry& e = f.entry(name);  // missing: an error naming it
+    if (e.dtype != dtype_name(t.scalar_type()) || e.shape != t.sizes().vec()) {
+      std::ostringstream msg;
+      msg << "tensor '" << name << "' is " << e.dtype << " " << at::IntArrayRef(e.shape) << "; "
+          << owner << " expects " << dtype_name(t.scalar_type()) << " " << t.sizes();
+      throw UserError("checkpoint: " + f.path() + ": " + msg.str());
+    }
+  }
+  int64_t extra = 0;
+  std::string first;
+  for (const auto& [name, e] : f.entries()) {
+    if (names.count(name) != 0) continue;
+    if (extra++ == 0) first = name;
+  }
+  if (extra > 0) {
+    throw UserError("checkpoint: " + f.path() + ": tensor '" + first + "' is not in " + owner +
+                    " (" + std::to_string(extra) +
+                    " unexpected tensors: a checkpoint of another architecture?)");
+  }
 }
 
 std::string to_hex(const at::Tensor& bytes) {
@@ -167,38 +197,52 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
   s.scaler = cs.scaler;
   s.metrics_lines = cs.metrics_lines;
   s.config = cs.config;
-  {
+  // Everything is checked before anything is copied: a checkpoint of another architecture (a
+  // missing, extra or reshaped tensor, an expert bias the model lacks) is an error naming the
+  // first difference and leaves the model and optimizer as they were.
+  SafetensorsFile weights((fs::path(dir) / "model.safetensors").string());
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
+  check_tensor_set(weights, params, "the model");
+  std::optional<SafetensorsFile> opt;
+  std::vector<std::pair<std::string, at::Tensor>> states;
+  if (optimizer != nullptr) {
+    opt.emplace((fs::path(dir) / "optimizer.safetensors").string());
+    for (auto& [name, st] : optimizer->named_state()) {
+      states.emplace_back(name + ".exp_avg", st->exp_avg);
+      states.emplace_back(name + ".exp_avg_sq", st->exp_avg_sq);
+      states.emplace_back(name + ".step", st->step);
+    }
+    check_tensor_set(*opt, states, "the optimizer");
+  }
+  auto buffers = model->named_buffers();
+  std::vector<std::pair<at::Tensor, std::vector<float>>> bias_values;
+  try {
     // Expert biases: zero unless the state carries them (a run without the feature saves none).
+    const json biases = j.value("expert_biases", json::object());
+    for (const auto& [name, values] : biases.items()) {
+      auto* buf = buffers.find(name);
+      auto v = values.get<std::vector<float>>();
+      if (buf == nullptr || buf->numel() != static_cast<int64_t>(v.size())) {
+        throw UserError("checkpoint: " + state_path + ": expert_biases." + name +
+                        " does not match this model (" + std::to_string(v.size()) + " values)");
+      }
+      bias_values.emplace_back(*buf, std::move(v));
+    }
+  } catch (const json::exception& e) {
+    throw UserError("checkpoint: " + state_path + ": expert_biases: " + e.what());
+  }
+  {
     at::NoGradGuard no_grad;
-    auto buffers = model->named_buffers();
     for (auto& b : buffers) {
       if (b.key().find("expert_bias") != std::string::npos) b.value().zero_();
     }
-    const json biases = j.value("expert_biases", json::object());
-    try {
-      for (const auto& [name, values] : biases.items()) {
-        auto* buf = buffers.find(name);
-        const auto v = values.get<std::vector<float>>();
-        if (buf == nullptr || buf->numel() != static_cast<int64_t>(v.size())) {
-          throw UserError("checkpoint: " + state_path + ": expert_biases." + name +
-                          " does not match this model (" + std::to_string(v.size()) + " values)");
-        }
-        buf->copy_(at::tensor(v));
-      }
-    } catch (const json::exception& e) {
-      throw UserError("checkpoint: " + state_path + ": expert_biases: " + e.what());
-    }
+    for (auto& [buf, v] : bias_values) buf.copy_(at::tensor(v));
   }
-  SafetensorsFile weights((fs::path(dir) / "model.safetensors").string());
-  for (auto& item : model->named_parameters()) copy_into(weights, item.key(), item.value());
+  for (auto& [name, t] : params) copy_into(weights, name, t);
   if (optimizer != nullptr) {
     optimizer->reload_master_weights();
-    SafetensorsFile opt((fs::path(dir) / "optimizer.safetensors").string());
-    for (auto& [name, st] : optimizer->named_state()) {
-      copy_into(opt, name + ".exp_avg", st->exp_avg);
-      copy_into(opt, name + ".exp_avg_sq", st->exp_avg_sq);
-      copy_into(opt, name + ".step", st->step);
-    }
+    for (auto& [name, t] : states) copy_into(*opt, name, t);
   }
   // Restore RNGs last: nothing above draws random numbers, and dropout must continue exactly.
   try {

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
@@ -25,11 +26,37 @@ std::string newest_checkpoint(const std::string& output_dir) {
   if (c.empty()) throw UserError("checkpoint: no checkpoint in " + output_dir + "/checkpoints");
   return c.front();
 }
+// Keys of the model and moe sections that are training or evaluation settings, free to differ
+// from the checkpoint's; every other key of these sections is architecture.
+bool may_differ(const std::string& key) {
+  static const std::set<std::string> kFree = {
+      "model.dropout",      "model.init_std",      "moe.aux_loss_coeff", "moe.z_loss_coeff",
+      "moe.expert_dropout", "moe.capacity_factor", "moe.kernels"};
+  return kFree.count(key) != 0;
+}
+
+// The architecture comes from the checkpoint: a --config/--set value that contradicts the
+// checkpoint's saved config is refused, naming the key (data and evaluation settings may
+// differ).
+void check_architecture(const config::Config& cfg, const json& saved, const std::string& dir) {
+  const json mine = config::to_json(cfg);
+  for (const char* section : {"model", "moe"}) {
+    if (!saved.contains(section)) continue;
+    for (const auto& [key, value] : saved[section].items()) {
+      const std::string path = std::string(section) + "." + key;
+      if (may_differ(path) || !mine[section].contains(key) || mine[section][key] == value) continue;
+      throw UserError("config: " + cfg.source_file + ": " + path + " = " +
+                      mine[section][key].dump() + " contradicts the checkpoint " + dir + " (" +
+                      value.dump() + "); the architecture comes from the checkpoint");
+    }
+  }
+}
 }  // namespace
 
 json eval_checkpoint(const config::Config& cfg, const std::string& checkpoint_dir) {
   const std::string dir =
       checkpoint_dir.empty() ? newest_checkpoint(cfg.training.output_dir) : checkpoint_dir;
+  check_architecture(cfg, read_checkpoint_state(dir).config, dir);
   const data::DatasetShards shards =
       data::open_dataset({cfg.data.path, cfg.data.train_path, cfg.data.valid_path},
                          cfg.model.vocab_size, cfg.model.seq_len, cfg.data.verify_checksums);

@@ -273,6 +273,52 @@ TEST_F(CliTest, DeviceSettingsRefusedBeforeAnyWrite) {
   }
 }
 
+// Loading is strict: a checkpoint of another architecture is refused naming the first
+// difference (an extra tensor here, which used to be ignored: a 2-layer checkpoint evaluated as
+// a 1-layer model), and `eval` takes the architecture from the checkpoint, refusing a --config
+// value that contradicts it; evaluation settings may differ.
+TEST_F(CliTest, CheckpointsLoadStrictlyAndEvalKeepsTheirArchitecture) {
+  fs::path dir = root_ / "two_layers";
+  json two = good_config(dir.string());
+  two["model"]["num_layers"] = 2;
+  std::string p2 = write("two_layers.json", two.dump());
+  ASSERT_EQ(run("--config " + p2).code, 0);
+  std::string ckpt;  // the final checkpoint (step-N; `latest` is a file naming it)
+  for (const auto& e : fs::directory_iterator(dir / "checkpoints")) {
+    if (e.path().filename().string().rfind("step-", 0) == 0) ckpt = e.path().string();
+  }
+  ASSERT_FALSE(ckpt.empty());
+  {  // as an older checkpoint without expert biases, whose check used to be the only one
+    json state = json::parse(slurp(fs::path(ckpt) / "state.json"));
+    state.erase("expert_biases");
+    std::ofstream(fs::path(ckpt) / "state.json") << state.dump();
+  }
+
+  json one = two;
+  one["model"]["num_layers"] = 1;
+  one["training"]["output_dir"] = (root_ / "one_layer").string();
+  std::string p1 = write("one_layer.json", one.dump());
+  Result resume = run("--config " + p1 + " --resume " + ckpt);
+  EXPECT_EQ(resume.code, 2) << resume.err;
+  EXPECT_NE(resume.err.find("tensor 'blocks.1."), std::string::npos) << resume.err;
+  EXPECT_NE(resume.err.find("is not in the model"), std::string::npos) << resume.err;
+  EXPECT_FALSE(fs::exists(root_ / "one_layer"));
+
+  Result eval = run("eval --config " + p1 + " --checkpoint " + ckpt);
+  EXPECT_EQ(eval.code, 2) << eval.err;
+  EXPECT_NE(eval.err.find("model.num_layers = 1 contradicts the checkpoint"), std::string::npos)
+      << eval.err;
+  EXPECT_EQ(std::count(eval.err.begin(), eval.err.end(), '\n'), 1) << eval.err;
+
+  json settings = two;  // evaluation settings may differ from the checkpoint's
+  settings["moe"]["capacity_factor"] = 2.0;
+  settings["model"]["dropout"] = 0.1;
+  Result ok =
+      run("eval --config " + write("two_eval.json", settings.dump()) + " --checkpoint " + ckpt);
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("\"loss\""), std::string::npos) << ok.out;
+}
+
 TEST_F(CliTest, ConfigShowPrintsResolvedJson) {
   json j = good_config((root_ / "unused").string());
   Result r = run("config show --config " + write("show.json", j.dump()));
