@@ -112,15 +112,32 @@ int64_t expert_hidden_size(const Config& c) {
   return ((h + 63) / 64) * 64;
 }
 
+int64_t head_dim(const Config& c) {
+  return c.model.head_dim > 0 ? c.model.head_dim : c.model.hidden_size / c.model.num_heads;
+}
+
+int64_t key_value_heads(const Config& c) {
+  return c.model.num_key_value_heads > 0 ? c.model.num_key_value_heads : c.model.num_heads;
+}
+
+namespace {
+// q, k, v and output projections: d x (H + 2 KV) hd + H hd x d.
+int64_t attention_weights(const Config& c) {
+  const int64_t d = c.model.hidden_size, H = c.model.num_heads;
+  return d * (H + 2 * key_value_heads(c)) * head_dim(c) + H * head_dim(c) * d;
+}
+}  // namespace
+
 int64_t count_parameters(const Config& c) {
   const int64_t d = c.model.hidden_size, L = c.model.num_layers, V = c.model.vocab_size;
   const int64_t f = expert_hidden_size(c), E = c.moe.num_experts;
-  int64_t per_layer = 4 * d * d        // qkv + out projections
-                      + 2 * d          // two RMSNorm weights
-                      + d * E          // router
-                      + E * 3 * d * f  // SwiGLU experts
+  int64_t per_layer = attention_weights(c)                       // q, k, v, out projections
+                      + (c.model.qk_norm ? 2 * head_dim(c) : 0)  // q and k norms
+                      + 2 * d                                    // two RMSNorm weights
+                      + d * E                                    // router
+                      + E * 3 * d * f                            // SwiGLU experts
                       + 3 * d * c.moe.shared_expert_hidden_size;
-  int64_t embed = V * d + c.model.seq_len * d;
+  int64_t embed = V * d + (c.model.rope_theta > 0 ? 0 : c.model.seq_len * d);
   int64_t head = c.model.tie_embeddings ? 0 : V * d;
   return L * per_layer + embed + head + d;  // + final norm
 }
@@ -128,7 +145,7 @@ int64_t count_parameters(const Config& c) {
 int64_t active_parameters_per_token(const Config& c) {
   const int64_t d = c.model.hidden_size, L = c.model.num_layers;
   const int64_t f = expert_hidden_size(c);
-  return L * (4 * d * d + d * c.moe.num_experts + c.moe.top_k * 3 * d * f +
+  return L * (attention_weights(c) + d * c.moe.num_experts + c.moe.top_k * 3 * d * f +
               3 * d * c.moe.shared_expert_hidden_size) +
          c.model.vocab_size * d;
 }

@@ -140,6 +140,10 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("init_std", m.init_std, above(0));
   v.field("norm_eps", m.norm_eps, above(0));
   v.field("tie_embeddings", m.tie_embeddings);
+  v.field("rope_theta", m.rope_theta, at_least(0, "0 = learned positions"));
+  v.field("num_key_value_heads", m.num_key_value_heads, at_least(0, "0 = num_heads"));
+  v.field("head_dim", m.head_dim, at_least(0, "0 = hidden_size / num_heads"));
+  v.field("qk_norm", m.qk_norm);
 }
 
 void visit_fields(auto& v, Section<MoeConfig> auto& m) {

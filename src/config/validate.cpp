@@ -125,8 +125,17 @@ void check_relations(Config& c, const Rules& rules) {
                          ": ZeRO partitions state across GPUs; with one GPU it changes nothing");
   }
   const auto& m = c.model;
-  rules.check(m.hidden_size % m.num_heads == 0, "model.num_heads", m.num_heads,
-              "must divide model.hidden_size (" + std::to_string(m.hidden_size) + ")");
+  if (m.head_dim == 0) {
+    rules.check(m.hidden_size % m.num_heads == 0, "model.num_heads", m.num_heads,
+                "must divide model.hidden_size (" + std::to_string(m.hidden_size) + ")");
+  }
+  rules.check(m.num_heads % key_value_heads(c) == 0, "model.num_key_value_heads",
+              m.num_key_value_heads,
+              "must divide model.num_heads (" + std::to_string(m.num_heads) + ")");
+  if (m.rope_theta > 0) {
+    rules.check(head_dim(c) % 2 == 0, "model.head_dim", head_dim(c),
+                "must be even with rotary positions (model.rope_theta > 0)");
+  }
   const auto& e = c.moe;
   rules.check(e.top_k <= e.num_experts, "moe.top_k", e.top_k,
               "must be <= moe.num_experts (" + std::to_string(e.num_experts) + ")");

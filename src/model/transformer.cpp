@@ -18,24 +18,62 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return at::rms_norm(x, {weight.size(0)}, weight, eps_);
 }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t hidden, int64_t heads, double dropout,
-                                                 double init_std, double out_init_std)
-    : heads_(heads), dropout_(dropout) {
-  qkv = register_module(
-      "qkv", torch::nn::Linear(torch::nn::LinearOptions(hidden, 3 * hidden).bias(false)));
-  out = register_module("out",
-                        torch::nn::Linear(torch::nn::LinearOptions(hidden, hidden).bias(false)));
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : opt_(opt) {
+  const int64_t width = (opt.heads + 2 * opt.kv_heads) * opt.head_dim;
+  qkv = register_module("qkv",
+                        torch::nn::Linear(torch::nn::LinearOptions(opt.hidden, width).bias(false)));
+  out = register_module(
+      "out", torch::nn::Linear(
+                 torch::nn::LinearOptions(opt.heads * opt.head_dim, opt.hidden).bias(false)));
+  if (opt.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(opt.head_dim, opt.norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(opt.head_dim, opt.norm_eps));
+  }
   torch::NoGradGuard g;
-  qkv->weight.normal_(0.0, init_std);
-  out->weight.normal_(0.0, out_init_std);
+  qkv->weight.normal_(0.0, opt.init_std);
+  out->weight.normal_(0.0, opt.out_init_std);
+}
+
+torch::Tensor apply_rotary(const torch::Tensor& x, double theta) {
+  const int64_t S = x.size(2), hd = x.size(3);
+  // In fp32 as Hugging Face computes them, then in x's dtype.
+  auto f32 = x.options().dtype(torch::kFloat);
+  auto inv_freq =
+      1.0 / torch::pow(theta, torch::arange(0, hd, 2, f32.dtype(torch::kLong)).to(torch::kFloat) /
+                                  static_cast<double>(hd));
+  auto freqs = torch::outer(torch::arange(S, f32), inv_freq);  // [S, hd / 2]
+  auto emb = torch::cat({freqs, freqs}, -1);
+  auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
+  auto half = x.chunk(2, -1);
+  auto rotated = torch::cat({-half[1], half[0]}, -1);
+  return x * cos + rotated * sin;
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), S = x.size(1), d = x.size(2);
-  auto qkv_out = qkv->forward(x).view({B, S, 3, heads_, d / heads_}).permute({2, 0, 3, 1, 4});
-  auto y = at::scaled_dot_product_attention(qkv_out[0], qkv_out[1], qkv_out[2], {},
-                                            is_training() ? dropout_ : 0.0, /*is_causal=*/true);
-  return out->forward(y.transpose(1, 2).reshape({B, S, d}));
+  const int64_t B = x.size(0), S = x.size(1);
+  const int64_t H = opt_.heads, KV = opt_.kv_heads, hd = opt_.head_dim;
+  auto proj = qkv->forward(x);  // [B, S, (H + 2 KV) hd]
+  // Views of [B, S, n, hd] as [B, n, S, hd] (the strides of a plain multi-head split).
+  auto heads = [&](int64_t first, int64_t n) {
+    return proj.narrow(-1, first * hd, n * hd).view({B, S, n, hd});
+  };
+  auto q = heads(0, H), k = heads(H, KV), v = heads(H + KV, KV);
+  if (opt_.qk_norm) {
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  q = q.transpose(1, 2), k = k.transpose(1, 2), v = v.transpose(1, 2);
+  if (opt_.rope_theta > 0) {
+    q = apply_rotary(q, opt_.rope_theta);
+    k = apply_rotary(k, opt_.rope_theta);
+  }
+  if (KV != H) {  // each key/value head serves H / KV query heads
+    k = k.repeat_interleave(H / KV, 1);
+    v = v.repeat_interleave(H / KV, 1);
+  }
+  auto y = at::scaled_dot_product_attention(q, k, v, {}, is_training() ? opt_.dropout : 0.0,
+                                            /*is_causal=*/true);
+  return out->forward(y.transpose(1, 2).reshape({B, S, H * hd}));
 }
 
 namespace {
@@ -66,9 +104,19 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device)
     : dropout_(cfg.model.dropout) {
   const auto& m = cfg.model;
   attn_norm = register_module("attn_norm", RMSNorm(m.hidden_size, m.norm_eps));
-  attn = register_module(
-      "attn", CausalSelfAttention(m.hidden_size, m.num_heads, m.dropout, m.init_std,
-                                  m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers))));
+  AttentionOptions a;
+  a.hidden = m.hidden_size;
+  a.heads = m.num_heads;
+  a.kv_heads = config::key_value_heads(cfg);
+  a.head_dim = config::head_dim(cfg);
+  a.rope_theta = m.rope_theta;
+  a.qk_norm = m.qk_norm;
+  a.norm_eps = m.norm_eps;
+  a.dropout = m.dropout;
+  a.init_std = m.init_std;
+  // GPT-2/Megatron: residual-output projections scaled by 1/sqrt(2L).
+  a.out_init_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers));
+  attn = register_module("attn", CausalSelfAttention(a));
   moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps));
   moe = register_module("moe", moe::MoeLayer(moe_options(cfg, device)));
 }
@@ -89,11 +137,13 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     : mcfg_(cfg.model), checkpoint_blocks_(cfg.activation_checkpointing.number_checkpoints) {
   const auto& m = cfg.model;
   embed = register_module("embed", torch::nn::Embedding(m.vocab_size, m.hidden_size));
-  pos_embed = register_module("pos_embed", torch::nn::Embedding(m.seq_len, m.hidden_size));
+  if (m.rope_theta <= 0) {  // learned absolute positions; rotary ones live in the attention
+    pos_embed = register_module("pos_embed", torch::nn::Embedding(m.seq_len, m.hidden_size));
+  }
   {
     torch::NoGradGuard g;
     embed->weight.normal_(0.0, m.init_std);
-    pos_embed->weight.normal_(0.0, m.init_std);
+    if (pos_embed) pos_embed->weight.normal_(0.0, m.init_std);
   }
   auto list = register_module("blocks", torch::nn::ModuleList());  // names blocks.0, blocks.1...
   for (int64_t i = 0; i < m.num_layers; ++i) {
@@ -113,8 +163,8 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
 LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
   LmOutput out;
   const int64_t S = tokens.size(1);
-  auto pos = torch::arange(S, tokens.options());
-  auto x = embed->forward(tokens) + pos_embed->forward(pos).unsqueeze(0);
+  auto x = embed->forward(tokens);
+  if (pos_embed) x = x + pos_embed->forward(torch::arange(S, tokens.options())).unsqueeze(0);
   out.aux_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
   out.z_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
   for (size_t i = 0; i < blocks.size(); ++i) {

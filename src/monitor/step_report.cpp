@@ -116,8 +116,8 @@ StepReporter::StepReporter(const config::Config& cfg, const torch::Device& devic
       // attention scores; forward and backward. MFU needs a peak: monitor.peak_tflops, or a
       // known GPU.
       flops_per_token_(6.0 * static_cast<double>(config::active_parameters_per_token(cfg)) +
-                       12.0 * static_cast<double>(cfg.model.num_layers * cfg.model.hidden_size *
-                                                  cfg.model.seq_len)),
+                       12.0 * static_cast<double>(cfg.model.num_layers * cfg.model.num_heads *
+                                                  config::head_dim(cfg) * cfg.model.seq_len)),
       peak_flops_(peak_tflops(cfg, device) * 1e12),
       start_(Clock::now()) {}
 

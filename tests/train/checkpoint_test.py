@@ -119,6 +119,22 @@ with tempfile.TemporaryDirectory() as d:
             same = x == y
         check(same, f"expert-bias run: step 40 {f} equal after resume")
 
+    # 1d. Rotary positions, grouped-query attention (4 query heads on 2 key/value heads), an
+    # explicit head_dim (4 x 16 = 64 != hidden 32) and q/k norms: 40 straight and 20 + resume
+    # end bitwise equal too.
+    rope = ["--set", "model.rope_theta=10000", "--set", "model.num_heads=4", "--set",
+            "model.num_key_value_heads=2", "--set", "model.head_dim=16", "--set", "model.qk_norm=true"]
+    g1, g2 = tmp / "rope-straight", tmp / "rope-resumed"
+    r = run("--config", cfg_path, *rope, "--set", f"training.output_dir={g1}")
+    check(r.returncode == 0, f"rope+gqa run, straight {r.stderr[-300:]}")
+    r = run("--config", cfg_path, *rope, "--set", f"training.output_dir={g2}", "--set", "training.exit_interval=20")
+    r = run("--config", cfg_path, *rope, "--set", f"training.output_dir={g2}")
+    check(r.returncode == 0 and "resuming from step 20" in r.stderr, "rope+gqa run resumes from step 20")
+    for f in ["model.safetensors", "optimizer.safetensors"]:
+        same = (g1 / "checkpoints/step-00000040" / f).read_bytes() == (g2 / "checkpoints/step-00000040" / f).read_bytes()
+        check(same, f"rope+gqa run: step 40 {f} bitwise equal after resume")
+    check(after(metrics(g1)) == after(metrics(g2)), "rope+gqa metrics after step 20 identical")
+
     # 2. A checkpoint write killed midway leaves `latest` at the previous, loadable checkpoint.
     c = tmp / "c"
     r = run("--config", cfg_path, "--set", f"training.output_dir={c}", env={"MOE_TEST_ABORT_IN_CHECKPOINT": "20"})

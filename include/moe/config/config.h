@@ -93,6 +93,10 @@ struct ModelConfig {
   double init_std = 0.02;
   double norm_eps = 1e-5;
   bool tie_embeddings = true;
+  double rope_theta = 0.0;          // > 0: rotary positions (HF convention); 0: learned positions
+  int64_t num_key_value_heads = 0;  // grouped-query attention; 0 = num_heads (multi-head)
+  int64_t head_dim = 0;             // 0 = hidden_size / num_heads
+  bool qk_norm = false;             // RMSNorm over head_dim on q and k (Qwen3-MoE)
 };
 
 struct MoeConfig {
@@ -215,6 +219,8 @@ nlohmann::json to_json(const Config& cfg);
 
 // Derived sizes used by the model and messages.
 int64_t expert_hidden_size(const Config& cfg);
+int64_t head_dim(const Config& cfg);         // model.head_dim, or hidden_size / num_heads
+int64_t key_value_heads(const Config& cfg);  // model.num_key_value_heads, or num_heads
 int64_t count_parameters(const Config& cfg);
 int64_t active_parameters_per_token(const Config& cfg);
 

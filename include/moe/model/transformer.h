@@ -26,17 +26,33 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+struct AttentionOptions {
+  int64_t hidden = 0, heads = 1;
+  int64_t kv_heads = 1;  // grouped-query attention: heads / kv_heads query heads share one
+  int64_t head_dim = 0;
+  double rope_theta = 0;  // > 0: rotary embeddings on q and k (Hugging Face's rotate-half layout)
+  bool qk_norm = false;   // RMSNorm over head_dim on q and k before the rotation (Qwen3-MoE)
+  double norm_eps = 1e-5;
+  double dropout = 0, init_std = 0.02, out_init_std = 0.02;
+};
+
+// Causal self-attention: one fused projection to [q (heads) | k (kv_heads) | v (kv_heads)] x
+// head_dim, SDPA, output projection. With heads == kv_heads, head_dim = hidden / heads and no
+// rotary embedding, the layout and arithmetic are those of plain multi-head attention.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  CausalSelfAttentionImpl(int64_t hidden, int64_t heads, double dropout, double init_std,
-                          double out_init_std);
+  explicit CausalSelfAttentionImpl(const AttentionOptions& opt);
   torch::Tensor forward(const torch::Tensor& x);  // [B, S, d]
   torch::nn::Linear qkv{nullptr}, out{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
 
  private:
-  int64_t heads_;
-  double dropout_;
+  AttentionOptions opt_;
 };
+
+// Rotary position embedding of x [B, H, S, hd] at positions 0..S-1 (Hugging Face's layout:
+// x * cos + rotate_half(x) * sin, frequencies theta^(-2i/hd) repeated over both halves).
+torch::Tensor apply_rotary(const torch::Tensor& x, double theta);
 TORCH_MODULE(CausalSelfAttention);
 
 struct BlockOutput {
@@ -72,7 +88,7 @@ class TransformerLMImpl : public torch::nn::Module {
                              const torch::Device& device = torch::Device(torch::kCPU));
   LmOutput forward(const torch::Tensor& tokens);  // [B, S] int64
 
-  torch::nn::Embedding embed{nullptr}, pos_embed{nullptr};
+  torch::nn::Embedding embed{nullptr}, pos_embed{nullptr};  // pos_embed: learned positions only
   std::vector<Block> blocks;
   RMSNorm final_norm{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tied
