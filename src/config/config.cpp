@@ -142,6 +142,32 @@ int64_t count_parameters(const Config& c) {
   return L * per_layer + embed + head + d;  // + final norm
 }
 
+std::vector<ModuleCost> module_costs(const Config& c) {
+  const int64_t d = c.model.hidden_size, V = c.model.vocab_size, S = c.model.seq_len;
+  const int64_t E = c.moe.num_experts, k = c.moe.top_k, f = expert_hidden_size(c);
+  const int64_t fs = c.moe.shared_expert_hidden_size, H = c.model.num_heads, hd = head_dim(c);
+  const auto dbl = [](int64_t x) { return static_cast<double>(x); };
+  const int64_t attn = attention_weights(c);
+  return {
+      {"embedding", false, V * d + (c.model.rope_theta > 0 ? 0 : S * d), 0.0},
+      {"attention", true, attn + (c.model.qk_norm ? 2 * hd : 0) + d,  // + its RMSNorm
+       2 * dbl(attn) + 4 * dbl(S) * dbl(H * hd)},                     // projections + QK^T, AV
+      {"router", true, d * E + d, 2 * dbl(d * E)},                    // + the MoE RMSNorm
+      {"dispatch", true, 0, 0.0},                                     // a gather: no FLOPs
+      {"experts", true, E * 3 * d * f + 3 * d * fs, dbl(k) * 6 * dbl(d * f) + 6 * dbl(d * fs)},
+      {"combine", true, 0, 2 * dbl(k * d)},                                       // weighted sum
+      {"head", false, d + (c.model.tie_embeddings ? 0 : V * d), 2 * dbl(d * V)},  // + final norm
+  };
+}
+
+double training_flops_per_token(const Config& c) {
+  double sum = 0;
+  for (const ModuleCost& m : module_costs(c)) {
+    sum += m.forward_flops_per_token * (m.per_layer ? static_cast<double>(c.model.num_layers) : 1);
+  }
+  return 3 * sum;
+}
+
 int64_t active_parameters_per_token(const Config& c) {
   const int64_t d = c.model.hidden_size, L = c.model.num_layers;
   const int64_t f = expert_hidden_size(c);

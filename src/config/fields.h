@@ -124,6 +124,15 @@ void visit_fields(auto& v, Section<ActivationCheckpointingConfig> auto& a) {
   v.field("profile", a.profile);
 }
 
+void visit_fields(auto& v, Section<FlopsProfilerConfig> auto& p) {
+  v.field("enabled", p.enabled);
+  v.field("profile_step", p.profile_step, at_least(1));
+  v.field("module_depth", p.module_depth, at_least(-1, "-1 = every depth"));
+  v.field("top_modules", p.top_modules, at_least(1));
+  v.field("detailed", p.detailed);
+  v.field("output_file", p.output_file);
+}
+
 void visit_fields(auto& v, Section<MonitorSinkConfig> auto& s) {
   v.field("enabled", s.enabled);
   v.field("output_path", s.output_path);
@@ -227,6 +236,7 @@ void visit_fields(auto& v, Section<Config> auto& c) {
   section(v, "activation_checkpointing", c.activation_checkpointing);
   section(v, "tensorboard", c.tensorboard);
   section(v, "csv_monitor", c.csv_monitor);
+  section(v, "flops_profiler", c.flops_profiler);
   // DeepSpeed's other top-level keys: accepted with a warning, or refused (deepspeed_keys.h).
   for (const DeepSpeedKey& k : kDeepSpeedKeys) {
     switch (k.status) {

@@ -1,6 +1,7 @@
 #include "moe/model/transformer.h"
 
 #include "moe/model/activation_checkpoint.h"
+#include "moe/model/profile_scope.h"
 
 #include <cmath>
 
@@ -123,8 +124,12 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device)
 
 BlockOutput BlockImpl::forward(const torch::Tensor& x) {
   BlockOutput o;
-  auto h = x + F::dropout(attn->forward(attn_norm->forward(x)),
-                          F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  torch::Tensor h;
+  {
+    profile::Scope scope("attention");
+    h = x + F::dropout(attn->forward(attn_norm->forward(x)),
+                       F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  }
   const auto shape = h.sizes().vec();
   auto flat = moe_norm->forward(h).reshape({-1, shape.back()});
   o.moe = moe->forward(flat);
@@ -163,11 +168,16 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
 LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
   LmOutput out;
   const int64_t S = tokens.size(1);
-  auto x = embed->forward(tokens);
-  if (pos_embed) x = x + pos_embed->forward(torch::arange(S, tokens.options())).unsqueeze(0);
+  torch::Tensor x;
+  {
+    profile::Scope scope("embedding");
+    x = embed->forward(tokens);
+    if (pos_embed) x = x + pos_embed->forward(torch::arange(S, tokens.options())).unsqueeze(0);
+  }
   out.aux_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
   out.z_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
   for (size_t i = 0; i < blocks.size(); ++i) {
+    profile::Layer layer(static_cast<int64_t>(i));
     // The first `checkpoint_blocks_` blocks keep only their input during training.
     BlockOutput bo = is_training() && static_cast<int64_t>(i) < checkpoint_blocks_ &&
                              torch::GradMode::is_enabled()
@@ -179,6 +189,7 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
     out.tokens_per_expert.push_back(bo.moe.tokens_per_expert);
     out.dropped += bo.moe.dropped;
   }
+  profile::Scope scope("head");
   x = final_norm->forward(x);
   out.logits = lm_head ? lm_head->forward(x) : F::linear(x, embed->weight);
   return out;

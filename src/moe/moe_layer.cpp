@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "moe/model/profile_scope.h"
+
 namespace moe::moe {
 
 namespace {
@@ -26,12 +28,30 @@ MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt)
 
 MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
   const int64_t T = x.size(0);
-  Routing r = router->forward(x);
-  const DispatchPlan plan = dispatcher_.plan(r.topk_idx, r.keep, r.all_kept, r.tokens_per_expert);
-  torch::Tensor y = experts->forward(dispatcher_.permute(x, plan), plan.tokens_per_expert);
+  // Scopes: the flops profiler's module kinds (moe/model/profile_scope.h; off otherwise).
+  Routing r;
+  {
+    profile::Scope scope("router");
+    r = router->forward(x);
+  }
+  DispatchPlan plan;
+  torch::Tensor permuted, y;
+  {
+    profile::Scope scope("dispatch");
+    plan = dispatcher_.plan(r.topk_idx, r.keep, r.all_kept, r.tokens_per_expert);
+    permuted = dispatcher_.permute(x, plan);
+  }
+  {
+    profile::Scope scope("experts");
+    y = experts->forward(permuted, plan.tokens_per_expert);
+  }
   MoeLayerOutput out;
-  out.y = dispatcher_.combine(y, plan, r.topk_weight, T);
+  {
+    profile::Scope scope("combine");
+    out.y = dispatcher_.combine(y, plan, r.topk_weight, T);
+  }
   if (shared_expert) {
+    profile::Scope scope("experts");
     out.y = out.y + shared_expert->forward(x, torch::full({1}, T, x.options().dtype(torch::kLong)));
   }
   out.aux_loss = r.aux_loss;

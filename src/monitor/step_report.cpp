@@ -112,12 +112,10 @@ StepReporter::StepReporter(const config::Config& cfg, const torch::Device& devic
       log_(log),
       nvml_(std::make_unique<Nvml>()),
       progress_bar_(isatty(STDERR_FILENO) && log.level() <= spdlog::level::info),
-      // Model FLOPs per token (PaLM's count): 6 x active matmul parameters + 12 x L x d x S for
-      // attention scores; forward and backward. MFU needs a peak: monitor.peak_tflops, or a
+      // Model FLOPs per token, forward and backward: the flops profiler's per-module counts
+      // (config::module_costs; PaLM's convention). MFU needs a peak: monitor.peak_tflops, or a
       // known GPU.
-      flops_per_token_(6.0 * static_cast<double>(config::active_parameters_per_token(cfg)) +
-                       12.0 * static_cast<double>(cfg.model.num_layers * cfg.model.num_heads *
-                                                  config::head_dim(cfg) * cfg.model.seq_len)),
+      flops_per_token_(config::training_flops_per_token(cfg)),
       peak_flops_(peak_tflops(cfg, device) * 1e12),
       start_(Clock::now()) {}
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "moe/model/profile_scope.h"
 #include "moe/train/cuda_graph_step.h"
 #include "moe/util/errors.h"
 
@@ -22,11 +23,15 @@ constexpr int64_t kGraphWarmupSteps = 3;  // eager steps before the CUDA graph i
 MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batch,
                            const config::Config& cfg) {
   const int64_t S = batch.size(1) - 1;
+  profile::ForwardPhase phase;  // the flops profiler times forward passes only
   model::LmOutput out = model->forward(batch.narrow(1, 0, S));
   MicroLosses l;
-  l.lm = torch::nn::functional::cross_entropy(
-      out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat),
-      batch.narrow(1, 1, S).reshape({-1}));
+  {
+    profile::Scope scope("head");  // the loss belongs to the head
+    l.lm = torch::nn::functional::cross_entropy(
+        out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat),
+        batch.narrow(1, 1, S).reshape({-1}));
+  }
   l.aux = out.aux_loss;
   l.z = out.z_loss;
   l.total = l.lm + cfg.moe.aux_loss_coeff * l.aux + cfg.moe.z_loss_coeff * l.z;

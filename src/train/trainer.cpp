@@ -26,7 +26,9 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/data/streaming_loader.h"
+#include "moe/model/profile_scope.h"
 #include "moe/model/transformer.h"
+#include "moe/monitor/flops_report.h"
 #include "moe/monitor/monitor.h"
 #include "moe/monitor/step_report.h"
 #include "moe/train/adamw.h"
@@ -302,6 +304,9 @@ class TrainingSession {
     TORCH_CHECK_WITH(OutOfMemoryError,
                      fake_oom_ == nullptr || std::to_string(step + 1) != fake_oom_,
                      "out of memory (MOE_TEST_FAKE_OOM_AT_STEP)");
+    const bool profiled =
+        cfg_.flops_profiler.enabled && step + 1 == cfg_.flops_profiler.profile_step;
+    if (profiled) profile::start(in_.device.is_cuda());
     const auto t0 = Clock::now();
     const double lr = schedule_.lr_at(step);
     const double wait_before = loader_->wait_seconds();
@@ -324,7 +329,9 @@ class TrainingSession {
       runner_->update(lr);
       model_->after_optimizer_step(r.tokens_per_expert);  // the routers' expert biases
     }
-    if (cfg_.wall_clock_breakdown && in_.device.is_cuda()) torch::cuda::synchronize();
+    if ((cfg_.wall_clock_breakdown || profiled) && in_.device.is_cuda()) {
+      torch::cuda::synchronize();
+    }
     const double optimizer_s = std::chrono::duration<double>(Clock::now() - t_update).count();
     state_.step = step + 1;
     state_.tokens = state_.step * cfg_.train_batch_size * cfg_.model.seq_len;
@@ -351,7 +358,22 @@ class TrainingSession {
     f.optimizer_s = optimizer_s;
     if (in_.fp16) f.loss_scale = scaler_.scale(), f.skipped_steps = scaler_.state().skipped_steps;
     reporter_->step(f);
+    if (profiled) report_flops(f);
     return after_step(step + 1);
+  }
+
+  // flops_profiler: the table of the profiled step, in the log and in output_file.
+  void report_flops(const monitor::StepFigures& f) {
+    const auto timings = profile::stop();
+    const std::string table = monitor::flops_report(
+        cfg_, {f.step, f.step_s, f.forward_s, f.backward_s, f.optimizer_s}, timings);
+    std::istringstream lines(table);
+    for (std::string line; std::getline(lines, line);) log_->info("{}", line);
+    const std::string& file = cfg_.flops_profiler.output_file;
+    if (file.empty()) return;
+    std::ofstream out(file);
+    out << table;
+    if (!out) log_->warn("flops_profiler.output_file = {}: cannot write it", file);
   }
 
   // The cadence's decisions after step `done` (1-based): validate, save, stop.

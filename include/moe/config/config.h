@@ -77,6 +77,15 @@ struct ActivationCheckpointingConfig {
   bool profile = false;
 };
 
+struct FlopsProfilerConfig {  // DeepSpeed's flops_profiler block
+  bool enabled = false;
+  int64_t profile_step = 1;   // the optimizer step (1-based) that is profiled
+  int64_t module_depth = -1;  // 1: one row per module kind; -1 or >= 2: also one per layer
+  int64_t top_modules = 1;    // the N slowest modules, listed first
+  bool detailed = true;       // per-layer rows (unless module_depth is 1)
+  std::string output_file;    // also written here; "" (or null) = the log only
+};
+
 struct MonitorSinkConfig {  // DeepSpeed's tensorboard / csv_monitor blocks
   bool enabled = false;
   std::string output_path = "";
@@ -172,6 +181,7 @@ struct Config {
   ActivationCheckpointingConfig activation_checkpointing;
   MonitorSinkConfig tensorboard;
   MonitorSinkConfig csv_monitor;
+  FlopsProfilerConfig flops_profiler;
 
   ModelConfig model;
   MoeConfig moe;
@@ -222,6 +232,20 @@ int64_t expert_hidden_size(const Config& cfg);
 int64_t head_dim(const Config& cfg);         // model.head_dim, or hidden_size / num_heads
 int64_t key_value_heads(const Config& cfg);  // model.num_key_value_heads, or num_heads
 int64_t count_parameters(const Config& cfg);
+
+// One module kind as the flops profiler and MFU count it: its parameters and its forward FLOPs
+// per token (a multiply-add is 2; forward + backward = 3 x forward). Per-layer kinds are counted
+// for one layer. Attention scores count the full S x S square (PaLM's convention). The
+// parameters of all kinds add up to count_parameters().
+struct ModuleCost {
+  std::string name;  // embedding, attention, router, dispatch, experts, combine, head
+  bool per_layer = false;
+  int64_t params = 0;
+  double forward_flops_per_token = 0;
+};
+std::vector<ModuleCost> module_costs(const Config& cfg);
+// Forward + backward FLOPs per token of the whole model: 3 x the sum of module_costs.
+double training_flops_per_token(const Config& cfg);
 int64_t active_parameters_per_token(const Config& cfg);
 
 }  // namespace moe::config
