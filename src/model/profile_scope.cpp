@@ -38,8 +38,6 @@ std::vector<monitor::ModuleTiming> stop() {
   return std::move(g_timings);
 }
 
-bool recording() { return g_recording.load(std::memory_order_relaxed); }
-
 ForwardPhase::ForwardPhase() : previous_(t_forward) { t_forward = true; }
 ForwardPhase::~ForwardPhase() { t_forward = previous_; }
 

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config_test_util.h"
 #include "moe/util/errors.h"
 
 namespace moe::config {
@@ -11,29 +12,15 @@ namespace {
 
 using nlohmann::json;
 
-json minimal() {
-  return json::parse(R"({
-    "train_micro_batch_size_per_gpu": 4,
-    "data": {"train_path": "x.h5"}
-  })");
-}
-
-Config build(const json& j) {
-  Config c = from_json(j, "test.json");
-  validate(c);
-  return c;
-}
+using test_util::build;
+using test_util::minimal;
 
 // Runs `fn` and returns the UserError message; fails the test if nothing was thrown.
 template <class F>
 std::string error_of(F fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UserError";
-  return "";
+  std::string message = test_util::user_error(fn);
+  if (message.empty()) ADD_FAILURE() << "expected a UserError";
+  return message;
 }
 
 TEST(Config, MinimalGetsDefaults) {

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config_test_util.h"
 #include "moe/config/config.h"
 #include "moe/config/key_specs.h"
 #include "moe/util/errors.h"
@@ -121,27 +122,12 @@ const std::vector<std::pair<std::string, json>>& documented_keys() {
   return keys;
 }
 
-json minimal() {
-  return json::parse(R"({
-    "train_micro_batch_size_per_gpu": 4,
-    "data": {"train_path": "x.h5"}
-  })");
-}
-
-Config build(const json& j) {
-  Config c = from_json(j, "test.json");
-  validate(c);
-  return c;
-}
-
+using test_util::build;
+using test_util::minimal;
+// The UserError message; "" when the config loads.
 template <class F>
 std::string error_of(F fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
+  return test_util::user_error(fn);
 }
 
 const DeepSpeedKey* entry(const std::string& key) {

@@ -14,7 +14,6 @@ namespace moe::profile {
 
 void start(bool sync_cuda);                 // begin recording
 std::vector<monitor::ModuleTiming> stop();  // end recording; in first-seen order
-bool recording();
 
 class ForwardPhase {  // the model's forward of one micro-batch
  public:
