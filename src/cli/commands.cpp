@@ -20,7 +20,10 @@
 #include "moe/data/token_shard.h"
 #include "moe/data/verify.h"
 #include "moe/env/environment.h"
+#include "moe/hf/hf_checkpoint.h"
+#include "moe/hf/hf_files.h"
 #include "moe/train/inference.h"
+#include "moe/train/run_config.h"
 #include "moe/train/trainer.h"
 #include "moe/util/errors.h"
 #include "torch/headeronly/version.h"
@@ -72,7 +75,7 @@ std::string version_string() {
 
 int cmd_train(const TrainArgs& a) {
   if (a.config_path.empty()) throw UserError("train: --config FILE is required");
-  config::Config cfg = config::load(a.config_path, a.overrides);
+  config::Config cfg = train::load_run_config(a.config_path, a.overrides);
   train::TrainOptions opt;
   opt.overwrite = a.overwrite;
   opt.resume = !a.no_resume;
@@ -104,7 +107,7 @@ int cmd_train(const TrainArgs& a) {
 
 int cmd_config_show(const TrainArgs& a) {
   if (a.config_path.empty()) throw UserError("config show: --config FILE is required");
-  config::Config cfg = config::load(a.config_path, a.overrides);
+  config::Config cfg = train::load_run_config(a.config_path, a.overrides);
   for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
   std::cout << config::to_json(cfg).dump(2) << "\n";
   spdlog::info("{} parameters in total, {} active per token", config::count_parameters(cfg),
@@ -239,12 +242,45 @@ int cmd_env(const TrainArgs& a, std::vector<std::string> dirs, bool as_json) {
 struct EvalArgs {
   TrainArgs cfg;
   std::string checkpoint;
+  std::string dump_logits;
 };
 
 int cmd_eval(const EvalArgs& a) {
   if (a.cfg.config_path.empty()) throw UserError("eval: --config FILE is required");
-  config::Config cfg = config::load(a.cfg.config_path, a.cfg.overrides);
-  std::cout << train::eval_checkpoint(cfg, a.checkpoint).dump(2) << "\n";
+  std::cout << train::eval_checkpoint(
+                   {a.cfg.config_path, a.cfg.overrides, a.checkpoint, a.dump_logits})
+                   .dump(2)
+            << "\n";
+  return kExitOk;
+}
+
+struct ImportArgs {
+  std::string hf_dir, out;
+};
+
+int cmd_import_hf(const ImportArgs& a) {
+  const hf::ImportReport r = hf::import_hf(a.hf_dir, a.out);
+  for (const auto& w : r.warnings) spdlog::warn("import-hf: {}", w);
+  std::printf(
+      "imported %s (%lld tensors) into %s; tokenizer files: %zu; config sections: "
+      "%s/moe-train.json\n",
+      hf::architecture_name(r.family), static_cast<long long>(r.tensors), a.out.c_str(),
+      r.tokenizer_files.size(), a.out.c_str());
+  return kExitOk;
+}
+
+struct ExportArgs {
+  std::string checkpoint, out, max_shard_size = "5GB";
+  hf::ExportOptions opt;
+};
+
+int cmd_export_hf(ExportArgs a) {
+  a.opt.max_shard_bytes = hf::parse_size(a.max_shard_size, "export-hf: --max-shard-size");
+  const hf::ExportReport r = hf::export_hf(a.checkpoint, a.out, a.opt);
+  std::printf("exported %s (%lld tensors, %lld file%s, %s) to %s; tokenizer files: %zu\n",
+              hf::architecture_name(r.family), static_cast<long long>(r.tensors),
+              static_cast<long long>(r.shards), r.shards == 1 ? "" : "s", a.opt.dtype.c_str(),
+              a.out.c_str(), r.tokenizer_files.size());
   return kExitOk;
 }
 
@@ -336,6 +372,27 @@ int run_cli(int argc, char** argv) {
   add_config_options(ev, eval_args.cfg);
   ev->add_option("--checkpoint", eval_args.checkpoint,
                  "Checkpoint directory (default: the newest)");
+  ev->add_option("--dump-logits", eval_args.dump_logits,
+                 "Also write the evaluated windows and logits to this safetensors file");
+
+  ImportArgs imp;
+  auto* ih = app.add_subcommand(
+      "import-hf", "Hugging Face Mixtral / Qwen3-MoE / OLMoE directory -> moe-train checkpoint");
+  ih->add_option("hf_dir", imp.hf_dir, "Directory with config.json and safetensors")->required();
+  ih->add_option("--out", imp.out, "New checkpoint directory")->required();
+
+  ExportArgs exp;
+  auto* eh = app.add_subcommand("export-hf",
+                                "moe-train checkpoint -> Hugging Face directory (transformers)");
+  eh->add_option("checkpoint", exp.checkpoint, "Checkpoint directory")->required();
+  eh->add_option("--out", exp.out, "New Hugging Face model directory")->required();
+  eh->add_option("--max-shard-size", exp.max_shard_size,
+                 "Largest safetensors file, e.g. 5GB (default), 500MB, 2GiB");
+  eh->add_option("--dtype", exp.opt.dtype, "float32 (default), bfloat16 or float16")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+  eh->add_option("--architecture", exp.opt.architecture,
+                 "MixtralForCausalLM, Qwen3MoeForCausalLM or OlmoeForCausalLM (default: from "
+                 "the checkpoint's q/k norms)");
 
   train::GenerateOptions gen;
   auto* gn = app.add_subcommand("generate", "Continue a prompt with a trained (byte-level) model");
@@ -390,6 +447,8 @@ int run_cli(int argc, char** argv) {
   if (*pd) return cmd_prepare_data(prep);
   if (*en) return cmd_env(env_cfg, env_dirs, env_json);
   if (*ev) return cmd_eval(eval_args);
+  if (*ih) return cmd_import_hf(imp);
+  if (*eh) return cmd_export_hf(exp);
   if (*gn) return cmd_generate(gen);
   if (*ci) {
     std::cout << train::describe_checkpoint(info_dir).dump(2) << "\n";

@@ -120,6 +120,25 @@ int64_t key_value_heads(const Config& c) {
   return c.model.num_key_value_heads > 0 ? c.model.num_key_value_heads : c.model.num_heads;
 }
 
+bool is_moe_layer(const Config& c, int64_t layer) {
+  for (int64_t l : c.moe.mlp_only_layers) {
+    if (l == layer) return false;
+  }
+  return (layer + 1) % c.moe.decoder_sparse_step == 0;
+}
+
+int64_t moe_layer_count(const Config& c) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < c.model.num_layers; ++l) n += is_moe_layer(c, l) ? 1 : 0;
+  return n;
+}
+
+int64_t dense_hidden_size(const Config& c) {
+  if (c.model.dense_hidden_size > 0) return c.model.dense_hidden_size;
+  const int64_t h = (8 * c.model.hidden_size) / 3;
+  return ((h + 63) / 64) * 64;
+}
+
 namespace {
 // q, k, v and output projections: d x (H + 2 KV) hd + H hd x d.
 int64_t attention_weights(const Config& c) {
@@ -128,42 +147,54 @@ int64_t attention_weights(const Config& c) {
 }
 }  // namespace
 
+static int64_t qk_norm_weights(const Config& c) {
+  if (!c.model.qk_norm) return 0;
+  if (c.model.qk_norm_scope == "full") {
+    return (c.model.num_heads + key_value_heads(c)) * head_dim(c);
+  }
+  return 2 * head_dim(c);
+}
+
 int64_t count_parameters(const Config& c) {
   const int64_t d = c.model.hidden_size, L = c.model.num_layers, V = c.model.vocab_size;
-  const int64_t f = expert_hidden_size(c), E = c.moe.num_experts;
-  int64_t per_layer = attention_weights(c)                       // q, k, v, out projections
-                      + (c.model.qk_norm ? 2 * head_dim(c) : 0)  // q and k norms
-                      + 2 * d                                    // two RMSNorm weights
-                      + d * E                                    // router
-                      + E * 3 * d * f                            // SwiGLU experts
-                      + 3 * d * c.moe.shared_expert_hidden_size;
+  const int64_t f = expert_hidden_size(c), E = c.moe.num_experts, M = moe_layer_count(c);
+  const int64_t per_layer = attention_weights(c) + qk_norm_weights(c)  // attention
+                            + 2 * d;                                   // two RMSNorm weights
+  const int64_t per_moe_layer = d * E                                  // router
+                                + E * 3 * d * f                        // SwiGLU experts
+                                + 3 * d * c.moe.shared_expert_hidden_size;
+  const int64_t per_dense_layer = 3 * d * dense_hidden_size(c);
   int64_t embed = V * d + (c.model.rope_theta > 0 ? 0 : c.model.seq_len * d);
   int64_t head = c.model.tie_embeddings ? 0 : V * d;
-  return L * per_layer + embed + head + d;  // + final norm
+  return L * per_layer + M * per_moe_layer + (L - M) * per_dense_layer + embed + head +
+         d;  // + final norm
 }
 
 std::vector<ModuleCost> module_costs(const Config& c) {
   const int64_t d = c.model.hidden_size, V = c.model.vocab_size, S = c.model.seq_len;
   const int64_t E = c.moe.num_experts, k = c.moe.top_k, f = expert_hidden_size(c);
   const int64_t fs = c.moe.shared_expert_hidden_size, H = c.model.num_heads, hd = head_dim(c);
+  const int64_t L = c.model.num_layers, M = moe_layer_count(c), fd = dense_hidden_size(c);
   const auto dbl = [](int64_t x) { return static_cast<double>(x); };
   const int64_t attn = attention_weights(c);
-  return {
-      {"embedding", false, V * d + (c.model.rope_theta > 0 ? 0 : S * d), 0.0},
-      {"attention", true, attn + (c.model.qk_norm ? 2 * hd : 0) + d,  // + its RMSNorm
-       2 * dbl(attn) + 4 * dbl(S) * dbl(H * hd)},                     // projections + QK^T, AV
-      {"router", true, d * E + d, 2 * dbl(d * E)},                    // + the MoE RMSNorm
-      {"dispatch", true, 0, 0.0},                                     // a gather: no FLOPs
-      {"experts", true, E * 3 * d * f + 3 * d * fs, dbl(k) * 6 * dbl(d * f) + 6 * dbl(d * fs)},
-      {"combine", true, 0, 2 * dbl(k * d)},                                       // weighted sum
-      {"head", false, d + (c.model.tie_embeddings ? 0 : V * d), 2 * dbl(d * V)},  // + final norm
+  std::vector<ModuleCost> costs = {
+      {"embedding", 1, V * d + (c.model.rope_theta > 0 ? 0 : S * d), 0.0},
+      {"attention", L, attn + qk_norm_weights(c) + d,  // + its RMSNorm
+       2 * dbl(attn) + 4 * dbl(S) * dbl(H * hd)},      // projections + QK^T, AV
+      {"router", M, d * E + d, 2 * dbl(d * E)},        // + the MoE RMSNorm
+      {"dispatch", M, 0, 0.0},                         // a gather: no FLOPs
+      {"experts", M, E * 3 * d * f + 3 * d * fs, dbl(k) * 6 * dbl(d * f) + 6 * dbl(d * fs)},
+      {"combine", M, 0, 2 * dbl(k * d)},  // weighted sum
   };
+  if (L > M) costs.push_back({"dense_ffn", L - M, 3 * d * fd + d, 6 * dbl(d * fd)});  // + norm
+  costs.push_back({"head", 1, d + (c.model.tie_embeddings ? 0 : V * d), 2 * dbl(d * V)});
+  return costs;
 }
 
 double training_flops_per_token(const Config& c) {
   double sum = 0;
   for (const ModuleCost& m : module_costs(c)) {
-    sum += m.forward_flops_per_token * (m.per_layer ? static_cast<double>(c.model.num_layers) : 1);
+    sum += m.forward_flops_per_token * static_cast<double>(m.count);
   }
   return 3 * sum;
 }
@@ -171,9 +202,11 @@ double training_flops_per_token(const Config& c) {
 int64_t active_parameters_per_token(const Config& c) {
   const int64_t d = c.model.hidden_size, L = c.model.num_layers;
   const int64_t f = expert_hidden_size(c);
-  return L * (attention_weights(c) + d * c.moe.num_experts + c.moe.top_k * 3 * d * f +
+  const int64_t M = moe_layer_count(c);
+  return L * attention_weights(c) +
+         M * (d * c.moe.num_experts + c.moe.top_k * 3 * d * f +
               3 * d * c.moe.shared_expert_hidden_size) +
-         c.model.vocab_size * d;
+         (L - M) * 3 * d * dense_hidden_size(c) + c.model.vocab_size * d;
 }
 
 }  // namespace moe::config

@@ -117,7 +117,16 @@ std::string json_type() {
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) return "integer";
   if constexpr (std::is_floating_point_v<T>) return "number";
   if constexpr (std::is_same_v<T, std::string> || Choice<T>) return "string";
-  if constexpr (std::is_same_v<T, std::array<double, 2>>) return "array";
+  if constexpr (std::is_same_v<T, std::array<double, 2>> || std::is_same_v<T, std::vector<int64_t>>)
+    return "array";
+  return "";
+}
+
+// The JSON Schema type of an array member's items; "" for other members.
+template <class T>
+std::string json_item_type() {
+  if constexpr (std::is_same_v<T, std::array<double, 2>>) return "number";
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "integer";
   return "";
 }
 

@@ -38,6 +38,8 @@ void section(V& v, std::string_view key, S& s) {
 
 // moe.kernels is a string checked against these names.
 inline constexpr std::array<std::string_view, 3> kKernelNames = {"auto", "cuda", "reference"};
+// model.qk_norm_scope: over one head's width (Qwen3-MoE) or the whole projection (OLMoE).
+inline constexpr std::array<std::string_view, 2> kQkNormScopes = {"head", "full"};
 
 void visit_fields(auto& v, Section<OptimizerConfig> auto& o) {
   v.field("type", o.type);
@@ -153,6 +155,10 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("num_key_value_heads", m.num_key_value_heads, at_least(0, "0 = num_heads"));
   v.field("head_dim", m.head_dim, at_least(0, "0 = hidden_size / num_heads"));
   v.field("qk_norm", m.qk_norm);
+  v.field("qk_norm_scope", m.qk_norm_scope, one_of(kQkNormScopes));
+  v.field("clip_qkv", m.clip_qkv, at_least(0, "0 = off"));
+  v.field("dense_hidden_size", m.dense_hidden_size, at_least(0, "0 = derived from hidden_size"));
+  v.field("init_from", m.init_from);
 }
 
 void visit_fields(auto& v, Section<MoeConfig> auto& m) {
@@ -170,6 +176,8 @@ void visit_fields(auto& v, Section<MoeConfig> auto& m) {
   v.field("router_bias_update_rate", m.router_bias_update_rate,
           in_open(0, 1, "0 = no expert bias"));
   v.field("kernels", m.kernels, one_of(kKernelNames));
+  v.field("decoder_sparse_step", m.decoder_sparse_step, at_least(1));
+  v.field("mlp_only_layers", m.mlp_only_layers, at_least(0));
 }
 
 void visit_fields(auto& v, Section<DataConfig> auto& d) {

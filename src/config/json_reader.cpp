@@ -105,6 +105,18 @@ void ObjectReader::get(std::string_view key, std::array<double, 2>& out) {
   }
 }
 
+void ObjectReader::get(std::string_view key, std::vector<int64_t>& out) {
+  if (const auto* v = find(key)) {
+    if (!v->is_array()) type_error(key, *v, "an array of integers");
+    std::vector<int64_t> values;
+    for (const auto& item : *v) {
+      if (!item.is_number_integer()) type_error(key, *v, "an array of integers");
+      values.push_back(item.get<int64_t>());
+    }
+    out = std::move(values);
+  }
+}
+
 ObjectReader ObjectReader::child(std::string_view key) {
   return ObjectReader(find(key), path_of(key), file_);
 }

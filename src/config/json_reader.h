@@ -25,6 +25,7 @@ class ObjectReader {
   void get(std::string_view key, double& out);
   void get(std::string_view key, std::string& out);
   void get(std::string_view key, std::array<double, 2>& out);
+  void get(std::string_view key, std::vector<int64_t>& out);  // an array of integers
   // A nested object; absent or null gives an empty reader.
   ObjectReader child(std::string_view key);
   // Marks keys as known without reading them (accepted-and-ignored DeepSpeed keys).

@@ -21,6 +21,7 @@ class KeyLister {
     KeySpec k;
     k.path = paths_.of(key);
     k.type = json_type<T>();
+    k.item_type = json_item_type<T>();
     if constexpr (Choice<T>) {
       for (std::string_view n : ChoiceNames<T>::kNames) k.choices.emplace_back(n);
     }

@@ -46,7 +46,8 @@ class RuleChecker {
   template <class T>
   void field(std::string_view key, const T& value, const Rule& rule = {}, bool = true) {
     if (rule.kind == Rule::Kind::kNone) return;
-    if constexpr (std::is_same_v<T, std::array<double, 2>>) {
+    if constexpr (std::is_same_v<T, std::array<double, 2>> ||
+                  std::is_same_v<T, std::vector<int64_t>>) {
       for (size_t i = 0; i < value.size(); ++i) {
         rules_.check(rule.allows(value[i]), paths_.of(key) + "[" + std::to_string(i) + "]",
                      value[i], rule.describe());
@@ -137,6 +138,15 @@ void check_relations(Config& c, const Rules& rules) {
                 "must be even with rotary positions (model.rope_theta > 0)");
   }
   const auto& e = c.moe;
+  for (size_t i = 0; i < e.mlp_only_layers.size(); ++i) {
+    rules.check(e.mlp_only_layers[i] < m.num_layers,
+                "moe.mlp_only_layers[" + std::to_string(i) + "]", e.mlp_only_layers[i],
+                "must be a layer index < model.num_layers (" + std::to_string(m.num_layers) + ")");
+  }
+  rules.check(moe_layer_count(c) > 0, "moe.decoder_sparse_step", e.decoder_sparse_step,
+              "leaves no MoE layer (with moe.mlp_only_layers)");
+  rules.check(m.qk_norm || m.qk_norm_scope == "head", "model.qk_norm_scope", m.qk_norm_scope,
+              "needs model.qk_norm = true");
   rules.check(e.top_k <= e.num_experts, "moe.top_k", e.top_k,
               "must be <= moe.num_experts (" + std::to_string(e.num_experts) + ")");
   const auto& d = c.data;

@@ -27,8 +27,10 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
       "out", torch::nn::Linear(
                  torch::nn::LinearOptions(opt.heads * opt.head_dim, opt.hidden).bias(false)));
   if (opt.qk_norm) {
-    q_norm = register_module("q_norm", RMSNorm(opt.head_dim, opt.norm_eps));
-    k_norm = register_module("k_norm", RMSNorm(opt.head_dim, opt.norm_eps));
+    const int64_t q_width = opt.qk_norm_full ? opt.heads * opt.head_dim : opt.head_dim;
+    const int64_t k_width = opt.qk_norm_full ? opt.kv_heads * opt.head_dim : opt.head_dim;
+    q_norm = register_module("q_norm", RMSNorm(q_width, opt.norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(k_width, opt.norm_eps));
   }
   torch::NoGradGuard g;
   qkv->weight.normal_(0.0, opt.init_std);
@@ -55,13 +57,21 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t H = opt_.heads, KV = opt_.kv_heads, hd = opt_.head_dim;
   auto proj = qkv->forward(x);  // [B, S, (H + 2 KV) hd]
   // Views of [B, S, n, hd] as [B, n, S, hd] (the strides of a plain multi-head split).
-  auto heads = [&](int64_t first, int64_t n) {
-    return proj.narrow(-1, first * hd, n * hd).view({B, S, n, hd});
-  };
-  auto q = heads(0, H), k = heads(H, KV), v = heads(H + KV, KV);
-  if (opt_.qk_norm) {
+  auto q = proj.narrow(-1, 0, H * hd), k = proj.narrow(-1, H * hd, KV * hd),
+       v = proj.narrow(-1, (H + KV) * hd, KV * hd);
+  if (opt_.qk_norm && opt_.qk_norm_full) {  // OLMoE: over the whole projection
     q = q_norm->forward(q);
     k = k_norm->forward(k);
+  }
+  q = q.reshape({B, S, H, hd}), k = k.reshape({B, S, KV, hd}), v = v.reshape({B, S, KV, hd});
+  if (opt_.qk_norm && !opt_.qk_norm_full) {  // Qwen3-MoE: per head
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  if (opt_.clip_qkv > 0) {
+    q = q.clamp(-opt_.clip_qkv, opt_.clip_qkv);
+    k = k.clamp(-opt_.clip_qkv, opt_.clip_qkv);
+    v = v.clamp(-opt_.clip_qkv, opt_.clip_qkv);
   }
   q = q.transpose(1, 2), k = k.transpose(1, 2), v = v.transpose(1, 2);
   if (opt_.rope_theta > 0) {
@@ -101,7 +111,24 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
 }
 }  // namespace
 
-BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device)
+DenseMlpImpl::DenseMlpImpl(int64_t hidden, int64_t ffn, double init_std, double out_init_std) {
+  auto linear = [](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  };
+  gate_proj = register_module("gate_proj", linear(hidden, ffn));
+  up_proj = register_module("up_proj", linear(hidden, ffn));
+  down_proj = register_module("down_proj", linear(ffn, hidden));
+  torch::NoGradGuard g;
+  gate_proj->weight.normal_(0.0, init_std);
+  up_proj->weight.normal_(0.0, init_std);
+  down_proj->weight.normal_(0.0, out_init_std);
+}
+
+torch::Tensor DenseMlpImpl::forward(const torch::Tensor& x) {
+  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int64_t layer)
     : dropout_(cfg.model.dropout) {
   const auto& m = cfg.model;
   attn_norm = register_module("attn_norm", RMSNorm(m.hidden_size, m.norm_eps));
@@ -112,6 +139,8 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device)
   a.head_dim = config::head_dim(cfg);
   a.rope_theta = m.rope_theta;
   a.qk_norm = m.qk_norm;
+  a.qk_norm_full = m.qk_norm_scope == "full";
+  a.clip_qkv = m.clip_qkv;
   a.norm_eps = m.norm_eps;
   a.dropout = m.dropout;
   a.init_std = m.init_std;
@@ -119,7 +148,13 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device)
   a.out_init_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers));
   attn = register_module("attn", CausalSelfAttention(a));
   moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps));
-  moe = register_module("moe", moe::MoeLayer(moe_options(cfg, device)));
+  if (config::is_moe_layer(cfg, layer)) {
+    moe = register_module("moe", moe::MoeLayer(moe_options(cfg, device)));
+  } else {
+    mlp = register_module(
+        "mlp", DenseMlp(m.hidden_size, config::dense_hidden_size(cfg), m.init_std,
+                        m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers))));
+  }
 }
 
 BlockOutput BlockImpl::forward(const torch::Tensor& x) {
@@ -132,7 +167,15 @@ BlockOutput BlockImpl::forward(const torch::Tensor& x) {
   }
   const auto shape = h.sizes().vec();
   auto flat = moe_norm->forward(h).reshape({-1, shape.back()});
-  o.moe = moe->forward(flat);
+  if (mlp) {
+    profile::Scope scope("dense_ffn");
+    o.moe.y = mlp->forward(flat);
+    o.moe.aux_loss = torch::zeros({}, h.options().dtype(torch::kFloat));
+    o.moe.z_loss = torch::zeros({}, h.options().dtype(torch::kFloat));
+    o.moe.tokens_per_expert = torch::zeros({0}, h.options().dtype(torch::kLong));
+  } else {
+    o.moe = moe->forward(flat);
+  }
   o.x = h + F::dropout(o.moe.y.view(shape),
                        F::DropoutFuncOptions().p(dropout_).training(is_training()));
   return o;
@@ -152,7 +195,7 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
   }
   auto list = register_module("blocks", torch::nn::ModuleList());  // names blocks.0, blocks.1...
   for (int64_t i = 0; i < m.num_layers; ++i) {
-    blocks.push_back(Block(cfg, device));
+    blocks.push_back(Block(cfg, device, i));
     list->push_back(blocks.back());
   }
   final_norm = register_module("final_norm", RMSNorm(m.hidden_size, m.norm_eps));
@@ -186,7 +229,7 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
     x = bo.x;
     out.aux_loss = out.aux_loss + bo.moe.aux_loss;
     out.z_loss = out.z_loss + bo.moe.z_loss;
-    out.tokens_per_expert.push_back(bo.moe.tokens_per_expert);
+    if (blocks[i]->is_moe()) out.tokens_per_expert.push_back(bo.moe.tokens_per_expert);
     out.dropped += bo.moe.dropped;
   }
   profile::Scope scope("head");
@@ -196,8 +239,11 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
 }
 
 void TransformerLMImpl::after_optimizer_step(const std::vector<torch::Tensor>& tokens_per_expert) {
-  for (size_t i = 0; i < tokens_per_expert.size() && i < blocks.size(); ++i) {
-    blocks[i]->moe->after_optimizer_step(tokens_per_expert[i]);
+  size_t next = 0;  // tokens_per_expert holds MoE layers only
+  for (auto& block : blocks) {
+    if (!block->is_moe()) continue;
+    if (next == tokens_per_expert.size()) break;
+    block->moe->after_optimizer_step(tokens_per_expert[next++]);
   }
 }
 

@@ -28,7 +28,6 @@ std::string flops_report(const config::Config& cfg, const StepTimes& t,
                          const std::vector<ModuleTiming>& timings) {
   const auto& p = cfg.flops_profiler;
   const double tokens = static_cast<double>(cfg.train_batch_size * cfg.model.seq_len);
-  const double layers = static_cast<double>(cfg.model.num_layers);
   std::map<std::string, double> seconds;
   for (const auto& m : timings) seconds[m.name] += m.seconds;
   const double step_s = t.step_s > 0 ? t.step_s : 1;
@@ -47,7 +46,7 @@ std::string flops_report(const config::Config& cfg, const StepTimes& t,
   int64_t params = 0;
   double flops = 0;
   for (const config::ModuleCost& m : config::module_costs(cfg)) {
-    const double n = m.per_layer ? layers : 1;
+    const double n = static_cast<double>(m.count);
     const int64_t mp = m.params * static_cast<int64_t>(n);
     const double mf = 3 * m.forward_flops_per_token * n * tokens;
     params += mp;

@@ -131,14 +131,61 @@ void test_pause() {
   }
 }
 
-}  // namespace
-
-void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedAdamW& optimizer,
-                     const TrainingState& state) {
+void write_model_file(const std::string& dir, model::TransformerLM& model) {
   HostTensors weights;
   for (const auto& item : model->named_parameters()) weights.add(item.key(), item.value());
   write_safetensors((fs::path(dir) / "model.safetensors").string(), weights.views,
                     {{"format", "pt"}, {"producer", "moe-train"}});
+}
+
+// state.json; `with_rng`: the RNG states (a resumable checkpoint; an imported one has none).
+void write_state_file(const std::string& dir, model::TransformerLM& model,
+                      const TrainingState& state, bool with_rng, const json& extra) {
+  json j;
+  j["format_version"] = kCheckpointFormatVersion;
+  j["step"] = state.step;
+  j["tokens"] = state.tokens;
+  j["loader"] = {{"epoch", state.loader.epoch}, {"position", state.loader.position}};
+  j["loss_scaler"] = {{"scale", state.scaler.scale},
+                      {"cur_iter", state.scaler.cur_iter},
+                      {"last_overflow_iter", state.scaler.last_overflow_iter},
+                      {"cur_hysteresis", state.scaler.cur_hysteresis},
+                      {"skipped_steps", state.scaler.skipped_steps}};
+  if (with_rng) {
+    j["rng"]["cpu"] = to_hex(at::detail::getDefaultCPUGenerator().get_state());
+    if (at::hasCUDA()) {
+      j["rng"]["cuda"] = to_hex(at::globalContext().defaultGenerator(at::kCUDA).get_state());
+    }
+  }
+  // Expert biases (aux-loss-free balancing) are buffers, not weights: the state carries them.
+  for (const auto& b : model->named_buffers()) {
+    if (b.key().size() >= 11 && b.key().compare(b.key().size() - 11, 11, "expert_bias") == 0) {
+      auto v = b.value().to(at::kCPU, at::kFloat).contiguous();
+      j["expert_biases"][b.key()] =
+          std::vector<float>(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+    }
+  }
+  j["metrics_lines"] = state.metrics_lines;
+  j["config"] = state.config;
+  for (const auto& [key, value] : extra.items()) j[key] = value;
+  const std::string path = (fs::path(dir) / "state.json").string();
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  out.flush();
+  if (!out) throw TrainingError("checkpoint: " + path + ": write failed (disk full?)");
+}
+
+}  // namespace
+
+void save_weights_checkpoint(const std::string& dir, model::TransformerLM& model,
+                             const TrainingState& state, const json& extra) {
+  write_model_file(dir, model);
+  write_state_file(dir, model, state, /*with_rng=*/false, extra);
+}
+
+void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedAdamW& optimizer,
+                     const TrainingState& state) {
+  write_model_file(dir, model);
   if (const char* hook = std::getenv("MOE_TEST_ABORT_IN_CHECKPOINT")) {
     // Test hook (tests/train/checkpoint_test.py): die half-way through a checkpoint write.
     if (std::to_string(state.step) == hook) std::abort();
@@ -153,39 +200,11 @@ void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedA
   write_safetensors((fs::path(dir) / "optimizer.safetensors").string(), opt.views,
                     {{"format", "pt"}, {"producer", "moe-train"}, {"optimizer", "AdamW"}});
   test_pause();
-  json j;
-  j["format_version"] = kCheckpointFormatVersion;
-  j["step"] = state.step;
-  j["tokens"] = state.tokens;
-  j["loader"] = {{"epoch", state.loader.epoch}, {"position", state.loader.position}};
-  j["loss_scaler"] = {{"scale", state.scaler.scale},
-                      {"cur_iter", state.scaler.cur_iter},
-                      {"last_overflow_iter", state.scaler.last_overflow_iter},
-                      {"cur_hysteresis", state.scaler.cur_hysteresis},
-                      {"skipped_steps", state.scaler.skipped_steps}};
-  j["rng"]["cpu"] = to_hex(at::detail::getDefaultCPUGenerator().get_state());
-  if (at::hasCUDA()) {
-    j["rng"]["cuda"] = to_hex(at::globalContext().defaultGenerator(at::kCUDA).get_state());
-  }
-  // Expert biases (aux-loss-free balancing) are buffers, not weights: the state carries them.
-  for (const auto& b : model->named_buffers()) {
-    if (b.key().size() >= 11 && b.key().compare(b.key().size() - 11, 11, "expert_bias") == 0) {
-      auto v = b.value().to(at::kCPU, at::kFloat).contiguous();
-      j["expert_biases"][b.key()] =
-          std::vector<float>(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
-    }
-  }
-  j["metrics_lines"] = state.metrics_lines;
-  j["config"] = state.config;
-  const std::string path = (fs::path(dir) / "state.json").string();
-  std::ofstream out(path);
-  out << j.dump(2) << "\n";
-  out.flush();
-  if (!out) throw TrainingError("checkpoint: " + path + ": write failed (disk full?)");
+  write_state_file(dir, model, state, /*with_rng=*/true, json::object());
 }
 
 TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& model,
-                              FusedAdamW* optimizer) {
+                              FusedAdamW* optimizer, bool restore_rng) {
   // state.json has one reader (resume_policy.h); the tensors' parts of it are read here.
   CheckpointState cs = read_checkpoint_state(dir);
   const std::string& state_path = cs.path;
@@ -245,6 +264,8 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
     for (auto& [name, t] : states) copy_into(*opt, name, t);
   }
   // Restore RNGs last: nothing above draws random numbers, and dropout must continue exactly.
+  // Weights-only checkpoints (import-hf) carry none.
+  if (!restore_rng || !j.contains("rng")) return s;
   try {
     at::Generator cpu = at::detail::getDefaultCPUGenerator();  // a handle sharing the default
     cpu.set_state(from_hex(j.at("rng").at("cpu").get<std::string>(), state_path));

@@ -10,7 +10,7 @@
 namespace moe::train {
 
 EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardInfo>& shards,
-                    const config::Config& cfg, const torch::Device& device) {
+                    const config::Config& cfg, const torch::Device& device, EvalDump* dump) {
   torch::NoGradGuard no_grad;
   const bool was_training = model->is_training();
   model->eval();
@@ -32,6 +32,10 @@ EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardIn
     auto targets = batch.narrow(1, 1, S).reshape({-1});
     model::LmOutput out = model->forward(batch.narrow(1, 0, S));
     auto logits = out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat);
+    if (dump != nullptr) {
+      dump->windows.push_back(batch.to(torch::kCPU));
+      dump->logits.push_back(out.logits.to(torch::kFloat).to(torch::kCPU));
+    }
     loss_sum += torch::nn::functional::cross_entropy(
                     logits, targets,
                     torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))

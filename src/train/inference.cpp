@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include "moe/config/architecture.h"
 #include "moe/data/dataset.h"
 #include "moe/train/checkpoint.h"
 #include "moe/train/checkpoint_store.h"
@@ -26,37 +27,33 @@ std::string newest_checkpoint(const std::string& output_dir) {
   if (c.empty()) throw UserError("checkpoint: no checkpoint in " + output_dir + "/checkpoints");
   return c.front();
 }
-// Keys of the model and moe sections that are training or evaluation settings, free to differ
-// from the checkpoint's; every other key of these sections is architecture.
-bool may_differ(const std::string& key) {
-  static const std::set<std::string> kFree = {
-      "model.dropout",      "model.init_std",      "moe.aux_loss_coeff", "moe.z_loss_coeff",
-      "moe.expert_dropout", "moe.capacity_factor", "moe.kernels"};
-  return kFree.count(key) != 0;
-}
-
-// The architecture comes from the checkpoint: a --config/--set value that contradicts the
-// checkpoint's saved config is refused, naming the key (data and evaluation settings may
-// differ).
-void check_architecture(const config::Config& cfg, const json& saved, const std::string& dir) {
-  const json mine = config::to_json(cfg);
-  for (const char* section : {"model", "moe"}) {
-    if (!saved.contains(section)) continue;
-    for (const auto& [key, value] : saved[section].items()) {
-      const std::string path = std::string(section) + "." + key;
-      if (may_differ(path) || !mine[section].contains(key) || mine[section][key] == value) continue;
-      throw UserError("config: " + cfg.source_file + ": " + path + " = " +
-                      mine[section][key].dump() + " contradicts the checkpoint " + dir + " (" +
-                      value.dump() + "); the architecture comes from the checkpoint");
-    }
-  }
+// Writes the evaluated windows and logits as safetensors: "tokens" [N, S + 1] I64, "logits"
+// [N, S, V] F32 (N windows in evaluation order).
+void write_dump(const std::string& path, const EvalDump& d) {
+  const auto windows = torch::cat(d.windows, 0).contiguous();
+  const auto logits = torch::cat(d.logits, 0).contiguous();
+  write_safetensors(path,
+                    {{"tokens", "I64", windows.sizes().vec(), windows.data_ptr(),
+                      static_cast<size_t>(windows.nbytes())},
+                     {"logits", "F32", logits.sizes().vec(), logits.data_ptr(),
+                      static_cast<size_t>(logits.nbytes())}},
+                    {{"format", "pt"}, {"producer", "moe-train eval"}});
 }
 }  // namespace
 
-json eval_checkpoint(const config::Config& cfg, const std::string& checkpoint_dir) {
-  const std::string dir =
-      checkpoint_dir.empty() ? newest_checkpoint(cfg.training.output_dir) : checkpoint_dir;
-  check_architecture(cfg, read_checkpoint_state(dir).config, dir);
+json eval_checkpoint(const EvalRequest& req) {
+  std::string dir = req.checkpoint;
+  if (dir.empty())
+    dir = newest_checkpoint(config::load(req.config_path, req.overrides).training.output_dir);
+  // The architecture comes from the checkpoint: keys the config leaves out are taken from it, and
+  // a --config/--set value that contradicts it is refused, naming the key.
+  const json saved = read_checkpoint_state(dir).config;
+  json root = config::load_json_file(req.config_path);
+  for (const auto& o : req.overrides) config::apply_override(root, o);
+  config::fill_architecture(root, saved);
+  config::Config cfg = config::from_json(root, req.config_path);
+  config::validate(cfg);
+  config::check_same_architecture(cfg, saved, "the checkpoint " + dir);
   const data::DatasetShards shards =
       data::open_dataset({cfg.data.path, cfg.data.train_path, cfg.data.valid_path},
                          cfg.model.vocab_size, cfg.model.seq_len, cfg.data.verify_checksums);
@@ -65,7 +62,10 @@ json eval_checkpoint(const config::Config& cfg, const std::string& checkpoint_di
   model::TransformerLM model(cfg, device);
   TrainingState st = load_checkpoint(dir, model, nullptr);
   model->to(device);
-  EvalResult r = evaluate(model, shards.valid, cfg, device);
+  EvalDump dump;
+  EvalResult r =
+      evaluate(model, shards.valid, cfg, device, req.dump_logits.empty() ? nullptr : &dump);
+  if (!req.dump_logits.empty()) write_dump(req.dump_logits, dump);
   return {{"checkpoint", dir},
           {"step", st.step},
           {"loss", r.loss},
@@ -84,6 +84,8 @@ std::string generate_text(const GenerateOptions& opt) {
     throw UserError("generate: " + opt.checkpoint_dir + "/state.json: damaged");
   }
   config::Config cfg = config::from_json(state.json["config"], opt.checkpoint_dir + "/state.json");
+  // Imported checkpoints (import-hf) name no data; generation needs none.
+  if (cfg.data.path.empty() && cfg.data.train_path.empty()) cfg.data.path = "-";
   cfg.training.device =
       config::parse_choice<config::TrainingDevice>(opt.device, "training.device", cfg.source_file);
   config::validate(cfg);

@@ -38,6 +38,7 @@
 #include "moe/train/checkpointer.h"
 #include "moe/train/device.h"
 #include "moe/train/evaluation.h"
+#include "moe/train/init_from.h"
 #include "moe/train/loss_scaler.h"
 #include "moe/train/lr_schedule.h"
 #include "moe/train/metrics_log.h"
@@ -201,6 +202,12 @@ class TrainingSession {
     }
     if (d.action == ResumeDecision::Action::kFinished) log_->warn("{}", d.message);
     if (d.action == ResumeDecision::Action::kNoneLoadable) throw UserError(d.message);
+    if (summary_.resumed_from < 0 && !cfg_.model.init_from.empty()) {
+      // A fresh run from existing weights: the optimizer's fp32 masters follow them.
+      const std::string what = init_weights_from(cfg_, model_);
+      optimizer_.reload_master_weights();
+      log_->info("initial weights from {} ({})", cfg_.model.init_from, what);
+    }
     scaler_.restore(summary_.resumed_from >= 0 ? state_.scaler : scaler_.state());
   }
 

@@ -66,8 +66,11 @@ std::string mismatch(const KeySpec& k, const json& s) {
     return "enum " + s.value("enum", json()).dump() + ", the code takes " + want_enum.dump();
   }
   const json& b = k.type == "array" ? s.value("items", json::object()) : s;
-  if (k.type == "array" && (b.value("type", "") != "number" || s.value("minItems", 0) != 2 ||
-                            s.value("maxItems", 0) != 2)) {
+  if (k.type == "array" && b.value("type", "") != k.item_type) {
+    return "needs " + k.item_type + " items";
+  }
+  if (k.type == "array" && k.item_type == "number" &&
+      (s.value("minItems", 0) != 2 || s.value("maxItems", 0) != 2)) {
     return "needs exactly two number items";
   }
   std::string why;

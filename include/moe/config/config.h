@@ -105,7 +105,11 @@ struct ModelConfig {
   double rope_theta = 0.0;          // > 0: rotary positions (HF convention); 0: learned positions
   int64_t num_key_value_heads = 0;  // grouped-query attention; 0 = num_heads (multi-head)
   int64_t head_dim = 0;             // 0 = hidden_size / num_heads
-  bool qk_norm = false;             // RMSNorm over head_dim on q and k (Qwen3-MoE)
+  bool qk_norm = false;             // RMSNorm on q and k before the rotation
+  std::string qk_norm_scope = "head";  // head: over head_dim (Qwen3-MoE); full: all heads (OLMoE)
+  double clip_qkv = 0.0;               // > 0: clamp q, k, v to [-c, c] (OLMoE's clip_qkv)
+  int64_t dense_hidden_size = 0;       // dense FFN layers' width; 0 = as expert_hidden_size's rule
+  std::string init_from;  // a moe-train checkpoint or Hugging Face directory to start from
 };
 
 struct MoeConfig {
@@ -121,6 +125,10 @@ struct MoeConfig {
   int64_t shared_expert_hidden_size = 0;  // > 0: a dense SwiGLU expert every token passes through
   double router_bias_update_rate = 0.0;   // > 0: aux-loss-free expert bias (DeepSeek-V3)
   std::string kernels = "auto";           // auto | cuda | reference
+  // Which layers are MoE layers (Qwen3-MoE's rule): layer i is when i is not in mlp_only_layers
+  // and (i + 1) % decoder_sparse_step == 0; the others are dense SwiGLU FFNs.
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
 };
 
 struct DataConfig {
@@ -229,17 +237,21 @@ nlohmann::json to_json(const Config& cfg);
 
 // Derived sizes used by the model and messages.
 int64_t expert_hidden_size(const Config& cfg);
-int64_t head_dim(const Config& cfg);         // model.head_dim, or hidden_size / num_heads
-int64_t key_value_heads(const Config& cfg);  // model.num_key_value_heads, or num_heads
+int64_t head_dim(const Config& cfg);                  // model.head_dim, or hidden_size / num_heads
+int64_t key_value_heads(const Config& cfg);           // model.num_key_value_heads, or num_heads
+bool is_moe_layer(const Config& cfg, int64_t layer);  // moe.decoder_sparse_step, mlp_only_layers
+int64_t moe_layer_count(const Config& cfg);
+int64_t dense_hidden_size(const Config& cfg);  // model.dense_hidden_size, or the SwiGLU rule
 int64_t count_parameters(const Config& cfg);
 
 // One module kind as the flops profiler and MFU count it: its parameters and its forward FLOPs
-// per token (a multiply-add is 2; forward + backward = 3 x forward). Per-layer kinds are counted
-// for one layer. Attention scores count the full S x S square (PaLM's convention). The
-// parameters of all kinds add up to count_parameters().
+// per token (a multiply-add is 2; forward + backward = 3 x forward), for one occurrence; `count`
+// occurrences (1 for embedding and head, the number of layers of its kind otherwise). Attention
+// scores count the full S x S square (PaLM's convention). params x count over all kinds adds up
+// to count_parameters().
 struct ModuleCost {
-  std::string name;  // embedding, attention, router, dispatch, experts, combine, head
-  bool per_layer = false;
+  std::string name;  // embedding, attention, router, dispatch, experts, combine, dense_ffn, head
+  int64_t count = 1;
   int64_t params = 0;
   double forward_flops_per_token = 0;
 };

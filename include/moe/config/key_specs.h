@@ -15,6 +15,7 @@ struct KeySpec {
   // The JSON Schema type: integer, number, boolean, string, array (two numbers), object, or ""
   // for keys accepted and ignored (any value).
   std::string type;
+  std::string item_type;  // arrays: "number" (a pair, exactly two) or "integer" (any length)
   std::vector<std::string> choices;  // the names a closed-set string takes, in message order
   nlohmann::json default_value;      // the built-in value; null for objects and ignored keys
   // Bounds of the field's range rule (of each item for arrays); unset where there is none.

@@ -31,7 +31,9 @@ struct AttentionOptions {
   int64_t kv_heads = 1;  // grouped-query attention: heads / kv_heads query heads share one
   int64_t head_dim = 0;
   double rope_theta = 0;  // > 0: rotary embeddings on q and k (Hugging Face's rotate-half layout)
-  bool qk_norm = false;   // RMSNorm over head_dim on q and k before the rotation (Qwen3-MoE)
+  bool qk_norm = false;   // RMSNorm on q and k before the rotation
+  bool qk_norm_full = false;  // over all heads' width (OLMoE), else over head_dim (Qwen3-MoE)
+  double clip_qkv = 0;        // > 0: clamp q, k, v to [-clip_qkv, clip_qkv] (OLMoE)
   double norm_eps = 1e-5;
   double dropout = 0, init_std = 0.02, out_init_std = 0.02;
 };
@@ -55,6 +57,16 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 torch::Tensor apply_rotary(const torch::Tensor& x, double theta);
 TORCH_MODULE(CausalSelfAttention);
 
+// A dense SwiGLU FFN (the non-MoE layers of Qwen3-MoE): down(silu(gate(x)) * up(x)), weights in
+// nn.Linear's [out, in] layout.
+class DenseMlpImpl : public torch::nn::Module {
+ public:
+  DenseMlpImpl(int64_t hidden, int64_t ffn, double init_std, double out_init_std);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(DenseMlp);
+
 struct BlockOutput {
   torch::Tensor x;
   moe::MoeLayerOutput moe;
@@ -62,11 +74,15 @@ struct BlockOutput {
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const config::Config& cfg, const torch::Device& device);
+  // Layer `layer`: an MoE FFN or, where config::is_moe_layer says not, a dense one.
+  BlockImpl(const config::Config& cfg, const torch::Device& device, int64_t layer);
+  // Dense layers report zero aux and z losses and an empty tokens_per_expert.
   BlockOutput forward(const torch::Tensor& x);
-  RMSNorm attn_norm{nullptr}, moe_norm{nullptr};
+  bool is_moe() const { return !moe.is_empty(); }
+  RMSNorm attn_norm{nullptr}, moe_norm{nullptr};  // moe_norm: the FFN's norm, dense or MoE
   CausalSelfAttention attn{nullptr};
-  moe::MoeLayer moe{nullptr};
+  moe::MoeLayer moe{nullptr};  // MoE layers
+  DenseMlp mlp{nullptr};       // dense layers
 
  private:
   double dropout_;
@@ -77,7 +93,7 @@ struct LmOutput {
   torch::Tensor logits;                          // [B, S, V]
   torch::Tensor aux_loss;                        // sum over layers (unweighted)
   torch::Tensor z_loss;                          // sum over layers (unweighted)
-  std::vector<torch::Tensor> tokens_per_expert;  // per layer [E]
+  std::vector<torch::Tensor> tokens_per_expert;  // per MoE layer (dense layers skipped) [E]
   int64_t dropped = 0;
 };
 
@@ -94,8 +110,8 @@ class TransformerLMImpl : public torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};  // null when tied
 
   // Once per optimizer step that updated the weights, with that step's tokens per expert per
-  // MoE layer (summed over its micro-batches): each MoE layer's own bookkeeping (the routers'
-  // aux-loss-free expert biases) stays inside the layer.
+  // MoE layer (in layer order, dense layers skipped) (summed over its micro-batches): each MoE
+  // layer's own bookkeeping (the routers' aux-loss-free expert biases) stays inside the layer.
   void after_optimizer_step(const std::vector<torch::Tensor>& tokens_per_expert);
   // Blocks [0, n) recompute their activations in the backward (activation checkpointing).
   void set_checkpoint_blocks(int64_t n) { checkpoint_blocks_ = n; }

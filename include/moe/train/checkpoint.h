@@ -34,9 +34,16 @@ struct TrainingState {
 void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedAdamW& optimizer,
                      const TrainingState& state);
 
-// Loads `dir` into the model and optimizer (whose shapes must match). Throws UserError naming
-// the file and the problem for anything missing, damaged or mismatched.
+// A weights-only checkpoint (model.safetensors + state.json without RNG states; import-hf):
+// loadable by eval, generate, export-hf and model.init_from, not resumable. `extra`: more
+// top-level keys of state.json (e.g. "imported_from").
+void save_weights_checkpoint(const std::string& dir, model::TransformerLM& model,
+                             const TrainingState& state, const nlohmann::json& extra);
+
+// Loads `dir` into the model and optimizer (whose shapes must match; optimizer may be null).
+// Throws UserError naming the file and the problem for anything missing, damaged or
+// mismatched. `restore_rng`: continue the saved RNG streams (a resume), when the state has them.
 TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& model,
-                              FusedAdamW* optimizer);
+                              FusedAdamW* optimizer, bool restore_rng = true);
 
 }  // namespace moe::train

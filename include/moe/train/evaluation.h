@@ -17,9 +17,17 @@
 
 namespace moe::train {
 
-// Validation over the first eval_iters micro-batches of `shards`, in order.
+// The windows an evaluation saw and the model's logits on them (eval --dump-logits).
+struct EvalDump {
+  std::vector<torch::Tensor> windows;  // [B, S + 1] int64 each: inputs and next-token targets
+  std::vector<torch::Tensor> logits;   // [B, S, V] fp32 each, on the CPU
+};
+
+// Validation over the first eval_iters micro-batches of `shards`, in order; `dump` (optional)
+// keeps the windows and logits.
 EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardInfo>& shards,
-                    const config::Config& cfg, const torch::Device& device);
+                    const config::Config& cfg, const torch::Device& device,
+                    EvalDump* dump = nullptr);
 
 struct SamplingOptions {
   int64_t max_new_tokens = 200;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -11,10 +12,18 @@
 
 namespace moe::train {
 
-// Evaluates a checkpoint (or, when empty, the newest in cfg.training.output_dir) on the
-// validation split: {"checkpoint", "step", "loss", "perplexity", "accuracy", "tokens",
-// "majority_baseline", "expert_imbalance"}.
-nlohmann::json eval_checkpoint(const config::Config& cfg, const std::string& checkpoint_dir);
+struct EvalRequest {
+  std::string config_path;             // data and evaluation settings (the architecture: below)
+  std::vector<std::string> overrides;  // --set k=v
+  std::string checkpoint;              // "" = the newest in the config's output_dir
+  std::string dump_logits;             // "" = none; else a safetensors file (tokens, logits)
+};
+
+// Evaluates a checkpoint on the validation split: {"checkpoint", "step", "loss", "perplexity",
+// "accuracy", "tokens", "majority_baseline", "expert_imbalance"}. The model's architecture is
+// the checkpoint's: model/moe keys the config leaves out are taken from it; a contradicting
+// one is refused naming the key.
+nlohmann::json eval_checkpoint(const EvalRequest& req);
 
 struct GenerateOptions {
   std::string checkpoint_dir;

@@ -1,0 +1,27 @@
+// Which config keys are the model's architecture: the `model` and `moe` keys that a checkpoint's
+// tensors depend on (or that change its function), as opposed to training and evaluation
+// settings. Used wherever weights meet a config: eval, generate, model.init_from.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "moe/config/config.h"
+
+namespace moe::config {
+
+// Whether `key` ("model.dropout") may differ between a checkpoint and the config that uses it.
+bool is_training_setting(const std::string& key, const nlohmann::json& sections);
+
+// Throws UserError naming the first architecture key whose value in `cfg` contradicts
+// `sections` ({"model": {...}, "moe": {...}}, e.g. a checkpoint's saved config), saying where
+// the other value comes from (`source`).
+void check_same_architecture(const Config& cfg, const nlohmann::json& sections,
+                             const std::string& source);
+
+// `root` (a config document being loaded) with every architecture key it does not set taken
+// from `sections`: eval and generate take the architecture from the checkpoint.
+void fill_architecture(nlohmann::json& root, const nlohmann::json& sections);
+
+}  // namespace moe::config

@@ -1,0 +1,38 @@
+// The Hugging Face side of a model's architecture: which of the supported families a
+// config.json describes, its translation into our `model`/`moe` config sections, and back.
+// Supported: MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM (docs/hf.md).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "moe/config/config.h"
+
+namespace moe::hf {
+
+enum class Family { kMixtral, kQwen3Moe, kOlmoe };
+
+const char* architecture_name(Family f);  // "MixtralForCausalLM", ...
+const char* model_type(Family f);         // "mixtral", "qwen3_moe", "olmoe"
+// The family named `architecture` ("MixtralForCausalLM" or "mixtral"); UserError listing the
+// supported ones otherwise. `where` prefixes the message.
+Family parse_family(const std::string& architecture, const std::string& where);
+
+// config.json (`hf_config`, read from `file`) -> {"model": {...}, "moe": {...}} in our keys.
+// Anything we cannot represent exactly (another activation, attention biases, a sliding window,
+// rope scaling, ...) is a UserError naming the file and key. `warnings` gets the HF settings
+// that only affect HF's own training (router jitter).
+nlohmann::json architecture_from_hf(const nlohmann::json& hf_config, const std::string& file,
+                                    Family* family, std::vector<std::string>* warnings);
+
+// The family our architecture maps to: `requested` ("" = infer from the q/k norm layout), with a
+// UserError "KEY: why" naming the first key that family cannot represent.
+Family export_family(const config::Config& cfg, const std::string& requested);
+
+// config.json for `cfg` in `family`'s layout. `base`: an original HF config of the model (from
+// import-hf) whose other keys (token ids, max_position_embeddings, ...) are kept; may be null.
+nlohmann::json hf_config_from(const config::Config& cfg, Family family, const nlohmann::json& base,
+                              const std::string& dtype);
+
+}  // namespace moe::hf

@@ -1,0 +1,50 @@
+// The files of a Hugging Face model directory: safetensors weights (one model.safetensors, or
+// shards named by model.safetensors.index.json), read with every cross-reference checked, and
+// written with transformers' sharding rule; the tokenizer files that travel with a model.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moe/util/safetensors.h"
+
+namespace moe::hf {
+
+struct HfTensorRef {
+  const SafetensorsFile* file = nullptr;
+  const SafeTensorEntry* entry = nullptr;
+};
+
+// Every tensor of an HF directory's weights. A missing shard, an index naming a tensor its
+// shard lacks, a tensor in a shard but not in the index, a truncated or damaged file, or no
+// safetensors weights at all: UserError naming the file (and tensor).
+class HfWeights {
+ public:
+  explicit HfWeights(const std::string& dir);
+  const std::map<std::string, HfTensorRef>& tensors() const { return tensors_; }
+
+ private:
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, HfTensorRef> tensors_;
+};
+
+// Bytes in "5GB" (10^9, as transformers counts), "500MB", "100KB", "2GiB", "1MiB" or "123".
+// UserError naming `what` otherwise.
+int64_t parse_size(const std::string& text, const std::string& what);
+
+// Writes `tensors` into `dir` as transformers does: model.safetensors when they fit in one
+// shard of at most `max_shard_bytes`, else model-0000i-of-0000n.safetensors shards (in order,
+// a new shard when the next tensor would pass the limit; a larger tensor gets one of its own)
+// and model.safetensors.index.json. Returns the number of files.
+int64_t write_hf_weights(const std::string& dir, const std::vector<SafeTensorView>& tensors,
+                         int64_t max_shard_bytes);
+
+// The tokenizer files copied alongside a model when present.
+const std::vector<std::string>& tokenizer_file_names();
+// Copies those of `from` that exist into `to`; returns their names.
+std::vector<std::string> copy_tokenizer_files(const std::string& from, const std::string& to);
+
+}  // namespace moe::hf

@@ -1,0 +1,34 @@
+// The one table between our parameter names and a Hugging Face family's tensor names. Each
+// entry says which part of one of our parameters an HF tensor is: one expert of a stacked
+// [E, ...] weight, a row range of the fused q/k/v projection, transposed or not.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "moe/config/config.h"
+#include "moe/hf/hf_config.h"
+
+namespace moe::hf {
+
+struct TensorPiece {
+  std::string hf;         // "model.layers.0.self_attn.q_proj.weight"
+  std::string ours;       // "blocks.0.attn.qkv.weight"
+  int64_t expert = -1;    // >= 0: the expert's slice of a stacked [E, ...] weight
+  int64_t row_begin = 0;  // rows [row_begin, row_begin + rows) of ours (rows < 0: all)
+  int64_t rows = -1;
+  bool transpose = false;  // ours holds the transpose (our experts are [d, f], HF's [f, d])
+};
+
+// In the order transformers writes a state dict: embeddings, layers, final norm, head.
+std::vector<TensorPiece> tensor_pieces(const config::Config& cfg, Family family);
+
+// The view of `params[piece.ours]` that `piece.hf` corresponds to (writable: copy_ into it).
+torch::Tensor piece_view(const TensorPiece& piece,
+                         const std::map<std::string, torch::Tensor>& params);
+
+}  // namespace moe::hf

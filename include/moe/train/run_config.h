@@ -1,0 +1,23 @@
+// Loading the config of a run whose weights come from elsewhere (model.init_from, eval of a
+// checkpoint): the architecture keys the file leaves out are taken from those weights, so a
+// fine-tuning config names only what it changes. No LibTorch.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moe/config/config.h"
+
+namespace moe::train {
+
+// {"model": {...}, "moe": {...}} of a moe-train checkpoint (its saved config) or a Hugging Face
+// directory (its config.json, mapped). UserError naming `dir` when it is neither.
+nlohmann::json weights_architecture(const std::string& dir);
+
+// file -> overrides -> missing architecture keys from model.init_from (when set) -> typed ->
+// validated. Without model.init_from: exactly config::load.
+config::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+
+}  // namespace moe::train

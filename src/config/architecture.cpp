@@ -1,0 +1,58 @@
+#include "moe/config/architecture.h"
+
+#include <set>
+
+#include "moe/util/errors.h"
+
+namespace moe::config {
+
+using nlohmann::json;
+
+bool is_training_setting(const std::string& key, const json& sections) {
+  static const std::set<std::string> kFree = {
+      "model.dropout",       "model.init_std",   "model.init_from",
+      "moe.aux_loss_coeff",  "moe.z_loss_coeff", "moe.expert_dropout",
+      "moe.capacity_factor", "moe.kernels",      "moe.router_bias_update_rate"};
+  if (kFree.count(key) != 0) return true;
+  // With rotary positions the window length is no weight's shape: any seq_len evaluates.
+  if (key == "model.seq_len") {
+    const json& m = sections.contains("model") ? sections["model"] : json::object();
+    return m.value("rope_theta", 0.0) > 0;
+  }
+  return false;
+}
+
+void check_same_architecture(const Config& cfg, const json& sections, const std::string& source) {
+  const json mine = to_json(cfg);
+  for (const char* section : {"model", "moe"}) {
+    if (!sections.contains(section)) continue;
+    for (const auto& [key, value] : sections[section].items()) {
+      const std::string path = std::string(section) + "." + key;
+      if (is_training_setting(path, sections) || !mine[section].contains(key) ||
+          mine[section][key] == value) {
+        continue;
+      }
+      throw UserError("config: " + cfg.source_file + ": " + path + " = " +
+                      mine[section][key].dump() + " contradicts " + source + " (" + value.dump() +
+                      "); the architecture comes from the weights");
+    }
+  }
+}
+
+void fill_architecture(json& root, const json& sections) {
+  for (const char* section : {"model", "moe"}) {
+    if (!sections.contains(section)) continue;
+    if (!root.contains(section) || root[section].is_null()) root[section] = json::object();
+    if (!root[section].is_object()) continue;  // from_json names the type error
+    for (const auto& [key, value] : sections[section].items()) {
+      const std::string path = std::string(section) + "." + key;
+      // Training settings (dropout, kernels, ...) stay the config's own; the window length is
+      // taken like the architecture.
+      const bool setting = path != "model.seq_len" && is_training_setting(path, sections);
+      if (setting || root[section].contains(key)) continue;
+      root[section][key] = value;
+    }
+  }
+}
+
+}  // namespace moe::config

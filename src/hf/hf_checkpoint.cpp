@@ -1,0 +1,289 @@
+#include "moe/hf/hf_checkpoint.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "moe/config/architecture.h"
+#include "moe/hf/hf_files.h"
+#include "moe/hf/hf_tensor_map.h"
+#include "moe/hf/load_hf_weights.h"
+#include "moe/train/checkpoint.h"
+#include "moe/train/resume_policy.h"
+#include "moe/util/errors.h"
+
+namespace moe::hf {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::ostringstream o;
+  o << at::IntArrayRef(s);
+  return o.str();
+}
+
+std::map<std::string, torch::Tensor> parameter_map(model::TransformerLM& model) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& item : model->named_parameters()) out[item.key()] = item.value();
+  return out;
+}
+
+torch::ScalarType source_dtype(const std::string& dtype) {
+  if (dtype == "F32") return torch::kFloat;
+  if (dtype == "BF16") return torch::kBFloat16;
+  if (dtype == "F16") return torch::kHalf;
+  return torch::kByte;  // not a weight dtype: refused by the caller
+}
+
+// HF tensors that carry no weight of ours: rotary caches of old checkpoints, a tied head.
+bool ignorable(const std::string& name, const config::Config& cfg) {
+  const std::string inv = "rotary_emb.inv_freq";
+  if (name.size() >= inv.size() && name.compare(name.size() - inv.size(), inv.size(), inv) == 0) {
+    return true;
+  }
+  return cfg.model.tie_embeddings && name == "lm_head.weight";
+}
+
+// Checks every tensor (presence, dtype, shape, nothing unexpected), then copies them into the
+// model as fp32 training weights.
+void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
+                     Family family, model::TransformerLM& model) {
+  const auto params = parameter_map(model);
+  const auto pieces = tensor_pieces(cfg, family);
+  std::set<std::string> expected;
+  for (const auto& p : pieces) {
+    expected.insert(p.hf);
+    auto it = w.tensors().find(p.hf);
+    if (it == w.tensors().end()) {
+      throw UserError("hf: " + dir + ": tensor '" + p.hf + "' is missing (a " +
+                      architecture_name(family) + " with this config.json has it)");
+    }
+    const SafeTensorEntry& e = *it->second.entry;
+    const std::string where = "hf: " + it->second.file->path() + ": tensor '" + p.hf + "'";
+    if (source_dtype(e.dtype) == torch::kByte) {
+      throw UserError(where + " is " + e.dtype + "; expected F32, BF16 or F16");
+    }
+    const auto want = piece_view(p, params).sizes().vec();
+    if (e.shape != want) {
+      throw UserError(where + " has shape " + shape_text(e.shape) + "; config.json implies " +
+                      shape_text(want));
+    }
+  }
+  for (const auto& [name, ref] : w.tensors()) {
+    if (expected.count(name) == 0 && !ignorable(name, cfg)) {
+      throw UserError("hf: " + ref.file->path() + ": unexpected tensor '" + name + "' (not in a " +
+                      architecture_name(family) + " with this config.json)");
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& p : pieces) {
+    const HfTensorRef& ref = w.tensors().at(p.hf);
+    const SafeTensorEntry& e = *ref.entry;
+    // clone(): safetensors data offsets need not be aligned for the element type.
+    auto src = torch::from_blob(const_cast<char*>(ref.file->data(e)), e.shape,
+                                torch::TensorOptions().dtype(source_dtype(e.dtype)))
+                   .clone();
+    piece_view(p, params).copy_(src.to(torch::kFloat));
+  }
+}
+
+struct HfModel {
+  json hf_config;
+  Family family = Family::kMixtral;
+  json sections;  // {"model", "moe"}
+  std::vector<std::string> warnings;
+  config::Config cfg;
+};
+
+HfModel read_hf_model(const std::string& dir) {
+  const fs::path path = fs::path(dir) / "config.json";
+  if (!fs::is_directory(dir)) throw UserError("hf: " + dir + ": not a directory");
+  if (!fs::exists(path)) {
+    throw UserError("hf: " + dir + ": no config.json (not a Hugging Face model directory)");
+  }
+  HfModel m;
+  m.hf_config = config::load_json_file(path.string());
+  m.sections = architecture_from_hf(m.hf_config, path.string(), &m.family, &m.warnings);
+  json root = m.sections;
+  // validate() wants data and a batch size; neither is part of an architecture.
+  root["data"] = {{"path", "-"}};
+  root["train_micro_batch_size_per_gpu"] = 1;
+  try {
+    m.cfg = config::from_json(root, path.string());
+    config::validate(m.cfg);
+  } catch (const UserError& e) {
+    throw UserError("hf: " + path.string() +
+                    ": maps to a configuration moe-train refuses: " + e.what());
+  }
+  m.cfg.data.path.clear();
+  m.cfg.warnings.clear();
+  return m;
+}
+
+// Output directories appear complete or not at all: written under a sibling name, renamed at
+// the end, removed on failure. An existing non-empty directory is never touched.
+class StagedDir {
+ public:
+  StagedDir(const std::string& out, const std::string& command) : out_(out) {
+    if (fs::exists(out_) && !(fs::is_directory(out_) && fs::is_empty(out_))) {
+      throw UserError(command + ": --out " + out_ +
+                      " exists and is not empty (nothing is overwritten)");
+    }
+    const fs::path parent = fs::absolute(out_).parent_path();
+    fs::create_directories(parent);
+    tmp_ =
+        (parent / (fs::path(out_).filename().string() + ".partial-" + std::to_string(::getpid())))
+            .string();
+    fs::remove_all(tmp_);
+    fs::create_directories(tmp_);
+  }
+  ~StagedDir() {
+    if (committed_) return;
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);
+  }
+  StagedDir(const StagedDir&) = delete;
+  StagedDir& operator=(const StagedDir&) = delete;
+  const std::string& path() const { return tmp_; }
+  void commit() {
+    if (fs::exists(out_)) fs::remove(out_);  // empty, checked above
+    fs::rename(tmp_, out_);
+    committed_ = true;
+  }
+
+ private:
+  std::string out_, tmp_;
+  bool committed_ = false;
+};
+
+void write_json(const fs::path& path, const json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  out.flush();
+  if (!out) throw TrainingError(path.string() + ": write failed (disk full?)");
+}
+
+// Where the original HF files of a checkpoint's model live: the checkpoint itself (import-hf
+// wrote them), or the directory its run started from (model.init_from). "" when none.
+std::string hf_source_dir(const std::string& checkpoint_dir, const config::Config& cfg) {
+  if (fs::exists(fs::path(checkpoint_dir) / "hf_config.json")) return checkpoint_dir;
+  const std::string& from = cfg.model.init_from;
+  if (from.empty()) return "";
+  if (fs::exists(fs::path(from) / "hf_config.json")) return from;
+  if (fs::exists(fs::path(from) / "config.json") && !fs::exists(fs::path(from) / "state.json")) {
+    return from;
+  }
+  return "";
+}
+
+}  // namespace
+
+ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir) {
+  HfModel hm = read_hf_model(hf_dir);
+  HfWeights weights(hf_dir);
+  model::TransformerLM model(hm.cfg, torch::Device(torch::kCPU));
+  copy_hf_weights(weights, hf_dir, hm.cfg, hm.family, model);
+
+  StagedDir out(out_dir, "import-hf");
+  train::TrainingState state;
+  state.config = config::to_json(hm.cfg);
+  train::save_weights_checkpoint(
+      out.path(), model, state,
+      {{"imported_from",
+        {{"dir", fs::absolute(hf_dir).string()}, {"architecture", architecture_name(hm.family)}}}});
+  write_json(fs::path(out.path()) / "hf_config.json", hm.hf_config);
+  write_json(fs::path(out.path()) / "moe-train.json", hm.sections);
+  const fs::path gen = fs::path(hf_dir) / "generation_config.json";
+  if (fs::is_regular_file(gen)) fs::copy_file(gen, fs::path(out.path()) / "generation_config.json");
+  ImportReport r;
+  r.family = hm.family;
+  r.tensors = static_cast<int64_t>(weights.tensors().size());
+  r.warnings = hm.warnings;
+  r.tokenizer_files = copy_tokenizer_files(hf_dir, out.path());
+  out.commit();
+  return r;
+}
+
+ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
+                       const ExportOptions& opt) {
+  const train::CheckpointState cs = train::read_checkpoint_state(checkpoint_dir);
+  const config::Config cfg = config::from_json(cs.config, cs.path);
+  Family family = Family::kMixtral;
+  try {
+    family = export_family(cfg, opt.architecture);
+  } catch (const UserError& e) {
+    throw UserError("export-hf: " + cs.path + ": " + e.what());
+  }
+  static const std::map<std::string, std::pair<torch::ScalarType, const char*>> kDtypes = {
+      {"float32", {torch::kFloat, "F32"}},
+      {"bfloat16", {torch::kBFloat16, "BF16"}},
+      {"float16", {torch::kHalf, "F16"}}};
+  auto dt = kDtypes.find(opt.dtype);
+  if (dt == kDtypes.end()) {
+    throw UserError("export-hf: --dtype " + opt.dtype + ": expected float32, bfloat16 or float16");
+  }
+  model::TransformerLM model(cfg, torch::Device(torch::kCPU));
+  train::load_checkpoint(checkpoint_dir, model, nullptr, /*restore_rng=*/false);
+
+  const std::string source = hf_source_dir(checkpoint_dir, cfg);
+  json base;
+  if (!source.empty()) {
+    const fs::path p =
+        fs::path(source) /
+        (fs::exists(fs::path(source) / "hf_config.json") ? "hf_config.json" : "config.json");
+    base = config::load_json_file(p.string());
+  }
+  const json hf_config = hf_config_from(cfg, family, base, opt.dtype);
+
+  const auto params = parameter_map(model);
+  std::vector<torch::Tensor> keep;
+  std::vector<SafeTensorView> views;
+  for (const auto& p : tensor_pieces(cfg, family)) {
+    keep.push_back(piece_view(p, params).detach().to(dt->second.first).contiguous());
+    const auto& t = keep.back();
+    views.push_back(
+        {p.hf, dt->second.second, t.sizes().vec(), t.data_ptr(), static_cast<size_t>(t.nbytes())});
+  }
+
+  StagedDir out(out_dir, "export-hf");
+  const int64_t shards = write_hf_weights(out.path(), views, opt.max_shard_bytes);
+  write_json(fs::path(out.path()) / "config.json", hf_config);
+  const fs::path gen = source.empty() ? fs::path() : fs::path(source) / "generation_config.json";
+  if (!source.empty() && fs::is_regular_file(gen)) {
+    fs::copy_file(gen, fs::path(out.path()) / "generation_config.json");
+  } else {
+    json g = {{"_from_model_config", true}};
+    for (const char* id : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+      if (hf_config.contains(id) && !hf_config[id].is_null()) g[id] = hf_config[id];
+    }
+    write_json(fs::path(out.path()) / "generation_config.json", g);
+  }
+  ExportReport r;
+  r.family = family;
+  r.tensors = static_cast<int64_t>(views.size());
+  r.shards = shards;
+  r.tokenizer_files = copy_tokenizer_files(checkpoint_dir, out.path());
+  if (r.tokenizer_files.empty() && !source.empty()) {
+    r.tokenizer_files = copy_tokenizer_files(source, out.path());
+  }
+  out.commit();
+  return r;
+}
+
+void load_hf_weights(const std::string& hf_dir, const config::Config& cfg,
+                     model::TransformerLM& model) {
+  const HfModel hm = read_hf_model(hf_dir);
+  config::check_same_architecture(cfg, hm.sections, hf_dir + "/config.json");
+  const HfWeights weights(hf_dir);
+  copy_hf_weights(weights, hf_dir, cfg, hm.family, model);
+}
+
+}  // namespace moe::hf

@@ -1,0 +1,52 @@
+#include "moe/train/run_config.h"
+
+#include <filesystem>
+
+#include "moe/config/architecture.h"
+#include "moe/hf/hf_config.h"
+#include "moe/train/resume_policy.h"
+#include "moe/util/errors.h"
+
+namespace moe::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json weights_architecture(const std::string& dir) {
+  if (fs::exists(fs::path(dir) / "state.json")) {
+    const json saved = read_checkpoint_state(dir).config;
+    json out = json::object();
+    for (const char* s : {"model", "moe"}) {
+      if (saved.contains(s)) out[s] = saved[s];
+    }
+    return out;
+  }
+  const fs::path hf = fs::path(dir) / "config.json";
+  if (fs::exists(hf)) {
+    return hf::architecture_from_hf(config::load_json_file(hf.string()), hf.string(), nullptr,
+                                    nullptr);
+  }
+  throw UserError("model.init_from = \"" + dir +
+                  "\": neither a moe-train checkpoint (state.json) nor a Hugging Face model "
+                  "directory (config.json)");
+}
+
+config::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  json root = config::load_json_file(path);
+  for (const auto& o : overrides) config::apply_override(root, o);
+  const json* model = root.contains("model") ? &root["model"] : nullptr;
+  if (model != nullptr && model->is_object() && model->contains("init_from") &&
+      (*model)["init_from"].is_string() && !(*model)["init_from"].get<std::string>().empty()) {
+    try {
+      config::fill_architecture(root,
+                                weights_architecture((*model)["init_from"].get<std::string>()));
+    } catch (const UserError& e) {
+      throw UserError("config: " + path + ": " + e.what());
+    }
+  }
+  config::Config cfg = config::from_json(root, path);
+  config::validate(cfg);
+  return cfg;
+}
+
+}  // namespace moe::train

@@ -1,0 +1,164 @@
+"""Malformed Hugging Face directories and refused exports: exit 2, one line naming the file and
+the tensor or key, and nothing written (no output directory, no partial one).
+
+usage: hf_malformed_test.py MOE_TRAIN_BINARY
+"""
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+BIN = sys.argv[1]
+SMALL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, intermediate_size=16, num_local_experts=4,
+             num_experts_per_tok=2, max_position_embeddings=32, tie_word_embeddings=False)
+
+
+def expect_refusal(tmp, what, args, *needles):
+    out = tmp / "out"
+    r = subprocess.run([BIN, *map(str, args), "--out", out], capture_output=True, text=True)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, f"{what}: exit {r.returncode}, expected 2\n{r.stderr}"
+    assert len(lines) == 1, f"{what}: expected one line, got {len(lines)}:\n{r.stderr}"
+    for n in needles:
+        assert n in lines[0], f"{what}: '{n}' not in: {lines[0]}"
+    assert not out.exists(), f"{what}: {out} was written"
+    assert not list(tmp.glob("out.partial-*")), f"{what}: a partial directory is left"
+    print(f"  {what}: {lines[0]}")
+
+
+def variant(tmp, base, name):
+    d = tmp / name
+    shutil.copytree(base, d)
+    return d
+
+
+with tempfile.TemporaryDirectory() as td:
+    tmp = pathlib.Path(td)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.MixtralConfig(**SMALL))
+    single, sharded = tmp / "single", tmp / "sharded"
+    model.save_pretrained(single)
+    model.save_pretrained(sharded, max_shard_size="20KB")
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) >= 3, shards
+    print("refused imports:")
+
+    d = variant(tmp, sharded, "missing-shard")
+    (d / shards[1]).unlink()
+    expect_refusal(tmp, "missing shard", ["import-hf", d], shards[1], "missing")
+
+    d = variant(tmp, sharded, "index-names-missing-tensor")
+    idx = json.loads((d / "model.safetensors.index.json").read_text())
+    idx["weight_map"]["model.layers.0.self_attn.q_proj.weight"] = shards[-1]
+    (d / "model.safetensors.index.json").write_text(json.dumps(idx))
+    expect_refusal(tmp, "index naming a tensor its shard lacks", ["import-hf", d],
+                   "model.layers.0.self_attn.q_proj.weight", shards[-1])
+
+    d = variant(tmp, single, "wrong-shape")
+    t = load_file(d / "model.safetensors")
+    t["model.layers.1.block_sparse_moe.experts.2.w3.weight"] = torch.zeros(16, 31)
+    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+    expect_refusal(tmp, "wrong shape", ["import-hf", d],
+                   "model.layers.1.block_sparse_moe.experts.2.w3.weight", "[16, 31]", "[16, 32]")
+
+    d = variant(tmp, single, "missing-tensor")
+    t = load_file(d / "model.safetensors")
+    del t["model.layers.0.block_sparse_moe.experts.3.w2.weight"]
+    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+    expect_refusal(tmp, "missing tensor", ["import-hf", d],
+                   "model.layers.0.block_sparse_moe.experts.3.w2.weight", "missing")
+
+    d = variant(tmp, single, "unexpected-tensor")
+    t = load_file(d / "model.safetensors")
+    t["model.layers.0.block_sparse_moe.experts.4.w1.weight"] = torch.zeros(16, 32)
+    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+    expect_refusal(tmp, "unexpected tensor", ["import-hf", d],
+                   "model.layers.0.block_sparse_moe.experts.4.w1.weight", "unexpected")
+
+    d = variant(tmp, single, "integer-tensor")
+    t = load_file(d / "model.safetensors")
+    t["model.norm.weight"] = torch.ones(32, dtype=torch.int64)
+    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+    expect_refusal(tmp, "integer weights", ["import-hf", d], "model.norm.weight", "I64")
+
+    d = variant(tmp, single, "unknown-architecture")
+    c = json.loads((d / "config.json").read_text())
+    c["architectures"] = ["LlamaForCausalLM"]
+    (d / "config.json").write_text(json.dumps(c))
+    expect_refusal(tmp, "unknown architecture", ["import-hf", d], "LlamaForCausalLM", "config.json")
+
+    d = variant(tmp, single, "scaled-rope")
+    c = json.loads((d / "config.json").read_text())
+    c["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}
+    (d / "config.json").write_text(json.dumps(c))
+    expect_refusal(tmp, "scaled rotary embedding", ["import-hf", d], "rope_parameters", "yarn")
+
+    d = variant(tmp, sharded, "truncated")
+    f = d / shards[0]
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    expect_refusal(tmp, "truncated safetensors", ["import-hf", d], shards[0])
+
+    d = variant(tmp, single, "no-config")
+    (d / "config.json").unlink()
+    expect_refusal(tmp, "no config.json", ["import-hf", d], "config.json")
+
+    # An existing non-empty output directory is never touched.
+    out = tmp / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    r = subprocess.run([BIN, "import-hf", single, "--out", out], capture_output=True, text=True)
+    assert r.returncode == 2 and "not empty" in r.stderr, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    shutil.rmtree(out)
+
+    print("refused exports:")
+    data = tmp / "data"
+    subprocess.run([BIN, "make-synthetic", "--out", data, "--vocab", "64", "--programs", "2",
+                    "--doc-len", "17", "--train-docs", "64", "--valid-docs", "8"], check=True,
+                   capture_output=True)
+    base = ["--set", "train_micro_batch_size_per_gpu=2", "--set", "training.train_iters=1",
+            "--set", "training.device=cpu", "--set", f"data.train_path={data}/train.h5",
+            "--set", f"data.valid_path={data}/valid.h5", "--set", "model.hidden_size=32",
+            "--set", "model.num_layers=1", "--set", "model.num_heads=2", "--set", "model.seq_len=16",
+            "--set", "model.vocab_size=128", "--set", "moe.num_experts=4"]
+    cfg = tmp / "c.json"
+    cfg.write_text("{}")
+    def train_one(name, sets):
+        run_dir = tmp / f"run-{name}"
+        args = [BIN, "--config", cfg, "-q", *base, "--set", f"training.output_dir={run_dir}"]
+        for s in sets:
+            args += ["--set", s]
+        r = subprocess.run(args, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return next(p for p in (run_dir / "checkpoints").iterdir() if (p / "state.json").exists())
+
+    expect_refusal(tmp, "export of learned positions", ["export-hf", train_one("learned", [])],
+                   "model.rope_theta")
+    expect_refusal(tmp, "export of a sigmoid router",
+                   ["export-hf", train_one("sigmoid", ["model.rope_theta=10000",
+                                                       "moe.score_function=sigmoid"])],
+                   "moe.score_function")
+    rope = train_one("rope", ["model.rope_theta=10000"])
+    expect_refusal(tmp, "export as Qwen3-MoE without q/k norms",
+                   ["export-hf", rope, "--architecture", "Qwen3MoeForCausalLM"], "model.qk_norm")
+    expect_refusal(tmp, "export with a bad shard size",
+                   ["export-hf", rope, "--max-shard-size", "5XB"], "--max-shard-size", "5XB")
+
+    print("init_from contradicting the config:")
+    imported = tmp / "imported"
+    subprocess.run([BIN, "import-hf", single, "--out", imported], check=True, capture_output=True)
+    r = subprocess.run([BIN, "--config", cfg, "-q", *base, "--set", f"model.init_from={imported}",
+                        "--set", f"training.output_dir={tmp / 'run-init'}"], capture_output=True, text=True)
+    line = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(line) == 1 and "contradicts" in line[0], r.stderr
+    assert not (tmp / "run-init").exists(), "nothing written"
+    print(f"  {line[0]}")
+print("ok")

@@ -1,0 +1,140 @@
+"""Hugging Face round trip, with transformers as the oracle (tiny random models built locally
+from transformers' own config classes; nothing is downloaded):
+
+  for Mixtral, Qwen3-MoE (with a dense layer) and OLMoE, saved as one file and as shards:
+    import-hf, then `moe-train eval --dump-logits`: the validation loss equals transformers' on
+    the same windows to <= 1e-5 relative and the logits agree to <= 1e-4 max absolute;
+    20 training steps from the imported weights (model.init_from), export-hf: transformers loads
+    it with no missing, unexpected or mismatched keys and its logits equal moe-train's to
+    <= 1e-4; import-hf of the export is bitwise identical to the trained checkpoint.
+
+usage: hf_roundtrip_test.py MOE_TRAIN_BINARY [FAMILY...]
+"""
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+from safetensors.torch import load_file
+
+BIN = sys.argv[1]
+ONLY = sys.argv[2:]
+LOGITS_TOL, LOSS_RTOL = 1e-4, 1e-5
+COMMON = dict(vocab_size=320, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+              num_experts_per_tok=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+FAMILIES = {
+    "mixtral": (transformers.MixtralConfig, dict(num_local_experts=4, intermediate_size=48)),
+    # layer 1 dense (mlp_only_layers), renormalised top-k
+    "qwen3_moe": (transformers.Qwen3MoeConfig,
+                  dict(num_experts=4, moe_intermediate_size=32, intermediate_size=80,
+                       mlp_only_layers=[1], norm_topk_prob=True)),
+    "olmoe": (transformers.OlmoeConfig, dict(num_experts=4, intermediate_size=48, clip_qkv=8.0)),
+}
+
+
+def run(*args, ok=True):
+    r = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
+    if ok and r.returncode != 0:
+        raise SystemExit(f"FAIL: {' '.join(map(str, args))}: exit {r.returncode}\n{r.stderr[-3000:]}")
+    return r
+
+
+def hf_logits(model_dir, tokens):
+    m = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return m(input_ids=tokens).logits
+
+
+def compare(what, dump_path, model_dir, eval_loss):
+    d = load_file(dump_path)
+    windows, ours = d["tokens"], d["logits"]
+    theirs = hf_logits(model_dir, windows[:, :-1])
+    diff = (theirs - ours).abs().max().item()
+    loss = torch.nn.functional.cross_entropy(theirs.double().reshape(-1, theirs.shape[-1]),
+                                             windows[:, 1:].reshape(-1)).item()
+    rel = abs(loss - eval_loss) / abs(loss)
+    print(f"  {what}: {windows.shape[0]} windows x {windows.shape[1] - 1} tokens: max |logit diff| "
+          f"{diff:.2e}, loss transformers {loss:.7f} moe-train {eval_loss:.7f} (rel {rel:.1e})")
+    assert diff <= LOGITS_TOL, f"{what}: logits differ by {diff}"
+    assert rel <= LOSS_RTOL, f"{what}: loss differs by {rel} relative"
+
+
+def newest_checkpoint(run_dir):
+    cks = sorted(p for p in (run_dir / "checkpoints").iterdir() if (p / "state.json").exists())
+    return max(cks, key=lambda p: json.loads((p / "state.json").read_text())["step"])
+
+
+def write_tokenizer(d):
+    import tokenizers
+    vocab = {f"t{i}": i for i in range(320)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 64}))
+
+
+def family_round_trip(tmp, family, sharded):
+    cls, extra = FAMILIES[family]
+    tag = f"{family}-{'sharded' if sharded else 'single'}"
+    print(f"{tag}:")
+    torch.manual_seed(7)
+    model = transformers.AutoModelForCausalLM.from_config(cls(**COMMON, **extra))
+    src = tmp / f"hf-{tag}"
+    if sharded:  # and bf16 on disk: imported into fp32 training weights
+        model.to(torch.bfloat16).save_pretrained(src, max_shard_size="40KB")
+        assert (src / "model.safetensors.index.json").exists(), "expected a sharded save"
+    else:
+        model.save_pretrained(src)
+    write_tokenizer(src)
+
+    imported = tmp / f"imported-{tag}"
+    run("import-hf", src, "--out", imported)
+    assert (imported / "tokenizer.json").exists(), "tokenizer files are copied"
+    cfg = tmp / f"eval-{tag}.json"
+    cfg.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4,
+        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")},
+        "model": {"seq_len": 32},
+        "training": {"eval_iters": 4, "device": "cpu", "output_dir": str(tmp / f"run-{tag}")}}))
+    dump = tmp / f"logits-{tag}.safetensors"
+    r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
+    compare("imported", dump, src, r["loss"])
+
+    run("--config", cfg, "-q", "--set", f"model.init_from={imported}", "--set", "training.train_iters=20",
+        "--set", "training.eval_interval=0", "--set", "optimizer.params.lr=0.003",
+        "--set", "scheduler.params.warmup_num_steps=2")
+    trained = newest_checkpoint(tmp / f"run-{tag}")
+    exported = tmp / f"exported-{tag}"
+    run("export-hf", trained, "--out", exported, *(["--max-shard-size", "60KB"] if sharded else []))
+    assert (exported / "tokenizer.json").exists(), "tokenizer files travel with the export"
+    assert (exported / "model.safetensors.index.json").exists() == sharded
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(exported, output_loading_info=True)
+    for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        assert not info[k], f"{tag}: transformers reports {k}: {info[k]}"
+    dump2 = tmp / f"logits-trained-{tag}.safetensors"
+    r2 = json.loads(run("eval", "--config", cfg, "--checkpoint", trained, "--dump-logits", dump2).stdout)
+    assert r2["step"] == 20
+    compare("trained 20 steps, exported", dump2, exported, r2["loss"])
+    assert r2["loss"] < r["loss"], "training from the imported weights lowered the loss"
+
+    again = tmp / f"reimported-{tag}"
+    run("import-hf", exported, "--out", again)
+    a, b = load_file(trained / "model.safetensors"), load_file(again / "model.safetensors")
+    assert a.keys() == b.keys(), "same tensor names"
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), f"{tag}: {k} differs after the round trip"
+    print(f"  import-hf of the export: {len(a)} tensors bitwise identical to the trained checkpoint")
+
+
+with tempfile.TemporaryDirectory() as d:
+    tmp = pathlib.Path(d)
+    run("make-synthetic", "--out", tmp / "data", "--vocab", "320", "--programs", "4", "--doc-len", "33",
+        "--train-docs", "800", "--valid-docs", "64")
+    for family in ONLY or FAMILIES:
+        for sharded in (False, True):
+            family_round_trip(tmp, family, sharded)
+print("ok")
