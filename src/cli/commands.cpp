@@ -284,6 +284,45 @@ int cmd_export_hf(ExportArgs a) {
   return kExitOk;
 }
 
+// generate: its options, into `gen`.
+CLI::App* add_generate_command(CLI::App& app, train::GenerateOptions& gen) {
+  auto* gn = app.add_subcommand("generate", "Continue a prompt with a trained (byte-level) model");
+  gn->add_option("--checkpoint", gen.checkpoint_dir, "Checkpoint directory")->required();
+  gn->add_option("--prompt", gen.prompt, "Text to continue")->required();
+  gn->add_option("-n,--max-new-tokens", gen.max_new_tokens, "Tokens to generate")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  gn->add_option("--temperature", gen.temperature, "Sampling temperature; 0 = greedy")
+      ->check(CLI::Range(0.0, 100.0));
+  gn->add_option("--top-k", gen.top_k, "Sample from the k most likely tokens; 0 = all")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+  gn->add_flag_callback(
+      "--greedy", [&gen] { gen.temperature = 0.0; }, "Always take the most likely token");
+  gn->add_option("--seed", gen.seed, "Sampling seed");
+  gn->add_option("--device", gen.device, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  return gn;
+}
+
+// import-hf and export-hf: their options, into `imp` / `exp`.
+std::pair<CLI::App*, CLI::App*> add_hf_commands(CLI::App& app, ImportArgs& imp, ExportArgs& exp) {
+  auto* ih = app.add_subcommand(
+      "import-hf", "Hugging Face Mixtral / Qwen3-MoE / OLMoE directory -> moe-train checkpoint");
+  ih->add_option("hf_dir", imp.hf_dir, "Directory with config.json and safetensors")->required();
+  ih->add_option("--out", imp.out, "New checkpoint directory")->required();
+  auto* eh = app.add_subcommand("export-hf",
+                                "moe-train checkpoint -> Hugging Face directory (transformers)");
+  eh->add_option("checkpoint", exp.checkpoint, "Checkpoint directory")->required();
+  eh->add_option("--out", exp.out, "New Hugging Face model directory")->required();
+  eh->add_option("--max-shard-size", exp.max_shard_size,
+                 "Largest safetensors file, e.g. 5GB (default), 500MB, 2GiB");
+  eh->add_option("--dtype", exp.opt.dtype, "float32 (default), bfloat16 or float16")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+  eh->add_option("--architecture", exp.opt.architecture,
+                 "MixtralForCausalLM, Qwen3MoeForCausalLM or OlmoeForCausalLM (default: from "
+                 "the checkpoint's q/k norms)");
+  return {ih, eh};
+}
+
 int cmd_generate(const train::GenerateOptions& g) {
   std::string text = train::generate_text(g);
   std::printf("%s%s\n", g.prompt.c_str(), text.c_str());
@@ -376,39 +415,11 @@ int run_cli(int argc, char** argv) {
                  "Also write the evaluated windows and logits to this safetensors file");
 
   ImportArgs imp;
-  auto* ih = app.add_subcommand(
-      "import-hf", "Hugging Face Mixtral / Qwen3-MoE / OLMoE directory -> moe-train checkpoint");
-  ih->add_option("hf_dir", imp.hf_dir, "Directory with config.json and safetensors")->required();
-  ih->add_option("--out", imp.out, "New checkpoint directory")->required();
-
   ExportArgs exp;
-  auto* eh = app.add_subcommand("export-hf",
-                                "moe-train checkpoint -> Hugging Face directory (transformers)");
-  eh->add_option("checkpoint", exp.checkpoint, "Checkpoint directory")->required();
-  eh->add_option("--out", exp.out, "New Hugging Face model directory")->required();
-  eh->add_option("--max-shard-size", exp.max_shard_size,
-                 "Largest safetensors file, e.g. 5GB (default), 500MB, 2GiB");
-  eh->add_option("--dtype", exp.opt.dtype, "float32 (default), bfloat16 or float16")
-      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
-  eh->add_option("--architecture", exp.opt.architecture,
-                 "MixtralForCausalLM, Qwen3MoeForCausalLM or OlmoeForCausalLM (default: from "
-                 "the checkpoint's q/k norms)");
+  auto [ih, eh] = add_hf_commands(app, imp, exp);
 
   train::GenerateOptions gen;
-  auto* gn = app.add_subcommand("generate", "Continue a prompt with a trained (byte-level) model");
-  gn->add_option("--checkpoint", gen.checkpoint_dir, "Checkpoint directory")->required();
-  gn->add_option("--prompt", gen.prompt, "Text to continue")->required();
-  gn->add_option("-n,--max-new-tokens", gen.max_new_tokens, "Tokens to generate")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  gn->add_option("--temperature", gen.temperature, "Sampling temperature; 0 = greedy")
-      ->check(CLI::Range(0.0, 100.0));
-  gn->add_option("--top-k", gen.top_k, "Sample from the k most likely tokens; 0 = all")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
-  gn->add_flag_callback(
-      "--greedy", [&gen] { gen.temperature = 0.0; }, "Always take the most likely token");
-  gn->add_option("--seed", gen.seed, "Sampling seed");
-  gn->add_option("--device", gen.device, "auto, cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  auto* gn = add_generate_command(app, gen);
 
   bool env_json = false;
   std::vector<std::string> env_dirs;

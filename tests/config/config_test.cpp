@@ -320,5 +320,36 @@ TEST(Config, ParameterCountOfTheSeedSizedModel) {
   EXPECT_EQ(count_parameters(c), 4'837'822'464);
 }
 
+// Dense/MoE layer layout keys (Qwen3-MoE's names) and the q/k norm scope.
+TEST(Config, LayerLayoutKeysAreChecked) {
+  json j = minimal();
+  j["model"] = {{"num_layers", 4}};
+  j["moe"] = {{"mlp_only_layers", {1, 4}}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: moe.mlp_only_layers[1] = 4: must be a layer index < "
+            "model.num_layers (4)");
+  j["moe"] = {{"mlp_only_layers", {1, -1}}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: moe.mlp_only_layers[1] = -1: must be >= 0");
+  j["moe"] = {{"mlp_only_layers", "1"}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: moe.mlp_only_layers = \"1\": expected an array of integers");
+  j["moe"] = {{"decoder_sparse_step", 5}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: moe.decoder_sparse_step = 5: leaves no MoE layer (with "
+            "moe.mlp_only_layers)");
+  j["moe"] = {{"decoder_sparse_step", 2}, {"mlp_only_layers", {3}}};
+  const Config c = build(j);
+  EXPECT_EQ(moe_layer_count(c), 1);
+  EXPECT_EQ(to_json(c)["moe"]["mlp_only_layers"], json({3}));
+  j = minimal();
+  j["model"] = {{"qk_norm_scope", "full"}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: model.qk_norm_scope = \"full\": needs model.qk_norm = true");
+  j["model"] = {{"qk_norm_scope", "all"}, {"qk_norm", true}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: model.qk_norm_scope = \"all\": expected one of head, full");
+}
+
 }  // namespace
 }  // namespace moe::config
