@@ -15,6 +15,7 @@
 
 #include "moe/build_info.h"
 #include "moe/config/config.h"
+#include "moe/config/memory_plan.h"
 #include "moe/data/prepare.h"
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
@@ -254,6 +255,69 @@ int cmd_eval(const EvalArgs& a) {
   return kExitOk;
 }
 
+struct PlanArgs {
+  TrainArgs cfg;
+  std::string gpu_memory;
+  int64_t world_size = 1;
+  std::string device = "auto";
+  bool json = false;
+};
+
+// moe-train plan: the memory of one training step from the config alone (memory_plan.h).
+int cmd_plan(const PlanArgs& a) {
+  if (a.cfg.config_path.empty()) throw UserError("plan: --config FILE is required");
+  const config::Config cfg = train::load_run_config(a.cfg.config_path, a.cfg.overrides);
+  config::PlanOptions o;
+  o.world_size = a.world_size;
+  o.cpu = a.device == "cpu" ||
+          (a.device == "auto" && cfg.training.device == config::TrainingDevice::kCpu);
+  if (!a.gpu_memory.empty())
+    o.device_bytes = config::parse_memory_size(a.gpu_memory, "plan: --gpu-memory");
+  const config::MemoryPlan p = config::plan_memory(cfg, o);
+  if (!a.json) {
+    std::cout << config::format_plan(cfg, o, p);
+    return kExitOk;
+  }
+  nlohmann::json j = {{"parameters", p.parameters},
+                      {"active_parameters", p.active_parameters},
+                      {"micro_batch", p.micro_batch},
+                      {"device", o.cpu ? "cpu" : "gpu"},
+                      {"world_size", o.world_size},
+                      {"weights_bytes", p.weights},
+                      {"gradients_bytes", p.gradients},
+                      {"optimizer_states_bytes", p.optimizer_states},
+                      {"low_precision_weights_bytes", p.low_precision_weights},
+                      {"activations_bytes", p.activations},
+                      {"activations_no_checkpoint_bytes", p.activations_no_checkpoint},
+                      {"activations_checkpoint_bytes", p.activations_checkpoint},
+                      {"backward_transient_bytes", p.backward_transient},
+                      {"peak_bytes", p.peak},
+                      {"reserved_bytes", p.reserved},
+                      {"host_bytes", p.host}};
+  if (o.device_bytes > 0) {
+    j["device_bytes"] = o.device_bytes;
+    j["fits"] = p.fits;
+    j["max_micro_batch"] = p.max_micro_batch;
+    j["advice"] = p.advice;
+  }
+  std::cout << j.dump(2) << "\n";
+  return kExitOk;
+}
+
+// plan: its options, into `a`.
+CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
+  auto* pl = app.add_subcommand(
+      "plan", "Will it fit? Memory of one training step (weights, gradients, Adam, activations)");
+  add_config_options(pl, a.cfg);
+  pl->add_option("--gpu-memory", a.gpu_memory, "Device memory for a verdict, e.g. 141GiB, 80GB");
+  pl->add_option("--world-size", a.world_size, "Data-parallel ranks (ZeRO partitions by it)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  pl->add_option("--device", a.device, "gpu or cpu (default: training.device, auto = gpu)")
+      ->check(CLI::IsMember({"auto", "gpu", "cpu"}));
+  pl->add_flag("--json", a.json, "Print the figures as JSON (bytes)");
+  return pl;
+}
+
 struct ImportArgs {
   std::string hf_dir, out;
 };
@@ -414,6 +478,8 @@ int run_cli(int argc, char** argv) {
   ev->add_option("--dump-logits", eval_args.dump_logits,
                  "Also write the evaluated windows and logits to this safetensors file");
 
+  PlanArgs plan_args;
+  auto* pl = add_plan_command(app, plan_args);
   ImportArgs imp;
   ExportArgs exp;
   auto [ih, eh] = add_hf_commands(app, imp, exp);
@@ -458,6 +524,7 @@ int run_cli(int argc, char** argv) {
   if (*pd) return cmd_prepare_data(prep);
   if (*en) return cmd_env(env_cfg, env_dirs, env_json);
   if (*ev) return cmd_eval(eval_args);
+  if (*pl) return cmd_plan(plan_args);
   if (*ih) return cmd_import_hf(imp);
   if (*eh) return cmd_export_hf(exp);
   if (*gn) return cmd_generate(gen);

@@ -3,12 +3,35 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <string>
 
 #include "moe/cli/commands.h"
 #include "moe/util/errors.h"
+#include "moe/util/host_memory.h"
+
+namespace {
+// MOE_HOST_MEMORY_REPORT=1: count CPU tensor bytes from the start and report them at exit (the
+// memory planner's measurement; docs/memory.md).
+struct HostMemoryReport {
+  bool on = std::getenv("MOE_HOST_MEMORY_REPORT") != nullptr &&
+            std::string(std::getenv("MOE_HOST_MEMORY_REPORT")) == "1";
+  HostMemoryReport() {
+    if (on) moe::install_host_tensor_counter();
+  }
+  ~HostMemoryReport() {
+    if (!on) return;
+    std::fprintf(stderr,
+                 "moe-train: host tensor memory: peak %lld bytes, live at exit %lld bytes\n",
+                 static_cast<long long>(moe::host_tensor_peak_bytes()),
+                 static_cast<long long>(moe::host_tensor_bytes()));
+  }
+};
+}  // namespace
 
 int main(int argc, char** argv) {
+  HostMemoryReport host_memory;
   try {
     return moe::cli::run_cli(argc, argv);
   } catch (const moe::UserError& e) {

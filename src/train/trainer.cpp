@@ -5,6 +5,7 @@
 // step's compute), monitor/step_report.h (what each step reports).
 #include "moe/train/trainer.h"
 
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -25,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moe/config/memory_plan.h"
 #include "moe/data/streaming_loader.h"
 #include "moe/model/profile_scope.h"
 #include "moe/model/transformer.h"
@@ -114,6 +116,14 @@ std::string oom_report(const config::Config& cfg, const torch::Device& device, i
         << gib(stats.reserved_bytes[agg].current) << " GiB (peak "
         << gib(stats.reserved_bytes[agg].peak) << "), " << stats.num_alloc_retries << " retries, "
         << stats.num_ooms << " OOMs";
+    // The planner's view of this config on this card (moe-train plan; docs/memory.md).
+    config::PlanOptions po;
+    po.device_bytes = static_cast<double>(
+        at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->totalGlobalMem);
+    const config::MemoryPlan plan = config::plan_memory(cfg, po);
+    msg << "; moe-train plan predicts " << gib(static_cast<int64_t>(plan.reserved))
+        << " GiB, largest micro-batch that fits " << plan.max_micro_batch;
+    for (const auto& a : plan.advice) msg << "; would help: " << a;
   }
   msg << "; to use less memory: lower train_micro_batch_size_per_gpu (now "
       << cfg.train_micro_batch_size_per_gpu << ") and raise gradient_accumulation_steps (now "

@@ -1,0 +1,51 @@
+// Will it fit? The memory a training step needs on one device, from the config alone (no
+// LibTorch): parameters, the bytes per parameter of weights, gradients and Adam states under
+// the config's precision, offload and ZeRO stage, and the activations autograd keeps per
+// micro-batch (attention, router, dispatched rows, expert intermediates, head), walked through
+// the backward pass layer by layer to find the peak. docs/memory.md derives every term;
+// `moe-train plan` prints it; tests/train/memory_plan_test.py checks it against measured peaks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe/config/config.h"
+
+namespace moe::config {
+
+struct PlanOptions {
+  int64_t world_size = 1;      // data-parallel ranks (ZeRO divides states by it)
+  double device_bytes = 0;     // memory of one device; 0 = no verdict
+  bool cpu = false;            // planning a CPU run (no CUDA context, no allocator rounding)
+  int64_t micro_batch = 0;     // 0 = the config's train_micro_batch_size_per_gpu
+  bool checkpointing = false;  // force activation checkpointing of every block
+};
+
+struct MemoryPlan {
+  int64_t parameters = 0, active_parameters = 0;
+  int64_t micro_batch = 0;
+  // Bytes on the device.
+  double weights = 0, gradients = 0, optimizer_states = 0, low_precision_weights = 0;
+  double activations = 0;                // kept for the backward, one micro-batch, as configured
+  double activations_no_checkpoint = 0;  // ... without activation checkpointing
+  double activations_checkpoint = 0;     // ... with every block checkpointed
+  double backward_transient = 0;         // the largest short-lived buffers of the backward
+  double peak = 0;                       // tensors at the worst moment of a step
+  double reserved = 0;                   // + the caching allocator and the CUDA context (GPU)
+  double host = 0;                       // host memory for offloaded states
+  // Verdict (device_bytes > 0).
+  bool fits = true;
+  int64_t max_micro_batch = 0;      // the largest that fits as configured (0 = none)
+  std::vector<std::string> advice;  // what would make it fit (or fit larger batches)
+};
+
+MemoryPlan plan_memory(const Config& cfg, const PlanOptions& opt);
+
+// The table and verdict as `moe-train plan` prints them.
+std::string format_plan(const Config& cfg, const PlanOptions& opt, const MemoryPlan& p);
+
+// "141GiB", "80GB", "24 GiB", "1e9" -> bytes; UserError naming `what` otherwise.
+double parse_memory_size(const std::string& text, const std::string& what);
+
+}  // namespace moe::config

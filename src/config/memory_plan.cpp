@@ -1,0 +1,325 @@
+#include "moe/config/memory_plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+
+#include "moe/util/errors.h"
+
+namespace moe::config {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct Shape {
+  double T, d, H, KV, hd, E, k, f, fd, V, fs;
+  double a;  // bytes of an activation element (2 under bf16/fp16 autocast on a GPU, else 4)
+};
+
+Shape shape_of(const Config& c, int64_t micro_batch, bool cpu) {
+  Shape s{};
+  s.T = static_cast<double>(micro_batch * c.model.seq_len);
+  s.d = static_cast<double>(c.model.hidden_size);
+  s.H = static_cast<double>(c.model.num_heads);
+  s.KV = static_cast<double>(key_value_heads(c));
+  s.hd = static_cast<double>(head_dim(c));
+  s.E = static_cast<double>(c.moe.num_experts);
+  s.k = static_cast<double>(c.moe.top_k);
+  s.f = static_cast<double>(expert_hidden_size(c));
+  s.fd = static_cast<double>(dense_hidden_size(c));
+  s.V = static_cast<double>(c.model.vocab_size);
+  s.fs = static_cast<double>(c.moe.shared_expert_hidden_size);
+  s.a = (!cpu && (c.bf16.enabled || c.fp16.enabled)) ? 2.0 : 4.0;
+  return s;
+}
+
+// What autograd keeps for the backward of one block, per its own ops (src/model/transformer.cpp,
+// src/moe/*.cpp), in bytes: the block input (saved by the first RMSNorm) and every tensor a later
+// op's backward reads. Views (q, k, v of the fused projection) share their base's storage.
+double attention_saved(const Config& c, const Shape& s) {
+  const double T = s.T, a = s.a;
+  const bool gqa = s.KV != s.H, rope = c.model.rope_theta > 0;
+  double b = 0;
+  b += T * s.d * a + T * 4;              // block input (RMSNorm input) + rstd
+  b += T * s.d * a;                      // normalised input (qkv projection's input)
+  b += T * (s.H + 2 * s.KV) * s.hd * a;  // fused q|k|v projection (q, k, v are views)
+  if (c.model.qk_norm) b += T * (s.H + s.KV) * s.hd * a + T * (s.H + s.KV) * 4;  // normed q, k
+  if (rope) b += 2 * T * (s.H + s.KV) * s.hd * a;  // rotate_half(q|k) and the rotated q|k
+  if (gqa) b += 2 * T * s.H * s.hd * a;            // k, v repeated to every query head
+  b += T * s.H * s.hd * a + T * s.H * 4;           // attention output + logsumexp
+  b += T * s.H * s.hd * a;                         // its [T, H hd] copy (output projection input)
+  return b;
+}
+
+double ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
+  const double T = s.T, a = s.a;
+  double b = T * s.d * a + T * 4 + T * s.d * a;  // residual (RMSNorm input), rstd, normalised
+  if (!moe_layer) return b + 4 * T * s.fd * a;   // gate, silu, up, product of the dense FFN
+  b += 3 * T * s.E * 4;                          // router logits, probabilities, z-loss terms
+  b += T * s.k * (s.d * a + 3 * 8);              // dispatched rows + plan indices
+  b += 4 * T * s.k * s.f * a;                    // gate, silu(gate), up, product per row
+  b += T * s.k * s.d * a;                        // expert outputs (the combine's input)
+  if (s.fs > 0) b += 4 * T * s.fs * a;           // shared expert
+  return b;
+}
+
+// The head: final norm input and output, logits and their fp32 log-softmax.
+double head_saved(const Shape& s) {
+  return 2 * s.T * s.d * s.a + s.T * 4 + s.T * s.V * s.a + s.T * s.V * 4 * (s.a < 4 ? 2 : 1);
+}
+
+// The largest buffers alive only during one block's backward: the gradients flowing through
+// the widest intermediate (expert rows x f, twice) or the attention's inputs.
+double block_transient(const Config& c, const Shape& s, bool moe_layer) {
+  const double ffn =
+      moe_layer ? 2 * s.T * s.k * s.f * s.a + 2 * s.T * s.k * s.d * s.a : 2 * s.T * s.fd * s.a;
+  const double attn = 3 * s.T * (s.H + 2 * s.KV) * s.hd * s.a;
+  return std::max(ffn, attn);
+}
+
+int64_t layer_params(const Config& c, int64_t layer) {
+  const int64_t d = c.model.hidden_size, H = c.model.num_heads, hd = head_dim(c);
+  int64_t p = d * (H + 2 * key_value_heads(c)) * hd + H * hd * d + 2 * d;
+  if (c.model.qk_norm) {
+    p += c.model.qk_norm_scope == "full" ? (H + key_value_heads(c)) * hd : 2 * hd;
+  }
+  if (is_moe_layer(c, layer)) {
+    p += d * c.moe.num_experts + c.moe.num_experts * 3 * d * expert_hidden_size(c) +
+         3 * d * c.moe.shared_expert_hidden_size;
+  } else {
+    p += 3 * d * dense_hidden_size(c);
+  }
+  return p;
+}
+
+struct Walk {
+  double activations = 0, transient = 0, peak_dynamic = 0;
+};
+
+// The backward pass, head first, block by block: what is alive at each point is the static
+// state, the activations of the blocks not yet processed, that block's transient buffers and the
+// gradients produced so far (all of them from the second micro-batch of an accumulation on).
+Walk walk_backward(const Config& c, const Shape& s, bool checkpoint_all,
+                   double grad_bytes_per_param, bool grads_preexist) {
+  const int64_t L = c.model.num_layers;
+  const double ckpt_layers =
+      checkpoint_all
+          ? static_cast<double>(L)
+          : static_cast<double>(std::min(c.activation_checkpointing.number_checkpoints, L));
+  std::vector<double> kept(static_cast<size_t>(L)), full(static_cast<size_t>(L));
+  double acts = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    full[l] = attention_saved(c, s) + ffn_saved(c, s, is_moe_layer(c, l));
+    kept[l] = static_cast<double>(l) < ckpt_layers ? s.T * s.d * s.a : full[l];  // input only
+    acts += kept[l];
+  }
+  const double head = head_saved(s);
+  Walk w;
+  w.activations = acts + head;
+  // The head's own gradients (untied head, final norm) come first in the backward.
+  const double head_params =
+      static_cast<double>((c.model.tie_embeddings ? 0 : c.model.vocab_size * c.model.hidden_size) +
+                          c.model.hidden_size);
+  double grads =
+      grads_preexist ? static_cast<double>(count_parameters(c)) * grad_bytes_per_param : 0;
+  // Head backward: the gradient of the fp32 log-softmax and of the logits.
+  const double head_transient = 2 * s.T * s.V * 4;
+  double peak = acts + head + head_transient;
+  w.transient = head_transient;
+  if (!grads_preexist) grads += head_params * grad_bytes_per_param;
+  for (int64_t l = L - 1; l >= 0; --l) {
+    // A checkpointed block first recomputes its activations.
+    const double live_block = full[l] + block_transient(c, s, is_moe_layer(c, l));
+    const double before = acts - kept[l];
+    peak = std::max(peak, before + live_block + grads + s.T * s.d * s.a);
+    w.transient = std::max(w.transient, block_transient(c, s, is_moe_layer(c, l)));
+    acts = before;
+    if (!grads_preexist) grads += static_cast<double>(layer_params(c, l)) * grad_bytes_per_param;
+  }
+  w.peak_dynamic = peak;
+  return w;
+}
+
+std::string gib(double bytes) {
+  char b[32];
+  if (bytes >= kGiB) {
+    std::snprintf(b, sizeof b, "%.2f GiB", bytes / kGiB);
+  } else {
+    std::snprintf(b, sizeof b, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  }
+  return b;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
+  MemoryPlan p;
+  p.parameters = count_parameters(c);
+  p.active_parameters = active_parameters_per_token(c);
+  p.micro_batch = opt.micro_batch > 0 ? opt.micro_batch : c.train_micro_batch_size_per_gpu;
+  const double P = static_cast<double>(p.parameters);
+  const double N = static_cast<double>(std::max<int64_t>(1, opt.world_size));
+  const int64_t stage = c.zero_optimization.stage;
+  const bool offload = c.zero_optimization.offload_optimizer.device == OffloadDevice::kCpu;
+  const bool mixed = !opt.cpu && (c.bf16.enabled || c.fp16.enabled);
+  // fp32 weights always (they are the master copy); fp32 gradients; Adam's two fp32 moments.
+  p.weights = 4 * P;
+  const double grad_per_param = 4 / (stage >= 2 ? N : 1);
+  p.gradients = grad_per_param * P;
+  p.optimizer_states = offload ? 0 : 8 * P / (stage >= 1 ? N : 1);
+  p.host = offload ? 16 * P / (stage >= 1 ? N : 1) : 0;  // moments + master copy + grad staging
+  // Autocast keeps the bf16/fp16 copy of every matmul weight from the forward to the end of the
+  // backward (its cache is cleared after the step).
+  p.low_precision_weights = mixed ? 2 * P : 0;
+  const double fixed = p.weights + p.optimizer_states + p.low_precision_weights;
+
+  const Shape s = shape_of(c, p.micro_batch, opt.cpu);
+  const bool ckpt = opt.checkpointing;
+  const bool accumulate = c.gradient_accumulation_steps > 1;
+  const Walk as_configured = walk_backward(c, s, ckpt, grad_per_param, accumulate);
+  p.activations = as_configured.activations;
+  p.activations_no_checkpoint = walk_backward(c, s, false, grad_per_param, false).activations;
+  p.activations_checkpoint = walk_backward(c, s, true, grad_per_param, false).activations;
+  p.backward_transient = as_configured.transient;
+  // The optimizer step: every gradient, the clipping norms, the fused update (no temporaries).
+  const double step_peak = p.gradients + 8 * static_cast<double>(c.model.num_layers) * 64;
+  p.peak = fixed + std::max(as_configured.peak_dynamic, step_peak);
+  // The caching allocator rounds and fragments (~5% measured by PyTorch users on LLM training);
+  // the CUDA context and cuBLAS/cuDNN workspaces add about 0.5-1 GiB per process.
+  p.reserved = opt.cpu ? p.peak : p.peak * 1.05 + 0.75 * kGiB;
+
+  if (opt.device_bytes > 0) {
+    p.fits = p.reserved <= opt.device_bytes;
+    // Memory grows with the micro-batch: double to an upper bound, then bisect.
+    auto fits_with = [&](int64_t b) {
+      PlanOptions o = opt;
+      o.micro_batch = b;
+      o.device_bytes = 0;
+      return plan_memory(c, o).reserved <= opt.device_bytes;
+    };
+    int64_t lo = 0, hi = 1;
+    while (hi <= (int64_t{1} << 20) && fits_with(hi)) lo = hi, hi *= 2;
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (fits_with(mid) ? lo : hi) = mid;
+    }
+    p.max_micro_batch = lo;
+    auto with = [&](auto change) {
+      Config alt = c;
+      PlanOptions o = opt;
+      o.device_bytes = 0;
+      change(alt, o);
+      return plan_memory(alt, o).reserved <= opt.device_bytes;
+    };
+    if (!p.fits || p.max_micro_batch < p.micro_batch) {
+      if (!ckpt && with([](Config&, PlanOptions& o) { o.checkpointing = true; })) {
+        p.advice.push_back(
+            "activation checkpointing of every block "
+            "(activation_checkpointing.number_checkpoints = model.num_layers)");
+      }
+      if (!offload && with([](Config& a, PlanOptions&) {
+            a.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+          })) {
+        p.advice.push_back("optimizer offload (zero_optimization.offload_optimizer.device = cpu)");
+      }
+      if (!mixed && !opt.cpu && with([](Config& a, PlanOptions&) { a.bf16.enabled = true; })) {
+        p.advice.push_back("bf16 (bf16.enabled = true)");
+      }
+      if (p.max_micro_batch > 0) {
+        p.advice.push_back("train_micro_batch_size_per_gpu = " + std::to_string(p.max_micro_batch) +
+                           " with gradient_accumulation_steps raised to keep train_batch_size");
+      }
+    }
+  }
+  return p;
+}
+
+std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPlan& p) {
+  std::string out;
+  char line[256];
+  auto row = [&](const char* what, double bytes, const std::string& note) {
+    std::snprintf(line, sizeof line, "  %-34s %12s  %s", what, gib(bytes).c_str(), note.c_str());
+    std::string l = line;
+    l.erase(l.find_last_not_of(' ') + 1);
+    out += l + "\n";
+  };
+  const double P = static_cast<double>(p.parameters);
+  std::snprintf(line, sizeof line,
+                "parameters: %.4g total, %.4g active per token; micro-batch %lld x %lld tokens; "
+                "world size %lld, ZeRO stage %lld\n",
+                P, static_cast<double>(p.active_parameters), static_cast<long long>(p.micro_batch),
+                static_cast<long long>(c.model.seq_len), static_cast<long long>(opt.world_size),
+                static_cast<long long>(c.zero_optimization.stage));
+  out += line;
+  auto per = [&](double bytes) {
+    char b[48];
+    std::snprintf(b, sizeof b, "%.2f bytes/parameter", bytes / std::max(1.0, P));
+    return std::string(b);
+  };
+  out += std::string(opt.cpu ? "host memory" : "device memory") + " of one training step:\n";
+  row("weights (fp32)", p.weights, per(p.weights));
+  row("gradients (fp32)", p.gradients, per(p.gradients));
+  row("Adam moments (fp32)", p.optimizer_states,
+      p.optimizer_states == 0 ? "offloaded to the host" : per(p.optimizer_states));
+  if (p.low_precision_weights > 0) {
+    row("bf16/fp16 weight copies (autocast)", p.low_precision_weights,
+        per(p.low_precision_weights));
+  }
+  row("activations, one micro-batch", p.activations,
+      c.activation_checkpointing.number_checkpoints > 0 || opt.checkpointing
+          ? "with activation checkpointing"
+          : "no activation checkpointing");
+  row("  without checkpointing", p.activations_no_checkpoint, "");
+  row("  every block checkpointed", p.activations_checkpoint, "");
+  row("backward transients", p.backward_transient, "largest short-lived buffers");
+  row("peak of tensors", p.peak, "the worst moment of the backward or the update");
+  if (!opt.cpu) row("expected reserved", p.reserved, "+5% allocator, +0.75 GiB CUDA context");
+  if (p.host > 0) row("host (offload)", p.host, "moments, master weights, gradient staging");
+  if (opt.device_bytes > 0) {
+    std::snprintf(line, sizeof line,
+                  "verdict: %s on %s (%s needed); largest micro-batch that fits: %lld\n",
+                  p.fits ? "fits" : "does NOT fit", gib(opt.device_bytes).c_str(),
+                  gib(p.reserved).c_str(), static_cast<long long>(p.max_micro_batch));
+    out += line;
+    for (const auto& a : p.advice) out += "  would help: " + a + "\n";
+  }
+  return out;
+}
+
+double parse_memory_size(const std::string& text, const std::string& what) {
+  std::string t;
+  for (char ch : text) {
+    if (ch != ' ') t += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  }
+  size_t i = 0;
+  while (i < t.size() &&
+         (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.' || t[i] == 'E' ||
+          ((t[i] == '+' || t[i] == '-') && i > 0 && t[i - 1] == 'E'))) {
+    ++i;
+  }
+  double v = 0;
+  try {
+    v = i == 0 ? -1 : std::stod(t.substr(0, i));
+  } catch (const std::exception&) {
+    v = -1;
+  }
+  const std::string unit = t.substr(i);
+  double scale = 0;
+  if (unit.empty() || unit == "B") scale = 1;
+  if (unit == "KB") scale = 1e3;
+  if (unit == "MB") scale = 1e6;
+  if (unit == "GB") scale = 1e9;
+  if (unit == "TB") scale = 1e12;
+  if (unit == "KIB") scale = 1024.0;
+  if (unit == "MIB") scale = 1024.0 * 1024.0;
+  if (unit == "GIB") scale = kGiB;
+  if (unit == "TIB") scale = kGiB * 1024.0;
+  if (v <= 0 || scale == 0) {
+    throw UserError(what + " = \"" + text + "\": expected a size such as 141GiB, 80GB or 24GiB");
+  }
+  return v * scale;
+}
+
+}  // namespace moe::config
