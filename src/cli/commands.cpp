@@ -20,6 +20,7 @@
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
 #include "moe/data/verify.h"
+#include "moe/dist/launch_env.h"
 #include "moe/env/environment.h"
 #include "moe/hf/hf_checkpoint.h"
 #include "moe/hf/hf_files.h"
@@ -76,12 +77,15 @@ std::string version_string() {
 
 int cmd_train(const TrainArgs& a) {
   if (a.config_path.empty()) throw UserError("train: --config FILE is required");
-  config::Config cfg = train::load_run_config(a.config_path, a.overrides);
+  const dist::LaunchEnv env = dist::launch_env();  // torchrun / Slurm, or alone
+  config::Config cfg = train::load_run_config(a.config_path, a.overrides, env.world_size);
   train::TrainOptions opt;
+  opt.launch = env;
   opt.overwrite = a.overwrite;
   opt.resume = !a.no_resume;
   opt.resume_from = a.resume_from;
   train::TrainSummary s = train::run_training(cfg, opt);
+  if (env.rank > 0) return kExitOk;  // data parallel: rank 0 reports
   if (s.interrupted) {
     std::printf("stopped after step %lld with a checkpoint; run the same command to resume\n",
                 static_cast<long long>(s.steps));

@@ -55,4 +55,25 @@ void fill_architecture(json& root, const json& sections) {
   }
 }
 
+namespace {
+std::string diff_at(const json& a, const json& b, const std::string& path) {
+  if (a.is_object() && b.is_object()) {
+    for (const auto& [key, value] : a.items()) {
+      const std::string p = path.empty() ? key : path + "." + key;
+      if (!b.contains(key)) return p + " = " + value.dump() + " vs (absent)";
+      const std::string d = diff_at(value, b[key], p);
+      if (!d.empty()) return d;
+    }
+    for (const auto& [key, value] : b.items()) {
+      if (!a.contains(key))
+        return (path.empty() ? key : path + "." + key) + " = (absent) vs " + value.dump();
+    }
+    return "";
+  }
+  return a == b ? "" : path + " = " + a.dump() + " vs " + b.dump();
+}
+}  // namespace
+
+std::string first_difference(const json& a, const json& b) { return diff_at(a, b, ""); }
+
 }  // namespace moe::config

@@ -180,6 +180,14 @@ void visit_fields(auto& v, Section<MoeConfig> auto& m) {
   v.field("mlp_only_layers", m.mlp_only_layers, at_least(0));
 }
 
+// distributed.backend names.
+inline constexpr std::array<std::string_view, 3> kBackends = {"auto", "gloo", "nccl"};
+
+void visit_fields(auto& v, Section<DistributedConfig> auto& d) {
+  v.field("backend", d.backend, one_of(kBackends));
+  v.field("timeout_s", d.timeout_s, above(0));
+}
+
 void visit_fields(auto& v, Section<DataConfig> auto& d) {
   v.field("path", d.path);
   v.field("train_path", d.train_path);
@@ -267,6 +275,7 @@ void visit_fields(auto& v, Section<Config> auto& c) {
   section(v, "training", c.training);
   section(v, "checkpoint", c.checkpoint);
   section(v, "monitor", c.monitor);
+  section(v, "distributed", c.distributed);
   v.ignored("$schema");  // lets editors find configs/schema.json
 }
 

@@ -1,5 +1,6 @@
 // validate(): the batch triple first, then each key's rule from the field lists, then the rules
 // that relate several keys. Every violation reads "config: FILE: path = value: rule".
+#include <algorithm>
 #include <array>
 #include <sstream>
 #include <string>
@@ -81,29 +82,35 @@ void resolve_batch(Config& c, const Rules& rules) {
   rules.check(tbs >= 0, "train_batch_size", tbs, "must be > 0");
   rules.check(mbs >= 0, "train_micro_batch_size_per_gpu", mbs, "must be > 0");
   rules.check(gas >= 0, "gradient_accumulation_steps", gas, "must be > 0");
-  // DeepSpeed's rule with world size 1: any two determine the third.
+  // DeepSpeed's rule: train_batch_size = micro x accumulation x world size; any two of the
+  // three keys determine the third.
+  const int64_t w = std::max<int64_t>(1, c.world_size);
+  const std::string ws = std::to_string(w);
   if (tbs > 0 && mbs > 0 && gas > 0) {
-    rules.check(tbs == mbs * gas, "train_batch_size", tbs,
+    rules.check(tbs == mbs * gas * w, "train_batch_size", tbs,
                 "must equal train_micro_batch_size_per_gpu (" + std::to_string(mbs) +
-                    ") x gradient_accumulation_steps (" + std::to_string(gas) +
-                    ") x world size (1)");
+                    ") x gradient_accumulation_steps (" + std::to_string(gas) + ") x world size (" +
+                    ws + ")");
   } else if (tbs > 0 && mbs > 0) {
-    rules.check(
-        tbs % mbs == 0, "train_batch_size", tbs,
-        "must be a multiple of train_micro_batch_size_per_gpu (" + std::to_string(mbs) + ")");
-    gas = tbs / mbs;
+    rules.check(tbs % (mbs * w) == 0, "train_batch_size", tbs,
+                "must be a multiple of train_micro_batch_size_per_gpu (" + std::to_string(mbs) +
+                    ") x world size (" + ws + ")");
+    gas = tbs / (mbs * w);
   } else if (tbs > 0 && gas > 0) {
-    rules.check(tbs % gas == 0, "train_batch_size", tbs,
-                "must be a multiple of gradient_accumulation_steps (" + std::to_string(gas) + ")");
-    mbs = tbs / gas;
+    rules.check(tbs % (gas * w) == 0, "train_batch_size", tbs,
+                "must be a multiple of gradient_accumulation_steps (" + std::to_string(gas) +
+                    ") x world size (" + ws + ")");
+    mbs = tbs / (gas * w);
   } else if (mbs > 0 && gas > 0) {
-    tbs = mbs * gas;
+    tbs = mbs * gas * w;
   } else if (tbs > 0) {
-    mbs = tbs;
+    rules.check(tbs % w == 0, "train_batch_size", tbs,
+                "must be a multiple of the world size (" + ws + ")");
+    mbs = tbs / w;
     gas = 1;
   } else if (mbs > 0) {
     gas = 1;
-    tbs = mbs;
+    tbs = mbs * w;
   } else {
     rules.check(false, "train_batch_size", tbs,
                 "set train_batch_size or train_micro_batch_size_per_gpu (both missing)");
@@ -121,9 +128,16 @@ void check_relations(Config& c, const Rules& rules) {
   }
   rules.check(!(c.fp16.enabled && c.bf16.enabled), "fp16.enabled", "true",
               "fp16 and bf16 cannot both be enabled");
-  if (c.zero_optimization.stage > 0) {
-    c.warnings.push_back("zero_optimization.stage = " + std::to_string(c.zero_optimization.stage) +
+  const int64_t stage = c.zero_optimization.stage;
+  if (stage > 0 && c.world_size <= 1) {
+    c.warnings.push_back("zero_optimization.stage = " + std::to_string(stage) +
                          ": ZeRO partitions state across GPUs; with one GPU it changes nothing");
+  } else if (stage > 0) {
+    rules.check(stage < 3, "zero_optimization.stage", stage,
+                "stage 3 (parameter partitioning) is not supported; use 0, 1 or 2");
+    c.warnings.push_back("zero_optimization.stage = " + std::to_string(stage) +
+                         ": optimizer-state partitioning is not implemented yet; every rank keeps "
+                         "the full state (stage 0 memory, same results)");
   }
   const auto& m = c.model;
   if (m.head_dim == 0) {

@@ -1,14 +1,33 @@
 #include "moe/moe/moe_math.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <ATen/ATen.h>
 
 #include <cmath>
 
 namespace moe::moe {
 
+namespace {
+std::function<void(at::Tensor&)> g_sum_over_ranks;
+int64_t g_world_size = 1;
+}  // namespace
+
+void set_load_counts_reducer(std::function<void(at::Tensor&)> sum_over_ranks, int64_t world_size) {
+  g_sum_over_ranks = std::move(sum_over_ranks);
+  g_world_size = g_sum_over_ranks ? world_size : 1;
+}
+
+std::pair<at::Tensor, int64_t> global_load_counts(const at::Tensor& tokens_per_expert) {
+  if (!g_sum_over_ranks || !at::GradMode::is_enabled()) return {tokens_per_expert, 1};
+  at::Tensor counts = tokens_per_expert.clone();
+  g_sum_over_ranks(counts);
+  return {counts, g_world_size};
+}
+
 at::Tensor load_balancing_loss(const at::Tensor& probs, const at::Tensor& tokens_per_expert,
-                               int64_t top_k) {
-  const int64_t T = probs.size(0), E = probs.size(1);
+                               int64_t top_k, int64_t total_tokens) {
+  const int64_t T = total_tokens > 0 ? total_tokens : probs.size(0), E = probs.size(1);
   at::Tensor f =
       tokens_per_expert.to(at::kFloat) / static_cast<double>(std::max<int64_t>(1, T * top_k));
   at::Tensor P = probs.mean(0);

@@ -31,7 +31,8 @@ json weights_architecture(const std::string& dir) {
                   "directory (config.json)");
 }
 
-config::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+config::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides,
+                               int64_t world_size) {
   json root = config::load_json_file(path);
   for (const auto& o : overrides) config::apply_override(root, o);
   const json* model = root.contains("model") ? &root["model"] : nullptr;
@@ -45,6 +46,7 @@ config::Config load_run_config(const std::string& path, const std::vector<std::s
     }
   }
   config::Config cfg = config::from_json(root, path);
+  cfg.world_size = world_size;
   config::validate(cfg);
   return cfg;
 }

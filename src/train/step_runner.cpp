@@ -1,5 +1,7 @@
 #include "moe/train/step_runner.h"
 
+#include "moe/dist/process_group.h"
+
 #include <ATen/autocast_mode.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -111,6 +113,7 @@ class EagerStepRunner : public StepRunner {
       accumulate_loads(r.tokens_per_expert, l.tokens_per_expert);
     }
     if (autocast) at::autocast::clear_cache();
+    if (opt_.group != nullptr) average_over_ranks(r);
     auto grads = defined_grads(model_->parameters());
     if (opt_.fp16) {  // unscale in place and detect overflow in one pass
       auto found_inf = torch::zeros({1}, torch::TensorOptions().device(device()));
@@ -131,6 +134,34 @@ class EagerStepRunner : public StepRunner {
   void update(double lr) override { optimizer_.step(lr); }
 
  private:
+  // Data parallel: every rank ends the step with the mean gradient over all ranks' micro-batches
+  // (the gradient of the global batch's mean loss: every rank has the same token count), the
+  // mean losses and the summed expert loads, so every rank takes the same decisions.
+  void average_over_ranks(StepResult& r) {
+    std::vector<torch::Tensor> grads;
+    for (auto& p : model_->parameters()) {
+      // A parameter without a gradient on this rank still takes part: the buckets must match.
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      grads.push_back(p.grad());
+    }
+    opt_.group->allreduce_mean(grads, opt_.bucket_bytes);
+    auto figures = torch::tensor({r.lm_sum, r.aux_sum, r.z_sum}, torch::kDouble);
+    opt_.group->allreduce_mean({figures}, opt_.bucket_bytes);
+    r.lm_sum = figures[0].item<double>(), r.aux_sum = figures[1].item<double>();
+    r.z_sum = figures[2].item<double>();
+    std::vector<torch::Tensor> counts;
+    for (auto& t : r.tokens_per_expert) counts.push_back(t.to(torch::kCPU, torch::kDouble));
+    counts.push_back(torch::tensor({static_cast<double>(r.dropped)}, torch::kDouble));
+    auto flat = torch::cat(counts);
+    opt_.group->allreduce_sum(flat);
+    int64_t offset = 0;
+    for (auto& t : r.tokens_per_expert) {
+      t = flat.narrow(0, offset, t.numel()).to(t.device(), torch::kLong);
+      offset += t.numel();
+    }
+    r.dropped = static_cast<int64_t>(flat[offset].item<double>());
+  }
+
   void sync() {
     if (opt_.sync_for_timing) torch::cuda::synchronize();
   }
@@ -273,7 +304,9 @@ std::unique_ptr<StepRunner> make_step_runner(model::TransformerLM& model, const 
                                              spdlog::logger& log) {
   // training.cuda_graph: the whole step as one CUDA graph when this run allows it
   // (include/moe/train/cuda_graph_step.h lists the conditions).
-  if (cfg.training.cuda_graph) {
+  if (cfg.training.cuda_graph && opt.group != nullptr) {
+    log.warn("training.cuda_graph: not used with data parallelism yet; training runs eagerly");
+  } else if (cfg.training.cuda_graph) {
     const std::string why = cuda_graph_ineligible_reason(cfg, device);
     if (why.empty()) {
       return std::make_unique<GraphStepRunner>(model, cfg, optimizer, scaler, opt, device,

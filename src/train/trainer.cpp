@@ -26,10 +26,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moe/config/architecture.h"
 #include "moe/config/memory_plan.h"
 #include "moe/data/streaming_loader.h"
+#include "moe/dist/process_group.h"
 #include "moe/model/profile_scope.h"
 #include "moe/model/transformer.h"
+#include "moe/moe/moe_math.h"
 #include "moe/monitor/flops_report.h"
 #include "moe/monitor/monitor.h"
 #include "moe/monitor/step_report.h"
@@ -155,13 +158,55 @@ model::TransformerLM seeded_model(const config::Config& cfg, const torch::Device
   return model;
 }
 
+// Data parallel (world size > 1): the process group, after checking that every rank resolved
+// the same config (a rank with another one would train something else: exit 2 on every rank,
+// naming the first differing key). Ranks other than 0 log only warnings and errors.
+std::unique_ptr<dist::ProcessGroup> make_group(const config::Config& cfg, const TrainOptions& opt,
+                                               spdlog::logger& log) {
+  const dist::LaunchEnv& env = opt.launch;
+  if (env.world_size <= 1) return nullptr;
+  if (env.rank > 0) {
+    log.set_level(std::min(log.level(), spdlog::level::warn) == spdlog::level::off
+                      ? spdlog::level::off
+                      : spdlog::level::warn);
+    log.set_pattern("[%Y-%m-%d %H:%M:%S] [rank " + std::to_string(env.rank) + "] %l %v");
+  }
+  std::string backend = cfg.distributed.backend;
+  if (backend == "auto") backend = pick_device(cfg).is_cuda() ? "nccl" : "gloo";
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed.timeout_s * 1000));
+  auto group = std::make_unique<dist::ProcessGroup>(env, backend, timeout);
+  const std::string mine = config::to_json(cfg).dump();
+  const auto all = group->allgather_text("config", mine);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const std::string key = config::first_difference(json::parse(all[0]), json::parse(all[r]));
+    throw UserError("distributed: rank " + std::to_string(r) +
+                    " resolved another config than rank 0 (" + key +
+                    "); every rank must run the same config and --set values");
+  }
+  log.info("data parallel: rank {} of {} ({}, {}), master {}:{}", env.rank, env.world_size, backend,
+           env.launcher, env.master_addr, env.master_port);
+  return group;
+}
+
+// A CUDA run puts each rank on the GPU of its local rank.
+RunInputs on_local_device(RunInputs in, const TrainOptions& opt) {
+  if (in.device.is_cuda() && opt.launch.world_size > 1) {
+    in.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(opt.launch.local_rank));
+  }
+  return in;
+}
+
 class TrainingSession {
  public:
   TrainingSession(const config::Config& cfg, const TrainOptions& opt)
       : cfg_(cfg),
         opt_(opt),
         log_(spdlog::get("moe-train") ? spdlog::get("moe-train") : spdlog::default_logger()),
-        in_((warn_config(), check_run_inputs(cfg, opt, *log_))),
+        group_(make_group(cfg, opt, *log_)),
+        writer_(group_ == nullptr || group_->rank() == 0),
+        in_((warn_config(), on_local_device(check_run_inputs(cfg, opt, *log_), opt))),
         model_(seeded_model(cfg, in_.device)),
         optimizer_(param_groups(model_, cfg), cfg.optimizer.betas[0], cfg.optimizer.betas[1],
                    cfg.optimizer.eps, offload_options(cfg)),
@@ -175,8 +220,15 @@ class TrainingSession {
     }
   }
 
+  ~TrainingSession() { moe::set_load_counts_reducer(nullptr, 1); }
+
   TrainSummary run() {
+    if (group_) {  // the aux loss's expert loads over the global micro-batch
+      dist::ProcessGroup* g = group_.get();
+      moe::set_load_counts_reducer([g](at::Tensor& t) { g->allreduce_sum(t); }, g->size());
+    }
     resume();
+    if (group_) group_->barrier();  // every rank has read the checkpoints before rank 0 writes
     open_output();
     start();
     try {
@@ -235,6 +287,11 @@ class TrainingSession {
     mo.csv_dir = sink_dir(cfg_.csv_monitor, "csv");
     mo.prometheus_port = static_cast<int>(cfg_.monitor.prometheus_port);
     mo.prometheus_host = cfg_.monitor.prometheus_host;
+    if (!writer_) {  // data parallel: rank 0 writes for everyone
+      sinks_ = std::make_unique<monitor::Monitor>(monitor::MonitorOptions{});
+      metrics_ = std::make_unique<MetricsLog>("/dev/null", false);
+      return;
+    }
     sinks_ = std::make_unique<monitor::Monitor>(mo);
     if (mo.prometheus_port > 0) {
       log_->info("prometheus: serving http://{}:{}/metrics", mo.prometheus_host,
@@ -292,7 +349,9 @@ class TrainingSession {
 
     data::LoaderOptions lo;
     lo.seq_len = cfg_.model.seq_len;
-    lo.batch_size = cfg_.train_micro_batch_size_per_gpu;
+    // Every rank reads the global micro-batch (the same windows in the same order for any world
+    // size) and trains on its own slice of it.
+    lo.batch_size = cfg_.train_micro_batch_size_per_gpu * world_size();
     lo.seed = cfg_.training.seed;
     lo.shuffle = cfg_.data.shuffle;
     lo.prefetch = cfg_.data.prefetch;
@@ -307,6 +366,7 @@ class TrainingSession {
     so.bf16 = in_.bf16;
     so.fp16 = in_.fp16;
     so.sync_for_timing = cfg_.wall_clock_breakdown && in_.device.is_cuda();
+    so.group = group_.get();
     runner_ =
         make_step_runner(model_, cfg_, optimizer_, scaler_, so, in_.device, state_.step, *log_);
     install_signal_handlers();
@@ -331,7 +391,8 @@ class TrainingSession {
     StepResult r = runner_->run(step, lr, [&] {
       hosts.push_back(loader_->next());
       state_.loader = hosts.back().state_after;
-      return to_device(hosts.back(), in_.device);
+      const int64_t B = cfg_.train_micro_batch_size_per_gpu;
+      return to_device(hosts.back(), in_.device).narrow(0, rank() * B, B);
     });
     const double gas = static_cast<double>(cfg_.gradient_accumulation_steps);
     const double loss = r.lm_sum / gas;
@@ -387,7 +448,7 @@ class TrainingSession {
     std::istringstream lines(table);
     for (std::string line; std::getline(lines, line);) log_->info("{}", line);
     const std::string& file = cfg_.flops_profiler.output_file;
-    if (file.empty()) return;
+    if (file.empty() || !writer_) return;
     std::ofstream out(file);
     out << table;
     if (!out) log_->warn("flops_profiler.output_file = {}: cannot write it", file);
@@ -400,14 +461,15 @@ class TrainingSession {
       reporter_->eval(done, r);
       if (cadence_.is_last(done)) summary_.final_eval = r;
     }
-    const SaveReason why = cadence_.after_step_save(done, checkpointer_->minutes_since_save(),
-                                                    g_checkpoint_request.load());
+    const Agreed now =
+        agree(checkpointer_->minutes_since_save(),
+              std::chrono::duration<double>(Clock::now() - run_start_).count() / 60.0);
+    const SaveReason why =
+        cadence_.after_step_save(done, now.minutes_since_save, now.checkpoint_request);
     if (why == SaveReason::kSigusr1) g_checkpoint_request.store(false);
     if (why != SaveReason::kNone) save(why);
-    const double run_minutes =
-        std::chrono::duration<double>(Clock::now() - run_start_).count() / 60.0;
-    const int signal = g_stop_signal.load();
-    const StopReason stop = cadence_.after_step_stop(done, run_minutes, signal);
+    const int signal = now.signal;
+    const StopReason stop = cadence_.after_step_stop(done, now.run_minutes, signal);
     if (stop == StopReason::kNone) return true;
     save(Cadence::save_reason(stop, signal));
     if (stop == StopReason::kSignal) {
@@ -422,11 +484,42 @@ class TrainingSession {
     return false;
   }
 
-  void save(SaveReason why) { checkpointer_->save(to_string(why), metrics_->lines()); }
+  // The inputs of the save and stop decisions, the same on every rank: rank 0's clocks, and a
+  // signal or checkpoint request that reached any rank (SIGTERM to one rank stops all of them
+  // after the same step, with one checkpoint).
+  struct Agreed {
+    double minutes_since_save, run_minutes;
+    int signal;
+    bool checkpoint_request;
+  };
+  Agreed agree(double minutes_since_save, double run_minutes) {
+    Agreed a{minutes_since_save, run_minutes, g_stop_signal.load(), g_checkpoint_request.load()};
+    if (!group_) return a;
+    auto v = torch::tensor({writer_ ? minutes_since_save : 0.0, writer_ ? run_minutes : 0.0,
+                            a.signal != 0 ? 1.0 : 0.0, a.checkpoint_request ? 1.0 : 0.0},
+                           torch::kDouble);
+    group_->allreduce_sum(v);
+    a.minutes_since_save = v[0].item<double>();
+    a.run_minutes = v[1].item<double>();
+    if (a.signal == 0 && v[2].item<double>() > 0) a.signal = SIGTERM;  // another rank's
+    a.checkpoint_request = v[3].item<double>() > 0;
+    return a;
+  }
+
+  // Data parallel: every rank holds the same weights and optimizer state (ZeRO stage 0), rank 0
+  // writes them; the others wait for it so that no rank runs ahead of a stop.
+  void save(SaveReason why) {
+    if (writer_) checkpointer_->save(to_string(why), metrics_->lines());
+    if (group_) group_->barrier();
+  }
+  int64_t rank() const { return group_ ? group_->rank() : 0; }
+  int64_t world_size() const { return group_ ? group_->size() : 1; }
 
   const config::Config& cfg_;
   const TrainOptions& opt_;
   std::shared_ptr<spdlog::logger> log_;
+  std::unique_ptr<dist::ProcessGroup> group_;  // null on one process
+  bool writer_;  // rank 0 (or alone): the one that writes checkpoints, metrics and sinks
   RunInputs in_;
   model::TransformerLM model_;
   FusedAdamW optimizer_;

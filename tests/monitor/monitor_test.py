@@ -123,15 +123,18 @@ with tempfile.TemporaryDirectory() as d:
 
     # systemd-analyze verify on the unit, with this build's binary and an existing user.
     if shutil.which("systemd-analyze"):
-        unit = (ROOT / "scripts/moe-train.service").read_text()
-        unit = unit.replace("/usr/local/bin/moe-train", str(pathlib.Path(BIN).resolve()))
-        unit = unit.replace("User=moe", "User=root").replace("Group=moe", "Group=root")
-        unit = unit.replace("/srv/moe-train", str(tmp))
-        (tmp / "moe-train.service").write_text(unit)
-        r = subprocess.run(["systemd-analyze", "verify", str(tmp / "moe-train.service")],
-                           capture_output=True, text=True)
-        problems = [l for l in (r.stdout + r.stderr).splitlines() if "moe-train.service" in l]
-        check(r.returncode == 0 and not problems, f"systemd-analyze verify: rc {r.returncode} {problems}")
+        for name in ("moe-train.service", "moe-train-multigpu.service"):
+            unit = (ROOT / "scripts" / name).read_text()
+            unit = unit.replace("/usr/local/bin/moe-train", str(pathlib.Path(BIN).resolve()))
+            unit = unit.replace("/opt/moe-train/venv/bin/torchrun",
+                                str(pathlib.Path(sys.executable).parent / "torchrun"))
+            unit = unit.replace("User=moe", "User=root").replace("Group=moe", "Group=root")
+            unit = unit.replace("/srv/moe-train", str(tmp))
+            (tmp / name).write_text(unit)
+            r = subprocess.run(["systemd-analyze", "verify", str(tmp / name)],
+                               capture_output=True, text=True)
+            problems = [l for l in (r.stdout + r.stderr).splitlines() if name in l]
+            check(r.returncode == 0 and not problems, f"systemd-analyze verify {name}: rc {r.returncode} {problems}")
     else:
         print("skip systemd-analyze: not installed")
 

@@ -24,4 +24,7 @@ void check_same_architecture(const Config& cfg, const nlohmann::json& sections,
 // from `sections`: eval and generate take the architecture from the checkpoint.
 void fill_architecture(nlohmann::json& root, const nlohmann::json& sections);
 
+// The first leaf where two config documents differ, as "path = A vs B" ("" when equal).
+std::string first_difference(const nlohmann::json& a, const nlohmann::json& b);
+
 }  // namespace moe::config

@@ -149,6 +149,11 @@ struct MonitorConfig {
   double peak_tflops = 0.0;  // device peak for MFU; 0 = known GPUs only, none on CPU
 };
 
+struct DistributedConfig {       // ours: the data-parallel process group (docs/distributed.md)
+  std::string backend = "auto";  // auto (nccl on GPUs, gloo on CPUs) | gloo | nccl
+  double timeout_s = 300;        // rendezvous and every collective give up after this
+};
+
 struct CheckpointConfig {
   int64_t save_interval = 0;                // optimizer steps between checkpoints; 0 = off
   double save_interval_minutes = 0.0;       // wall-clock minutes between checkpoints; 0 = off
@@ -197,6 +202,11 @@ struct Config {
   TrainingConfig training;
   CheckpointConfig checkpoint;
   MonitorConfig monitor;
+  DistributedConfig distributed;
+
+  // Not a key: data-parallel ranks, from the launcher (dist/launch_env.h), set before validate()
+  // (DeepSpeed's batch rule: train_batch_size = micro x accumulation x world size).
+  int64_t world_size = 1;
 
   std::string source_file;            // where it came from, for messages; not serialised
   std::vector<std::string> warnings;  // accepted-but-ignored keys etc.; the CLI logs them

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 
@@ -13,8 +15,17 @@ namespace moe::moe {
 //   tokens_per_expert: [E] int64 assignments per expert (over all k slots)
 //   aux = E * sum_e f_e * P_e,  f_e = tokens_per_expert[e] / (T * k),  P_e = mean_t probs[t, e]
 // Minimised (= 1) by a uniform load. Gradient flows through P only, as in Switch.
+// `total_tokens` (0 = T): the tokens the counts were taken over (data parallel: all ranks').
 at::Tensor load_balancing_loss(const at::Tensor& probs, const at::Tensor& tokens_per_expert,
-                               int64_t top_k);
+                               int64_t top_k, int64_t total_tokens = 0);
+
+// Data parallel: the load-balancing loss takes its token fractions f_e over the global
+// micro-batch (every rank's), so that the loss and its gradient do not depend on the world size
+// (P_e stays local: the mean over ranks of f . P_local is f . P_global). `sum_over_ranks` sums a
+// tensor over the ranks in place; null (the default) = one process. Set by the trainer.
+void set_load_counts_reducer(std::function<void(at::Tensor&)> sum_over_ranks, int64_t world_size);
+// Counts [E] summed over the ranks (training forward only), and the world size they cover.
+std::pair<at::Tensor, int64_t> global_load_counts(const at::Tensor& tokens_per_expert);
 
 // Router z-loss (ST-MoE): mean_t (logsumexp_e logits[t, e])^2, logits [T, E] fp32.
 at::Tensor router_z_loss(const at::Tensor& logits);

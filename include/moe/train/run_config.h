@@ -18,6 +18,8 @@ nlohmann::json weights_architecture(const std::string& dir);
 
 // file -> overrides -> missing architecture keys from model.init_from (when set) -> typed ->
 // validated. Without model.init_from: exactly config::load.
-config::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+// `world_size`: data-parallel ranks (the batch rule; dist/launch_env.h).
+config::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides,
+                               int64_t world_size = 1);
 
 }  // namespace moe::train

@@ -21,6 +21,10 @@ namespace spdlog {
 class logger;
 }
 
+namespace moe::dist {
+class ProcessGroup;
+}
+
 namespace moe::train {
 
 struct StepResult {
@@ -50,6 +54,10 @@ struct StepRunnerOptions {
   double max_norm = 0;  // gradient_clipping; infinity = no clipping
   bool bf16 = false, fp16 = false;
   bool sync_for_timing = false;  // wall_clock_breakdown on CUDA: sync between phases
+  // Data parallel (world size > 1): gradients averaged over the ranks after the last
+  // micro-batch's backward, the step's figures combined. Null on one process.
+  dist::ProcessGroup* group = nullptr;
+  int64_t bucket_bytes = 25ll << 20;  // gradients per all-reduce (DDP's default bucket)
 };
 
 // The eager runner, or (training.cuda_graph and an eligible run) the CUDA-graph runner.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "moe/config/config.h"
+#include "moe/dist/launch_env.h"
 #include "moe/train/eval_result.h"
 
 namespace moe::train {
@@ -29,6 +30,7 @@ struct TrainOptions {
   bool overwrite = false;   // delete an earlier run's files in output_dir instead of keeping them
   bool resume = true;       // resume from <output_dir>/checkpoints/latest when there is one
   std::string resume_from;  // a specific checkpoint directory (implies resume)
+  dist::LaunchEnv launch;   // rank and world size from torchrun / Slurm (world size 1: alone)
 };
 
 TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt);

@@ -1,0 +1,44 @@
+// The data-parallel process group: LibTorch's c10d (a TCPStore rendezvous at MASTER_ADDR:
+// MASTER_PORT, Gloo on CPUs, NCCL on GPUs) and the few collectives the trainer needs.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "moe/dist/launch_env.h"
+
+namespace moe::dist {
+
+class ProcessGroup {
+ public:
+  // backend: "gloo" or "nccl". Every collective and the rendezvous give up after `timeout`.
+  ProcessGroup(const LaunchEnv& env, const std::string& backend, std::chrono::milliseconds timeout);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int64_t rank() const { return env_.rank; }
+  int64_t size() const { return env_.world_size; }
+  const std::string& backend() const { return backend_; }
+
+  // In place: the mean over ranks of each tensor, all-reduced in flat buckets of at most
+  // `bucket_bytes` (tensors of one dtype and device).
+  void allreduce_mean(const std::vector<torch::Tensor>& tensors, int64_t bucket_bytes);
+  void allreduce_sum(torch::Tensor& t);  // in place
+  // Every rank's `mine`, in rank order (through the rendezvous store).
+  std::vector<std::string> allgather_text(const std::string& key, const std::string& mine);
+  void barrier();
+
+ private:
+  struct Impl;
+  LaunchEnv env_;
+  std::string backend_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moe::dist

@@ -1,0 +1,132 @@
+// Gloo's and NCCL's c10d headers are compiled with USE_C10D_GLOO / USE_C10D_NCCL (set for this
+// file in src/CMakeLists.txt). The pip wheel ships LibTorch's c10d headers and its bundled Gloo
+// library but not Gloo's headers: Debian's libgloo-dev provides them (only smart-pointer types
+// of Gloo cross this boundary, so its version does not change any layout we use).
+#include "moe/dist/process_group.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef MOE_HAVE_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#include <torch/torch.h>
+
+#include "moe/util/errors.h"
+
+namespace moe::dist {
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+};
+
+ProcessGroup::ProcessGroup(const LaunchEnv& env, const std::string& backend,
+                           std::chrono::milliseconds timeout)
+    : env_(env), backend_(backend), impl_(std::make_unique<Impl>()) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(env.master_port);
+  so.isServer = env.rank == 0 && !env.agent_store;
+  so.numWorkers = static_cast<size_t>(env.world_size);
+  so.waitWorkers = true;
+  so.timeout = timeout;
+  try {
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+  } catch (const std::exception& e) {
+    throw TrainingError("distributed: rank " + std::to_string(env.rank) +
+                        ": no rendezvous with the other ranks at " + env.master_addr + ":" +
+                        std::to_string(env.master_port) + " within " +
+                        std::to_string(timeout.count() / 1000) + " s (distributed.timeout_s)");
+  }
+  if (backend == "gloo") {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    impl_->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        impl_->store, static_cast<int>(env.rank), static_cast<int>(env.world_size), opts);
+  } else if (backend == "nccl") {
+#ifdef MOE_HAVE_NCCL
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    impl_->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+        impl_->store, static_cast<int>(env.rank), static_cast<int>(env.world_size), opts);
+#else
+    throw UserError("distributed.backend = nccl: this build has no CUDA/NCCL");
+#endif
+  } else {
+    throw UserError("distributed.backend = " + backend + ": expected gloo or nccl");
+  }
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+namespace {
+// A collective that fails (a peer died, hung past the timeout, or the network broke) ends this
+// rank too: TrainingError (exit 3) naming this rank and what it was doing.
+template <class F>
+void collective(const LaunchEnv& env, const char* what, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {  // c10::DistBackendError, gloo::IoException, ...
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    std::string detail = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+    detail = detail.substr(0, detail.find('\n'));
+    throw TrainingError("distributed: rank " + std::to_string(env.rank) + " of " +
+                        std::to_string(env.world_size) + ": " + what +
+                        " failed (another rank died, hung past distributed.timeout_s, or the "
+                        "network failed): " +
+                        detail.substr(0, 300));
+  }
+}
+}  // namespace
+
+void ProcessGroup::allreduce_mean(const std::vector<torch::Tensor>& tensors, int64_t bucket_bytes) {
+  const double inv = 1.0 / static_cast<double>(env_.world_size);
+  size_t i = 0;
+  while (i < tensors.size()) {
+    // One flat bucket of consecutive tensors (the first always fits).
+    size_t j = i;
+    int64_t bytes = 0;
+    while (j < tensors.size() &&
+           (j == i || bytes + static_cast<int64_t>(tensors[j].nbytes()) <= bucket_bytes)) {
+      bytes += static_cast<int64_t>(tensors[j].nbytes());
+      ++j;
+    }
+    std::vector<torch::Tensor> parts;
+    for (size_t t = i; t < j; ++t) parts.push_back(tensors[t].reshape({-1}));
+    std::vector<torch::Tensor> flat{torch::cat(parts)};
+    collective(env_, "gradient all-reduce", [&] { impl_->backend->allreduce(flat)->wait(); });
+    flat[0].mul_(inv);
+    int64_t offset = 0;
+    for (size_t t = i; t < j; ++t) {
+      const int64_t n = tensors[t].numel();
+      tensors[t].copy_(flat[0].narrow(0, offset, n).view_as(tensors[t]));
+      offset += n;
+    }
+    i = j;
+  }
+}
+
+void ProcessGroup::allreduce_sum(torch::Tensor& t) {
+  std::vector<torch::Tensor> v{t};
+  collective(env_, "all-reduce", [&] { impl_->backend->allreduce(v)->wait(); });
+}
+
+std::vector<std::string> ProcessGroup::allgather_text(const std::string& key,
+                                                      const std::string& mine) {
+  const std::string prefix = "moe-train/" + key + "/";
+  impl_->store->set(prefix + std::to_string(env_.rank),
+                    std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> out;
+  collective(env_, "config exchange", [&] {
+    for (int64_t r = 0; r < env_.world_size; ++r) {
+      const auto v = impl_->store->get(prefix + std::to_string(r));  // waits for it
+      out.emplace_back(v.begin(), v.end());
+    }
+  });
+  return out;
+}
+
+void ProcessGroup::barrier() {
+  collective(env_, "barrier", [&] { impl_->backend->barrier()->wait(); });
+}
+
+}  // namespace moe::dist

@@ -1,0 +1,167 @@
+"""Data parallelism on torch.distributed (Gloo on 127.0.0.1), launched by torchrun and by hand
+with torchrun's variables:
+
+  - 2 processes x micro-batch 4 vs 1 process x micro-batch 8 (the same global batch): per-step
+    losses and gradient norms agree to <= 1e-5 relative for 30 steps;
+  - resume across world sizes: 2 processes to step 20 then 1 to 40, and 1 then 2, end with the
+    losses of a straight 40-step run to <= 1e-5 relative; checkpoints hold the single-process
+    tensor names and shapes;
+  - a config that differs between ranks: exit 2 on every rank, naming the key, nothing written;
+  - SIGKILL of one rank: the other exits non-zero (3) within distributed.timeout_s naming itself;
+    restarting resumes from the last checkpoint;
+  - SIGTERM to one rank: every rank stops after the same step, one checkpoint, exit 0.
+
+usage: data_parallel_test.py MOE_TRAIN_BINARY
+"""
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = sys.argv[1]
+TORCHRUN = str(pathlib.Path(sys.executable).parent / "torchrun")
+RTOL = 1e-5
+CONFIG = {
+    "train_batch_size": 8, "gradient_clipping": 1.0,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
+    "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 5}},
+    "model": {"vocab_size": 512, "seq_len": 64, "hidden_size": 64, "num_layers": 2, "num_heads": 4},
+    "moe": {"num_experts": 4, "top_k": 2, "expert_hidden_size": 96},
+    "training": {"train_iters": 30, "eval_interval": 0, "device": "cpu"},
+    "distributed": {"timeout_s": 20},
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_losses(run_dir):
+    recs = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"], r["grad_norm"]) for r in recs if r["type"] == "train"]
+
+
+def torchrun(cfg, n, *sets, ok=True):
+    args = [TORCHRUN, "--no-python", "--nproc-per-node", str(n), "--master-port", str(free_port()),
+            BIN, "--config", cfg, "-q"]
+    for s in sets:
+        args += ["--set", s]
+    r = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if ok:
+        assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def single(cfg, *sets):
+    args = [BIN, "--config", cfg, "-q"]
+    for s in sets:
+        args += ["--set", s]
+    r = subprocess.run(args, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def by_hand(cfg, port, rank, *sets):
+    """One rank started as torchrun would start it."""
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    args = [BIN, "--config", cfg, "-q"]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def worst(a, b):
+    assert [x[0] for x in a] == [y[0] for y in b], "the same steps"
+    return max(max(abs(x[1] - y[1]) / abs(y[1]), abs(x[2] - y[2]) / abs(y[2])) for x, y in zip(a, b))
+
+
+with tempfile.TemporaryDirectory() as d:
+    tmp = pathlib.Path(d)
+    subprocess.run([BIN, "make-synthetic", "--out", tmp / "data", "--vocab", "512", "--programs", "4",
+                    "--doc-len", "65", "--train-docs", "600", "--valid-docs", "16"], check=True,
+                   capture_output=True)
+    cfg = tmp / "dp.json"
+    CONFIG["data"] = {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")}
+    cfg.write_text(json.dumps(CONFIG))
+
+    t0 = time.time()
+    torchrun(cfg, 2, f"training.output_dir={tmp / 'dp2'}")
+    single(cfg, f"training.output_dir={tmp / 'dp1'}")
+    w = worst(train_losses(tmp / "dp2"), train_losses(tmp / "dp1"))
+    print(f"2 x micro 4 (torchrun) vs 1 x micro 8, 30 steps: worst relative difference of loss and "
+          f"grad norm {w:.1e} ({time.time() - t0:.1f} s)")
+    assert w <= RTOL, w
+
+    t0 = time.time()
+    straight = tmp / "straight"
+    single(cfg, "training.train_iters=40", f"training.output_dir={straight}")
+    for first, then, name in ((2, 1, "2-then-1"), (1, 2, "1-then-2")):
+        out = tmp / name
+        sets = ["training.train_iters=40", f"training.output_dir={out}"]
+        (torchrun if first == 2 else lambda c, n, *s: single(c, *s))(cfg, 2, *sets, "training.exit_interval=20")
+        (torchrun if then == 2 else lambda c, n, *s: single(c, *s))(cfg, 2, *sets)
+        w = worst(train_losses(out), train_losses(straight))
+        print(f"resume {name} at step 20 of 40 vs straight: worst relative difference {w:.1e}")
+        assert w <= RTOL, (name, w)
+    from safetensors import safe_open
+    def shapes(p):
+        with safe_open(str(p), "pt") as f:
+            return {k: f.get_slice(k).get_shape() for k in f.keys()}
+    ck = lambda run: sorted((run / "checkpoints").glob("step-*"))[-1] / "model.safetensors"
+    assert shapes(ck(tmp / "2-then-1")) == shapes(ck(straight)), "single-process tensor names/shapes"
+    print(f"  checkpoints hold the single-process tensors ({time.time() - t0:.1f} s)")
+
+    t0 = time.time()
+    port = free_port()
+    out = tmp / "mismatch"
+    procs = [by_hand(cfg, port, 0, f"training.output_dir={out}"),
+             by_hand(cfg, port, 1, f"training.output_dir={out}", "optimizer.params.lr=0.002")]
+    for rank, p in enumerate(procs):
+        _, err = p.communicate(timeout=120)
+        lines = err.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and "optimizer.params.lr" in lines[0], (rank, err)
+    assert not out.exists(), "nothing written"
+    print(f"a config differing between ranks: exit 2 on both: {lines[0]} ({time.time() - t0:.1f} s)")
+
+    out = tmp / "kill"
+    port = free_port()
+    sets = [f"training.output_dir={out}", "training.train_iters=100000", "checkpoint.save_interval=5"]
+    procs = [by_hand(cfg, port, r, *sets) for r in (0, 1)]
+    while not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("step-*")):
+        time.sleep(0.2)
+        assert procs[0].poll() is None, procs[0].communicate()[1]
+    procs[1].send_signal(signal.SIGKILL)
+    t_kill = time.time()
+    _, err = procs[0].communicate(timeout=CONFIG["distributed"]["timeout_s"] + 30)
+    waited = time.time() - t_kill
+    procs[1].communicate()
+    assert procs[0].returncode == 3 and "rank 0 of 2" in err, (procs[0].returncode, err[-2000:])
+    assert waited <= CONFIG["distributed"]["timeout_s"], waited
+    print(f"SIGKILL of rank 1: rank 0 exited 3 after {waited:.1f} s: {err.strip().splitlines()[-1][:160]}")
+    saved = max(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
+    r = torchrun(cfg, 2, *sets[:1], f"training.train_iters={saved + 5}")
+    assert f"resuming from step {saved}" in r.stderr or train_losses(out)[-1][0] == saved + 5, r.stderr[-2000:]
+    print(f"  restart under torchrun resumed from step {saved} and finished at {saved + 5}")
+
+    out = tmp / "term"
+    port = free_port()
+    procs = [by_hand(cfg, port, r, f"training.output_dir={out}", "training.train_iters=100000") for r in (0, 1)]
+    while not (out / "metrics.jsonl").exists() or len(train_losses(out)) < 3:
+        time.sleep(0.2)
+    procs[1].send_signal(signal.SIGTERM)
+    for p in procs:
+        p.communicate(timeout=120)
+    assert [p.returncode for p in procs] == [0, 0], [p.returncode for p in procs]
+    steps = [int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*")]
+    last = train_losses(out)[-1][0]
+    assert steps == [last], (steps, last)
+    print(f"SIGTERM to rank 1: both exited 0 after step {last}, one checkpoint (step-{last})")
+print("ok")
