@@ -166,7 +166,9 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   const bool mixed = !opt.cpu && (c.bf16.enabled || c.fp16.enabled);
   // fp32 weights always (they are the master copy); fp32 gradients; Adam's two fp32 moments.
   p.weights = 4 * P;
-  const double grad_per_param = 4 / (stage >= 2 ? N : 1);
+  // ZeRO-2 here releases the gradients a rank does not own after the step's reduction, so the
+  // peak (in the backward) still holds all of them: 4 bytes per parameter at any stage.
+  const double grad_per_param = 4;
   p.gradients = grad_per_param * P;
   p.optimizer_states = offload ? 0 : 8 * P / (stage >= 1 ? N : 1);
   p.host = offload ? 16 * P / (stage >= 1 ? N : 1) : 0;  // moments + master copy + grad staging

@@ -135,9 +135,6 @@ void check_relations(Config& c, const Rules& rules) {
   } else if (stage > 0) {
     rules.check(stage < 3, "zero_optimization.stage", stage,
                 "stage 3 (parameter partitioning) is not supported; use 0, 1 or 2");
-    c.warnings.push_back("zero_optimization.stage = " + std::to_string(stage) +
-                         ": optimizer-state partitioning is not implemented yet; every rank keeps "
-                         "the full state (stage 0 memory, same results)");
   }
   const auto& m = c.model;
   if (m.head_dim == 0) {

@@ -6,6 +6,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
 #ifdef MOE_HAVE_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -18,6 +19,8 @@ namespace moe::dist {
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;  // the backend behind c10d's front end
+  std::shared_ptr<c10d::Reducer> reducer;
 };
 
 ProcessGroup::ProcessGroup(const LaunchEnv& env, const std::string& backend,
@@ -110,6 +113,13 @@ void ProcessGroup::allreduce_sum(torch::Tensor& t) {
   collective(env_, "all-reduce", [&] { impl_->backend->allreduce(v)->wait(); });
 }
 
+void ProcessGroup::broadcast(torch::Tensor& t, int64_t root) {
+  std::vector<torch::Tensor> v{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  collective(env_, "broadcast", [&] { impl_->backend->broadcast(v, o)->wait(); });
+}
+
 std::vector<std::string> ProcessGroup::allgather_text(const std::string& key,
                                                       const std::string& mine) {
   const std::string prefix = "moe-train/" + key + "/";
@@ -123,6 +133,33 @@ std::vector<std::string> ProcessGroup::allgather_text(const std::string& key,
     }
   });
   return out;
+}
+
+void ProcessGroup::enable_gradient_sync(const std::vector<torch::Tensor>& params,
+                                        int64_t bucket_bytes) {
+  auto& im = *impl_;
+  im.group = c10::make_intrusive<c10d::ProcessGroup>(im.store, static_cast<int>(env_.rank),
+                                                     static_cast<int>(env_.world_size));
+  const auto type = backend_ == "nccl" ? c10d::ProcessGroup::BackendType::NCCL
+                                       : c10d::ProcessGroup::BackendType::GLOO;
+  const auto device = params.front().device().type();
+  im.group->setBackend(device, type, im.backend);
+  im.group->setDefaultBackend(type);
+  // DDP's bucketing: a small first bucket (its all-reduce starts early), then bucket_bytes.
+  const auto sizes = std::vector<size_t>{1 << 20, static_cast<size_t>(bucket_bytes)};
+  auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(params, sizes);
+  std::vector<int64_t> caps(limits.begin(), limits.end());
+  im.reducer = std::make_shared<c10d::Reducer>(
+      params, std::move(buckets), im.group, std::vector<bool>(params.size(), false), bucket_bytes,
+      /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/false,
+      std::unordered_map<size_t, std::string>{}, /*first_bucket_bytes_cap=*/1 << 20,
+      /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false, caps);
+}
+
+bool ProcessGroup::gradient_sync_enabled() const { return impl_->reducer != nullptr; }
+
+void ProcessGroup::prepare_gradient_sync(const torch::Tensor& loss) {
+  collective(env_, "gradient sync", [&] { impl_->reducer->prepare_for_backward({loss}); });
 }
 
 void ProcessGroup::barrier() {

@@ -73,7 +73,7 @@ void copy_into(const SafetensorsFile& f, const std::string& name, at::Tensor& ds
 // `f` holds exactly the tensors of `expected`, each with the dtype and shape of its tensor.
 void check_tensor_set(const SafetensorsFile& f,
                       const std::vector<std::pair<std::string, at::Tensor>>& expected,
-                      const char* owner) {
+                      const char* owner, bool extra_allowed = false) {
   std::set<std::string> names;
   for (const auto& [name, t] : expected) {
     names.insert(name);
@@ -91,7 +91,7 @@ void check_tensor_set(const SafetensorsFile& f,
     if (names.count(name) != 0) continue;
     if (extra++ == 0) first = name;
   }
-  if (extra > 0) {
+  if (extra > 0 && !extra_allowed) {
     throw UserError("checkpoint: " + f.path() + ": tensor '" + first + "' is not in " + owner +
                     " (" + std::to_string(extra) +
                     " unexpected tensors: a checkpoint of another architecture?)");
@@ -204,7 +204,7 @@ void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedA
 }
 
 TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& model,
-                              FusedAdamW* optimizer, bool restore_rng) {
+                              FusedAdamW* optimizer, bool restore_rng, bool optimizer_share) {
   // state.json has one reader (resume_policy.h); the tensors' parts of it are read here.
   CheckpointState cs = read_checkpoint_state(dir);
   const std::string& state_path = cs.path;
@@ -232,7 +232,7 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
       states.emplace_back(name + ".exp_avg_sq", st->exp_avg_sq);
       states.emplace_back(name + ".step", st->step);
     }
-    check_tensor_set(*opt, states, "the optimizer");
+    check_tensor_set(*opt, states, "the optimizer", optimizer_share);
   }
   auto buffers = model->named_buffers();
   std::vector<std::pair<at::Tensor, std::vector<float>>> bias_values;

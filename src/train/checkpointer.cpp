@@ -23,13 +23,13 @@ Checkpointer::Checkpointer(const config::Config& cfg, CheckpointStore& store,
       log_(log),
       last_save_(Clock::now()) {}
 
-void Checkpointer::save(const char* why, int64_t metrics_lines) {
+void Checkpointer::save(const char* why, int64_t metrics_lines, FusedAdamW* optimizer) {
   state_.metrics_lines = metrics_lines;
   state_.config = config::to_json(cfg_);
   state_.scaler = scaler_.state();
   const std::string tmp = store_.begin(state_.step);
   try {
-    save_checkpoint(tmp, model_, optimizer_, state_);
+    save_checkpoint(tmp, model_, optimizer != nullptr ? *optimizer : optimizer_, state_);
     const std::string dir =
         store_.commit(tmp, state_.step, cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every);
     log_.info("checkpoint ({}): {}", why, dir);

@@ -1,6 +1,7 @@
 #include "moe/train/step_runner.h"
 
 #include "moe/dist/process_group.h"
+#include "moe/train/zero.h"
 
 #include <ATen/autocast_mode.h>
 #include <spdlog/spdlog.h>
@@ -89,6 +90,9 @@ class EagerStepRunner : public StepRunner {
     StepResult r;
     const bool autocast = opt_.bf16 || opt_.fp16;
     optimizer_.zero_grad();
+    if (opt_.zero != nullptr) {  // the optimizer holds our share: release every gradient
+      for (auto& p : model_->parameters()) p.mutable_grad() = torch::Tensor();
+    }
     for (int64_t micro = 0; micro < opt_.micro_batches; ++micro) {
       auto batch = next();
       if (autocast) {
@@ -102,7 +106,13 @@ class EagerStepRunner : public StepRunner {
       auto tb = Clock::now();
       // Only fp16 scales the loss; bf16 and fp32 gradients need no scaling.
       const double scale = opt_.fp16 ? scaler_.scale() : 1.0;
-      (l.total * (scale / static_cast<double>(opt_.micro_batches))).backward();
+      auto scaled = l.total * (scale / static_cast<double>(opt_.micro_batches));
+      // Data parallel: the last micro-batch's backward all-reduces the accumulated gradients in
+      // buckets as they become ready (c10d's Reducer); earlier ones accumulate locally.
+      if (syncs_in_backward() && micro + 1 == opt_.micro_batches) {
+        opt_.group->prepare_gradient_sync(scaled);
+      }
+      scaled.backward();
       sync();
       r.forward_s += std::chrono::duration<double>(tb - tf).count();
       r.backward_s += seconds_since(tb);
@@ -114,37 +124,55 @@ class EagerStepRunner : public StepRunner {
     }
     if (autocast) at::autocast::clear_cache();
     if (opt_.group != nullptr) average_over_ranks(r);
+    const bool partitioned_grads = opt_.zero != nullptr && opt_.zero->stage() >= 2;
+    if (partitioned_grads) opt_.zero->drop_foreign_gradients();  // ZeRO-2: keep our own only
     auto grads = defined_grads(model_->parameters());
     if (opt_.fp16) {  // unscale in place and detect overflow in one pass
       auto found_inf = torch::zeros({1}, torch::TensorOptions().device(device()));
       auto inv_scale =
           torch::full({1}, 1.0 / scaler_.scale(), torch::TensorOptions().device(device()));
       at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+      if (partitioned_grads) {  // an overflow in any rank's share skips the step everywhere
+        auto any = found_inf.to(torch::kCPU, torch::kDouble);
+        opt_.group->allreduce_sum(any);
+        found_inf.fill_(any.item<double>());
+      }
       r.overflow = found_inf.item<float>() > 0;
     }
     inject_nan_for_tests(model_, step + 1, r.lm_sum);
     if (r.overflow) {
       r.grad_norm = std::nan("");
     } else {
-      r.grad_norm = grads.empty() ? 0.0 : clip_grad_norm(grads, opt_.max_norm).item<double>();
+      r.grad_norm = partitioned_grads ? opt_.zero->clip_global(grads, opt_.max_norm).item<double>()
+                    : grads.empty()   ? 0.0
+                                      : clip_grad_norm(grads, opt_.max_norm).item<double>();
     }
     return r;
   }
 
-  void update(double lr) override { optimizer_.step(lr); }
+  void update(double lr) override {
+    optimizer_.step(lr);
+    if (opt_.zero != nullptr) opt_.zero->broadcast_updates();  // owners -> everyone
+  }
 
  private:
   // Data parallel: every rank ends the step with the mean gradient over all ranks' micro-batches
   // (the gradient of the global batch's mean loss: every rank has the same token count), the
   // mean losses and the summed expert loads, so every rank takes the same decisions.
+  bool syncs_in_backward() const {
+    return opt_.group != nullptr && opt_.group->gradient_sync_enabled();
+  }
+
   void average_over_ranks(StepResult& r) {
-    std::vector<torch::Tensor> grads;
-    for (auto& p : model_->parameters()) {
-      // A parameter without a gradient on this rank still takes part: the buckets must match.
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      grads.push_back(p.grad());
+    if (!syncs_in_backward()) {  // after the backward, in buckets
+      std::vector<torch::Tensor> grads;
+      for (auto& p : model_->parameters()) {
+        // A parameter without a gradient on this rank still takes part: the buckets must match.
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        grads.push_back(p.grad());
+      }
+      opt_.group->allreduce_mean(grads, opt_.bucket_bytes);
     }
-    opt_.group->allreduce_mean(grads, opt_.bucket_bytes);
     auto figures = torch::tensor({r.lm_sum, r.aux_sum, r.z_sum}, torch::kDouble);
     opt_.group->allreduce_mean({figures}, opt_.bucket_bytes);
     r.lm_sum = figures[0].item<double>(), r.aux_sum = figures[1].item<double>();

@@ -50,6 +50,7 @@
 #include "moe/train/resume_policy.h"
 #include "moe/train/run_inputs.h"
 #include "moe/train/step_runner.h"
+#include "moe/train/zero.h"
 #include "moe/util/errors.h"
 
 namespace moe::train {
@@ -84,11 +85,14 @@ void install_signal_handlers() {
   sigaction(SIGUSR1, &sa, nullptr);
 }
 
-std::vector<AdamWGroup> param_groups(model::TransformerLM& model, const config::Config& cfg) {
+// `zero` (ZeRO stage >= 1): only the parameters this rank owns.
+std::vector<AdamWGroup> param_groups(model::TransformerLM& model, const config::Config& cfg,
+                                     const ZeroPartition* zero) {
   AdamWGroup decay, no_decay;
   decay.weight_decay =
       cfg.optimizer.type == config::OptimizerType::kAdam ? 0.0 : cfg.optimizer.weight_decay;
   for (auto& item : model->named_parameters()) {
+    if (zero != nullptr && !zero->owns(item.key())) continue;
     // Norm weights and biases (1-D) are not decayed, as in Megatron and DeepSpeed's examples.
     AdamWGroup& g =
         item.value().dim() >= 2 || cfg.optimizer.decay_norms_and_biases ? decay : no_decay;
@@ -98,6 +102,20 @@ std::vector<AdamWGroup> param_groups(model::TransformerLM& model, const config::
   std::vector<AdamWGroup> groups{decay};
   if (!no_decay.params.empty()) groups.push_back(no_decay);
   return groups;
+}
+
+// ZeRO stage 1 or 2 with more than one rank (zero.h); null otherwise.
+std::unique_ptr<ZeroPartition> make_zero(dist::ProcessGroup* group, const config::Config& cfg,
+                                         model::TransformerLM& model) {
+  if (group == nullptr || cfg.zero_optimization.stage < 1) return nullptr;
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  for (auto& item : model->named_parameters()) {
+    names.push_back(item.key());
+    params.push_back(item.value());
+  }
+  return std::make_unique<ZeroPartition>(*group, cfg.zero_optimization.stage, std::move(names),
+                                         std::move(params), 25ll << 20);
 }
 
 // What to tell a user whose step ran out of memory (the seed guide's OOM checklist): where,
@@ -208,8 +226,9 @@ class TrainingSession {
         writer_(group_ == nullptr || group_->rank() == 0),
         in_((warn_config(), on_local_device(check_run_inputs(cfg, opt, *log_), opt))),
         model_(seeded_model(cfg, in_.device)),
-        optimizer_(param_groups(model_, cfg), cfg.optimizer.betas[0], cfg.optimizer.betas[1],
-                   cfg.optimizer.eps, offload_options(cfg)),
+        zero_(make_zero(group_.get(), cfg, model_)),
+        optimizer_(param_groups(model_, cfg, zero_.get()), cfg.optimizer.betas[0],
+                   cfg.optimizer.betas[1], cfg.optimizer.eps, offload_options(cfg)),
         schedule_(cfg.scheduler, cfg.optimizer.lr, in_.total_steps),
         scaler_(cfg.fp16),
         store_((fs::path(cfg.training.output_dir) / "checkpoints").string()),
@@ -253,7 +272,8 @@ class TrainingSession {
     ResumeDecision d = decide_resume(opt_, candidates, in_.total_steps, store_.root());
     while (d.action == ResumeDecision::Action::kLoad) {
       try {
-        state_ = load_checkpoint(d.dir, model_, &optimizer_);
+        state_ =
+            load_checkpoint(d.dir, model_, &optimizer_, true, /*optimizer_share=*/zero_ != nullptr);
         summary_.resumed_from = state_.step;
         break;
       } catch (const UserError& e) {
@@ -367,6 +387,9 @@ class TrainingSession {
     so.fp16 = in_.fp16;
     so.sync_for_timing = cfg_.wall_clock_breakdown && in_.device.is_cuda();
     so.group = group_.get();
+    so.zero = zero_.get();
+    if (group_ && overlap_comm())
+      group_->enable_gradient_sync(model_->parameters(), so.bucket_bytes);
     runner_ =
         make_step_runner(model_, cfg_, optimizer_, scaler_, so, in_.device, state_.step, *log_);
     install_signal_handlers();
@@ -509,8 +532,19 @@ class TrainingSession {
   // Data parallel: every rank holds the same weights and optimizer state (ZeRO stage 0), rank 0
   // writes them; the others wait for it so that no rank runs ahead of a stop.
   void save(SaveReason why) {
-    if (writer_) checkpointer_->save(to_string(why), metrics_->lines());
+    std::unique_ptr<FusedAdamW> full;  // ZeRO: every owner's state, on rank 0
+    if (zero_) {
+      full = zero_->gather_optimizer(optimizer_, param_groups(model_, cfg_, nullptr),
+                                     cfg_.optimizer.betas[0], cfg_.optimizer.betas[1],
+                                     cfg_.optimizer.eps);
+    }
+    if (writer_) checkpointer_->save(to_string(why), metrics_->lines(), full.get());
     if (group_) group_->barrier();
+  }
+  // MOE_DP_OVERLAP=0 (benchmarks): all-reduce after the backward instead of during it.
+  static bool overlap_comm() {
+    const char* v = std::getenv("MOE_DP_OVERLAP");
+    return v == nullptr || std::string(v) != "0";
   }
   int64_t rank() const { return group_ ? group_->rank() : 0; }
   int64_t world_size() const { return group_ ? group_->size() : 1; }
@@ -522,6 +556,7 @@ class TrainingSession {
   bool writer_;  // rank 0 (or alone): the one that writes checkpoints, metrics and sinks
   RunInputs in_;
   model::TransformerLM model_;
+  std::unique_ptr<ZeroPartition> zero_;  // ZeRO stage 1/2 over the ranks; null otherwise
   FusedAdamW optimizer_;
   LrSchedule schedule_;
   LossScaler scaler_;

@@ -93,23 +93,39 @@ with tempfile.TemporaryDirectory() as d:
     cfg.write_text(json.dumps(CONFIG))
 
     t0 = time.time()
-    torchrun(cfg, 2, f"training.output_dir={tmp / 'dp2'}")
     single(cfg, f"training.output_dir={tmp / 'dp1'}")
-    w = worst(train_losses(tmp / "dp2"), train_losses(tmp / "dp1"))
-    print(f"2 x micro 4 (torchrun) vs 1 x micro 8, 30 steps: worst relative difference of loss and "
-          f"grad norm {w:.1e} ({time.time() - t0:.1f} s)")
+    for stage in (0, 1, 2):
+        torchrun(cfg, 2, f"training.output_dir={tmp / f'dp2-{stage}'}", f"zero_optimization.stage={stage}")
+        w = worst(train_losses(tmp / f"dp2-{stage}"), train_losses(tmp / "dp1"))
+        print(f"2 x micro 4 (torchrun) vs 1 x micro 8, ZeRO stage {stage}, 30 steps: worst relative "
+              f"difference of loss and grad norm {w:.1e}")
+        assert w <= RTOL, (stage, w)
+    print(f"  ({time.time() - t0:.1f} s)")
+    torchrun(cfg, 2, f"training.output_dir={tmp / 'ga2'}", "train_batch_size=16", "gradient_accumulation_steps=2")
+    single(cfg, f"training.output_dir={tmp / 'ga1'}", "train_batch_size=16", "gradient_accumulation_steps=2")
+    w = worst(train_losses(tmp / "ga2"), train_losses(tmp / "ga1"))
+    print(f"  with 2 accumulation micro-steps (2 x 4 x 2 vs 1 x 8 x 2): {w:.1e}")
+    assert w <= RTOL, w
+    env_off = {**os.environ, "MOE_DP_OVERLAP": "0"}
+    r = subprocess.run([TORCHRUN, "--no-python", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                        BIN, "--config", cfg, "-q", "--set", f"training.output_dir={tmp / 'nooverlap'}"],
+                       capture_output=True, text=True, env=env_off)
+    assert r.returncode == 0, r.stderr[-2000:]
+    w = worst(train_losses(tmp / "nooverlap"), train_losses(tmp / "dp1"))
+    print(f"  all-reduce after the backward instead of overlapped (MOE_DP_OVERLAP=0): {w:.1e}")
     assert w <= RTOL, w
 
     t0 = time.time()
     straight = tmp / "straight"
     single(cfg, "training.train_iters=40", f"training.output_dir={straight}")
-    for first, then, name in ((2, 1, "2-then-1"), (1, 2, "1-then-2")):
+    for first, then, name, stage in ((2, 1, "2-then-1", 0), (1, 2, "1-then-2", 0),
+                                     (2, 1, "2-then-1-zero2", 2), (1, 2, "1-then-2-zero1", 1)):
         out = tmp / name
-        sets = ["training.train_iters=40", f"training.output_dir={out}"]
+        sets = ["training.train_iters=40", f"training.output_dir={out}", f"zero_optimization.stage={stage}"]
         (torchrun if first == 2 else lambda c, n, *s: single(c, *s))(cfg, 2, *sets, "training.exit_interval=20")
         (torchrun if then == 2 else lambda c, n, *s: single(c, *s))(cfg, 2, *sets)
         w = worst(train_losses(out), train_losses(straight))
-        print(f"resume {name} at step 20 of 40 vs straight: worst relative difference {w:.1e}")
+        print(f"resume {name} (ZeRO stage {stage}) at step 20 of 40 vs straight: worst relative difference {w:.1e}")
         assert w <= RTOL, (name, w)
     from safetensors import safe_open
     def shapes(p):
@@ -117,6 +133,18 @@ with tempfile.TemporaryDirectory() as d:
             return {k: f.get_slice(k).get_shape() for k in f.keys()}
     ck = lambda run: sorted((run / "checkpoints").glob("step-*"))[-1] / "model.safetensors"
     assert shapes(ck(tmp / "2-then-1")) == shapes(ck(straight)), "single-process tensor names/shapes"
+    # ZeRO-2 on 2 ranks gathers every owner's Adam state into the single-process layout.
+    from safetensors.torch import load_file
+    z = load_file(str(tmp / "2-then-1-zero2/checkpoints/step-00000020/optimizer.safetensors"))
+    one = load_file(str(straight / "checkpoints/step-00000040/optimizer.safetensors"))
+    assert z.keys() == one.keys() and all(z[k].shape == one[k].shape for k in z), "optimizer layout"
+    ref = tmp / "straight20"
+    single(cfg, "training.train_iters=40", "training.exit_interval=20", f"training.output_dir={ref}")
+    o20 = load_file(str(ref / "checkpoints/step-00000020/optimizer.safetensors"))
+    diff = max(((z[k] - o20[k]).abs().max() / o20[k].abs().max().clamp_min(1e-30)).item() for k in z)
+    print(f"  ZeRO-2 checkpoint at step 20: {len(z)} optimizer tensors, max relative difference to one "
+          f"process {diff:.1e}")
+    assert diff <= 1e-4, diff
     print(f"  checkpoints hold the single-process tensors ({time.time() - t0:.1f} s)")
 
     t0 = time.time()

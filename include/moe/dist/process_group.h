@@ -29,10 +29,21 @@ class ProcessGroup {
   // In place: the mean over ranks of each tensor, all-reduced in flat buckets of at most
   // `bucket_bytes` (tensors of one dtype and device).
   void allreduce_mean(const std::vector<torch::Tensor>& tensors, int64_t bucket_bytes);
-  void allreduce_sum(torch::Tensor& t);  // in place
+  void allreduce_sum(torch::Tensor& t);            // in place
+  void broadcast(torch::Tensor& t, int64_t root);  // in place: root's values everywhere
   // Every rank's `mine`, in rank order (through the rendezvous store).
   std::vector<std::string> allgather_text(const std::string& key, const std::string& mine);
   void barrier();
+
+  // Gradient averaging overlapped with the backward: c10d's DDP Reducer on `params` (every one
+  // must receive a gradient in every backward), buckets of `bucket_bytes` filled in the order
+  // gradients become ready and all-reduced while the backward goes on. Call
+  // prepare_gradient_sync(loss) before the backward whose gradients (accumulated since the last
+  // sync) are to be averaged; backwards without it accumulate locally (accumulation
+  // micro-steps). Once per process group.
+  void enable_gradient_sync(const std::vector<torch::Tensor>& params, int64_t bucket_bytes);
+  bool gradient_sync_enabled() const;
+  void prepare_gradient_sync(const torch::Tensor& loss);
 
  private:
   struct Impl;

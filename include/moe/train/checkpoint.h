@@ -43,7 +43,10 @@ void save_weights_checkpoint(const std::string& dir, model::TransformerLM& model
 // Loads `dir` into the model and optimizer (whose shapes must match; optimizer may be null).
 // Throws UserError naming the file and the problem for anything missing, damaged or
 // mismatched. `restore_rng`: continue the saved RNG streams (a resume), when the state has them.
+// `optimizer_share`: the optimizer holds a share of the parameters (ZeRO): the file's states of
+// the other parameters are not its own and are skipped, not an error.
 TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& model,
-                              FusedAdamW* optimizer, bool restore_rng = true);
+                              FusedAdamW* optimizer, bool restore_rng = true,
+                              bool optimizer_share = false);
 
 }  // namespace moe::train

@@ -25,7 +25,8 @@ class Checkpointer {
                spdlog::logger& log);
   // A checkpoint of the current state (state.step); `why` is logged. A failed write removes its
   // partial directory and rethrows, or with on_failure = continue logs and returns.
-  void save(const char* why, int64_t metrics_lines);
+  // `optimizer` (optional) replaces the session's one (ZeRO: the state gathered from every rank).
+  void save(const char* why, int64_t metrics_lines, FusedAdamW* optimizer = nullptr);
   // Since the last successful checkpoint, or since this object was made.
   double minutes_since_save() const;
 

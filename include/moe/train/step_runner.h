@@ -26,6 +26,7 @@ class ProcessGroup;
 }
 
 namespace moe::train {
+class ZeroPartition;
 
 struct StepResult {
   double lm_sum = 0, aux_sum = 0, z_sum = 0;  // summed over the micro-batches
@@ -58,6 +59,7 @@ struct StepRunnerOptions {
   // micro-batch's backward, the step's figures combined. Null on one process.
   dist::ProcessGroup* group = nullptr;
   int64_t bucket_bytes = 25ll << 20;  // gradients per all-reduce (DDP's default bucket)
+  ZeroPartition* zero = nullptr;      // ZeRO stage 1/2 (zero.h); null = every rank updates all
 };
 
 // The eager runner, or (training.cuda_graph and an eligible run) the CUDA-graph runner.
