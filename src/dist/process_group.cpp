@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 #ifdef MOE_HAVE_NCCL
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #include <torch/torch.h>
@@ -47,6 +48,7 @@ ProcessGroup::ProcessGroup(const LaunchEnv& env, const std::string& backend,
         impl_->store, static_cast<int>(env.rank), static_cast<int>(env.world_size), opts);
   } else if (backend == "nccl") {
 #ifdef MOE_HAVE_NCCL
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));  // one GPU per rank
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = timeout;
     impl_->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
@@ -68,6 +70,12 @@ template <class F>
 void collective(const LaunchEnv& env, const char* what, F&& f) {
   try {
     f();
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // not the network's fault: the trainer's OOM report
+  } catch (const UserError&) {
+    throw;
+  } catch (const TrainingError&) {
+    throw;
   } catch (const std::exception& e) {  // c10::DistBackendError, gloo::IoException, ...
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
     std::string detail = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
@@ -95,7 +103,7 @@ void ProcessGroup::allreduce_mean(const std::vector<torch::Tensor>& tensors, int
     }
     std::vector<torch::Tensor> parts;
     for (size_t t = i; t < j; ++t) parts.push_back(tensors[t].reshape({-1}));
-    std::vector<torch::Tensor> flat{torch::cat(parts)};
+    std::vector<torch::Tensor> flat{on_backend_device(torch::cat(parts))};
     collective(env_, "gradient all-reduce", [&] { impl_->backend->allreduce(flat)->wait(); });
     flat[0].mul_(inv);
     int64_t offset = 0;
@@ -108,16 +116,24 @@ void ProcessGroup::allreduce_mean(const std::vector<torch::Tensor>& tensors, int
   }
 }
 
+// NCCL works on the GPU only: a host tensor travels through the rank's GPU and back.
+torch::Tensor ProcessGroup::on_backend_device(const torch::Tensor& t) const {
+  if (backend_ != "nccl" || t.is_cuda()) return t;
+  return t.to(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank)));
+}
+
 void ProcessGroup::allreduce_sum(torch::Tensor& t) {
-  std::vector<torch::Tensor> v{t};
+  std::vector<torch::Tensor> v{on_backend_device(t)};
   collective(env_, "all-reduce", [&] { impl_->backend->allreduce(v)->wait(); });
+  if (!v[0].is_same(t)) t.copy_(v[0]);
 }
 
 void ProcessGroup::broadcast(torch::Tensor& t, int64_t root) {
-  std::vector<torch::Tensor> v{t};
+  std::vector<torch::Tensor> v{on_backend_device(t)};
   c10d::BroadcastOptions o;
   o.rootRank = root;
   collective(env_, "broadcast", [&] { impl_->backend->broadcast(v, o)->wait(); });
+  if (!v[0].is_same(t)) t.copy_(v[0]);
 }
 
 std::vector<std::string> ProcessGroup::allgather_text(const std::string& key,
@@ -160,6 +176,10 @@ bool ProcessGroup::gradient_sync_enabled() const { return impl_->reducer != null
 
 void ProcessGroup::prepare_gradient_sync(const torch::Tensor& loss) {
   collective(env_, "gradient sync", [&] { impl_->reducer->prepare_for_backward({loss}); });
+}
+
+void ProcessGroup::guard(const char* what, const std::function<void()>& f) {
+  collective(env_, what, f);
 }
 
 void ProcessGroup::barrier() {

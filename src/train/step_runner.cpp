@@ -111,8 +111,10 @@ class EagerStepRunner : public StepRunner {
       // buckets as they become ready (c10d's Reducer); earlier ones accumulate locally.
       if (syncs_in_backward() && micro + 1 == opt_.micro_batches) {
         opt_.group->prepare_gradient_sync(scaled);
+        opt_.group->guard("gradient all-reduce (in the backward)", [&] { scaled.backward(); });
+      } else {
+        scaled.backward();
       }
-      scaled.backward();
       sync();
       r.forward_s += std::chrono::duration<double>(tb - tf).count();
       r.backward_s += seconds_since(tb);

@@ -179,6 +179,39 @@ with tempfile.TemporaryDirectory() as d:
     assert f"resuming from step {saved}" in r.stderr or train_losses(out)[-1][0] == saved + 5, r.stderr[-2000:]
     print(f"  restart under torchrun resumed from step {saved} and finished at {saved + 5}")
 
+    # A rank that hangs (SIGSTOP) rather than dies: the other gives up after distributed.timeout_s.
+    out = tmp / "hang"
+    port = free_port()
+    sets = [f"training.output_dir={out}", "training.train_iters=100000", "distributed.timeout_s=5"]
+    procs = [by_hand(cfg, port, r, *sets) for r in (0, 1)]
+    while not (out / "metrics.jsonl").exists() or len(train_losses(out)) < 3:
+        time.sleep(0.2)
+    procs[1].send_signal(signal.SIGSTOP)
+    t_stop = time.time()
+    _, err = procs[0].communicate(timeout=60)
+    waited = time.time() - t_stop
+    procs[1].send_signal(signal.SIGKILL)
+    procs[1].communicate()
+    assert procs[0].returncode == 3 and "rank 0 of 2" in err, (procs[0].returncode, err[-2000:])
+    assert waited <= 5 + 10, waited
+    print(f"SIGSTOP of rank 1 (a hang): rank 0 exited 3 after {waited:.1f} s (timeout_s 5)")
+
+    # Launched as srun would launch it: SLURM_* variables, the master from the node list.
+    out = tmp / "slurm"
+    port = free_port()
+    procs = []
+    for r in (0, 1):
+        env = {**os.environ, "SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r),
+               "SLURM_JOB_NODELIST": "localhost", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([BIN, "--config", cfg, "-q", "--set", f"training.output_dir={out}"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    w = worst(train_losses(out), train_losses(tmp / "dp1"))
+    print(f"Slurm-style launch (SLURM_PROCID/NTASKS/LOCALID, master from SLURM_JOB_NODELIST): {w:.1e}")
+    assert w <= RTOL, w
+
     out = tmp / "term"
     port = free_port()
     procs = [by_hand(cfg, port, r, f"training.output_dir={out}", "training.train_iters=100000") for r in (0, 1)]

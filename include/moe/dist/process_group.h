@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,9 @@ class ProcessGroup {
   // Every rank's `mine`, in rank order (through the rendezvous store).
   std::vector<std::string> allgather_text(const std::string& key, const std::string& mine);
   void barrier();
+  // Runs `f` (e.g. a backward whose all-reduce runs inside it): a collective failing in it ends
+  // this rank with the same TrainingError as the collectives above.
+  void guard(const char* what, const std::function<void()>& f);
 
   // Gradient averaging overlapped with the backward: c10d's DDP Reducer on `params` (every one
   // must receive a gradient in every backward), buckets of `bucket_bytes` filled in the order
@@ -46,6 +50,7 @@ class ProcessGroup {
   void prepare_gradient_sync(const torch::Tensor& loss);
 
  private:
+  torch::Tensor on_backend_device(const torch::Tensor& t) const;
   struct Impl;
   LaunchEnv env_;
   std::string backend_;
