@@ -192,6 +192,11 @@ int cmd_prepare_data(const data::PrepareOptions& opt) {
   }
   std::printf("wrote %s/manifest.json (tokenizer %s, vocab_size %lld)\n", opt.out_dir.c_str(),
               m.tokenizer.c_str(), static_cast<long long>(m.vocab_size));
+  if (m.eod_id >= 0) std::printf("end-of-document id %lld\n", static_cast<long long>(m.eod_id));
+  if (m.skipped_lines > 0) {
+    std::printf("skipped %lld malformed JSONL line(s) (--skip-bad-lines)\n",
+                static_cast<long long>(m.skipped_lines));
+  }
   return kExitOk;
 }
 
@@ -461,6 +466,16 @@ int run_cli(int argc, char** argv) {
                  "Tail fraction of each input for validation")
       ->check(CLI::Range(0.0, 0.99));
   pd->add_option("--valid-input", prep.valid_inputs, "Files (or dirs, globs) for validation");
+  pd->add_flag("--jsonl", prep.jsonl,
+               "Every input is JSONL (default: only *.jsonl, *.jsonl.gz, *.jsonl.zst)");
+  pd->add_option("--jsonl-key", prep.jsonl_key, "JSONL key holding a document's text (text)");
+  pd->add_flag("--skip-bad-lines", prep.skip_bad_lines,
+               "Skip and count malformed JSONL lines instead of stopping at the first");
+  pd->add_flag("--append-eod", prep.append_eod,
+               "An end-of-document token after every document (the tokenizer's EOS)");
+  pd->add_option("--eod-id", prep.eod_id,
+                 "The end-of-document id (needed for byte vocabularies, e.g. 256)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
   pd->add_option("--threads", prep.threads, "Chunks tokenized concurrently")
       ->check(CLI::Range(1, 256));
 

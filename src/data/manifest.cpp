@@ -67,6 +67,10 @@ Manifest load_manifest(const std::string& dir) {
   }
   m.vocab_size = field<int64_t>(j, "vocab_size", file, "manifest");
   m.tokenizer = field<std::string>(j, "tokenizer", file, "manifest");
+  if (j.contains("eod_id")) m.eod_id = field<int64_t>(j, "eod_id", file, "manifest");
+  if (j.contains("skipped_lines")) {
+    m.skipped_lines = field<int64_t>(j, "skipped_lines", file, "manifest");
+  }
   const json& splits = j.contains("splits") ? j.at("splits") : json();
   if (!splits.is_object() || splits.empty()) bad(file, "'splits' must be a non-empty object");
   for (const auto& [name, shards] : splits.items()) {
@@ -96,6 +100,8 @@ void save_manifest(const std::string& dir, const Manifest& m) {
   j["format_version"] = m.format_version;
   j["vocab_size"] = m.vocab_size;
   j["tokenizer"] = m.tokenizer;
+  if (m.eod_id >= 0) j["eod_id"] = m.eod_id;
+  if (m.skipped_lines > 0) j["skipped_lines"] = m.skipped_lines;
   j["splits"] = json::object();
   for (const auto& [name, shards] : m.splits) {
     json arr = json::array();

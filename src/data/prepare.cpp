@@ -1,18 +1,24 @@
 #include "moe/data/prepare.h"
 
 #include <glob.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <set>
 
 #include "moe/data/checksum.h"
+#include "moe/data/line_reader.h"
 #include "moe/data/token_shard.h"
 #include "moe/data/tokenizer.h"
 #include "moe/util/errors.h"
+
+#include <nlohmann/json.hpp>
 
 namespace moe::data {
 
@@ -121,7 +127,7 @@ constexpr size_t kChunkBytes = size_t(8) << 20;
 // Tokenizes bytes [begin, end) of `path` into `writer` as one document, `threads` chunks at a time.
 void tokenize_range(const std::string& path, uint64_t begin, uint64_t end, const Tokenizer& tok,
                     int threads, SplitWriter& writer, uint64_t& done, uint64_t total,
-                    const ProgressFn& progress) {
+                    const ProgressFn& progress, int64_t eod) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError("prepare-data: " + path + ": cannot open for reading");
   in.seekg(static_cast<std::streamoff>(begin));
@@ -169,6 +175,116 @@ void tokenize_range(const std::string& path, uint64_t begin, uint64_t end, const
     }
     if (progress) progress(std::min(done, total), total);
   }
+  if (eod >= 0) writer.append({static_cast<uint32_t>(eod)});
+}
+
+bool is_jsonl(const std::string& path, bool all_jsonl) {
+  for (const char* ext : {".jsonl", ".jsonl.gz", ".jsonl.zst"}) {
+    const std::string e(ext);
+    if (path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0) {
+      return true;
+    }
+  }
+  return all_jsonl;
+}
+
+// The text of one JSONL line, or nullopt with `why` set when the line is malformed.
+std::optional<std::string> jsonl_text(const std::string& line, const std::string& key,
+                                      std::string& why) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    why = std::string("invalid JSON: ") + e.what();
+    return std::nullopt;
+  }
+  if (!j.is_object()) {
+    why = "expected a JSON object";
+  } else if (!j.contains(key)) {
+    why = "no \"" + key + "\" key";
+  } else if (!j[key].is_string()) {
+    why = "\"" + key + "\" is not a string";
+  } else {
+    return j[key].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+// Documents of a JSONL file, tokenized `threads` batches at a time (order kept), each followed by
+// the end-of-document token when `eod` >= 0. With a validation fraction F, document i of the file
+// goes to validation when floor((i + 1) F) > floor(i F): an even 1-in-1/F spread, streaming.
+struct JsonlSplits {
+  SplitWriter& train;
+  SplitWriter* valid;  // null: no validation fraction
+  double fraction;
+};
+
+int64_t tokenize_jsonl(const std::string& path, const PrepareOptions& opt, const Tokenizer& tok,
+                       int64_t eod, JsonlSplits out, uint64_t& done, uint64_t total,
+                       const ProgressFn& progress) {
+  LineReader reader(path);
+  const uint64_t start = done;
+  int64_t skipped = 0, doc = 0;
+  struct Doc {
+    std::string text;
+    bool valid;
+  };
+  std::vector<Doc> batch;
+  size_t batch_bytes = 0;
+  auto flush = [&] {
+    const int threads = std::max(1, opt.threads);
+    const size_t per =
+        (batch.size() + static_cast<size_t>(threads) - 1) / static_cast<size_t>(threads);
+    std::vector<std::future<std::vector<std::vector<uint32_t>>>> parts;
+    for (size_t b = 0; b < batch.size(); b += per) {
+      parts.push_back(std::async(std::launch::async, [&, b] {
+        std::vector<std::vector<uint32_t>> ids;
+        for (size_t i = b; i < std::min(batch.size(), b + per); ++i) {
+          tok.encode(batch[i].text, ids.emplace_back());
+          if (eod >= 0) ids.back().push_back(static_cast<uint32_t>(eod));
+        }
+        return ids;
+      }));
+    }
+    size_t i = 0;
+    for (auto& p : parts) {
+      for (auto& ids : p.get()) {
+        SplitWriter& w = batch[i++].valid ? *out.valid : out.train;
+        w.begin_document();
+        w.append(ids);
+      }
+    }
+    batch.clear();
+    batch_bytes = 0;
+  };
+  std::string line, why;
+  while (reader.next(line)) {
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank lines
+    std::optional<std::string> text = jsonl_text(line, opt.jsonl_key, why);
+    if (!text) {
+      if (!opt.skip_bad_lines) {
+        throw UserError("prepare-data: " + path + ":" + std::to_string(reader.line_number()) +
+                        ": " + why + " (--skip-bad-lines skips such lines; nothing was written)");
+      }
+      ++skipped;
+      continue;
+    }
+    const bool valid =
+        out.valid != nullptr && std::floor(static_cast<double>(doc + 1) * out.fraction) >
+                                    std::floor(static_cast<double>(doc) * out.fraction);
+    ++doc;
+    batch_bytes += text->size();
+    batch.push_back({std::move(*text), valid});
+    if (batch_bytes >= kChunkBytes * static_cast<size_t>(std::max(1, opt.threads))) {
+      flush();
+      done = start + reader.bytes_read();
+      if (progress) progress(std::min(done, total), total);
+    }
+  }
+  flush();
+  done = start + reader.bytes_read();
+  if (progress) progress(std::min(done, total), total);
+  return skipped;
 }
 
 // Where the validation tail of a file starts: byte-exact for the byte tokenizer, else at the
@@ -185,6 +301,46 @@ uint64_t valid_cut(const std::string& path, uint64_t size, double fraction, bool
 
 }  // namespace
 
+namespace {
+// The dataset is written under a sibling name and renamed when complete: a failure (a bad JSONL
+// line, a full disk) leaves nothing behind.
+class StagedOutput {
+ public:
+  explicit StagedOutput(const std::string& out) : out_(out) {
+    std::error_code ec;
+    if (fs::exists(out, ec) && !fs::is_empty(out, ec)) {
+      throw UserError("prepare-data: " + out +
+                      ": exists and is not empty; choose a new directory (nothing was written)");
+    }
+    const fs::path abs = fs::absolute(out);
+    tmp_ =
+        (abs.parent_path() / (abs.filename().string() + ".partial-" + std::to_string(::getpid())))
+            .string();
+    fs::remove_all(tmp_, ec);
+    fs::create_directories(tmp_, ec);
+    if (ec) throw UserError("prepare-data: " + out + ": cannot create: " + ec.message());
+  }
+  ~StagedOutput() {
+    if (committed_) return;
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);
+  }
+  StagedOutput(const StagedOutput&) = delete;
+  StagedOutput& operator=(const StagedOutput&) = delete;
+  const std::string& dir() const { return tmp_; }
+  void commit() {
+    std::error_code ec;
+    if (fs::exists(out_, ec)) fs::remove(out_, ec);  // empty (checked above)
+    fs::rename(tmp_, out_);
+    committed_ = true;
+  }
+
+ private:
+  std::string out_, tmp_;
+  bool committed_ = false;
+};
+}  // namespace
+
 Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
   if (opt.out_dir.empty()) throw UserError("prepare-data: --out DIR is required");
   if (opt.valid_fraction < 0 || opt.valid_fraction >= 1) {
@@ -196,44 +352,64 @@ Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
   }
   if (opt.shard_tokens < 1) throw UserError("prepare-data: --shard-tokens must be >= 1");
   auto tok = make_tokenizer(opt.tokenizer, opt.spm_model);
+  int64_t eod = -1;
+  if (opt.append_eod) {
+    eod = opt.eod_id >= 0 ? opt.eod_id : tok->eos_id();
+    if (eod < 0) {
+      throw UserError("prepare-data: --append-eod: the " + tok->name() +
+                      " tokenizer has no end-of-sequence token; give one with --eod-id (e.g. " +
+                      std::to_string(tok->vocab_size()) + ")");
+    }
+  }
+  const int64_t vocab = std::max(tok->vocab_size(), eod + 1);
   const auto train_files = expand_inputs(opt.inputs);
   const auto valid_files =
       opt.valid_inputs.empty() ? std::vector<std::string>{} : expand_inputs(opt.valid_inputs);
-  std::error_code ec;
-  if (fs::exists(opt.out_dir, ec) && !fs::is_empty(opt.out_dir, ec)) {
-    throw UserError("prepare-data: " + opt.out_dir +
-                    ": exists and is not empty; choose a new directory (nothing was written)");
-  }
-  fs::create_directories(opt.out_dir, ec);
-  if (ec) throw UserError("prepare-data: " + opt.out_dir + ": cannot create: " + ec.message());
+  StagedOutput out(opt.out_dir);
 
   uint64_t total = 0, done = 0;
   for (const auto* list : {&train_files, &valid_files}) {
     for (const auto& f : *list) total += fs::file_size(f);
   }
   const int threads = std::max(1, opt.threads);
-  SplitWriter train(opt.out_dir, "train", opt.shard_tokens, tok->vocab_size(), tok->name());
-  SplitWriter valid(opt.out_dir, "valid", opt.shard_tokens, tok->vocab_size(), tok->name());
+  SplitWriter train(out.dir(), "train", opt.shard_tokens, vocab, tok->name());
+  SplitWriter valid(out.dir(), "valid", opt.shard_tokens, vocab, tok->name());
   bool any_valid = !valid_files.empty();
+  int64_t skipped = 0;
   for (const auto& f : train_files) {
+    if (is_jsonl(f, opt.jsonl)) {
+      const bool split = opt.valid_fraction > 0;
+      skipped +=
+          tokenize_jsonl(f, opt, *tok, eod, {train, split ? &valid : nullptr, opt.valid_fraction},
+                         done, total, progress);
+      any_valid = any_valid || split;
+      continue;
+    }
     const uint64_t size = fs::file_size(f);
     const uint64_t cut =
         opt.valid_fraction > 0 ? valid_cut(f, size, opt.valid_fraction, tok->cut_anywhere()) : size;
-    tokenize_range(f, 0, cut, *tok, threads, train, done, total, progress);
+    tokenize_range(f, 0, cut, *tok, threads, train, done, total, progress, eod);
     if (cut < size) {
-      tokenize_range(f, cut, size, *tok, threads, valid, done, total, progress);
+      tokenize_range(f, cut, size, *tok, threads, valid, done, total, progress, eod);
       any_valid = true;
     }
   }
   for (const auto& f : valid_files) {
-    tokenize_range(f, 0, fs::file_size(f), *tok, threads, valid, done, total, progress);
+    if (is_jsonl(f, opt.jsonl)) {
+      skipped += tokenize_jsonl(f, opt, *tok, eod, {valid, nullptr, 0.0}, done, total, progress);
+      continue;
+    }
+    tokenize_range(f, 0, fs::file_size(f), *tok, threads, valid, done, total, progress, eod);
   }
   Manifest m;
-  m.vocab_size = tok->vocab_size();
+  m.vocab_size = vocab;
   m.tokenizer = tok->name();
+  m.eod_id = eod;
+  m.skipped_lines = skipped;
   m.splits["train"] = train.finish();
   if (any_valid) m.splits["valid"] = valid.finish();
-  save_manifest(opt.out_dir, m);
+  save_manifest(out.dir(), m);
+  out.commit();
   return m;
 }
 

@@ -34,6 +34,7 @@ class SentencePieceTokenizer : public Tokenizer {
     return "sentencepiece:" + std::filesystem::path(path_).filename().string();
   }
   int64_t vocab_size() const override { return sp_.GetPieceSize(); }
+  int64_t eos_id() const override { return sp_.eos_id(); }
   bool cut_anywhere() const override { return false; }
   void encode(std::string_view text, std::vector<uint32_t>& out) const override {
     std::vector<int> ids;

@@ -27,6 +27,8 @@ struct Manifest {
   int64_t vocab_size = 0;
   std::string tokenizer;
   std::map<std::string, std::vector<ManifestShard>> splits;  // "train", "valid"
+  int64_t eod_id = -1;        // the end-of-document token appended to every document; -1: none
+  int64_t skipped_lines = 0;  // JSONL lines skipped with --skip-bad-lines
 };
 
 // Reads DIR/manifest.json; throws UserError naming the file and the bad field.

@@ -19,6 +19,14 @@ struct PrepareOptions {
   std::string spm_model;
   int64_t shard_tokens = int64_t(16) << 20;
   int threads = 2;  // chunks tokenized (and shards hashed) concurrently
+  // JSONL input (Megatron's preprocess_data.py input): files named *.jsonl, *.jsonl.gz or
+  // *.jsonl.zst, or every input when `jsonl`; one document per line, its text under `jsonl_key`.
+  bool jsonl = false;
+  std::string jsonl_key = "text";
+  bool skip_bad_lines = false;  // else a malformed line is an error naming file:line
+  // An end-of-document token after every document: `eod_id`, or (-1) the tokenizer's EOS.
+  bool append_eod = false;
+  int64_t eod_id = -1;
 };
 
 // Reports progress: bytes of input done, bytes in all.

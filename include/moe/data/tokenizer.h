@@ -19,6 +19,8 @@ class Tokenizer {
   virtual void encode(std::string_view text, std::vector<uint32_t>& out) const = 0;
   // True when any byte boundary is a valid cut (bytes); false when cuts must fall on newlines.
   virtual bool cut_anywhere() const = 0;
+  // The end-of-sequence id, -1 when the vocabulary has none (bytes).
+  virtual int64_t eos_id() const { return -1; }
 };
 
 // kind: "byte" | "sentencepiece" (model_path required). Throws UserError on a bad model.
