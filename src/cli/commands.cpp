@@ -357,6 +357,37 @@ int cmd_export_hf(ExportArgs a) {
   return kExitOk;
 }
 
+// prepare-data: its options, into `prep`.
+CLI::App* add_prepare_command(CLI::App& app, data::PrepareOptions& prep) {
+  auto* pd = app.add_subcommand("prepare-data",
+                                "Tokenize text files into HDF5 shards with a checksummed manifest");
+  pd->add_option("inputs", prep.inputs, "Text files, directories or globs")->required();
+  pd->add_option("-o,--out", prep.out_dir, "New dataset directory")->required();
+  pd->add_option("--tokenizer", prep.tokenizer, "byte (default) or sentencepiece")
+      ->check(CLI::IsMember({"byte", "sentencepiece"}));
+  pd->add_option("--spm-model", prep.spm_model, "SentencePiece model file")
+      ->check(CLI::ExistingFile);
+  pd->add_option("--shard-tokens", prep.shard_tokens, "Tokens per shard")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  pd->add_option("--valid-fraction", prep.valid_fraction,
+                 "Tail fraction of each input for validation")
+      ->check(CLI::Range(0.0, 0.99));
+  pd->add_option("--valid-input", prep.valid_inputs, "Files (or dirs, globs) for validation");
+  pd->add_flag("--jsonl", prep.jsonl,
+               "Every input is JSONL (default: only *.jsonl, *.jsonl.gz, *.jsonl.zst)");
+  pd->add_option("--jsonl-key", prep.jsonl_key, "JSONL key holding a document's text (text)");
+  pd->add_flag("--skip-bad-lines", prep.skip_bad_lines,
+               "Skip and count malformed JSONL lines instead of stopping at the first");
+  pd->add_flag("--append-eod", prep.append_eod,
+               "An end-of-document token after every document (the tokenizer's EOS)");
+  pd->add_option("--eod-id", prep.eod_id,
+                 "The end-of-document id (needed for byte vocabularies, e.g. 256)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+  pd->add_option("--threads", prep.threads, "Chunks tokenized concurrently")
+      ->check(CLI::Range(1, 256));
+  return pd;
+}
+
 // generate: its options, into `gen`.
 CLI::App* add_generate_command(CLI::App& app, train::GenerateOptions& gen) {
   auto* gn = app.add_subcommand("generate", "Continue a prompt with a trained (byte-level) model");
@@ -452,32 +483,7 @@ int run_cli(int argc, char** argv) {
   mk->add_option("--seed", synth.spec.seed, "Seed of the permutations");
 
   data::PrepareOptions prep;
-  auto* pd = app.add_subcommand("prepare-data",
-                                "Tokenize text files into HDF5 shards with a checksummed manifest");
-  pd->add_option("inputs", prep.inputs, "Text files, directories or globs")->required();
-  pd->add_option("-o,--out", prep.out_dir, "New dataset directory")->required();
-  pd->add_option("--tokenizer", prep.tokenizer, "byte (default) or sentencepiece")
-      ->check(CLI::IsMember({"byte", "sentencepiece"}));
-  pd->add_option("--spm-model", prep.spm_model, "SentencePiece model file")
-      ->check(CLI::ExistingFile);
-  pd->add_option("--shard-tokens", prep.shard_tokens, "Tokens per shard")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  pd->add_option("--valid-fraction", prep.valid_fraction,
-                 "Tail fraction of each input for validation")
-      ->check(CLI::Range(0.0, 0.99));
-  pd->add_option("--valid-input", prep.valid_inputs, "Files (or dirs, globs) for validation");
-  pd->add_flag("--jsonl", prep.jsonl,
-               "Every input is JSONL (default: only *.jsonl, *.jsonl.gz, *.jsonl.zst)");
-  pd->add_option("--jsonl-key", prep.jsonl_key, "JSONL key holding a document's text (text)");
-  pd->add_flag("--skip-bad-lines", prep.skip_bad_lines,
-               "Skip and count malformed JSONL lines instead of stopping at the first");
-  pd->add_flag("--append-eod", prep.append_eod,
-               "An end-of-document token after every document (the tokenizer's EOS)");
-  pd->add_option("--eod-id", prep.eod_id,
-                 "The end-of-document id (needed for byte vocabularies, e.g. 256)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
-  pd->add_option("--threads", prep.threads, "Chunks tokenized concurrently")
-      ->check(CLI::Range(1, 256));
+  auto* pd = add_prepare_command(app, prep);
 
   VerifyArgs verify;
   auto* vd = app.add_subcommand("verify-data",
