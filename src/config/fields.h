@@ -197,6 +197,8 @@ void visit_fields(auto& v, Section<DataConfig> auto& d) {
   v.field("prefetch", d.prefetch, in(1, 1024));
   v.field("reader_threads", d.reader_threads, in(1, 64));
   v.field("block_windows", d.block_windows, at_least(1));
+  v.field("reset_attention_at_eod", d.reset_attention_at_eod);
+  v.field("eod_id", d.eod_id, at_least(-1, "-1 = none"));
 }
 
 void visit_fields(auto& v, Section<TrainingConfig> auto& t) {

@@ -161,6 +161,9 @@ void check_relations(Config& c, const Rules& rules) {
   rules.check(e.top_k <= e.num_experts, "moe.top_k", e.top_k,
               "must be <= moe.num_experts (" + std::to_string(e.num_experts) + ")");
   const auto& d = c.data;
+  rules.check(!d.reset_attention_at_eod || (d.eod_id >= 0 && d.eod_id < m.vocab_size),
+              "data.eod_id", d.eod_id,
+              "data.reset_attention_at_eod needs the end-of-document id, < model.vocab_size");
   rules.check(!d.path.empty() || !d.train_path.empty(), "data.path", d.path,
               "set data.path (a prepare-data directory) or data.train_path (HDF5 shards)");
   rules.check(d.path.empty() || d.train_path.empty(), "data.train_path", d.train_path,

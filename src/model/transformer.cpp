@@ -37,14 +37,17 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
   out->weight.normal_(0.0, opt.out_init_std);
 }
 
-torch::Tensor apply_rotary(const torch::Tensor& x, double theta) {
+torch::Tensor apply_rotary(const torch::Tensor& x, double theta, const torch::Tensor& positions) {
   const int64_t S = x.size(2), hd = x.size(3);
   // In fp32 as Hugging Face computes them, then in x's dtype.
   auto f32 = x.options().dtype(torch::kFloat);
   auto inv_freq =
       1.0 / torch::pow(theta, torch::arange(0, hd, 2, f32.dtype(torch::kLong)).to(torch::kFloat) /
                                   static_cast<double>(hd));
-  auto freqs = torch::outer(torch::arange(S, f32), inv_freq);  // [S, hd / 2]
+  // [S, hd / 2], or per window [B, 1, S, hd / 2] with restarting positions.
+  auto freqs = positions.defined()
+                   ? (positions.to(torch::kFloat).unsqueeze(-1) * inv_freq).unsqueeze(1)
+                   : torch::outer(torch::arange(S, f32), inv_freq);
   auto emb = torch::cat({freqs, freqs}, -1);
   auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
   auto half = x.chunk(2, -1);
@@ -75,16 +78,34 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   }
   q = q.transpose(1, 2), k = k.transpose(1, 2), v = v.transpose(1, 2);
   if (opt_.rope_theta > 0) {
-    q = apply_rotary(q, opt_.rope_theta);
-    k = apply_rotary(k, opt_.rope_theta);
+    q = apply_rotary(q, opt_.rope_theta, positions_);
+    k = apply_rotary(k, opt_.rope_theta, positions_);
   }
   if (KV != H) {  // each key/value head serves H / KV query heads
     k = k.repeat_interleave(H / KV, 1);
     v = v.repeat_interleave(H / KV, 1);
   }
-  auto y = at::scaled_dot_product_attention(q, k, v, {}, is_training() ? opt_.dropout : 0.0,
-                                            /*is_causal=*/true);
+  const double p = is_training() ? opt_.dropout : 0.0;
+  auto y = doc_mask_.defined()
+               ? at::scaled_dot_product_attention(q, k, v, doc_mask_, p, /*is_causal=*/false)
+               : at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
   return out->forward(y.transpose(1, 2).reshape({B, S, H * hd}));
+}
+
+DocumentLayout document_layout(const torch::Tensor& tokens, int64_t eod) {
+  const int64_t B = tokens.size(0), S = tokens.size(1);
+  const auto is_eod = tokens.eq(eod).to(torch::kLong);
+  const auto doc = is_eod.cumsum(1) - is_eod;  // an EOD belongs to the document it ends
+  const auto causal = torch::ones({S, S}, tokens.options().dtype(torch::kBool)).tril();
+  DocumentLayout l;
+  l.mask = (doc.unsqueeze(2).eq(doc.unsqueeze(1)) & causal).unsqueeze(1);
+  // Position = t - (index where t's document starts): starts are t = 0 and every t after an EOD.
+  const auto t = torch::arange(S, tokens.options().dtype(torch::kLong)).expand({B, S});
+  const auto after_eod =
+      torch::cat({torch::zeros({B, 1}, is_eod.options()), is_eod.narrow(1, 0, S - 1)}, 1);
+  const auto starts = torch::where(after_eod.eq(1) | t.eq(0), t, torch::zeros_like(t));
+  l.positions = t - std::get<0>(starts.cummax(1));
+  return l;
 }
 
 namespace {
@@ -182,7 +203,9 @@ BlockOutput BlockImpl::forward(const torch::Tensor& x) {
 }
 
 TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Device& device)
-    : mcfg_(cfg.model), checkpoint_blocks_(cfg.activation_checkpointing.number_checkpoints) {
+    : mcfg_(cfg.model),
+      checkpoint_blocks_(cfg.activation_checkpointing.number_checkpoints),
+      eod_id_(cfg.data.reset_attention_at_eod ? cfg.data.eod_id : -1) {
   const auto& m = cfg.model;
   embed = register_module("embed", torch::nn::Embedding(m.vocab_size, m.hidden_size));
   if (m.rope_theta <= 0) {  // learned absolute positions; rotary ones live in the attention
@@ -214,8 +237,15 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
   torch::Tensor x;
   {
     profile::Scope scope("embedding");
+    DocumentLayout docs;
+    if (eod_id_ >= 0) docs = document_layout(tokens, eod_id_);
+    for (auto& b : blocks) b->attn->set_documents(docs.mask, docs.positions);
     x = embed->forward(tokens);
-    if (pos_embed) x = x + pos_embed->forward(torch::arange(S, tokens.options())).unsqueeze(0);
+    if (pos_embed) {
+      x = x + (docs.positions.defined()
+                   ? pos_embed->forward(docs.positions)
+                   : pos_embed->forward(torch::arange(S, tokens.options())).unsqueeze(0));
+    }
   }
   out.aux_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
   out.z_loss = torch::zeros({}, x.options().dtype(torch::kFloat));

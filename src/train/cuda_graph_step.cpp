@@ -24,6 +24,8 @@ std::string cuda_graph_ineligible_reason(const config::Config& cfg, const torch:
   if (cfg.moe.kernels == "reference") return "moe.kernels is reference (host-synced routing)";
   if (!kernels::cuda_kernels_compiled()) return "this build has no CUDA kernels";
   if (cfg.moe.capacity_factor > 0) return "moe.capacity_factor > 0 (token counts vary per step)";
+  if (cfg.data.reset_attention_at_eod)
+    return "data.reset_attention_at_eod is on (masked attention)";
   if (cfg.activation_checkpointing.number_checkpoints > 0)
     return "activation checkpointing is on (its recompute restores RNG state on the host)";
   if (cfg.zero_optimization.offload_optimizer.device == config::OffloadDevice::kCpu)

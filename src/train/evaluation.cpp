@@ -32,6 +32,11 @@ EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardIn
     auto targets = batch.narrow(1, 1, S).reshape({-1});
     model::LmOutput out = model->forward(batch.narrow(1, 0, S));
     auto logits = out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat);
+    if (cfg.data.reset_attention_at_eod) {  // the same positions as training's loss
+      const auto keep = batch.narrow(1, 0, S).reshape({-1}).ne(cfg.data.eod_id);
+      logits = logits.index({keep});
+      targets = targets.index({keep});
+    }
     if (dump != nullptr) {
       dump->windows.push_back(batch.to(torch::kCPU));
       dump->logits.push_back(out.logits.to(torch::kFloat).to(torch::kCPU));

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "moe/config/architecture.h"
+#include "moe/data/manifest.h"
 #include "moe/hf/hf_config.h"
 #include "moe/train/resume_policy.h"
 #include "moe/util/errors.h"
@@ -43,6 +44,15 @@ config::Config load_run_config(const std::string& path, const std::vector<std::s
                                 weights_architecture((*model)["init_from"].get<std::string>()));
     } catch (const UserError& e) {
       throw UserError("config: " + path + ": " + e.what());
+    }
+  }
+  // data.reset_attention_at_eod without data.eod_id: the dataset's own (manifest eod_id).
+  if (root.contains("data") && root["data"].is_object()) {
+    json& d = root["data"];
+    if (d.value("reset_attention_at_eod", false) == true && !d.contains("eod_id") &&
+        d.contains("path") && d["path"].is_string() && data::has_manifest(d["path"])) {
+      const int64_t eod = data::load_manifest(d["path"].get<std::string>()).eod_id;
+      if (eod >= 0) d["eod_id"] = eod;
     }
   }
   config::Config cfg = config::from_json(root, path);

@@ -31,9 +31,19 @@ MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& bat
   MicroLosses l;
   {
     profile::Scope scope("head");  // the loss belongs to the head
-    l.lm = torch::nn::functional::cross_entropy(
-        out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat),
-        batch.narrow(1, 1, S).reshape({-1}));
+    const auto logits = out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat);
+    const auto targets = batch.narrow(1, 1, S).reshape({-1});
+    if (cfg.data.reset_attention_at_eod) {
+      // Megatron's eod_mask_loss: no loss where the input is an EOD (it would predict the next
+      // document's first token from the previous document).
+      const auto keep = batch.narrow(1, 0, S).reshape({-1}).ne(cfg.data.eod_id).to(torch::kFloat);
+      const auto per_token = torch::nn::functional::cross_entropy(
+          logits, targets,
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+      l.lm = (per_token * keep).sum() / keep.sum().clamp_min(1.0);
+    } else {
+      l.lm = torch::nn::functional::cross_entropy(logits, targets);
+    }
   }
   l.aux = out.aux_loss;
   l.z = out.z_loss;

@@ -140,6 +140,11 @@ struct DataConfig {
   int64_t prefetch = 4;           // batches prepared ahead of the trainer
   int64_t reader_threads = 1;     // concurrent block readers
   int64_t block_windows = 256;    // windows per contiguous read (the shuffle granularity)
+  // Megatron's reset_attention_mask + reset_position_ids + eod_mask_loss: attention stays within
+  // a document inside a window, positions restart after each end-of-document token, and the loss
+  // at an EOD input (predicting across the boundary) is masked. Needs eod_id.
+  bool reset_attention_at_eod = false;
+  int64_t eod_id = -1;  // the end-of-document id (prepare-data --append-eod; manifest eod_id)
 };
 
 struct MonitorConfig {

@@ -45,16 +45,34 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const AttentionOptions& opt);
   torch::Tensor forward(const torch::Tensor& x);  // [B, S, d]
+  // Documents inside the window (data.reset_attention_at_eod) for the following forwards (and
+  // their recomputation): mask [B, 1, S, S] bool (true = attend), positions [B, S] int64.
+  // Undefined tensors: one causal sequence at positions 0..S-1.
+  void set_documents(const torch::Tensor& mask, const torch::Tensor& positions) {
+    doc_mask_ = mask;
+    positions_ = positions;
+  }
   torch::nn::Linear qkv{nullptr}, out{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
 
  private:
   AttentionOptions opt_;
+  torch::Tensor doc_mask_, positions_;
 };
 
 // Rotary position embedding of x [B, H, S, hd] at positions 0..S-1 (Hugging Face's layout:
 // x * cos + rotate_half(x) * sin, frequencies theta^(-2i/hd) repeated over both halves).
-torch::Tensor apply_rotary(const torch::Tensor& x, double theta);
+// `positions` [B, S] int64 (optional): each token's position (restarting per document).
+torch::Tensor apply_rotary(const torch::Tensor& x, double theta,
+                           const torch::Tensor& positions = {});
+
+// The document structure of token windows [B, S] split at `eod` (the EOD token ends its
+// document): mask [B, 1, S, S] (causal and within a document) and positions [B, S] restarting
+// at 0 after each EOD. Megatron's get_ltor_masks_and_position_ids with both resets.
+struct DocumentLayout {
+  torch::Tensor mask, positions;
+};
+DocumentLayout document_layout(const torch::Tensor& tokens, int64_t eod);
 TORCH_MODULE(CausalSelfAttention);
 
 // A dense SwiGLU FFN (the non-MoE layers of Qwen3-MoE): down(silu(gate(x)) * up(x)), weights in
@@ -119,6 +137,7 @@ class TransformerLMImpl : public torch::nn::Module {
  private:
   config::ModelConfig mcfg_;
   int64_t checkpoint_blocks_ = 0;
+  int64_t eod_id_ = -1;  // >= 0: data.reset_attention_at_eod
 };
 TORCH_MODULE(TransformerLM);
 

@@ -16,8 +16,9 @@ namespace moe::train {
 // directory (its config.json, mapped). UserError naming `dir` when it is neither.
 nlohmann::json weights_architecture(const std::string& dir);
 
-// file -> overrides -> missing architecture keys from model.init_from (when set) -> typed ->
-// validated. Without model.init_from: exactly config::load.
+// file -> overrides -> missing architecture keys from model.init_from (when set), and
+// data.eod_id from the dataset's manifest when data.reset_attention_at_eod leaves it out ->
+// typed -> validated. Otherwise exactly config::load.
 // `world_size`: data-parallel ranks (the batch rule; dist/launch_env.h).
 config::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides,
                                int64_t world_size = 1);
