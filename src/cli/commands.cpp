@@ -363,8 +363,11 @@ CLI::App* add_prepare_command(CLI::App& app, data::PrepareOptions& prep) {
                                 "Tokenize text files into HDF5 shards with a checksummed manifest");
   pd->add_option("inputs", prep.inputs, "Text files, directories or globs")->required();
   pd->add_option("-o,--out", prep.out_dir, "New dataset directory")->required();
-  pd->add_option("--tokenizer", prep.tokenizer, "byte (default) or sentencepiece")
-      ->check(CLI::IsMember({"byte", "sentencepiece"}));
+  pd->add_option("--tokenizer", prep.tokenizer, "byte (default), sentencepiece or hf")
+      ->check(CLI::IsMember({"byte", "sentencepiece", "hf"}));
+  pd->add_option("--tokenizer-file", prep.tokenizer_file,
+                 "Hugging Face tokenizer.json (byte-level BPE) for --tokenizer hf")
+      ->check(CLI::ExistingFile);
   pd->add_option("--spm-model", prep.spm_model, "SentencePiece model file")
       ->check(CLI::ExistingFile);
   pd->add_option("--shard-tokens", prep.shard_tokens, "Tokens per shard")

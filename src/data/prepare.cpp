@@ -148,11 +148,12 @@ void tokenize_range(const std::string& path, uint64_t begin, uint64_t end, const
       }
       pos += n;
       if (!tok.cut_anywhere() && pos < end) {
-        // SentencePiece sees whole lines: keep the tail after the last newline for the next chunk.
-        size_t nl = chunk.rfind('\n');
-        if (nl != std::string::npos) {
-          carry = chunk.substr(nl + 1);
-          chunk.resize(nl + 1);
+        // SentencePiece and BPE see whole lines: the tail after the tokenizer's last safe cut
+        // goes to the next chunk.
+        const size_t cut = tok.last_cut(chunk);
+        if (cut != std::string::npos) {
+          carry = chunk.substr(cut);
+          chunk.resize(cut);
         }
       }
       chunks.push_back(std::move(chunk));
@@ -351,7 +352,8 @@ Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
     throw UserError("prepare-data: use --valid-fraction or --valid-input, not both");
   }
   if (opt.shard_tokens < 1) throw UserError("prepare-data: --shard-tokens must be >= 1");
-  auto tok = make_tokenizer(opt.tokenizer, opt.spm_model);
+  auto tok =
+      make_tokenizer(opt.tokenizer, opt.tokenizer == "hf" ? opt.tokenizer_file : opt.spm_model);
   int64_t eod = -1;
   if (opt.append_eod) {
     eod = opt.eod_id >= 0 ? opt.eod_id : tok->eos_id();

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "moe/data/hf_bpe_tokenizer.h"
 #include "moe/util/errors.h"
 
 namespace moe::data {
@@ -58,7 +59,12 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::st
     }
     return std::make_unique<SentencePieceTokenizer>(model_path);
   }
-  throw UserError("prepare-data: --tokenizer " + kind + ": expected byte or sentencepiece");
+  if (kind == "hf") {
+    if (model_path.empty())
+      throw UserError("prepare-data: --tokenizer hf needs --tokenizer-file FILE");
+    return std::make_unique<HfBpeTokenizer>(model_path);
+  }
+  throw UserError("prepare-data: --tokenizer " + kind + ": expected byte, sentencepiece or hf");
 }
 
 }  // namespace moe::data

@@ -17,6 +17,7 @@ struct PrepareOptions {
   std::string out_dir;
   std::string tokenizer = "byte";  // byte | sentencepiece
   std::string spm_model;
+  std::string tokenizer_file;  // --tokenizer hf: a Hugging Face tokenizer.json
   int64_t shard_tokens = int64_t(16) << 20;
   int threads = 2;  // chunks tokenized (and shards hashed) concurrently
   // JSONL input (Megatron's preprocess_data.py input): files named *.jsonl, *.jsonl.gz or

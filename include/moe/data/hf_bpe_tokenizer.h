@@ -1,0 +1,48 @@
+// prepare-data --tokenizer hf --tokenizer-file tokenizer.json: byte-level BPE as Hugging Face's
+// `tokenizers` defines it (GPT-2, Llama-3, Qwen2/3), ids identical to that package's
+// encode(text, add_special_tokens=False) (tests/data/hf_tokenizer_test.py).
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "moe/data/tokenizer.h"
+
+namespace moe::data {
+
+class HfBpeTokenizer : public Tokenizer {
+ public:
+  explicit HfBpeTokenizer(const std::string& path);  // UserError naming what is unsupported
+  std::string name() const override;
+  int64_t vocab_size() const override { return vocab_size_; }
+  int64_t eos_id() const override { return eos_; }
+  bool cut_anywhere() const override { return false; }
+  size_t last_cut(const std::string& chunk) const override;
+  void encode(std::string_view text, std::vector<uint32_t>& out) const override;
+
+ private:
+  struct Regex;
+  struct Added {
+    std::string content;
+    int64_t id;
+    bool special;
+  };
+  void encode_segment(const std::string& text, std::vector<uint32_t>& out,
+                      std::unordered_map<std::string, std::vector<uint32_t>>& cache) const;
+  void bpe(const std::string& piece, std::vector<uint32_t>& out,
+           std::unordered_map<std::string, std::vector<uint32_t>>& cache) const;
+
+  std::string path_;
+  std::unordered_map<std::string, int64_t> vocab_;
+  std::unordered_map<std::string, int64_t> ranks_;  // "a\x1fb" -> merge rank
+  std::vector<Added> added_;
+  std::shared_ptr<Regex> regex_;
+  std::array<std::string, 256> bytes_;
+  bool ignore_merges_ = false, add_prefix_space_ = false;
+  int64_t vocab_size_ = 0, eos_ = -1;
+};
+
+}  // namespace moe::data

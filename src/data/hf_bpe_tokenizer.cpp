@@ -1,0 +1,296 @@
+// Hugging Face tokenizer.json, byte-level BPE (GPT-2, Llama-3, Qwen2/3 style): added tokens split
+// out first, the pre-tokenizer's split regex (PCRE2 with Unicode properties: Debian's libpcre2),
+// GPT-2's byte-to-unicode mapping, then the ranked merges. Anything else the file asks for
+// (normalizers, byte fallback, other models or pre-tokenizers) is refused by name.
+#include "moe/data/hf_bpe_tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "moe/util/errors.h"
+
+namespace moe::data {
+
+namespace {
+
+using nlohmann::json;
+
+// GPT-2's pre-tokenizer pattern (ByteLevel with use_regex = true).
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to 256 + n, as UTF-8.
+std::array<std::string, 256> byte_to_unicode() {
+  std::array<std::string, 256> out;
+  auto utf8 = [](uint32_t cp) {
+    std::string s;
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      s += static_cast<char>(0xC0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      s += static_cast<char>(0xE0 | (cp >> 12));
+      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    return s;
+  };
+  uint32_t n = 0;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    out[b] = utf8(printable ? b : 256 + n++);
+  }
+  return out;
+}
+
+// Splits a UTF-8 string into its code points (as strings).
+std::vector<std::string> utf8_chars(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    out.push_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+struct HfBpeTokenizer::Regex {
+  pcre2_code* code = nullptr;
+  ~Regex() { pcre2_code_free(code); }
+};
+
+HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
+  std::ifstream in(path);
+  if (!in) throw UserError("tokenizer: " + path + ": cannot open");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw UserError("tokenizer: " + path + ": invalid JSON: " + e.what());
+  }
+  auto refuse = [&](const std::string& what) {
+    throw UserError("tokenizer: " + path + ": " + what +
+                    " (supported: byte-level BPE as GPT-2, Llama-3 and Qwen use it)");
+  };
+  try {
+    const json& model = j.at("model");
+    if (model.value("type", std::string()) != "BPE") refuse("model.type is not BPE");
+    if (model.value("byte_fallback", false)) refuse("model.byte_fallback is not supported");
+    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (model.contains(k) && !model[k].is_null() && model[k] != "") {
+        refuse(std::string("model.") + k + " is not supported");
+      }
+    }
+    ignore_merges_ = model.value("ignore_merges", false);
+    for (const auto& [token, id] : model.at("vocab").items()) vocab_[token] = id.get<int64_t>();
+    int64_t rank = 0;
+    for (const auto& m : model.at("merges")) {
+      std::string a, b;
+      if (m.is_string()) {
+        const std::string s = m.get<std::string>();
+        const size_t sp = s.find(' ');
+        if (sp == std::string::npos) refuse("merge \"" + s + "\" has no space");
+        a = s.substr(0, sp), b = s.substr(sp + 1);
+      } else {
+        a = m.at(0).get<std::string>(), b = m.at(1).get<std::string>();
+      }
+      ranks_.emplace(a + '\x1f' + b, rank++);
+    }
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+      refuse("normalizer " + j["normalizer"].value("type", std::string("?")) + " is not supported");
+    }
+    // Pre-tokenizer: ByteLevel (GPT-2 regex), or Sequence[Split(regex), ByteLevel(no regex)].
+    const json& pre = j.at("pre_tokenizer");
+    std::string pattern;
+    auto byte_level = [&](const json& p) {
+      add_prefix_space_ = p.value("add_prefix_space", false);
+      if (p.value("use_regex", true)) pattern = kGpt2Pattern;
+    };
+    if (pre.value("type", std::string()) == "ByteLevel") {
+      byte_level(pre);
+    } else if (pre.value("type", std::string()) == "Sequence") {
+      const json& list = pre.at("pretokenizers");
+      if (list.size() != 2 || list[0].value("type", std::string()) != "Split" ||
+          list[1].value("type", std::string()) != "ByteLevel") {
+        refuse("pre_tokenizer Sequence other than [Split, ByteLevel]");
+      }
+      const json& split = list[0];
+      if (split.value("behavior", std::string()) != "Isolated" || split.value("invert", false)) {
+        refuse("Split behavior other than Isolated");
+      }
+      const json& p = split.at("pattern");
+      if (!p.contains("Regex")) refuse("Split pattern other than a Regex");
+      pattern = p["Regex"].get<std::string>();
+      byte_level(list[1]);
+      if (list[1].value("use_regex", true)) refuse("a Split followed by ByteLevel's own regex");
+    } else {
+      refuse("pre_tokenizer " + pre.value("type", std::string("?")));
+    }
+    if (pattern.empty()) refuse("a pre-tokenizer without a split regex");
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    regex_ = std::make_shared<Regex>();
+    regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                                 PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
+    if (regex_->code == nullptr) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      throw UserError("tokenizer: " + path +
+                      ": the pre-tokenizer regex does not compile at offset " +
+                      std::to_string(offset) + ": " + reinterpret_cast<char*>(msg));
+    }
+    pcre2_jit_compile(regex_->code, PCRE2_JIT_COMPLETE);  // faster when available
+    for (const auto& t : j.value("added_tokens", json::array())) {
+      if (t.value("lstrip", false) || t.value("rstrip", false) || t.value("single_word", false)) {
+        refuse("added token " + t.value("content", std::string()) +
+               " with lstrip/rstrip/single_word");
+      }
+      added_.push_back({t.at("content").get<std::string>(), t.at("id").get<int64_t>(),
+                        t.value("special", false)});
+    }
+  } catch (const json::exception& e) {
+    throw UserError("tokenizer: " + path + ": " + e.what());
+  }
+  // Longest first, so that "<|end|>" does not shadow "<|end|>x" style overlaps.
+  std::stable_sort(added_.begin(), added_.end(), [](const Added& a, const Added& b) {
+    return a.content.size() > b.content.size();
+  });
+  for (const auto& [t, id] : vocab_) vocab_size_ = std::max(vocab_size_, id + 1);
+  for (const auto& a : added_) vocab_size_ = std::max(vocab_size_, a.id + 1);
+  for (const auto& a : added_) {
+    for (const char* eos : {"<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>"}) {
+      if (a.special && a.content == eos && eos_ < 0) eos_ = a.id;
+    }
+  }
+  bytes_ = byte_to_unicode();
+}
+
+std::string HfBpeTokenizer::name() const {
+  const size_t slash = path_.find_last_of('/');
+  return "hf-bpe:" + (slash == std::string::npos ? path_ : path_.substr(slash + 1));
+}
+
+size_t HfBpeTokenizer::last_cut(const std::string& chunk) const {
+  // After a newline that a non-space follows: no pre-tokenizer piece spans such a point.
+  for (size_t nl = chunk.rfind('\n'); nl != std::string::npos && nl > 0;
+       nl = chunk.rfind('\n', nl - 1)) {
+    if (nl + 1 < chunk.size() && !std::isspace(static_cast<unsigned char>(chunk[nl + 1]))) {
+      return nl + 1;
+    }
+  }
+  return std::string::npos;
+}
+
+void HfBpeTokenizer::bpe(const std::string& piece, std::vector<uint32_t>& out,
+                         std::unordered_map<std::string, std::vector<uint32_t>>& cache) const {
+  auto hit = cache.find(piece);
+  if (hit != cache.end()) {
+    out.insert(out.end(), hit->second.begin(), hit->second.end());
+    return;
+  }
+  std::string mapped;
+  for (unsigned char c : piece) mapped += bytes_[c];
+  std::vector<uint32_t> ids;
+  auto whole = vocab_.find(mapped);
+  if (ignore_merges_ && whole != vocab_.end()) {
+    ids.push_back(static_cast<uint32_t>(whole->second));
+  } else {
+    std::vector<std::string> parts = utf8_chars(mapped);
+    while (parts.size() > 1) {
+      int64_t best = std::numeric_limits<int64_t>::max();
+      size_t at = 0;
+      for (size_t i = 0; i + 1 < parts.size(); ++i) {
+        auto r = ranks_.find(parts[i] + '\x1f' + parts[i + 1]);
+        if (r != ranks_.end() && r->second < best) best = r->second, at = i;
+      }
+      if (best == std::numeric_limits<int64_t>::max()) break;
+      // Merge every non-overlapping occurrence of the best pair, left to right.
+      const std::string a = parts[at], b = parts[at + 1];
+      std::vector<std::string> next;
+      for (size_t i = 0; i < parts.size();) {
+        if (i + 1 < parts.size() && parts[i] == a && parts[i + 1] == b) {
+          next.push_back(a + b);
+          i += 2;
+        } else {
+          next.push_back(parts[i++]);
+        }
+      }
+      parts = std::move(next);
+    }
+    for (const auto& p : parts) {
+      auto v = vocab_.find(p);
+      if (v == vocab_.end()) {
+        throw UserError("tokenizer: " + path_ + ": no vocabulary entry for \"" + p + "\"");
+      }
+      ids.push_back(static_cast<uint32_t>(v->second));
+    }
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+  if (cache.size() < (1u << 20)) cache.emplace(piece, std::move(ids));
+}
+
+void HfBpeTokenizer::encode_segment(
+    const std::string& text, std::vector<uint32_t>& out,
+    std::unordered_map<std::string, std::vector<uint32_t>>& cache) const {
+  if (text.empty()) return;
+  const std::string s = add_prefix_space_ && text[0] != ' ' ? " " + text : text;
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(regex_->code, nullptr);
+  size_t pos = 0;
+  while (pos < s.size()) {
+    const int rc = pcre2_match(regex_->code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos,
+                               0, md, nullptr);
+    if (rc < 0) {  // no more matches: the rest is one piece
+      bpe(s.substr(pos), out, cache);
+      break;
+    }
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    if (ov[0] > pos) bpe(s.substr(pos, ov[0] - pos), out, cache);  // a gap: its own piece
+    if (ov[1] == ov[0]) {  // an empty match: step one code point
+      size_t n = 1;
+      while (ov[1] + n < s.size() && (static_cast<unsigned char>(s[ov[1] + n]) & 0xC0) == 0x80) ++n;
+      bpe(s.substr(ov[1], n), out, cache);
+      pos = ov[1] + n;
+      continue;
+    }
+    bpe(s.substr(ov[0], ov[1] - ov[0]), out, cache);
+    pos = ov[1];
+  }
+  pcre2_match_data_free(md);
+}
+
+void HfBpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out) const {
+  std::unordered_map<std::string, std::vector<uint32_t>> cache;
+  size_t start = 0, i = 0;
+  while (i < text.size()) {
+    const Added* found = nullptr;
+    for (const auto& a : added_) {
+      if (text.compare(i, a.content.size(), a.content) == 0) {
+        found = &a;
+        break;
+      }
+    }
+    if (found == nullptr) {
+      ++i;
+      continue;
+    }
+    encode_segment(std::string(text.substr(start, i - start)), out, cache);
+    out.push_back(static_cast<uint32_t>(found->id));
+    i += found->content.size();
+    start = i;
+  }
+  encode_segment(std::string(text.substr(start)), out, cache);
+}
+
+}  // namespace moe::data

@@ -1,0 +1,138 @@
+"""prepare-data --tokenizer hf against Hugging Face's `tokenizers` (test-only oracle): two
+byte-level BPE tokenizers trained here (GPT-2's split regex, and a Llama-3/Qwen-style split
+regex), >= 2000 merges and two special tokens each; the ids prepare-data writes for >= 1 MB of
+held-out text in several scripts (Latin, Cyrillic, CJK, emoji, digits, whitespace runs, special
+tokens inside the text) equal tokenizers' encode(text, add_special_tokens=False).ids.
+
+usage: hf_tokenizer_test.py MOE_TRAIN_BINARY
+"""
+import json
+import pathlib
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+BIN = sys.argv[1]
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPECIAL = ["<|endoftext|>", "<|pad|>"]
+
+
+def corpus(seed, size):
+    rnd = random.Random(seed)
+    latin = "the of and to in is that it for was on are as with his they at be this from".split()
+    cyr = "и в не на что он с как это по но они мы вы так же было уже ещё".split()
+    cjk = ["中文", "日本語", "テキスト", "한국어", "数据", "模型", "训练", "の", "は"]
+    emoji = ["😀", "🚀", "👍🏽", "🇫🇷", "❤️", "✨"]
+    out, n = [], 0
+    while n < size:
+        kind = rnd.random()
+        if kind < 0.35:
+            w = rnd.choice(latin).capitalize() if rnd.random() < 0.2 else rnd.choice(latin)
+        elif kind < 0.55:
+            w = rnd.choice(cyr)
+        elif kind < 0.7:
+            w = "".join(rnd.choice(cjk) for _ in range(rnd.randint(1, 3)))
+        elif kind < 0.78:
+            w = rnd.choice(emoji)
+        elif kind < 0.88:
+            w = str(rnd.randint(0, 10 ** rnd.randint(1, 7)))
+        elif kind < 0.93:
+            w = rnd.choice(["can't", "I'll", "we've", "you'RE", "it's", "l'été"])
+        elif kind < 0.97:
+            w = rnd.choice(["!", "?!", "...", "—", "(x)", "#", "$5.00", "a\tb", "«q»"])
+        else:
+            w = rnd.choice(SPECIAL)
+        sep = rnd.choice([" "] * 12 + ["  ", "\n", "\n\n", "   \n", "\t", " \n "])
+        out.append(w + sep)
+        n += len(w) + len(sep)
+    return "".join(out)
+
+
+def trained(kind, train_text, path):
+    tok = Tokenizer(models.BPE())
+    if kind == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=2600, special_tokens=SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([train_text[i:i + 4096] for i in range(0, len(train_text), 4096)], trainer)
+    tok.save(str(path))
+    merges = len(json.loads(path.read_text())["model"]["merges"])
+    assert merges >= 2000, merges
+    return tok, merges
+
+
+with tempfile.TemporaryDirectory() as d:
+    tmp = pathlib.Path(d)
+    train_text = corpus(1, 600_000)
+    held_out = corpus(2, 1_100_000)
+    (tmp / "held_out.txt").write_text(held_out)
+    big = corpus(3, 18_000_000)  # several 8 MiB chunks: cut points between them matter
+    (tmp / "big.txt").write_text(big)
+    for kind in ("gpt2", "llama3", "llama3-ignore-merges"):
+        if kind == "llama3-ignore-merges":  # Llama-3's tokenizer.json sets model.ignore_merges
+            j = json.loads((tmp / "llama3.json").read_text())
+            j["model"]["ignore_merges"] = True
+            (tmp / f"{kind}.json").write_text(json.dumps(j))
+            tok = Tokenizer.from_file(str(tmp / f"{kind}.json"))
+        else:
+            tok, merges = trained(kind, train_text, tmp / f"{kind}.json")
+        want = np.array(tok.encode(held_out, add_special_tokens=False).ids, dtype=np.int64)
+        out = tmp / f"ds-{kind}"
+        t0 = time.perf_counter()
+        r = subprocess.run([BIN, "prepare-data", tmp / "held_out.txt", "--out", out, "--tokenizer", "hf",
+                            "--tokenizer-file", tmp / f"{kind}.json", "--threads", "1"],
+                           capture_output=True, text=True)
+        secs = time.perf_counter() - t0
+        assert r.returncode == 0, r.stderr
+        m = json.loads((out / "manifest.json").read_text())
+        got = []
+        for sh in m["splits"]["train"]:
+            with h5py.File(out / sh["file"], "r") as f:
+                got.append(np.asarray(f["tokens"][:], dtype=np.int64))
+        got = np.concatenate(got)
+        if len(got) != len(want) or not np.array_equal(got, want):
+            n = min(len(got), len(want))
+            first = int(np.argmax(got[:n] != want[:n])) if np.any(got[:n] != want[:n]) else n
+            raise SystemExit(f"FAIL {kind}: {len(got)} vs {len(want)} ids, first difference at {first}: "
+                             f"ours {got[first:first + 8]} tokenizers {want[first:first + 8]}")
+        t1 = time.perf_counter()
+        tok.encode(held_out, add_special_tokens=False)
+        ref_s = time.perf_counter() - t1
+        print(f"{kind}: {merges} merges, {len(SPECIAL)} special tokens: {len(want)} ids on "
+              f"{len(held_out.encode()) / 1e6:.2f} MB identical to tokenizers "
+              f"(prepare-data {secs:.2f} s for the whole command; tokenizers.encode {ref_s:.2f} s)")
+    # A file of several chunks, tokenized on 2 threads: the chunk cuts change nothing.
+    tok = Tokenizer.from_file(str(tmp / "gpt2.json"))
+    want = np.array(tok.encode(big, add_special_tokens=False).ids, dtype=np.int64)
+    r = subprocess.run([BIN, "prepare-data", tmp / "big.txt", "--out", tmp / "ds-big", "--tokenizer", "hf",
+                        "--tokenizer-file", tmp / "gpt2.json", "--threads", "2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp / "ds-big/manifest.json").read_text())
+    got = []
+    for sh in m["splits"]["train"]:
+        with h5py.File(tmp / "ds-big" / sh["file"], "r") as f:
+            got.append(np.asarray(f["tokens"][:], dtype=np.int64))
+    got = np.concatenate(got)
+    assert np.array_equal(got, want), (len(got), len(want))
+    print(f"gpt2 on {len(big.encode()) / 1e6:.1f} MB in 8 MiB chunks on 2 threads: {len(want)} ids identical")
+    # Unsupported files are refused by name.
+    j = json.loads((tmp / "gpt2.json").read_text())
+    j["normalizer"] = {"type": "NFKC"}
+    (tmp / "nfkc.json").write_text(json.dumps(j))
+    r = subprocess.run([BIN, "prepare-data", tmp / "held_out.txt", "--out", tmp / "nfkc-out", "--tokenizer", "hf",
+                        "--tokenizer-file", tmp / "nfkc.json"], capture_output=True, text=True)
+    assert r.returncode == 2 and "normalizer NFKC" in r.stderr and not (tmp / "nfkc-out").exists(), r.stderr
+    print(f"unsupported: {r.stderr.strip()[:140]}")
+print("ok")
