@@ -117,7 +117,13 @@ std::string generate_text(const GenerateOptions& opt) {
 json describe_checkpoint(const std::string& dir) {
   json out;
   for (const char* name : {"model", "optimizer"}) {
-    SafetensorsFile f((fs::path(dir) / (std::string(name) + ".safetensors")).string());
+    const fs::path path = fs::path(dir) / (std::string(name) + ".safetensors");
+    // Weights-only checkpoints (import-hf) have no optimizer file.
+    if (std::string(name) == "optimizer" && !fs::exists(path) &&
+        fs::exists(fs::path(dir) / "model.safetensors")) {
+      continue;
+    }
+    SafetensorsFile f(path.string());
     json tensors = json::object();
     for (const auto& [tname, e] : f.entries())
       tensors[tname] = {{"dtype", e.dtype}, {"shape", e.shape}};

@@ -94,6 +94,8 @@ def family_round_trip(tmp, family, sharded):
     imported = tmp / f"imported-{tag}"
     run("import-hf", src, "--out", imported)
     assert (imported / "tokenizer.json").exists(), "tokenizer files are copied"
+    info = json.loads(run("checkpoint", "info", imported).stdout)
+    assert "optimizer" not in info and len(info["model"]) > 0, "a weights-only checkpoint"
     cfg = tmp / f"eval-{tag}.json"
     cfg.write_text(json.dumps({
         "train_micro_batch_size_per_gpu": 4,
