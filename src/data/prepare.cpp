@@ -1,7 +1,6 @@
 #include "moe/data/prepare.h"
 
 #include <glob.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +16,7 @@
 #include "moe/data/token_shard.h"
 #include "moe/data/tokenizer.h"
 #include "moe/util/errors.h"
+#include "moe/util/staged_dir.h"
 
 #include <nlohmann/json.hpp>
 
@@ -302,46 +302,6 @@ uint64_t valid_cut(const std::string& path, uint64_t size, double fraction, bool
 
 }  // namespace
 
-namespace {
-// The dataset is written under a sibling name and renamed when complete: a failure (a bad JSONL
-// line, a full disk) leaves nothing behind.
-class StagedOutput {
- public:
-  explicit StagedOutput(const std::string& out) : out_(out) {
-    std::error_code ec;
-    if (fs::exists(out, ec) && !fs::is_empty(out, ec)) {
-      throw UserError("prepare-data: " + out +
-                      ": exists and is not empty; choose a new directory (nothing was written)");
-    }
-    const fs::path abs = fs::absolute(out);
-    tmp_ =
-        (abs.parent_path() / (abs.filename().string() + ".partial-" + std::to_string(::getpid())))
-            .string();
-    fs::remove_all(tmp_, ec);
-    fs::create_directories(tmp_, ec);
-    if (ec) throw UserError("prepare-data: " + out + ": cannot create: " + ec.message());
-  }
-  ~StagedOutput() {
-    if (committed_) return;
-    std::error_code ec;
-    fs::remove_all(tmp_, ec);
-  }
-  StagedOutput(const StagedOutput&) = delete;
-  StagedOutput& operator=(const StagedOutput&) = delete;
-  const std::string& dir() const { return tmp_; }
-  void commit() {
-    std::error_code ec;
-    if (fs::exists(out_, ec)) fs::remove(out_, ec);  // empty (checked above)
-    fs::rename(tmp_, out_);
-    committed_ = true;
-  }
-
- private:
-  std::string out_, tmp_;
-  bool committed_ = false;
-};
-}  // namespace
-
 Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
   if (opt.out_dir.empty()) throw UserError("prepare-data: --out DIR is required");
   if (opt.valid_fraction < 0 || opt.valid_fraction >= 1) {
@@ -367,15 +327,20 @@ Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
   const auto train_files = expand_inputs(opt.inputs);
   const auto valid_files =
       opt.valid_inputs.empty() ? std::vector<std::string>{} : expand_inputs(opt.valid_inputs);
-  StagedOutput out(opt.out_dir);
+  // Written under a sibling name and renamed when complete: a failure (a bad JSONL line, a full
+  // disk) leaves nothing behind.
+  StagedDir out("prepare-data", opt.out_dir,
+                "prepare-data: " + opt.out_dir +
+                    ": exists and is not empty; choose a new directory (nothing was "
+                    "written)");
 
   uint64_t total = 0, done = 0;
   for (const auto* list : {&train_files, &valid_files}) {
     for (const auto& f : *list) total += fs::file_size(f);
   }
   const int threads = std::max(1, opt.threads);
-  SplitWriter train(out.dir(), "train", opt.shard_tokens, vocab, tok->name());
-  SplitWriter valid(out.dir(), "valid", opt.shard_tokens, vocab, tok->name());
+  SplitWriter train(out.path(), "train", opt.shard_tokens, vocab, tok->name());
+  SplitWriter valid(out.path(), "valid", opt.shard_tokens, vocab, tok->name());
   bool any_valid = !valid_files.empty();
   int64_t skipped = 0;
   for (const auto& f : train_files) {
@@ -410,7 +375,7 @@ Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
   m.skipped_lines = skipped;
   m.splits["train"] = train.finish();
   if (any_valid) m.splits["valid"] = valid.finish();
-  save_manifest(out.dir(), m);
+  save_manifest(out.path(), m);
   out.commit();
   return m;
 }

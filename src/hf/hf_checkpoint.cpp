@@ -1,7 +1,5 @@
 #include "moe/hf/hf_checkpoint.h"
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -16,6 +14,7 @@
 #include "moe/train/checkpoint.h"
 #include "moe/train/resume_policy.h"
 #include "moe/util/errors.h"
+#include "moe/util/staged_dir.h"
 
 namespace moe::hf {
 
@@ -128,42 +127,6 @@ HfModel read_hf_model(const std::string& dir) {
   return m;
 }
 
-// Output directories appear complete or not at all: written under a sibling name, renamed at
-// the end, removed on failure. An existing non-empty directory is never touched.
-class StagedDir {
- public:
-  StagedDir(const std::string& out, const std::string& command) : out_(out) {
-    if (fs::exists(out_) && !(fs::is_directory(out_) && fs::is_empty(out_))) {
-      throw UserError(command + ": --out " + out_ +
-                      " exists and is not empty (nothing is overwritten)");
-    }
-    const fs::path parent = fs::absolute(out_).parent_path();
-    fs::create_directories(parent);
-    tmp_ =
-        (parent / (fs::path(out_).filename().string() + ".partial-" + std::to_string(::getpid())))
-            .string();
-    fs::remove_all(tmp_);
-    fs::create_directories(tmp_);
-  }
-  ~StagedDir() {
-    if (committed_) return;
-    std::error_code ec;
-    fs::remove_all(tmp_, ec);
-  }
-  StagedDir(const StagedDir&) = delete;
-  StagedDir& operator=(const StagedDir&) = delete;
-  const std::string& path() const { return tmp_; }
-  void commit() {
-    if (fs::exists(out_)) fs::remove(out_);  // empty, checked above
-    fs::rename(tmp_, out_);
-    committed_ = true;
-  }
-
- private:
-  std::string out_, tmp_;
-  bool committed_ = false;
-};
-
 void write_json(const fs::path& path, const json& j) {
   std::ofstream out(path);
   out << j.dump(2) << "\n";
@@ -192,7 +155,9 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir) {
   model::TransformerLM model(hm.cfg, torch::Device(torch::kCPU));
   copy_hf_weights(weights, hf_dir, hm.cfg, hm.family, model);
 
-  StagedDir out(out_dir, "import-hf");
+  StagedDir out(
+      "import-hf", out_dir,
+      "import-hf: --out " + out_dir + " exists and is not empty (nothing is overwritten)");
   train::TrainingState state;
   state.config = config::to_json(hm.cfg);
   train::save_weights_checkpoint(
@@ -253,7 +218,9 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
         {p.hf, dt->second.second, t.sizes().vec(), t.data_ptr(), static_cast<size_t>(t.nbytes())});
   }
 
-  StagedDir out(out_dir, "export-hf");
+  StagedDir out(
+      "export-hf", out_dir,
+      "export-hf: --out " + out_dir + " exists and is not empty (nothing is overwritten)");
   const int64_t shards = write_hf_weights(out.path(), views, opt.max_shard_bytes);
   write_json(fs::path(out.path()) / "config.json", hf_config);
   const fs::path gen = source.empty() ? fs::path() : fs::path(source) / "generation_config.json";
