@@ -1,5 +1,7 @@
 // Autograd wrapper around the fused router kernels (src/kernels/router.cu). In a CPU-only build
 // the op reports that the kernels are absent; the router never selects it there.
+#include <optional>
+
 #include <torch/autograd.h>
 #include <torch/types.h>
 
@@ -16,10 +18,11 @@ class FusedRouter : public torch::autograd::Function<FusedRouter> {
   // Outputs: probs, topk_weight, lse (differentiable), topk_idx, counts (not).
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const torch::Tensor& logits,
-                                                const torch::Tensor& bias, int64_t top_k,
-                                                bool sigmoid_scores, bool normalize_topk) {
-    FusedRouterOutput o =
-        detail::router_forward(logits, bias, top_k, sigmoid_scores, normalize_topk);
+                                                const std::optional<torch::Tensor>& bias,
+                                                int64_t top_k, bool sigmoid_scores,
+                                                bool normalize_topk) {
+    FusedRouterOutput o = detail::router_forward(logits, bias.value_or(torch::Tensor()), top_k,
+                                                 sigmoid_scores, normalize_topk);
     // The softmax backward needs only the probs; sigmoid also needs the logits (z-loss term).
     ctx->save_for_backward(
         {sigmoid_scores ? logits : torch::Tensor(), o.probs, o.topk_idx, o.topk_weight, o.lse});
@@ -43,7 +46,12 @@ class FusedRouter : public torch::autograd::Function<FusedRouter> {
 
 FusedRouterOutput fused_router(const at::Tensor& logits, const at::Tensor& bias, int64_t top_k,
                                bool sigmoid_scores, bool normalize_topk) {
-  auto outs = FusedRouter::apply(logits, bias, top_k, sigmoid_scores, normalize_topk);
+  // No bias is passed as nullopt, not as an undefined tensor: Function::apply records every
+  // tensor argument's device and dtype, which an undefined tensor has not ("tensor does not
+  // have a device" on the first GPU run). The bias takes no gradient either way.
+  std::optional<at::Tensor> maybe_bias;
+  if (bias.defined()) maybe_bias = bias;
+  auto outs = FusedRouter::apply(logits, maybe_bias, top_k, sigmoid_scores, normalize_topk);
   return {outs[0], outs[3], outs[1], outs[2], outs[4]};
 }
 
