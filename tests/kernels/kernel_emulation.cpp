@@ -380,8 +380,10 @@ ExpertsOutputs experts(const ExpertsInputs& in) {
     const int64_t n = counts[e].item<int64_t>();
     if (n == 0) continue;
     auto xs = xb.narrow(0, off, n);
-    auto g = round_bf16(xs.mm(gb[e]));
-    auto up = round_bf16(xs.mm(ub[e]));
+    // round_bf16(xs): the identity forward; backward, each GEMM's partial of grad_x is rounded
+    // to bf16 before autograd adds the two, as in the bf16 path.
+    auto g = round_bf16(round_bf16(xs).mm(gb[e]));
+    auto up = round_bf16(round_bf16(xs).mm(ub[e]));
     auto h = round_bf16(round_bf16(torch::silu(g)) * up);
     ys.push_back(round_bf16(h.mm(db[e])));
     off += n;
