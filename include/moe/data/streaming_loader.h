@@ -44,7 +44,23 @@ struct Batch {
   LoaderState state_after;  // resume here to get the batch after this one
 };
 
-class StreamingLoader {
+// What the trainer pulls batches from: one dataset (StreamingLoader) or a weighted blend of
+// several (BlendedLoader, blended_loader.h).
+class BatchStream {
+ public:
+  virtual ~BatchStream() = default;
+  // The next batch (blocks until ready); reader errors are rethrown as the UserError they were.
+  virtual Batch next() = 0;
+  // Seconds next() spent waiting for data, summed since construction.
+  virtual double wait_seconds() const = 0;
+  // Windows in one epoch (for a blend: all sources' windows together).
+  virtual int64_t windows_per_epoch() const = 0;
+  // Of a blend: per source, the passes over it begun so far (1 until it wraps around); empty
+  // for one dataset.
+  virtual std::vector<int64_t> source_passes() const { return {}; }
+};
+
+class StreamingLoader : public BatchStream {
  public:
   StreamingLoader(std::vector<ShardInfo> shards, LoaderOptions opt, LoaderState start = {},
                   BufferFactory factory = {});
@@ -54,10 +70,9 @@ class StreamingLoader {
 
   // The next batch (blocks until ready). Errors from the reader threads (a damaged shard,
   // an out-of-range token) are rethrown here as the UserError they were.
-  Batch next();
-  int64_t windows_per_epoch() const;
-  // Seconds next() spent waiting for data, summed since construction.
-  double wait_seconds() const;
+  Batch next() override;
+  int64_t windows_per_epoch() const override;
+  double wait_seconds() const override;
 
   struct Impl;
 
