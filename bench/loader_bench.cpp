@@ -1,5 +1,6 @@
 // Loader throughput from the page cache: tokens/s that StreamingLoader hands to a consumer that
-// does nothing else, for 1 and 2 reader threads. Writes its own shards (uint16, random tokens).
+// does nothing else, for 1 and 2 reader threads, and the same shards as a two-source blend
+// (BlendedLoader). Writes its own shards (uint16, random tokens).
 //   loader_bench [--tokens N] [--seq-len S] [--batch B] [--dir DIR]
 #include <chrono>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/data/blended_loader.h"
 #include "moe/data/streaming_loader.h"
 #include "moe/data/token_shard.h"
 
@@ -62,6 +64,32 @@ int main(int argc, char** argv) {
       }
       if (sum < 0) std::printf("impossible\n");
     }
+  }
+  // The same shards as a blend (data.blend): shards 0-2 weight 0.75, shard 3 weight 0.25, one
+  // reader thread per source; the same number of batches.
+  std::printf("\n| blend | tokens/s | batches | seconds |\n|---|---|---|---|\n");
+  for (int pass = 0; pass < 2; ++pass) {
+    LoaderOptions o;
+    o.seq_len = seq;
+    o.batch_size = batch;
+    o.seed = 7;
+    o.prefetch = 8;
+    o.reader_threads = 1;
+    o.block_windows = 64;
+    std::vector<moe::data::BlendPart> parts = {{{infos[0], infos[1], infos[2]}, 0.75},
+                                               {{infos[3]}, 0.25}};
+    moe::data::BlendedLoader loader(parts, o);
+    const int64_t batches = loader.windows_per_epoch() / batch;
+    auto t0 = std::chrono::steady_clock::now();
+    int64_t sum = 0;
+    for (int64_t b = 0; b < batches; ++b) sum += loader.next().buffer.data[0];
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (pass == 1) {
+      std::printf("| 0.75 / 0.25 | %.3g | %lld | %.2f |\n",
+                  static_cast<double>(batches * batch * seq) / s, static_cast<long long>(batches),
+                  s);
+    }
+    if (sum < 0) std::printf("impossible\n");
   }
   return 0;
 }

@@ -228,10 +228,13 @@ int cmd_env(const TrainArgs& a, std::vector<std::string> dirs, bool as_json) {
   if (!a.config_path.empty()) {
     config::Config cfg = config::load(a.config_path, a.overrides);
     dirs.push_back(cfg.training.output_dir);
-    const std::string& data = cfg.data.path.empty() ? cfg.data.train_path : cfg.data.path;
-    dirs.push_back(std::filesystem::is_directory(data)
-                       ? data
-                       : std::filesystem::path(data).parent_path().string());
+    std::vector<std::string> data = {cfg.data.path.empty() ? cfg.data.train_path : cfg.data.path};
+    if (!cfg.data.blend.empty()) data.clear();
+    for (const auto& s : cfg.data.blend) data.push_back(s.path);
+    for (const auto& p : data) {
+      dirs.push_back(
+          std::filesystem::is_directory(p) ? p : std::filesystem::path(p).parent_path().string());
+    }
   }
   if (dirs.empty()) dirs.push_back(".");
   nlohmann::json report = env::environment_report(dirs);

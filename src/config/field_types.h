@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/config/choices.h"
+#include "moe/config/config.h"
 
 namespace moe::config {
 
@@ -100,6 +101,12 @@ constexpr Rule one_of(std::span<const std::string_view> options) {
   return {.kind = Rule::Kind::kOneOf, .options = options};
 }
 
+// data.blend entries as JSON (found by nlohmann through ADL).
+inline void to_json(nlohmann::json& j, const BlendSource& b) {
+  j = {{"name", b.name}, {"path", b.path}, {"weight", b.weight}};
+  if (!b.valid_path.empty()) j["valid_path"] = b.valid_path;
+}
+
 // The JSON value of a member: closed-set choices by name.
 template <class T>
 nlohmann::json json_value(const T& v) {
@@ -117,7 +124,9 @@ std::string json_type() {
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) return "integer";
   if constexpr (std::is_floating_point_v<T>) return "number";
   if constexpr (std::is_same_v<T, std::string> || Choice<T>) return "string";
-  if constexpr (std::is_same_v<T, std::array<double, 2>> || std::is_same_v<T, std::vector<int64_t>>)
+  if constexpr (std::is_same_v<T, std::array<double, 2>> ||
+                std::is_same_v<T, std::vector<int64_t>> ||
+                std::is_same_v<T, std::vector<BlendSource>>)
     return "array";
   return "";
 }
@@ -127,6 +136,7 @@ template <class T>
 std::string json_item_type() {
   if constexpr (std::is_same_v<T, std::array<double, 2>>) return "number";
   if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "integer";
+  if constexpr (std::is_same_v<T, std::vector<BlendSource>>) return "object";
   return "";
 }
 

@@ -199,6 +199,7 @@ void visit_fields(auto& v, Section<DataConfig> auto& d) {
   v.field("block_windows", d.block_windows, at_least(1));
   v.field("reset_attention_at_eod", d.reset_attention_at_eod);
   v.field("eod_id", d.eod_id, at_least(-1, "-1 = none"));
+  v.field("blend", d.blend);  // each entry is checked by validate()
 }
 
 void visit_fields(auto& v, Section<TrainingConfig> auto& t) {

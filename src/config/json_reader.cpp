@@ -117,6 +117,28 @@ void ObjectReader::get(std::string_view key, std::vector<int64_t>& out) {
   }
 }
 
+void ObjectReader::get(std::string_view key, std::vector<BlendSource>& out) {
+  const auto* v = find(key);
+  if (v == nullptr) return;
+  const char* expected = "an array of objects {\"path\": ..., \"weight\": ...}";
+  if (!v->is_array()) type_error(key, *v, expected);
+  std::vector<BlendSource> sources;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const auto& item = (*v)[i];
+    const std::string at = std::string(key) + "[" + std::to_string(i) + "]";
+    if (!item.is_object()) type_error(at, item, expected);
+    ObjectReader r(&item, path_of(at), file_);
+    BlendSource s;
+    r.get("name", s.name);
+    r.get("path", s.path);
+    r.get("weight", s.weight);
+    r.get("valid_path", s.valid_path);
+    r.finish();  // an unknown key in an entry is an error naming it
+    sources.push_back(std::move(s));
+  }
+  out = std::move(sources);
+}
+
 ObjectReader ObjectReader::child(std::string_view key) {
   return ObjectReader(find(key), path_of(key), file_);
 }

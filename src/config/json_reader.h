@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moe/config/config.h"
+
 namespace moe::config {
 
 class ObjectReader {
@@ -25,7 +27,8 @@ class ObjectReader {
   void get(std::string_view key, double& out);
   void get(std::string_view key, std::string& out);
   void get(std::string_view key, std::array<double, 2>& out);
-  void get(std::string_view key, std::vector<int64_t>& out);  // an array of integers
+  void get(std::string_view key, std::vector<int64_t>& out);      // an array of integers
+  void get(std::string_view key, std::vector<BlendSource>& out);  // data.blend's objects
   // A nested object; absent or null gives an empty reader.
   ObjectReader child(std::string_view key);
   // Marks keys as known without reading them (accepted-and-ignored DeepSpeed keys).

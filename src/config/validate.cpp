@@ -2,6 +2,8 @@
 // that relate several keys. Every violation reads "config: FILE: path = value: rule".
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -47,8 +49,10 @@ class RuleChecker {
   template <class T>
   void field(std::string_view key, const T& value, const Rule& rule = {}, bool = true) {
     if (rule.kind == Rule::Kind::kNone) return;
-    if constexpr (std::is_same_v<T, std::array<double, 2>> ||
-                  std::is_same_v<T, std::vector<int64_t>>) {
+    if constexpr (std::is_same_v<T, std::vector<BlendSource>>) {
+      return;  // its entries: check_blend()
+    } else if constexpr (std::is_same_v<T, std::array<double, 2>> ||
+                         std::is_same_v<T, std::vector<int64_t>>) {
       for (size_t i = 0; i < value.size(); ++i) {
         rules_.check(rule.allows(value[i]), paths_.of(key) + "[" + std::to_string(i) + "]",
                      value[i], rule.describe());
@@ -118,6 +122,30 @@ void resolve_batch(Config& c, const Rules& rules) {
 }
 
 // After the per-key rules, so each key is in its own range (num_heads >= 1 before dividing).
+// data.blend: alone (not with path, train_path, valid_path), each entry a path and a finite
+// weight > 0, names unique (a missing name becomes the path's last part).
+void check_blend(DataConfig& d, const Rules& rules) {
+  rules.check(d.path.empty() && d.train_path.empty() && d.valid_path.empty(), "data.blend",
+              std::string("[...]"),
+              "give data.blend or data.path / data.train_path / data.valid_path, not both");
+  for (size_t i = 0; i < d.blend.size(); ++i) {
+    BlendSource& s = d.blend[i];
+    const std::string at = "data.blend[" + std::to_string(i) + "]";
+    rules.check(!s.path.empty(), at + ".path", s.path,
+                "each source needs a path (a prepare-data directory or HDF5 shards)");
+    rules.check(s.weight > 0 && std::isfinite(s.weight), at + ".weight", s.weight,
+                "must be a finite number > 0");
+    if (s.name.empty()) {
+      std::filesystem::path p(s.path);
+      s.name = (p.has_filename() ? p.filename() : p.parent_path().filename()).string();
+    }
+    for (size_t j = 0; j < i; ++j) {
+      rules.check(d.blend[j].name != s.name, at + ".name", s.name,
+                  "two sources share this name; give each a distinct \"name\"");
+    }
+  }
+}
+
 void check_relations(Config& c, const Rules& rules) {
   const auto& s = c.scheduler;
   if (s.total_num_steps > 0 && s.type != SchedulerType::kWarmupLR &&
@@ -164,8 +192,13 @@ void check_relations(Config& c, const Rules& rules) {
   rules.check(!d.reset_attention_at_eod || (d.eod_id >= 0 && d.eod_id < m.vocab_size),
               "data.eod_id", d.eod_id,
               "data.reset_attention_at_eod needs the end-of-document id, < model.vocab_size");
+  if (!d.blend.empty()) {
+    check_blend(c.data, rules);
+    return;
+  }
   rules.check(!d.path.empty() || !d.train_path.empty(), "data.path", d.path,
-              "set data.path (a prepare-data directory) or data.train_path (HDF5 shards)");
+              "set data.path (a prepare-data directory), data.train_path (HDF5 shards) or "
+              "data.blend");
   rules.check(d.path.empty() || d.train_path.empty(), "data.train_path", d.train_path,
               "give data.path or data.train_path, not both");
   rules.check(d.path.empty() || d.valid_path.empty(), "data.valid_path", d.valid_path,

@@ -1,6 +1,7 @@
 #include "moe/data/dataset.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <unordered_map>
 
 #include "moe/data/manifest.h"
@@ -50,6 +51,37 @@ DatasetShards open_dataset(const DatasetPaths& paths, int64_t model_vocab_size, 
   require_windows(d.train, seq_len);
   if (!d.valid.empty()) require_windows(d.valid, seq_len);
   return d;
+}
+
+DatasetShards open_blend(const std::vector<BlendSourcePaths>& sources, int64_t model_vocab_size,
+                         int64_t seq_len, bool checksums) {
+  DatasetShards all;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const auto& s = sources[i];
+    DatasetPaths paths;
+    if (std::filesystem::exists(std::filesystem::path(s.path) / "manifest.json")) {
+      paths.dataset_dir = s.path;
+      if (!s.valid_path.empty()) {
+        throw UserError("data.blend[" + std::to_string(i) + "] (" + s.name +
+                        "): valid_path is for raw shards; " + s.path +
+                        " is a prepare-data directory whose manifest names its valid split");
+      }
+    } else {
+      paths.train_path = s.path;
+      paths.valid_path = s.valid_path;
+    }
+    DatasetShards one;
+    try {
+      one = open_dataset(paths, model_vocab_size, seq_len, checksums);
+    } catch (const UserError& e) {
+      throw UserError("data.blend[" + std::to_string(i) + "] (" + s.name + "): " + e.what());
+    }
+    all.train.insert(all.train.end(), one.train.begin(), one.train.end());
+    all.valid.insert(all.valid.end(), one.valid.begin(), one.valid.end());
+    all.scanned = all.scanned || one.scanned;
+    all.sources.push_back({s.name, s.weight, std::move(one.train), std::move(one.valid)});
+  }
+  return all;
 }
 
 double majority_baseline(const std::vector<ShardInfo>& shards, int64_t seq_len) {

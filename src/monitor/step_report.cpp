@@ -139,6 +139,7 @@ void StepReporter::step(const StepFigures& f) {
               {"data_wait_s", f.data_wait_s},
               {"step_time_s", f.step_s},
               {"tokens_per_s", static_cast<double>(tokens_per_step) / f.step_s}};
+  if (!f.source_passes.empty()) rec["source_passes"] = f.source_passes;
   if (f.loss_scale) {
     rec["loss_scale"] = *f.loss_scale;
     rec["skipped_steps"] = f.skipped_steps;
@@ -172,14 +173,23 @@ void StepReporter::step(const StepFigures& f) {
 }
 
 void StepReporter::eval(int64_t step, const train::EvalResult& r) {
-  write_({{"type", "eval"},
-          {"step", step},
-          {"split", "valid"},
-          {"loss", r.loss},
-          {"accuracy", r.accuracy},
-          {"perplexity", r.perplexity},
-          {"tokens", r.tokens},
-          {"expert_imbalance", r.expert_imbalance}});
+  json rec = {{"type", "eval"},         {"step", step},
+              {"split", "valid"},       {"loss", r.loss},
+              {"accuracy", r.accuracy}, {"perplexity", r.perplexity},
+              {"tokens", r.tokens},     {"expert_imbalance", r.expert_imbalance}};
+  if (!r.sources.empty()) {
+    json per = json::object();
+    for (const auto& s : r.sources) {
+      per[s.name] = {{"loss", s.loss},
+                     {"accuracy", s.accuracy},
+                     {"perplexity", s.perplexity},
+                     {"tokens", s.tokens}};
+      log_.info("step {}: validation of {}: loss {:.4f}, accuracy {:.4f}", step, s.name, s.loss,
+                s.accuracy);
+    }
+    rec["sources"] = per;
+  }
+  write_(rec);
   if (step == 0) {
     log_.info("step 0: validation loss {:.4f}, accuracy {:.4f}", r.loss, r.accuracy);
   } else {

@@ -1,5 +1,7 @@
 #include "moe/train/inference.h"
 
+#include "moe/train/run_inputs.h"
+
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -54,9 +56,7 @@ json eval_checkpoint(const EvalRequest& req) {
   config::Config cfg = config::from_json(root, req.config_path);
   config::validate(cfg);
   config::check_same_architecture(cfg, saved, "the checkpoint " + dir);
-  const data::DatasetShards shards =
-      data::open_dataset({cfg.data.path, cfg.data.train_path, cfg.data.valid_path},
-                         cfg.model.vocab_size, cfg.model.seq_len, cfg.data.verify_checksums);
+  const data::DatasetShards shards = open_training_data(cfg);
   if (shards.valid.empty()) throw UserError("eval: the config names no validation data");
   const torch::Device device = pick_device(cfg);
   model::TransformerLM model(cfg, device);
@@ -85,7 +85,8 @@ std::string generate_text(const GenerateOptions& opt) {
   }
   config::Config cfg = config::from_json(state.json["config"], opt.checkpoint_dir + "/state.json");
   // Imported checkpoints (import-hf) name no data; generation needs none.
-  if (cfg.data.path.empty() && cfg.data.train_path.empty()) cfg.data.path = "-";
+  if (cfg.data.path.empty() && cfg.data.train_path.empty() && cfg.data.blend.empty())
+    cfg.data.path = "-";
   cfg.training.device =
       config::parse_choice<config::TrainingDevice>(opt.device, "training.device", cfg.source_file);
   config::validate(cfg);

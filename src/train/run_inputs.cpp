@@ -13,7 +13,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void require_path(const config::Config& cfg, const char* key, const std::string& path) {
+void require_path(const config::Config& cfg, const std::string& key, const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     throw UserError("config: " + cfg.source_file + ": " + key + " = " + path +
@@ -32,6 +32,17 @@ void check_output_dir(const config::Config& cfg) {
 
 }  // namespace
 
+data::DatasetShards open_training_data(const config::Config& cfg) {
+  const auto& d = cfg.data;
+  if (d.blend.empty()) {
+    return data::open_dataset({d.path, d.train_path, d.valid_path}, cfg.model.vocab_size,
+                              cfg.model.seq_len, d.verify_checksums);
+  }
+  std::vector<data::BlendSourcePaths> sources;
+  for (const auto& s : d.blend) sources.push_back({s.name, s.weight, s.path, s.valid_path});
+  return data::open_blend(sources, cfg.model.vocab_size, cfg.model.seq_len, d.verify_checksums);
+}
+
 RunInputs check_run_inputs(const config::Config& cfg, const TrainOptions& opt,
                            spdlog::logger& log) {
   RunInputs in;
@@ -47,9 +58,10 @@ RunInputs check_run_inputs(const config::Config& cfg, const TrainOptions& opt,
   if (!cfg.data.valid_path.empty()) require_path(cfg, "data.valid_path", cfg.data.valid_path);
   if (!opt.resume_from.empty()) require_path(cfg, "--resume", opt.resume_from);
   if (cfg.data.verify_checksums) log.info("data: verifying shard checksums");
-  in.shards =
-      data::open_dataset({cfg.data.path, cfg.data.train_path, cfg.data.valid_path},
-                         cfg.model.vocab_size, cfg.model.seq_len, cfg.data.verify_checksums);
+  for (size_t i = 0; i < cfg.data.blend.size(); ++i) {
+    require_path(cfg, "data.blend[" + std::to_string(i) + "].path", cfg.data.blend[i].path);
+  }
+  in.shards = open_training_data(cfg);
   in.has_valid = !in.shards.valid.empty();
   for (const auto& s : in.shards.train) in.train_windows += s.num_tokens / (cfg.model.seq_len + 1);
   check_output_dir(cfg);

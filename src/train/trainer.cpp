@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <ctime>
 #include <filesystem>
@@ -28,6 +29,7 @@
 
 #include "moe/config/architecture.h"
 #include "moe/config/memory_plan.h"
+#include "moe/data/blended_loader.h"
 #include "moe/data/streaming_loader.h"
 #include "moe/dist/process_group.h"
 #include "moe/model/profile_scope.h"
@@ -362,7 +364,7 @@ class TrainingSession {
                                                         first_step_, write, *log_);
     const Actions first = cadence_.before_first_step(summary_.resumed_from >= 0);
     if (first.evaluate) {
-      summary_.initial_eval = evaluate(model_, in_.shards.valid, cfg_, in_.device);
+      summary_.initial_eval = validate();
       reporter_->eval(0, summary_.initial_eval);
     }
     if (first.save != SaveReason::kNone) save(first.save);
@@ -377,8 +379,16 @@ class TrainingSession {
     lo.prefetch = cfg_.data.prefetch;
     lo.reader_threads = static_cast<int>(cfg_.data.reader_threads);
     lo.block_windows = cfg_.data.block_windows;
-    loader_ = std::make_unique<data::StreamingLoader>(in_.shards.train, lo, state_.loader,
+    if (in_.shards.sources.empty()) {
+      loader_ = std::make_unique<data::StreamingLoader>(in_.shards.train, lo, state_.loader,
+                                                        tensor_buffers(in_.device));
+    } else {
+      std::vector<data::BlendPart> parts;
+      for (const auto& s : in_.shards.sources) parts.push_back({s.train, s.weight});
+      loader_ = std::make_unique<data::BlendedLoader>(std::move(parts), lo, state_.loader,
                                                       tensor_buffers(in_.device));
+      source_passes_ = loader_->source_passes();
+    }
     StepRunnerOptions so;
     so.micro_batches = cfg_.gradient_accumulation_steps;
     so.max_norm = cfg_.gradient_clipping > 0 ? cfg_.gradient_clipping
@@ -453,6 +463,7 @@ class TrainingSession {
     f.epoch = state_.loader.epoch;
     f.tokens_per_expert = r.tokens_per_expert;
     f.data_wait_s = loader_->wait_seconds() - wait_before;
+    f.source_passes = blend_passes(step + 1);
     f.step_s = std::chrono::duration<double>(Clock::now() - t0).count();
     f.forward_s = r.forward_s;
     f.backward_s = r.backward_s;
@@ -477,10 +488,52 @@ class TrainingSession {
     if (!out) log_->warn("flops_profiler.output_file = {}: cannot write it", file);
   }
 
+  // Validation over the validation shards. A blend is validated per source (those with
+  // validation data), and its overall figures are the blend's weighted mean over them (weights
+  // renormalised over those sources): the loss of the training mixture, which one pass over the
+  // concatenated shards would not be (with eval_iters it would see only the first source).
+  EvalResult validate() {
+    if (in_.shards.sources.empty()) return evaluate(model_, in_.shards.valid, cfg_, in_.device);
+    EvalResult r;
+    double weights = 0;
+    for (const auto& s : in_.shards.sources) {
+      if (s.valid.empty()) continue;
+      const EvalResult one = evaluate(model_, s.valid, cfg_, in_.device);
+      r.sources.push_back({s.name, one.loss, one.accuracy, one.perplexity, one.tokens});
+      r.loss += s.weight * one.loss;
+      r.accuracy += s.weight * one.accuracy;
+      r.tokens += one.tokens;
+      r.expert_imbalance.resize(one.expert_imbalance.size(), 0.0);
+      for (size_t l = 0; l < one.expert_imbalance.size(); ++l)
+        r.expert_imbalance[l] += s.weight * one.expert_imbalance[l];
+      weights += s.weight;
+    }
+    r.loss /= weights;
+    r.accuracy /= weights;
+    for (double& x : r.expert_imbalance) x /= weights;
+    r.perplexity = std::exp(r.loss);
+    return r;
+  }
+
+  // data.blend: each source's pass, with a warning when one wraps around (it ran out before the
+  // blend's epoch ended and is read again, in a new order).
+  std::vector<int64_t> blend_passes(int64_t step) {
+    if (in_.shards.sources.empty()) return {};
+    const std::vector<int64_t> now = loader_->source_passes();
+    for (size_t s = 0; s < now.size(); ++s) {
+      if (now[s] > source_passes_[s]) {
+        log_->warn("data.blend[{}] ({}) wrapped around at step {}: pass {} over it begins", s,
+                   in_.shards.sources[s].name, step, now[s]);
+      }
+    }
+    source_passes_ = now;
+    return now;
+  }
+
   // The cadence's decisions after step `done` (1-based): validate, save, stop.
   bool after_step(int64_t done) {
     if (cadence_.after_step_evaluate(done)) {
-      EvalResult r = evaluate(model_, in_.shards.valid, cfg_, in_.device);
+      EvalResult r = validate();
       reporter_->eval(done, r);
       if (cadence_.is_last(done)) summary_.final_eval = r;
     }
@@ -568,7 +621,8 @@ class TrainingSession {
   std::unique_ptr<monitor::Monitor> sinks_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<Checkpointer> checkpointer_;
-  std::unique_ptr<data::StreamingLoader> loader_;
+  std::unique_ptr<data::BatchStream> loader_;
+  std::vector<int64_t> source_passes_;  // data.blend: last reported pass of each source
   std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<monitor::StepReporter> reporter_;
   int64_t first_step_ = 0, current_step_ = 0;

@@ -131,6 +131,15 @@ struct MoeConfig {
   std::vector<int64_t> mlp_only_layers;
 };
 
+// One source of a weighted blend (data.blend; docs/data-format.md "Blends").
+struct BlendSource {
+  std::string name;        // in logs, metrics and eval records; default: the path's last part
+  std::string path;        // a prepare-data directory, an HDF5 shard or a directory of shards
+  double weight = 1.0;     // > 0; the weights are normalised to sum to 1
+  std::string valid_path;  // held-out shards of this source (raw shards; a dataset has "valid")
+  bool operator==(const BlendSource&) const = default;
+};
+
 struct DataConfig {
   std::string path;               // dataset directory with manifest.json (prepare-data's output)
   std::string train_path;         // or: an HDF5 shard, or a directory of *.h5 shards
@@ -145,6 +154,7 @@ struct DataConfig {
   // at an EOD input (predicting across the boundary) is masked. Needs eod_id.
   bool reset_attention_at_eod = false;
   int64_t eod_id = -1;  // the end-of-document id (prepare-data --append-eod; manifest eod_id)
+  std::vector<BlendSource> blend;  // a weighted blend instead of path/train_path
 };
 
 struct MonitorConfig {

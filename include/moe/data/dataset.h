@@ -21,10 +21,27 @@ struct DatasetPaths {
   std::string valid_path;
 };
 
+// One source of a weighted blend: a prepare-data directory (manifest.json; its "valid" split
+// is the source's validation data) or raw shards (with optional held-out shards).
+struct BlendSourcePaths {
+  std::string name;
+  double weight = 1.0;
+  std::string path;
+  std::string valid_path;
+};
+
+struct SourceShards {
+  std::string name;
+  double weight = 1.0;
+  std::vector<ShardInfo> train, valid;
+};
+
 struct DatasetShards {
   std::vector<ShardInfo> train;
   std::vector<ShardInfo> valid;  // empty: no validation
   bool scanned = false;          // raw shards were scanned for out-of-range tokens
+  // A blend's sources, in data.blend order; train and valid above then hold all of them.
+  std::vector<SourceShards> sources;
 };
 
 // Opens and checks every shard (structure, attributes, vocabulary, one window at least; with a
@@ -32,6 +49,10 @@ struct DatasetShards {
 // all token ids, since nothing else vouches for them). Throws UserError naming the file.
 DatasetShards open_dataset(const DatasetPaths& paths, int64_t model_vocab_size, int64_t seq_len,
                            bool checksums);
+
+// open_dataset for each source of a blend; an error names the source ("data.blend[1] (web): ").
+DatasetShards open_blend(const std::vector<BlendSourcePaths>& sources, int64_t model_vocab_size,
+                         int64_t seq_len, bool checksums);
 
 // Share of next-token targets (all window positions but the first) equal to the most frequent
 // one: the accuracy of always predicting that token. Reads the shards in bounded chunks.

@@ -31,6 +31,7 @@ struct StepFigures {
   std::optional<double> grad_norm;  // none after an fp16 overflow
   int64_t tokens = 0, dropped = 0, epoch = 0;
   std::vector<torch::Tensor> tokens_per_expert;  // per MoE layer [E]
+  std::vector<int64_t> source_passes;  // data.blend: the pass each source is in (1 = first)
   double data_wait_s = 0, step_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;
   std::optional<double> loss_scale;  // fp16 runs
   int64_t skipped_steps = 0;         // fp16: overflow steps so far

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace moe::train {
@@ -13,6 +14,13 @@ struct EvalResult {
   int64_t tokens = 0;
   // Expert load balance over the evaluation: per layer, max load / mean load (1 = perfect).
   std::vector<double> expert_imbalance;
+  // data.blend: the same figures per source with validation data, in data.blend order.
+  struct Source {
+    std::string name;
+    double loss = 0.0, accuracy = 0.0, perplexity = 0.0;
+    int64_t tokens = 0;
+  };
+  std::vector<Source> sources;
 };
 
 }  // namespace moe::train

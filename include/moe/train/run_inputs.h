@@ -26,6 +26,10 @@ struct RunInputs {
   int64_t total_steps = 0;    // training.train_iters, else epochs x steps per epoch
 };
 
+// The shards the config names (data.path, data.train_path / valid_path, or data.blend), opened
+// and checked; throws UserError naming the file.
+data::DatasetShards open_training_data(const config::Config& cfg);
+
 // Throws UserError naming the file and key for anything wrong; writes nothing.
 RunInputs check_run_inputs(const config::Config& cfg, const TrainOptions& opt, spdlog::logger& log);
 
