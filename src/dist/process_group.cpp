@@ -128,6 +128,19 @@ void ProcessGroup::allreduce_sum(torch::Tensor& t) {
   if (!v[0].is_same(t)) t.copy_(v[0]);
 }
 
+std::function<void()> ProcessGroup::reduce_sum_async(const torch::Tensor& t, int64_t root) {
+  auto v = std::make_shared<std::vector<torch::Tensor>>(1, on_backend_device(t));
+  c10d::ReduceOptions o;
+  o.rootRank = root;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  c10::intrusive_ptr<c10d::Work> work;
+  collective(env_, "gradient reduce", [&] { work = impl_->backend->reduce(*v, o); });
+  return [this, v, work, t]() mutable {
+    collective(env_, "gradient reduce", [&] { work->wait(); });
+    if (!(*v)[0].is_same(t)) t.copy_((*v)[0]);
+  };
+}
+
 void ProcessGroup::broadcast(torch::Tensor& t, int64_t root) {
   std::vector<torch::Tensor> v{on_backend_device(t)};
   c10d::BroadcastOptions o;

@@ -119,7 +119,12 @@ class EagerStepRunner : public StepRunner {
       auto scaled = l.total * (scale / static_cast<double>(opt_.micro_batches));
       // Data parallel: the last micro-batch's backward all-reduces the accumulated gradients in
       // buckets as they become ready (c10d's Reducer); earlier ones accumulate locally.
-      if (syncs_in_backward() && micro + 1 == opt_.micro_batches) {
+      if (zero_reduces()) {  // ZeRO-2: every backward sums each gradient onto its owner
+        opt_.group->guard("gradient reduce (in the backward)", [&] {
+          scaled.backward();
+          opt_.zero->finish_backward();
+        });
+      } else if (syncs_in_backward() && micro + 1 == opt_.micro_batches) {
         opt_.group->prepare_gradient_sync(scaled);
         opt_.group->guard("gradient all-reduce (in the backward)", [&] { scaled.backward(); });
       } else {
@@ -174,9 +179,12 @@ class EagerStepRunner : public StepRunner {
   bool syncs_in_backward() const {
     return opt_.group != nullptr && opt_.group->gradient_sync_enabled();
   }
+  bool zero_reduces() const { return opt_.zero != nullptr && opt_.zero->reduces_in_backward(); }
 
   void average_over_ranks(StepResult& r) {
-    if (!syncs_in_backward()) {  // after the backward, in buckets
+    if (zero_reduces()) {
+      opt_.zero->average_owned();       // summed onto the owners during the backwards
+    } else if (!syncs_in_backward()) {  // after the backward, in buckets
       std::vector<torch::Tensor> grads;
       for (auto& p : model_->parameters()) {
         // A parameter without a gradient on this rank still takes part: the buckets must match.

@@ -398,8 +398,14 @@ class TrainingSession {
     so.sync_for_timing = cfg_.wall_clock_breakdown && in_.device.is_cuda();
     so.group = group_.get();
     so.zero = zero_.get();
-    if (group_ && overlap_comm())
-      group_->enable_gradient_sync(model_->parameters(), so.bucket_bytes);
+    if (group_ && overlap_comm()) {
+      // ZeRO-2 reduces each gradient onto its owner in the backward; below it, all-reduce.
+      if (zero_ && zero_->stage() >= 2) {
+        zero_->reduce_in_backward();
+      } else {
+        group_->enable_gradient_sync(model_->parameters(), so.bucket_bytes);
+      }
+    }
     runner_ =
         make_step_runner(model_, cfg_, optimizer_, scaler_, so, in_.device, state_.step, *log_);
     install_signal_handlers();

@@ -1,5 +1,7 @@
 #include "moe/train/zero.h"
 
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -50,6 +52,110 @@ int64_t ZeroPartition::owned_elements() const {
 void ZeroPartition::drop_foreign_gradients() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (owner_[i] != group_.rank()) params_[i].mutable_grad() = torch::Tensor();
+  }
+}
+
+namespace {
+// Calls back when autograd has accumulated a parameter's gradient (its AccumulateGrad node).
+struct GradReadyHook : torch::autograd::PostAccumulateGradHook {
+  explicit GradReadyHook(std::function<void()> f) : f_(std::move(f)) {}
+  void operator()(const torch::autograd::Variable&) override { f_(); }
+  std::function<void()> f_;
+};
+constexpr size_t kMaxInFlight = 2;  // launched buckets not yet waited for
+}  // namespace
+
+void ZeroPartition::reduce_in_backward() {
+  if (group_.size() < 2 || stage_ < 2) return;
+  bucket_of_.assign(params_.size(), 0);
+  int64_t bytes = 0;
+  for (size_t k = params_.size(); k-- > 0;) {  // reverse model order
+    const auto n = static_cast<int64_t>(params_[k].nbytes());
+    if (buckets_.empty() || (bytes + n > bucket_bytes_ && !buckets_.back().empty())) {
+      buckets_.emplace_back();
+      bytes = 0;
+    }
+    buckets_.back().push_back(k);
+    bucket_of_[k] = buckets_.size() - 1;
+    bytes += n;
+  }
+  waiting_.resize(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    waiting_[b] = static_cast<int64_t>(buckets_[b].size());
+  for (size_t k = 0; k < params_.size(); ++k) {
+    torch::autograd::impl::set_post_acc_grad_hooks(
+        params_[k], std::make_unique<GradReadyHook>([this, k] { grad_ready(k); }));
+  }
+}
+
+void ZeroPartition::grad_ready(size_t param) {
+  --waiting_[bucket_of_[param]];
+  while (next_bucket_ < buckets_.size() && waiting_[next_bucket_] == 0) launch(next_bucket_++);
+}
+
+void ZeroPartition::launch(size_t bucket) {
+  while (in_flight_.size() >= kMaxInFlight) {
+    for (auto& l : in_flight_.front()) complete(l);
+    in_flight_.erase(in_flight_.begin());
+  }
+  torch::NoGradGuard no_grad;
+  std::vector<Launched> launched;
+  for (int64_t owner = 0; owner < group_.size(); ++owner) {
+    Launched l{owner, {}, {}, {}};
+    std::vector<torch::Tensor> parts;
+    for (size_t k : buckets_[bucket]) {
+      if (owner_[k] != owner) continue;
+      l.params.push_back(k);
+      const auto& g = params_[k].grad();
+      // A parameter without a gradient in this backward still takes part (zeros): every rank
+      // must reduce the same sizes.
+      parts.push_back(g.defined() ? g.reshape({-1})
+                                  : torch::zeros({params_[k].numel()}, params_[k].options()));
+      if (owner != group_.rank()) params_[k].mutable_grad() = torch::Tensor();  // ours no more
+    }
+    if (l.params.empty()) continue;
+    l.flat = torch::cat(parts);
+    l.wait = group_.reduce_sum_async(l.flat, owner);
+    launched.push_back(std::move(l));
+  }
+  in_flight_.push_back(std::move(launched));
+}
+
+void ZeroPartition::complete(Launched& l) {
+  l.wait();
+  if (l.owner != group_.rank()) return;
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (size_t k : l.params) {
+    auto& p = params_[k];
+    auto sum = l.flat.narrow(0, offset, p.numel()).view_as(p);
+    if (p.grad().defined()) {
+      p.mutable_grad().copy_(sum);
+    } else {
+      p.mutable_grad() = sum.clone();
+    }
+    offset += p.numel();
+  }
+}
+
+void ZeroPartition::finish_backward() {
+  if (buckets_.empty()) return;
+  while (next_bucket_ < buckets_.size()) launch(next_bucket_++);  // gradients that never came
+  for (auto& launched : in_flight_) {
+    for (auto& l : launched) complete(l);
+  }
+  in_flight_.clear();
+  next_bucket_ = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    waiting_[b] = static_cast<int64_t>(buckets_[b].size());
+}
+
+void ZeroPartition::average_owned() {
+  torch::NoGradGuard no_grad;
+  const double inv = 1.0 / static_cast<double>(group_.size());
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (owner_[k] == group_.rank() && params_[k].grad().defined())
+      params_[k].mutable_grad().mul_(inv);
   }
 }
 

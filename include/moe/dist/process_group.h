@@ -30,7 +30,10 @@ class ProcessGroup {
   // In place: the mean over ranks of each tensor, all-reduced in flat buckets of at most
   // `bucket_bytes` (tensors of one dtype and device).
   void allreduce_mean(const std::vector<torch::Tensor>& tensors, int64_t bucket_bytes);
-  void allreduce_sum(torch::Tensor& t);            // in place
+  void allreduce_sum(torch::Tensor& t);  // in place
+  // Starts an in-place sum of `t` over the ranks onto rank `root` and returns its wait: call it
+  // before reading `t` on the root (the sum is then there); `t` must stay alive until then.
+  std::function<void()> reduce_sum_async(const torch::Tensor& t, int64_t root);
   void broadcast(torch::Tensor& t, int64_t root);  // in place: root's values everywhere
   // Every rank's `mine`, in rank order (through the rendezvous store).
   std::vector<std::string> allgather_text(const std::string& key, const std::string& mine);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,19 @@ class ZeroPartition {
 
   // Stage 2: gradients of parameters this rank does not own are released.
   void drop_foreign_gradients();
+
+  // Stage 2 overlapped with the backward (DeepSpeed's reduce during backward): from now on every
+  // backward sums each gradient onto its owner while the backward goes on, in buckets of
+  // parameters in reverse model order (about the order gradients become ready), launched in
+  // bucket order so every rank issues the same collectives; a bucket's parameters of one owner
+  // go in one reduce. A rank releases a foreign gradient as soon as its bucket is launched, so
+  // it never holds more than its own gradients and two buckets in flight. Every micro-step's
+  // backward reduces (owners accumulate the sums); finish_backward() after each backward,
+  // average_owned() after the last.
+  void reduce_in_backward();
+  bool reduces_in_backward() const { return !buckets_.empty(); }
+  void finish_backward();
+  void average_owned();  // the owned gradients: from the sum over ranks to the mean
   // The global L2 norm of all gradients when each rank holds only its own (stage 2); clips them
   // like clip_grad_norm. Returns the norm.
   torch::Tensor clip_global(const std::vector<torch::Tensor>& own_grads, double max_norm);
@@ -48,6 +62,22 @@ class ZeroPartition {
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_;
   std::vector<int64_t> owner_;  // per parameter
+
+  // reduce_in_backward()'s state.
+  struct Launched {
+    int64_t owner;
+    std::vector<size_t> params;
+    torch::Tensor flat;
+    std::function<void()> wait;
+  };
+  void grad_ready(size_t param);
+  void launch(size_t bucket);
+  void complete(Launched& l);
+  std::vector<std::vector<size_t>> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<int64_t> waiting_;  // per bucket: gradients not yet accumulated in this backward
+  size_t next_bucket_ = 0;
+  std::vector<std::vector<Launched>> in_flight_;  // launched buckets, oldest first
 };
 
 }  // namespace moe::train
