@@ -175,12 +175,14 @@ void ProcessGroup::enable_gradient_sync(const std::vector<torch::Tensor>& params
   im.group->setBackend(device, type, im.backend);
   im.group->setDefaultBackend(type);
   // DDP's bucketing: a small first bucket (its all-reduce starts early), then bucket_bytes.
+  // gradient_as_bucket_view: after the Reducer's copy the gradients are views into its buckets
+  // (measured on bench-cpu-small at micro-batch 1 per rank: 648 -> 593 MiB at stage 0).
   const auto sizes = std::vector<size_t>{1 << 20, static_cast<size_t>(bucket_bytes)};
   auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(params, sizes);
   std::vector<int64_t> caps(limits.begin(), limits.end());
   im.reducer = std::make_shared<c10d::Reducer>(
       params, std::move(buckets), im.group, std::vector<bool>(params.size(), false), bucket_bytes,
-      /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/false,
+      /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/true,
       std::unordered_map<size_t, std::string>{}, /*first_bucket_bytes_cap=*/1 << 20,
       /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false, caps);
 }

@@ -1,7 +1,8 @@
 // ZeRO stages 1 and 2 (DeepSpeed's zero_optimization.stage) over the data-parallel group, with
 // whole parameters as the unit of ownership: each rank owns a share of the parameters balanced
 // by size and keeps Adam state only for those (stage 1), and from stage 2 keeps only their
-// gradients once the step's reduction is done. After each update the owners broadcast their
+// gradients: reduced onto the owners during the backward (reduce_in_backward), or released after
+// an all-reduce when the overlap is off. After each update the owners broadcast their
 // parameters. Checkpoints keep the single-process layout: when one is written the owners' states
 // are gathered to rank 0, and any world size can load it (each rank keeps its own share).
 #pragma once
