@@ -4,7 +4,7 @@ not a test. Measures, for configs/bench-cpu-small.json (33 M parameters, 133 MB 
 gradients per step):
   compute   one process training its per-rank share (micro-batch 4), no communication
   comm      2 processes all-reducing 133 MB in 25 MB buckets with torch.distributed (Gloo)
-  DP        torchrun 2 x micro-batch 4, all-reduce after the backward (MOE_DP_OVERLAP=0) and
+  DP        torchrun 2 x micro-batch 4, all-reduce after the backward (zero_optimization.overlap_comm=false) and
             overlapped with it (c10d's Reducer, the default)
 and prints the mean step time of each (steps after the first 3; OMP_NUM_THREADS=1 per rank).
 usage: bench/dp_overlap.py [BUILD_DIR] [STEPS=15]"""
@@ -76,8 +76,9 @@ with tempfile.TemporaryDirectory() as d:
     for overlap in ("0", "1"):
         out = tmp / f"dp{overlap}"
         subprocess.run([torchrun, "--no-python", "--nproc-per-node", "2", "--master-port", str(port()),
-                        binary, "--config", cfg, "-q", *sets, "--set", f"training.output_dir={out}"],
-                       check=True, capture_output=True, env={**env1, "MOE_DP_OVERLAP": overlap})
+                        binary, "--config", cfg, "-q", *sets, "--set", f"training.output_dir={out}",
+                        "--set", f"zero_optimization.overlap_comm={'true' if overlap == '1' else 'false'}"],
+                       check=True, capture_output=True, env=env1)
         dp[overlap] = mean_step(out)
     print(f"| bench-cpu-small, {plan['parameters'] / 1e6:.1f} M params, {plan['parameters'] * 4 / 2**20:.0f} MiB "
           f"of gradients | seconds/step |")

@@ -95,11 +95,13 @@ void visit_fields(auto& v, Section<OffloadOptimizerConfig> auto& o) {
 void visit_fields(auto& v, Section<ZeroConfig> auto& z) {
   v.field("stage", z.stage, in(0, 3).says("must be 0, 1, 2 or 3"));
   section(v, "offload_optimizer", z.offload_optimizer);
-  // Multi-GPU communication knobs: meaningless on one GPU, accepted so ds_configs load.
+  v.field("reduce_bucket_size", z.reduce_bucket_size, at_least(1));
+  v.field("allgather_bucket_size", z.allgather_bucket_size, at_least(1));
+  v.field("overlap_comm", z.overlap_comm);
+  // Other communication knobs: no counterpart here, accepted so ds_configs load.
   for (const char* k :
-       {"allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter",
-        "reduce_bucket_size", "contiguous_gradients", "round_robin_gradients", "grad_hooks",
-        "ignore_unused_parameters", "elastic_checkpoint", "zero_hpz_partition_size",
+       {"allgather_partitions", "reduce_scatter", "contiguous_gradients", "round_robin_gradients",
+        "grad_hooks", "ignore_unused_parameters", "elastic_checkpoint", "zero_hpz_partition_size",
         "zero_quantized_weights", "zero_quantized_gradients"}) {
     v.multi_gpu(k);
   }

@@ -116,8 +116,10 @@ std::unique_ptr<ZeroPartition> make_zero(dist::ProcessGroup* group, const config
     names.push_back(item.key());
     params.push_back(item.value());
   }
-  return std::make_unique<ZeroPartition>(*group, cfg.zero_optimization.stage, std::move(names),
-                                         std::move(params), 25ll << 20);
+  const auto& z = cfg.zero_optimization;
+  // DeepSpeed counts bucket sizes in elements; gradients and master parameters are fp32 here.
+  return std::make_unique<ZeroPartition>(*group, z.stage, std::move(names), std::move(params),
+                                         z.reduce_bucket_size * 4, z.allgather_bucket_size * 4);
 }
 
 // What to tell a user whose step ran out of memory (the seed guide's OOM checklist): where,
@@ -396,6 +398,7 @@ class TrainingSession {
     so.bf16 = in_.bf16;
     so.fp16 = in_.fp16;
     so.sync_for_timing = cfg_.wall_clock_breakdown && in_.device.is_cuda();
+    so.bucket_bytes = cfg_.zero_optimization.reduce_bucket_size * 4;  // fp32 gradients
     so.group = group_.get();
     so.zero = zero_.get();
     if (group_ && overlap_comm()) {
@@ -600,11 +603,7 @@ class TrainingSession {
     if (writer_) checkpointer_->save(to_string(why), metrics_->lines(), full.get());
     if (group_) group_->barrier();
   }
-  // MOE_DP_OVERLAP=0 (benchmarks): all-reduce after the backward instead of during it.
-  static bool overlap_comm() {
-    const char* v = std::getenv("MOE_DP_OVERLAP");
-    return v == nullptr || std::string(v) != "0";
-  }
+  bool overlap_comm() const { return cfg_.zero_optimization.overlap_comm; }
   int64_t rank() const { return group_ ? group_->rank() : 0; }
   int64_t world_size() const { return group_ ? group_->size() : 1; }
 

@@ -14,10 +14,11 @@ namespace moe::train {
 
 ZeroPartition::ZeroPartition(dist::ProcessGroup& group, int64_t stage,
                              std::vector<std::string> names, std::vector<torch::Tensor> params,
-                             int64_t bucket_bytes)
+                             int64_t reduce_bytes, int64_t broadcast_bytes)
     : group_(group),
       stage_(stage),
-      bucket_bytes_(bucket_bytes),
+      reduce_bytes_(reduce_bytes),
+      broadcast_bytes_(broadcast_bytes),
       names_(std::move(names)),
       params_(std::move(params)),
       owner_(params_.size(), 0) {
@@ -71,7 +72,7 @@ void ZeroPartition::reduce_in_backward() {
   int64_t bytes = 0;
   for (size_t k = params_.size(); k-- > 0;) {  // reverse model order
     const auto n = static_cast<int64_t>(params_[k].nbytes());
-    if (buckets_.empty() || (bytes + n > bucket_bytes_ && !buckets_.back().empty())) {
+    if (buckets_.empty() || (bytes + n > reduce_bytes_ && !buckets_.back().empty())) {
       buckets_.emplace_back();
       bytes = 0;
     }
@@ -179,7 +180,7 @@ torch::Tensor ZeroPartition::clip_global(const std::vector<torch::Tensor>& own_g
 void ZeroPartition::broadcast_updates() {
   torch::NoGradGuard no_grad;
   for (int64_t root = 0; root < group_.size(); ++root) {
-    // The root's parameters in buckets of at most bucket_bytes_.
+    // The root's parameters in buckets of at most broadcast_bytes_.
     std::vector<size_t> mine;
     for (size_t i = 0; i < params_.size(); ++i) {
       if (owner_[i] == root) mine.push_back(i);
@@ -188,8 +189,9 @@ void ZeroPartition::broadcast_updates() {
     while (a < mine.size()) {
       size_t b = a;
       int64_t bytes = 0;
-      while (b < mine.size() &&
-             (b == a || bytes + static_cast<int64_t>(params_[mine[b]].nbytes()) <= bucket_bytes_)) {
+      while (
+          b < mine.size() &&
+          (b == a || bytes + static_cast<int64_t>(params_[mine[b]].nbytes()) <= broadcast_bytes_)) {
         bytes += static_cast<int64_t>(params_[mine[b]].nbytes());
         ++b;
       }

@@ -266,11 +266,11 @@ TEST(Config, NamesOutsideAClosedSetListTheNames) {
 
 TEST(Config, MultiGpuKeysWarn) {
   json j = minimal();
-  j["zero_optimization"] = {{"stage", 1}, {"overlap_comm", true}};
+  j["zero_optimization"] = {{"stage", 1}, {"reduce_scatter", true}, {"overlap_comm", true}};
   j["prescale_gradients"] = true;
   EXPECT_EQ(build(j).warnings,
             (std::vector<std::string>{
-                "zero_optimization.overlap_comm is a multi-GPU setting; ignored",
+                "zero_optimization.reduce_scatter is a multi-GPU setting; ignored",
                 "prescale_gradients is a multi-GPU setting; ignored",
                 "zero_optimization.stage = 1: ZeRO partitions state across GPUs; with one GPU it "
                 "changes nothing"}));

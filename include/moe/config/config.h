@@ -66,6 +66,10 @@ struct OffloadOptimizerConfig {
 struct ZeroConfig {
   int64_t stage = 0;  // 0..1 are meaningful on one GPU; 2 and 3 are accepted with a warning
   OffloadOptimizerConfig offload_optimizer;
+  // Data parallel (docs/distributed.md), in DeepSpeed's units: elements, not bytes.
+  int64_t reduce_bucket_size = 6553600;     // gradient elements per reduction (25 MiB of fp32)
+  int64_t allgather_bucket_size = 6553600;  // parameter elements per broadcast of updated shares
+  bool overlap_comm = true;  // gradient reduction during the backward (DeepSpeed's default: false)
 };
 
 struct ActivationCheckpointingConfig {

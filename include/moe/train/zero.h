@@ -26,8 +26,10 @@ namespace moe::train {
 class ZeroPartition {
  public:
   // `names`/`params`: every parameter, in model order (the same on every rank).
+  // reduce_bytes: gradient bytes per reduce (stage 2 in the backward); broadcast_bytes: parameter
+  // bytes per broadcast of updated shares.
   ZeroPartition(dist::ProcessGroup& group, int64_t stage, std::vector<std::string> names,
-                std::vector<torch::Tensor> params, int64_t bucket_bytes);
+                std::vector<torch::Tensor> params, int64_t reduce_bytes, int64_t broadcast_bytes);
   int64_t stage() const { return stage_; }
   bool owns(const std::string& name) const;
   int64_t owned_elements() const;
@@ -59,7 +61,7 @@ class ZeroPartition {
 
  private:
   dist::ProcessGroup& group_;
-  int64_t stage_, bucket_bytes_;
+  int64_t stage_, reduce_bytes_, broadcast_bytes_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_;
   std::vector<int64_t> owner_;  // per parameter
