@@ -278,7 +278,9 @@ struct PlanArgs {
 // moe-train plan: the memory of one training step from the config alone (memory_plan.h).
 int cmd_plan(const PlanArgs& a) {
   if (a.cfg.config_path.empty()) throw UserError("plan: --config FILE is required");
-  const config::Config cfg = train::load_run_config(a.cfg.config_path, a.cfg.overrides);
+  // The batch rule resolves with the world size (train_batch_size = micro x accumulation x N).
+  const config::Config cfg =
+      train::load_run_config(a.cfg.config_path, a.cfg.overrides, a.world_size);
   config::PlanOptions o;
   o.world_size = a.world_size;
   o.cpu = a.device == "cpu" ||
@@ -303,6 +305,7 @@ int cmd_plan(const PlanArgs& a) {
                       {"activations_no_checkpoint_bytes", p.activations_no_checkpoint},
                       {"activations_checkpoint_bytes", p.activations_checkpoint},
                       {"backward_transient_bytes", p.backward_transient},
+                      {"communication_bytes", p.communication},
                       {"peak_bytes", p.peak},
                       {"reserved_bytes", p.reserved},
                       {"host_bytes", p.host}};

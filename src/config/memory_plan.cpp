@@ -166,10 +166,22 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   const bool mixed = !opt.cpu && (c.bf16.enabled || c.fp16.enabled);
   // fp32 weights always (they are the master copy); fp32 gradients; Adam's two fp32 moments.
   p.weights = 4 * P;
-  // ZeRO-2 here releases the gradients a rank does not own after the step's reduction, so the
-  // peak (in the backward) still holds all of them: 4 bytes per parameter at any stage.
-  const double grad_per_param = 4;
-  p.gradients = grad_per_param * P;
+  // Gradients (fp32). Data parallel (docs/distributed.md): ZeRO-2 with overlap_comm reduces each
+  // gradient onto its owner during the backward and releases the others as it goes, so a rank
+  // holds its share (4/N bytes per parameter, accumulating as the backward proceeds) plus the
+  // bucket being filled and at most two in flight. Otherwise every gradient exists in the
+  // backward; ZeRO-2 without the overlap releases the foreign ones before the update. DDP's
+  // Reducer (stages 0-1 with the overlap) keeps its buckets, a second copy of every gradient.
+  const bool dp = N > 1;
+  const bool overlap = dp && c.zero_optimization.overlap_comm;
+  const bool partitioned = overlap && stage >= 2;
+  const double bucket = 4.0 * static_cast<double>(c.zero_optimization.reduce_bucket_size);
+  const double grad_per_param = partitioned ? 4 / N : 4;
+  p.gradients = 4 * P / (dp && stage >= 2 ? N : 1);  // held at the update
+  p.communication = !dp           ? 0
+                    : !overlap    ? std::min(bucket, 4 * P)
+                    : partitioned ? std::min(3 * bucket, 4 * P * (N - 1) / N)
+                                  : 4 * P;
   p.optimizer_states = offload ? 0 : 8 * P / (stage >= 1 ? N : 1);
   p.host = offload ? 16 * P / (stage >= 1 ? N : 1) : 0;  // moments + master copy + grad staging
   // Autocast keeps the bf16/fp16 copy of every matmul weight from the forward to the end of the
@@ -187,7 +199,7 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   p.backward_transient = as_configured.transient;
   // The optimizer step: every gradient, the clipping norms, the fused update (no temporaries).
   const double step_peak = p.gradients + 8 * static_cast<double>(c.model.num_layers) * 64;
-  p.peak = fixed + std::max(as_configured.peak_dynamic, step_peak);
+  p.peak = fixed + std::max(as_configured.peak_dynamic + p.communication, step_peak);
   // The caching allocator rounds and fragments (~5% measured by PyTorch users on LLM training);
   // the CUDA context and cuBLAS/cuDNN workspaces add about 0.5-1 GiB per process.
   p.reserved = opt.cpu ? p.peak : p.peak * 1.05 + 0.75 * kGiB;
@@ -276,6 +288,13 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
   row("  without checkpointing", p.activations_no_checkpoint, "");
   row("  every block checkpointed", p.activations_checkpoint, "");
   row("backward transients", p.backward_transient, "largest short-lived buffers");
+  if (p.communication > 0) {
+    row("gradient communication", p.communication,
+        c.zero_optimization.overlap_comm
+            ? (c.zero_optimization.stage >= 2 ? "ZeRO-2 buckets being reduced onto owners"
+                                              : "DDP Reducer buckets (a copy of every gradient)")
+            : "one all-reduce bucket after the backward");
+  }
   row("peak of tensors", p.peak, "the worst moment of the backward or the update");
   if (!opt.cpu) row("expected reserved", p.reserved, "+5% allocator, +0.75 GiB CUDA context");
   if (p.host > 0) row("host (offload)", p.host, "moments, master weights, gradient staging");

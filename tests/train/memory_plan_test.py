@@ -1,11 +1,14 @@
 """`moe-train plan` against measured memory: for several model sizes and options, the planner's
 peak of tensors (from the config alone) is within 15% of the peak of live CPU tensor bytes of a
-real 3-step training run (MOE_HOST_MEMORY_REPORT=1 counts every CPU tensor allocation). Also:
+real 3-step training run (MOE_HOST_MEMORY_REPORT=1 counts every CPU tensor allocation), for one
+process and for 2 data-parallel ranks under torchrun (DDP overlap, ZeRO-2 in the backward, ZeRO-1
+after the backward). Also:
 the plan prints in well under a second, and the verdict / advice logic answers for a GPU.
 
 usage: memory_plan_test.py MOE_TRAIN_BINARY SOURCE_DIR
 """
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -68,6 +71,35 @@ with tempfile.TemporaryDirectory() as d:
               f"measured {measured / 2**20:8.1f} MiB  ({err:+.1%}); plan took {plan_s * 1000:.0f} ms")
         assert abs(err) <= TOL, f"{name}: plan off by {err:+.1%} (bar {TOL:.0%})"
     print(f"worst error {worst:.1%} (bar {TOL:.0%})")
+
+    # Data parallel, 2 ranks under torchrun (`plan --world-size 2`): the DDP Reducer's buckets
+    # (stage 0, overlapped), ZeRO-2 reducing onto owners in the backward, and ZeRO-1 with the
+    # reduction after the backward. Each rank's peak is measured; the larger counts.
+    torchrun = str(pathlib.Path(sys.executable).parent / "torchrun")
+    DP = {"dp2-stage0-overlap-micro4": ["zero_optimization.stage=0", "train_batch_size=8",
+                                        "train_micro_batch_size_per_gpu=4"],
+          "dp2-stage2-overlap-micro1": ["zero_optimization.stage=2", "train_batch_size=2",
+                                        "train_micro_batch_size_per_gpu=1"],
+          "dp2-stage1-after-micro4": ["zero_optimization.stage=1", "zero_optimization.overlap_comm=false",
+                                      "train_batch_size=8", "train_micro_batch_size_per_gpu=4"]}
+    for i, (name, sets) in enumerate(DP.items()):
+        common = args_for(tmp, name, "bench-cpu-small.json", sets)
+        plan = subprocess.run([BIN, "plan", *common, "--world-size", "2", "--json"], capture_output=True, text=True)
+        assert plan.returncode == 0, plan.stderr
+        p = json.loads(plan.stdout)
+        r = subprocess.run([torchrun, "--no-python", "--nproc-per-node", "2", "--master-port", str(29700 + i), BIN,
+                            *common, "-q", "--set", "training.train_iters=3", "--set", "training.eval_interval=0",
+                            "--set", "checkpoint.save_final=false", "--set", f"training.output_dir={tmp}/run-{name}"],
+                           capture_output=True, text=True, env={**os.environ,
+                                                                "MOE_HOST_MEMORY_REPORT": "1", "OMP_NUM_THREADS": "1"})
+        assert r.returncode == 0, r.stderr[-2000:]
+        peaks = [int(l.split("peak ")[1].split(" ")[0]) for l in r.stderr.splitlines() if "host tensor memory: peak" in l]
+        assert len(peaks) == 2, r.stderr[-2000:]
+        measured = max(peaks)
+        err = p["peak_bytes"] / measured - 1
+        print(f"{name:28s} planned {p['peak_bytes'] / 2**20:8.1f} MiB  measured {measured / 2**20:8.1f} MiB "
+              f"(ranks {peaks[0] / 2**20:.1f}, {peaks[1] / 2**20:.1f})  ({err:+.1%})")
+        assert abs(err) <= TOL, f"{name}: plan off by {err:+.1%} (bar {TOL:.0%})"
 
     # The verdict for a GPU: the seed guide's ds_config on one H200, and a tiny card.
     big = subprocess.run([BIN, "plan", "--config", SRC / "configs/ds_config.json", "--gpu-memory", "141GiB",

@@ -31,9 +31,12 @@ struct MemoryPlan {
   double activations_no_checkpoint = 0;  // ... without activation checkpointing
   double activations_checkpoint = 0;     // ... with every block checkpointed
   double backward_transient = 0;         // the largest short-lived buffers of the backward
-  double peak = 0;                       // tensors at the worst moment of a step
-  double reserved = 0;                   // + the caching allocator and the CUDA context (GPU)
-  double host = 0;                       // host memory for offloaded states
+  // Data parallel: gradient communication buffers alive in the backward (DDP's buckets, or
+  // ZeRO-2's filling and in-flight buckets, or the after-backward all-reduce's one bucket).
+  double communication = 0;
+  double peak = 0;      // tensors at the worst moment of a step
+  double reserved = 0;  // + the caching allocator and the CUDA context (GPU)
+  double host = 0;      // host memory for offloaded states
   // Verdict (device_bytes > 0).
   bool fits = true;
   int64_t max_micro_batch = 0;      // the largest that fits as configured (0 = none)
