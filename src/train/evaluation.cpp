@@ -95,4 +95,30 @@ std::vector<int64_t> generate(model::TransformerLM& model, const std::vector<int
   return std::vector<int64_t>(tokens.begin() + static_cast<int64_t>(prompt.size()), tokens.end());
 }
 
+EvalResult evaluate_dataset(model::TransformerLM& model, const data::DatasetShards& shards,
+                            const config::Config& cfg, const torch::Device& device,
+                            EvalDump* dump) {
+  if (shards.sources.empty()) return evaluate(model, shards.valid, cfg, device, dump);
+  EvalResult r;
+  double weights = 0;
+  for (const auto& s : shards.sources) {
+    if (s.valid.empty()) continue;
+    const EvalResult one = evaluate(model, s.valid, cfg, device);
+    r.sources.push_back({s.name, one.loss, one.accuracy, one.perplexity, one.tokens});
+    r.loss += s.weight * one.loss;
+    r.accuracy += s.weight * one.accuracy;
+    r.tokens += one.tokens;
+    r.expert_imbalance.resize(one.expert_imbalance.size(), 0.0);
+    for (size_t l = 0; l < one.expert_imbalance.size(); ++l)
+      r.expert_imbalance[l] += s.weight * one.expert_imbalance[l];
+    weights += s.weight;
+  }
+  if (weights == 0) return r;
+  r.loss /= weights;
+  r.accuracy /= weights;
+  for (double& x : r.expert_imbalance) x /= weights;
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
 }  // namespace moe::train

@@ -63,17 +63,26 @@ json eval_checkpoint(const EvalRequest& req) {
   TrainingState st = load_checkpoint(dir, model, nullptr);
   model->to(device);
   EvalDump dump;
+  if (!req.dump_logits.empty() && !shards.sources.empty())
+    throw UserError("eval --dump-logits: not for a data.blend config (name one dataset)");
   EvalResult r =
-      evaluate(model, shards.valid, cfg, device, req.dump_logits.empty() ? nullptr : &dump);
+      evaluate_dataset(model, shards, cfg, device, req.dump_logits.empty() ? nullptr : &dump);
   if (!req.dump_logits.empty()) write_dump(req.dump_logits, dump);
-  return {{"checkpoint", dir},
-          {"step", st.step},
-          {"loss", r.loss},
-          {"perplexity", r.perplexity},
-          {"accuracy", r.accuracy},
-          {"tokens", r.tokens},
-          {"majority_baseline", data::majority_baseline(shards.valid, cfg.model.seq_len)},
-          {"expert_imbalance", r.expert_imbalance}};
+  json out = {{"checkpoint", dir},
+              {"step", st.step},
+              {"loss", r.loss},
+              {"perplexity", r.perplexity},
+              {"accuracy", r.accuracy},
+              {"tokens", r.tokens},
+              {"majority_baseline", data::majority_baseline(shards.valid, cfg.model.seq_len)},
+              {"expert_imbalance", r.expert_imbalance}};
+  for (const auto& src : r.sources) {
+    out["sources"][src.name] = {{"loss", src.loss},
+                                {"accuracy", src.accuracy},
+                                {"perplexity", src.perplexity},
+                                {"tokens", src.tokens}};
+  }
+  return out;
 }
 
 std::string generate_text(const GenerateOptions& opt) {

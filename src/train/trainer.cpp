@@ -497,32 +497,7 @@ class TrainingSession {
     if (!out) log_->warn("flops_profiler.output_file = {}: cannot write it", file);
   }
 
-  // Validation over the validation shards. A blend is validated per source (those with
-  // validation data), and its overall figures are the blend's weighted mean over them (weights
-  // renormalised over those sources): the loss of the training mixture, which one pass over the
-  // concatenated shards would not be (with eval_iters it would see only the first source).
-  EvalResult validate() {
-    if (in_.shards.sources.empty()) return evaluate(model_, in_.shards.valid, cfg_, in_.device);
-    EvalResult r;
-    double weights = 0;
-    for (const auto& s : in_.shards.sources) {
-      if (s.valid.empty()) continue;
-      const EvalResult one = evaluate(model_, s.valid, cfg_, in_.device);
-      r.sources.push_back({s.name, one.loss, one.accuracy, one.perplexity, one.tokens});
-      r.loss += s.weight * one.loss;
-      r.accuracy += s.weight * one.accuracy;
-      r.tokens += one.tokens;
-      r.expert_imbalance.resize(one.expert_imbalance.size(), 0.0);
-      for (size_t l = 0; l < one.expert_imbalance.size(); ++l)
-        r.expert_imbalance[l] += s.weight * one.expert_imbalance[l];
-      weights += s.weight;
-    }
-    r.loss /= weights;
-    r.accuracy /= weights;
-    for (double& x : r.expert_imbalance) x /= weights;
-    r.perplexity = std::exp(r.loss);
-    return r;
-  }
+  EvalResult validate() { return evaluate_dataset(model_, in_.shards, cfg_, in_.device); }
 
   // data.blend: each source's pass, with a warning when one wraps around (it ran out before the
   // blend's epoch ended and is read again, in a new order).

@@ -89,6 +89,17 @@ with tempfile.TemporaryDirectory() as tmpdir:
     want = 0.75 * src["a"]["loss"] + 0.25 * src["b"]["loss"]
     check(abs(ev[-1]["loss"] - want) < 1e-9, f"overall loss {ev[-1]['loss']} = weighted mean {want}")
 
+    # `moe-train eval` of the step-40 checkpoint: the same per-source and overall figures as the
+    # run's own step-40 eval record.
+    r = run("eval", "--config", cfg_path, "--set", f"training.output_dir={a}",
+            "--checkpoint", a / "checkpoints/step-00000040")
+    check(r.returncode == 0, f"eval exit {r.returncode}: {r.stderr[-300:]}")
+    e = json.loads(r.stdout) if r.returncode == 0 else {}
+    check(sorted(e.get("sources", {})) == ["a", "b"], f"eval CLI sources {sorted(e.get('sources', {}))}")
+    check(abs(e.get("loss", 0) - ev[-1]["loss"]) < 1e-6 and
+          all(abs(e["sources"][n]["loss"] - src[n]["loss"]) < 1e-6 for n in src),
+          f"eval CLI loss {e.get('loss')} = run's step-40 {ev[-1]['loss']}, per source too")
+
     # 4. Bad blends: one-line errors naming the key, non-zero exit, no output directory.
     def bad(blend, expect, extra=None):
         c = json.loads(json.dumps(cfg))

@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include "moe/config/config.h"
+#include "moe/data/dataset.h"
 #include "moe/data/streaming_loader.h"
 #include "moe/model/transformer.h"
 #include "moe/train/device.h"
@@ -28,6 +29,15 @@ struct EvalDump {
 EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardInfo>& shards,
                     const config::Config& cfg, const torch::Device& device,
                     EvalDump* dump = nullptr);
+
+// Validation of a dataset: evaluate() over its validation shards; for a blend (data.blend), each
+// source with validation data on its own (EvalResult::sources) and, as the overall figures, the
+// blend's weighted mean over them (weights renormalised over those sources): the loss of the
+// training mixture, which one pass over the concatenated shards would not be (with eval_iters it
+// would see only the first source). `dump` applies to a single dataset only.
+EvalResult evaluate_dataset(model::TransformerLM& model, const data::DatasetShards& shards,
+                            const config::Config& cfg, const torch::Device& device,
+                            EvalDump* dump = nullptr);
 
 struct SamplingOptions {
   int64_t max_new_tokens = 200;
