@@ -19,6 +19,20 @@ namespace fs = std::filesystem;
 using moe::data::LoaderOptions;
 using moe::data::StreamingLoader;
 
+// Reads one epoch of `loader`; prints a table row named `label` (none when empty: a warm-up).
+void report(const std::string& label, moe::data::BatchStream& loader, int64_t batch, int64_t seq) {
+  const int64_t batches = loader.windows_per_epoch() / batch;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t sum = 0;
+  for (int64_t b = 0; b < batches; ++b) sum += loader.next().buffer.data[0];
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!label.empty()) {
+    std::printf("| %s | %.3g | %lld | %.2f |\n", label.c_str(),
+                static_cast<double>(batches * batch * seq) / s, static_cast<long long>(batches), s);
+  }
+  if (sum < 0) std::printf("impossible\n");
+}
+
 int main(int argc, char** argv) {
   int64_t total = int64_t(64) << 20, seq = 2048, batch = 8;
   std::string dir = (fs::temp_directory_path() / "moe_loader_bench").string();
@@ -41,55 +55,31 @@ int main(int argc, char** argv) {
     }
     infos.push_back(moe::data::inspect_shard(p));
   }
+  auto options = [&](int threads) {
+    LoaderOptions o;
+    o.seq_len = seq;
+    o.batch_size = batch;
+    o.seed = 7;
+    o.prefetch = 8;
+    o.reader_threads = threads;
+    o.block_windows = 64;
+    return o;
+  };
   std::printf("| reader threads | tokens/s | batches | seconds |\n|---|---|---|---|\n");
   for (int threads : {1, 2}) {
     for (int pass = 0; pass < 2; ++pass) {  // pass 0 warms the page cache
-      LoaderOptions o;
-      o.seq_len = seq;
-      o.batch_size = batch;
-      o.seed = 7;
-      o.prefetch = 8;
-      o.reader_threads = threads;
-      o.block_windows = 64;
-      StreamingLoader loader(infos, o);
-      const int64_t batches = loader.windows_per_epoch() / batch;
-      auto t0 = std::chrono::steady_clock::now();
-      int64_t sum = 0;
-      for (int64_t b = 0; b < batches; ++b) sum += loader.next().buffer.data[0];
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (pass == 1) {
-        std::printf("| %d | %.3g | %lld | %.2f |\n", threads,
-                    static_cast<double>(batches * batch * seq) / s, static_cast<long long>(batches),
-                    s);
-      }
-      if (sum < 0) std::printf("impossible\n");
+      StreamingLoader loader(infos, options(threads));
+      report(pass == 1 ? std::to_string(threads) : "", loader, batch, seq);
     }
   }
   // The same shards as a blend (data.blend): shards 0-2 weight 0.75, shard 3 weight 0.25, one
   // reader thread per source; the same number of batches.
   std::printf("\n| blend | tokens/s | batches | seconds |\n|---|---|---|---|\n");
   for (int pass = 0; pass < 2; ++pass) {
-    LoaderOptions o;
-    o.seq_len = seq;
-    o.batch_size = batch;
-    o.seed = 7;
-    o.prefetch = 8;
-    o.reader_threads = 1;
-    o.block_windows = 64;
     std::vector<moe::data::BlendPart> parts = {{{infos[0], infos[1], infos[2]}, 0.75},
                                                {{infos[3]}, 0.25}};
-    moe::data::BlendedLoader loader(parts, o);
-    const int64_t batches = loader.windows_per_epoch() / batch;
-    auto t0 = std::chrono::steady_clock::now();
-    int64_t sum = 0;
-    for (int64_t b = 0; b < batches; ++b) sum += loader.next().buffer.data[0];
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (pass == 1) {
-      std::printf("| 0.75 / 0.25 | %.3g | %lld | %.2f |\n",
-                  static_cast<double>(batches * batch * seq) / s, static_cast<long long>(batches),
-                  s);
-    }
-    if (sum < 0) std::printf("impossible\n");
+    moe::data::BlendedLoader loader(parts, options(1));
+    report(pass == 1 ? "0.75 / 0.25" : "", loader, batch, seq);
   }
   return 0;
 }
