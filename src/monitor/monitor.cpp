@@ -1,6 +1,7 @@
 #include "moe/monitor/monitor.h"
 
 #include <filesystem>
+#include <map>
 #include <span>
 
 #include <nlohmann/json.hpp>
@@ -14,12 +15,40 @@ namespace moe::monitor {
 using nlohmann::json;
 
 namespace {
-// Scalar fields of a record (numbers and booleans), minus the bookkeeping ones.
+// Scalar fields of a record (numbers), minus the bookkeeping ones; a blend's per-source figures
+// flattened: eval "sources": {"web": {"loss": ..}} -> "sources/web/loss", train
+// "source_passes": [1, 2] -> "source_passes/0", "source_passes/1" (data.blend order).
 std::vector<std::pair<std::string, double>> scalars(const json& rec) {
   std::vector<std::pair<std::string, double>> out;
   for (const auto& [k, v] : rec.items()) {
     if (k == "type" || k == "step" || k == "split") continue;
     if (v.is_number()) out.emplace_back(k, v.get<double>());
+  }
+  if (rec.contains("sources") && rec["sources"].is_object()) {
+    for (const auto& [name, figures] : rec["sources"].items()) {
+      for (const auto& [k, v] : figures.items()) {
+        if (v.is_number()) out.emplace_back("sources/" + name + "/" + k, v.get<double>());
+      }
+    }
+  }
+  if (rec.contains("source_passes") && rec["source_passes"].is_array()) {
+    const auto& p = rec["source_passes"];
+    for (size_t i = 0; i < p.size(); ++i)
+      out.emplace_back("source_passes/" + std::to_string(i), p[i].get<double>());
+  }
+  return out;
+}
+
+// A Prometheus label value: backslash, quote and newline escaped (exposition format).
+std::string label_value(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '\\' || ch == '"') out += '\\';
+    if (ch == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += ch;
   }
   return out;
 }
@@ -118,11 +147,15 @@ void Monitor::record_csv(const std::string& kind, const json& rec) {
     }
     std::fprintf(c.f, "\n");
   }
+  const std::map<std::string, double> by_name(values.begin(), values.end());
   for (size_t i = 0; i < c.columns.size(); ++i) {
     const auto& col = c.columns[i];
     std::fprintf(c.f, "%s", i ? "," : "");
-    if (rec.contains(col) && rec[col].is_number())
-      std::fprintf(c.f, "%.9g", rec[col].get<double>());
+    if (col == "step") {
+      std::fprintf(c.f, "%lld", static_cast<long long>(rec.value("step", int64_t{0})));
+    } else if (const auto it = by_name.find(col); it != by_name.end()) {
+      std::fprintf(c.f, "%.9g", it->second);
+    }
   }
   std::fprintf(c.f, "\n");
   std::fflush(c.f);
@@ -135,6 +168,24 @@ void Monitor::record_prometheus(const json& rec) {
        eval ? std::span<const PromSpec>(kEval) : std::span<const PromSpec>(kTrain)) {
     if (rec.contains(s.field) && rec[s.field].is_number()) {
       samples.push_back({s.name, s.type, s.help, "", rec[s.field].get<double>()});
+    }
+  }
+  if (eval && rec.contains("sources") && rec["sources"].is_object()) {
+    for (const auto& [name, f] : rec["sources"].items()) {
+      const std::string label = "{source=\"" + label_value(name) + "\"}";
+      samples.push_back({"moe_train_eval_source_loss", "gauge", "Validation loss of a blend source",
+                         label, f.value("loss", 0.0)});
+      samples.push_back({"moe_train_eval_source_accuracy", "gauge",
+                         "Validation next-token accuracy of a blend source", label,
+                         f.value("accuracy", 0.0)});
+    }
+  }
+  if (!eval && rec.contains("source_passes") && rec["source_passes"].is_array()) {
+    const auto& p = rec["source_passes"];
+    for (size_t i = 0; i < p.size(); ++i) {
+      samples.push_back({"moe_train_source_pass", "gauge",
+                         "Pass over each blend source (1 = first; data.blend order)",
+                         "{source=\"" + std::to_string(i) + "\"}", p[i].get<double>()});
     }
   }
   if (!eval && rec.contains("expert_tokens")) {

@@ -51,6 +51,8 @@ with tempfile.TemporaryDirectory() as tmpdir:
                  "block_windows": 16},
         "training": {"train_iters": 40, "eval_interval": 20, "eval_iters": 2},
         "checkpoint": {"save_interval": 20, "keep_last": 5},
+        "tensorboard": {"enabled": True, "job_name": "tb"},
+        "csv_monitor": {"enabled": True, "job_name": "csv"},
     }
     cfg_path = tmp / "cfg.json"
     cfg_path.write_text(json.dumps(cfg))
@@ -88,6 +90,26 @@ with tempfile.TemporaryDirectory() as tmpdir:
     # The overall figures of a blend are the blend's weighted mean over its sources.
     want = 0.75 * src["a"]["loss"] + 0.25 * src["b"]["loss"]
     check(abs(ev[-1]["loss"] - want) < 1e-9, f"overall loss {ev[-1]['loss']} = weighted mean {want}")
+
+    # The monitors carry the per-source figures: CSV columns and TensorBoard scalars.
+    header = (a / "csv/csv/eval.csv").read_text().splitlines()[0].split(",")
+    check("sources/a/loss" in header and "sources/b/accuracy" in header, f"eval.csv columns {header}")
+    rows = (a / "csv/csv/eval.csv").read_text().splitlines()[1:]
+    last = dict(zip(header, rows[-1].split(",")))
+    check(abs(float(last["sources/b/loss"]) - src["b"]["loss"]) < 1e-6, "eval.csv holds b's loss")
+    train_header = (a / "csv/csv/train.csv").read_text().splitlines()[0].split(",")
+    check("source_passes/1" in train_header, "train.csv has source_passes/1")
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        acc = EventAccumulator(str(a / "tensorboard/tb"), size_guidance={"scalars": 0})
+        acc.Reload()
+        tags = acc.Tags()["scalars"]
+        check("eval/sources/a/loss" in tags and "train/source_passes/1" in tags,
+              "TensorBoard has eval/sources/a/loss and train/source_passes/1")
+        passes = [e.value for e in acc.Scalars("train/source_passes/1")]
+        check(passes[0] == 1 and passes[-1] == 2, "TensorBoard shows source b's wrap-around")
+    except ImportError:
+        print("tensorboard not installed: its part skipped")
 
     # `moe-train eval` of the step-40 checkpoint: the same per-source and overall figures as the
     # run's own step-40 eval record.
