@@ -6,6 +6,7 @@
 #include <string>
 
 #include "moe/util/errors.h"
+#include "moe/util/splitmix.h"
 
 namespace moe::data {
 
@@ -24,10 +25,7 @@ size_t pick_source(const std::vector<double>& w, const std::vector<int64_t>& tak
 
 // Each source's loader gets its own seed, so that two sources never share a shuffle.
 uint64_t source_seed(uint64_t seed, size_t s) {
-  uint64_t x = seed + 0x9e3779b97f4a7c15ULL * (s + 1);
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
+  return splitmix64(seed + 0x9e3779b97f4a7c15ULL * s);
 }
 
 }  // namespace
@@ -99,12 +97,7 @@ Batch BlendedLoader::next() {
   Batch out;
   out.rows = rows;
   out.cols = cols;
-  if (m.factory) {
-    out.buffer = m.factory(rows * cols);
-  } else {
-    auto v = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(rows * cols));
-    out.buffer = {v->data(), v};
-  }
+  out.buffer = make_buffer(m.factory, rows * cols);
   for (int64_t r = 0; r < rows; ++r) {
     const size_t s = pick_source(m.weights, m.taken, m.next_sample);
     Batch one = m.sources[s]->next();

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "moe/util/errors.h"
+#include "moe/util/splitmix.h"
 
 namespace moe::data {
 
@@ -23,15 +24,13 @@ struct Block {
   int64_t count;
 };
 
-// splitmix64: turns (seed, epoch, block) into well-mixed generator seeds.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 }  // namespace
+
+BatchBuffer make_buffer(const BufferFactory& factory, int64_t num_tokens) {
+  if (factory) return factory(num_tokens);
+  auto mem = std::shared_ptr<int64_t[]>(new int64_t[static_cast<size_t>(num_tokens)]);
+  return {mem.get(), mem};
+}
 
 void require_windows(const std::vector<ShardInfo>& shards, int64_t seq_len) {
   if (shards.empty()) throw UserError("data: no shards to read");
@@ -64,7 +63,7 @@ struct StreamingLoader::Impl {
     p.order.resize(blocks.size());
     std::iota(p.order.begin(), p.order.end(), size_t{0});
     if (opt.shuffle) {
-      std::mt19937_64 rng(mix(opt.seed ^ mix(static_cast<uint64_t>(epoch))));
+      std::mt19937_64 rng(splitmix64(opt.seed ^ splitmix64(static_cast<uint64_t>(epoch))));
       std::shuffle(p.order.begin(), p.order.end(), rng);
     }
     p.prefix.resize(blocks.size() + 1, 0);
@@ -77,8 +76,8 @@ struct StreamingLoader::Impl {
     std::vector<int64_t> w(static_cast<size_t>(count));
     std::iota(w.begin(), w.end(), int64_t{0});
     if (opt.shuffle) {
-      std::mt19937_64 rng(
-          mix(opt.seed ^ mix(static_cast<uint64_t>(epoch) * 1000003ULL + block_pos + 1)));
+      std::mt19937_64 rng(splitmix64(
+          opt.seed ^ splitmix64(static_cast<uint64_t>(epoch) * 1000003ULL + block_pos + 1)));
       std::shuffle(w.begin(), w.end(), rng);
     }
     return w;
@@ -131,11 +130,7 @@ struct StreamingLoader::Impl {
     }
   }
 
-  BatchBuffer new_buffer(int64_t n) {
-    if (factory) return factory(n);
-    auto mem = std::shared_ptr<int64_t[]>(new int64_t[static_cast<size_t>(n)]);
-    return {mem.get(), mem};
-  }
+  BatchBuffer new_buffer(int64_t n) const { return make_buffer(factory, n); }
 
   void assembler_loop(LoaderState start) {
     try {

@@ -37,6 +37,8 @@ struct BatchBuffer {
   std::shared_ptr<void> owner;  // keeps `data` alive (e.g. a pinned torch::Tensor)
 };
 using BufferFactory = std::function<BatchBuffer(int64_t num_tokens)>;
+// A buffer of `num_tokens` from `factory`, or plain host memory when it is empty.
+BatchBuffer make_buffer(const BufferFactory& factory, int64_t num_tokens);
 
 struct Batch {
   BatchBuffer buffer;  // rows x cols int64 tokens, row-major
