@@ -13,6 +13,7 @@
 #endif
 #include <torch/torch.h>
 
+#include "moe/dist/buckets.h"
 #include "moe/util/errors.h"
 
 namespace moe::dist {
@@ -91,28 +92,18 @@ void collective(const LaunchEnv& env, const char* what, F&& f) {
 
 void ProcessGroup::allreduce_mean(const std::vector<torch::Tensor>& tensors, int64_t bucket_bytes) {
   const double inv = 1.0 / static_cast<double>(env_.world_size);
-  size_t i = 0;
-  while (i < tensors.size()) {
-    // One flat bucket of consecutive tensors (the first always fits).
-    size_t j = i;
-    int64_t bytes = 0;
-    while (j < tensors.size() &&
-           (j == i || bytes + static_cast<int64_t>(tensors[j].nbytes()) <= bucket_bytes)) {
-      bytes += static_cast<int64_t>(tensors[j].nbytes());
-      ++j;
+  std::vector<int64_t> bytes;
+  for (const auto& t : tensors) bytes.push_back(static_cast<int64_t>(t.nbytes()));
+  for (const auto& bucket : pack_buckets(bytes, bucket_bytes)) {
+    std::vector<torch::Tensor> parts, members;
+    for (size_t t : bucket) {
+      parts.push_back(tensors[t].reshape({-1}));
+      members.push_back(tensors[t]);
     }
-    std::vector<torch::Tensor> parts;
-    for (size_t t = i; t < j; ++t) parts.push_back(tensors[t].reshape({-1}));
     std::vector<torch::Tensor> flat{on_backend_device(torch::cat(parts))};
     collective(env_, "gradient all-reduce", [&] { impl_->backend->allreduce(flat)->wait(); });
     flat[0].mul_(inv);
-    int64_t offset = 0;
-    for (size_t t = i; t < j; ++t) {
-      const int64_t n = tensors[t].numel();
-      tensors[t].copy_(flat[0].narrow(0, offset, n).view_as(tensors[t]));
-      offset += n;
-    }
-    i = j;
+    copy_from_flat(flat[0], members);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <numeric>
 
+#include "moe/dist/buckets.h"
 #include "moe/dist/process_group.h"
 
 namespace moe::train {
@@ -68,21 +69,18 @@ constexpr size_t kMaxInFlight = 2;  // launched buckets not yet waited for
 
 void ZeroPartition::reduce_in_backward() {
   if (group_.size() < 2 || stage_ < 2) return;
+  std::vector<int64_t> bytes;  // reverse model order
+  for (size_t k = params_.size(); k-- > 0;)
+    bytes.push_back(static_cast<int64_t>(params_[k].nbytes()));
   bucket_of_.assign(params_.size(), 0);
-  int64_t bytes = 0;
-  for (size_t k = params_.size(); k-- > 0;) {  // reverse model order
-    const auto n = static_cast<int64_t>(params_[k].nbytes());
-    if (buckets_.empty() || (bytes + n > reduce_bytes_ && !buckets_.back().empty())) {
-      buckets_.emplace_back();
-      bytes = 0;
+  for (auto& bucket : dist::pack_buckets(bytes, reduce_bytes_)) {
+    for (size_t& i : bucket) {
+      i = params_.size() - 1 - i;  // back to parameter indices
+      bucket_of_[i] = buckets_.size();
     }
-    buckets_.back().push_back(k);
-    bucket_of_[k] = buckets_.size() - 1;
-    bytes += n;
+    buckets_.push_back(std::move(bucket));
   }
-  waiting_.resize(buckets_.size());
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    waiting_[b] = static_cast<int64_t>(buckets_[b].size());
+  rearm();
   for (size_t k = 0; k < params_.size(); ++k) {
     torch::autograd::impl::set_post_acc_grad_hooks(
         params_[k], std::make_unique<GradReadyHook>([this, k] { grad_ready(k); }));
@@ -146,7 +144,12 @@ void ZeroPartition::finish_backward() {
     for (auto& l : launched) complete(l);
   }
   in_flight_.clear();
+  rearm();
+}
+
+void ZeroPartition::rearm() {
   next_bucket_ = 0;
+  waiting_.resize(buckets_.size());
   for (size_t b = 0; b < buckets_.size(); ++b)
     waiting_[b] = static_cast<int64_t>(buckets_[b].size());
 }
@@ -182,30 +185,21 @@ void ZeroPartition::broadcast_updates() {
   for (int64_t root = 0; root < group_.size(); ++root) {
     // The root's parameters in buckets of at most broadcast_bytes_.
     std::vector<size_t> mine;
+    std::vector<int64_t> bytes;
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (owner_[i] == root) mine.push_back(i);
+      if (owner_[i] != root) continue;
+      mine.push_back(i);
+      bytes.push_back(static_cast<int64_t>(params_[i].nbytes()));
     }
-    size_t a = 0;
-    while (a < mine.size()) {
-      size_t b = a;
-      int64_t bytes = 0;
-      while (
-          b < mine.size() &&
-          (b == a || bytes + static_cast<int64_t>(params_[mine[b]].nbytes()) <= broadcast_bytes_)) {
-        bytes += static_cast<int64_t>(params_[mine[b]].nbytes());
-        ++b;
+    for (const auto& bucket : dist::pack_buckets(bytes, broadcast_bytes_)) {
+      std::vector<torch::Tensor> parts, members;
+      for (size_t k : bucket) {
+        members.push_back(params_[mine[k]].detach());
+        parts.push_back(members.back().reshape({-1}));
       }
-      std::vector<torch::Tensor> parts;
-      for (size_t k = a; k < b; ++k) parts.push_back(params_[mine[k]].detach().reshape({-1}));
       auto flat = torch::cat(parts);
       group_.broadcast(flat, root);
-      int64_t offset = 0;
-      for (size_t k = a; k < b; ++k) {
-        auto& p = params_[mine[k]];
-        p.detach().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
-        offset += p.numel();
-      }
-      a = b;
+      dist::copy_from_flat(flat, members);
     }
   }
 }

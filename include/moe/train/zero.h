@@ -76,6 +76,7 @@ class ZeroPartition {
   void grad_ready(size_t param);
   void launch(size_t bucket);
   void complete(Launched& l);
+  void rearm();  // the next backward: no bucket launched, every gradient awaited
   std::vector<std::vector<size_t>> buckets_;
   std::vector<size_t> bucket_of_;
   std::vector<int64_t> waiting_;  // per bucket: gradients not yet accumulated in this backward
