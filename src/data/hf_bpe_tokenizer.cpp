@@ -167,6 +167,9 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
   std::stable_sort(added_.begin(), added_.end(), [](const Added& a, const Added& b) {
     return a.content.size() > b.content.size();
   });
+  for (const auto& a : added_) {
+    if (!a.content.empty()) added_first_[static_cast<unsigned char>(a.content[0])] = true;
+  }
   for (const auto& [t, id] : vocab_) vocab_size_ = std::max(vocab_size_, id + 1);
   for (const auto& a : added_) vocab_size_ = std::max(vocab_size_, a.id + 1);
   for (const auto& a : added_) {
@@ -274,8 +277,13 @@ void HfBpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out) c
   std::unordered_map<std::string, std::vector<uint32_t>> cache;
   size_t start = 0, i = 0;
   while (i < text.size()) {
+    if (!added_first_[static_cast<unsigned char>(text[i])]) {  // the common case: no token here
+      ++i;
+      continue;
+    }
     const Added* found = nullptr;
     for (const auto& a : added_) {
+      if (a.content.empty()) continue;
       if (text.compare(i, a.content.size(), a.content) == 0) {
         found = &a;
         break;

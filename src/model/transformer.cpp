@@ -4,6 +4,7 @@
 #include "moe/model/profile_scope.h"
 
 #include <cmath>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -37,22 +38,36 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
   out->weight.normal_(0.0, opt.out_init_std);
 }
 
-torch::Tensor apply_rotary(const torch::Tensor& x, double theta, const torch::Tensor& positions) {
+namespace {
+
+// cos and sin of the rotary angles for tensors like `x` [B, H, S, hd]: [S, hd], or per window
+// [B, 1, S, hd] with restarting positions. In fp32 as Hugging Face computes them, then in x's
+// dtype.
+std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch::Tensor& x, double theta,
+                                                      const torch::Tensor& positions) {
   const int64_t S = x.size(2), hd = x.size(3);
-  // In fp32 as Hugging Face computes them, then in x's dtype.
   auto f32 = x.options().dtype(torch::kFloat);
   auto inv_freq =
       1.0 / torch::pow(theta, torch::arange(0, hd, 2, f32.dtype(torch::kLong)).to(torch::kFloat) /
                                   static_cast<double>(hd));
-  // [S, hd / 2], or per window [B, 1, S, hd / 2] with restarting positions.
   auto freqs = positions.defined()
                    ? (positions.to(torch::kFloat).unsqueeze(-1) * inv_freq).unsqueeze(1)
                    : torch::outer(torch::arange(S, f32), inv_freq);
   auto emb = torch::cat({freqs, freqs}, -1);
-  auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
+  return {emb.cos().to(x.scalar_type()), emb.sin().to(x.scalar_type())};
+}
+
+torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   auto half = x.chunk(2, -1);
   auto rotated = torch::cat({-half[1], half[0]}, -1);
   return x * cos + rotated * sin;
+}
+
+}  // namespace
+
+torch::Tensor apply_rotary(const torch::Tensor& x, double theta, const torch::Tensor& positions) {
+  const auto [cos, sin] = rotary_tables(x, theta, positions);
+  return rotate(x, cos, sin);
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -78,8 +93,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   }
   q = q.transpose(1, 2), k = k.transpose(1, 2), v = v.transpose(1, 2);
   if (opt_.rope_theta > 0) {
-    q = apply_rotary(q, opt_.rope_theta, positions_);
-    k = apply_rotary(k, opt_.rope_theta, positions_);
+    const auto [cos, sin] = rotary_tables(q, opt_.rope_theta, positions_);  // q and k share them
+    q = rotate(q, cos, sin);
+    k = rotate(k, cos, sin);
   }
   if (KV != H) {  // each key/value head serves H / KV query heads
     k = k.repeat_interleave(H / KV, 1);

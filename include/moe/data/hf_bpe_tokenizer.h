@@ -39,6 +39,7 @@ class HfBpeTokenizer : public Tokenizer {
   std::unordered_map<std::string, int64_t> vocab_;
   std::unordered_map<std::string, int64_t> ranks_;  // "a\x1fb" -> merge rank
   std::vector<Added> added_;
+  std::array<bool, 256> added_first_{};  // bytes an added token starts with
   std::shared_ptr<Regex> regex_;
   std::array<std::string, 256> bytes_;
   bool ignore_merges_ = false, add_prefix_space_ = false;
