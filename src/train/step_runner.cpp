@@ -149,11 +149,8 @@ class EagerStepRunner : public StepRunner {
       auto inv_scale =
           torch::full({1}, 1.0 / scaler_.scale(), torch::TensorOptions().device(device()));
       at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
-      if (partitioned_grads) {  // an overflow in any rank's share skips the step everywhere
-        auto any = found_inf.to(torch::kCPU, torch::kDouble);
-        opt_.group->allreduce_sum(any);
-        found_inf.fill_(any.item<double>());
-      }
+      // An overflow in any rank's share skips the step everywhere.
+      if (partitioned_grads) opt_.group->allreduce_sum(found_inf);
       r.overflow = found_inf.item<float>() > 0;
     }
     inject_nan_for_tests(model_, step + 1, r.lm_sum);
@@ -193,16 +190,17 @@ class EagerStepRunner : public StepRunner {
       }
       opt_.group->allreduce_mean(grads, opt_.bucket_bytes);
     }
-    auto figures = torch::tensor({r.lm_sum, r.aux_sum, r.z_sum}, torch::kDouble);
-    opt_.group->allreduce_mean({figures}, opt_.bucket_bytes);
-    r.lm_sum = figures[0].item<double>(), r.aux_sum = figures[1].item<double>();
-    r.z_sum = figures[2].item<double>();
-    std::vector<torch::Tensor> counts;
-    for (auto& t : r.tokens_per_expert) counts.push_back(t.to(torch::kCPU, torch::kDouble));
-    counts.push_back(torch::tensor({static_cast<double>(r.dropped)}, torch::kDouble));
-    auto flat = torch::cat(counts);
+    // One collective: the loss figures (averaged) and the expert loads and drops (summed).
+    std::vector<torch::Tensor> parts = {
+        torch::tensor({r.lm_sum, r.aux_sum, r.z_sum}, torch::kDouble)};
+    for (auto& t : r.tokens_per_expert) parts.push_back(t.to(torch::kCPU, torch::kDouble));
+    parts.push_back(torch::tensor({static_cast<double>(r.dropped)}, torch::kDouble));
+    auto flat = torch::cat(parts);
     opt_.group->allreduce_sum(flat);
-    int64_t offset = 0;
+    const double inv = 1.0 / static_cast<double>(opt_.group->size());
+    r.lm_sum = flat[0].item<double>() * inv, r.aux_sum = flat[1].item<double>() * inv;
+    r.z_sum = flat[2].item<double>() * inv;
+    int64_t offset = 3;
     for (auto& t : r.tokens_per_expert) {
       t = flat.narrow(0, offset, t.numel()).to(t.device(), torch::kLong);
       offset += t.numel();
