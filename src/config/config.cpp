@@ -155,19 +155,23 @@ static int64_t qk_norm_weights(const Config& c) {
   return 2 * head_dim(c);
 }
 
-int64_t count_parameters(const Config& c) {
-  const int64_t d = c.model.hidden_size, L = c.model.num_layers, V = c.model.vocab_size;
-  const int64_t f = expert_hidden_size(c), E = c.moe.num_experts, M = moe_layer_count(c);
-  const int64_t per_layer = attention_weights(c) + qk_norm_weights(c)  // attention
+int64_t layer_parameters(const Config& c, int64_t layer) {
+  const int64_t d = c.model.hidden_size, f = expert_hidden_size(c), E = c.moe.num_experts;
+  const int64_t attention = attention_weights(c) + qk_norm_weights(c)  // attention
                             + 2 * d;                                   // two RMSNorm weights
-  const int64_t per_moe_layer = d * E                                  // router
-                                + E * 3 * d * f                        // SwiGLU experts
-                                + 3 * d * c.moe.shared_expert_hidden_size;
-  const int64_t per_dense_layer = 3 * d * dense_hidden_size(c);
+  if (!is_moe_layer(c, layer)) return attention + 3 * d * dense_hidden_size(c);
+  return attention + d * E  // router
+         + E * 3 * d * f    // SwiGLU experts
+         + 3 * d * c.moe.shared_expert_hidden_size;
+}
+
+int64_t count_parameters(const Config& c) {
+  const int64_t d = c.model.hidden_size, V = c.model.vocab_size;
+  int64_t blocks = 0;
+  for (int64_t l = 0; l < c.model.num_layers; ++l) blocks += layer_parameters(c, l);
   int64_t embed = V * d + (c.model.rope_theta > 0 ? 0 : c.model.seq_len * d);
   int64_t head = c.model.tie_embeddings ? 0 : V * d;
-  return L * per_layer + M * per_moe_layer + (L - M) * per_dense_layer + embed + head +
-         d;  // + final norm
+  return blocks + embed + head + d;  // + final norm
 }
 
 std::vector<ModuleCost> module_costs(const Config& c) {

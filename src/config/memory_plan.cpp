@@ -79,21 +79,6 @@ double block_transient(const Config& c, const Shape& s, bool moe_layer) {
   return std::max(ffn, attn);
 }
 
-int64_t layer_params(const Config& c, int64_t layer) {
-  const int64_t d = c.model.hidden_size, H = c.model.num_heads, hd = head_dim(c);
-  int64_t p = d * (H + 2 * key_value_heads(c)) * hd + H * hd * d + 2 * d;
-  if (c.model.qk_norm) {
-    p += c.model.qk_norm_scope == "full" ? (H + key_value_heads(c)) * hd : 2 * hd;
-  }
-  if (is_moe_layer(c, layer)) {
-    p += d * c.moe.num_experts + c.moe.num_experts * 3 * d * expert_hidden_size(c) +
-         3 * d * c.moe.shared_expert_hidden_size;
-  } else {
-    p += 3 * d * dense_hidden_size(c);
-  }
-  return p;
-}
-
 struct Walk {
   double activations = 0, transient = 0, peak_dynamic = 0;
 };
@@ -136,7 +121,8 @@ Walk walk_backward(const Config& c, const Shape& s, bool checkpoint_all,
     peak = std::max(peak, before + live_block + grads + s.T * s.d * s.a);
     w.transient = std::max(w.transient, block_transient(c, s, is_moe_layer(c, l)));
     acts = before;
-    if (!grads_preexist) grads += static_cast<double>(layer_params(c, l)) * grad_bytes_per_param;
+    if (!grads_preexist)
+      grads += static_cast<double>(layer_parameters(c, l)) * grad_bytes_per_param;
   }
   w.peak_dynamic = peak;
   return w;

@@ -272,6 +272,8 @@ bool is_moe_layer(const Config& cfg, int64_t layer);  // moe.decoder_sparse_step
 int64_t moe_layer_count(const Config& cfg);
 int64_t dense_hidden_size(const Config& cfg);  // model.dense_hidden_size, or the SwiGLU rule
 int64_t count_parameters(const Config& cfg);
+// Parameters of decoder block `layer` (attention, its norms, and the MoE or dense FFN).
+int64_t layer_parameters(const Config& cfg, int64_t layer);
 
 // One module kind as the flops profiler and MFU count it: its parameters and its forward FLOPs
 // per token (a multiply-add is 2; forward + backward = 3 x forward), for one occurrence; `count`
