@@ -193,11 +193,16 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   if (opt.device_bytes > 0) {
     p.fits = p.reserved <= opt.device_bytes;
     // Memory grows with the micro-batch: double to an upper bound, then bisect.
-    auto fits_with = [&](int64_t b) {
+    // Does the plan fit once `change` has altered a copy of the config and the options?
+    auto with = [&](auto change) {
+      Config alt = c;
       PlanOptions o = opt;
-      o.micro_batch = b;
       o.device_bytes = 0;
-      return plan_memory(c, o).reserved <= opt.device_bytes;
+      change(alt, o);
+      return plan_memory(alt, o).reserved <= opt.device_bytes;
+    };
+    auto fits_with = [&](int64_t b) {
+      return with([b](Config&, PlanOptions& o) { o.micro_batch = b; });
     };
     int64_t lo = 0, hi = 1;
     while (hi <= (int64_t{1} << 20) && fits_with(hi)) lo = hi, hi *= 2;
@@ -206,13 +211,6 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
       (fits_with(mid) ? lo : hi) = mid;
     }
     p.max_micro_batch = lo;
-    auto with = [&](auto change) {
-      Config alt = c;
-      PlanOptions o = opt;
-      o.device_bytes = 0;
-      change(alt, o);
-      return plan_memory(alt, o).reserved <= opt.device_bytes;
-    };
     if (!p.fits || p.max_micro_batch < p.micro_batch) {
       if (!ckpt && with([](Config&, PlanOptions& o) { o.checkpointing = true; })) {
         p.advice.push_back(

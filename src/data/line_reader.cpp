@@ -10,13 +10,6 @@
 
 namespace moe::data {
 
-namespace {
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-}  // namespace
-
 // Fills a buffer with the next decompressed bytes; 0 at the end.
 struct LineReader::Source {
   virtual ~Source() = default;
@@ -95,13 +88,13 @@ struct ZstdSource : LineReader::Source {
 LineReader::LineReader(const std::string& path) : path_(path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) throw UserError("prepare-data: " + path + ": cannot open for reading");
-  if (ends_with(path, ".gz")) {
+  if (path.ends_with(".gz")) {
     std::fclose(f);
     gzFile g = gzopen(path.c_str(), "rb");
     if (g == nullptr) throw UserError("prepare-data: " + path + ": cannot open for reading");
     gzbuffer(g, 1 << 20);
     src_ = std::make_unique<GzipSource>(g, path);
-  } else if (ends_with(path, ".zst")) {
+  } else if (path.ends_with(".zst")) {
     src_ = std::make_unique<ZstdSource>(f, path);
   } else {
     src_ = std::make_unique<PlainSource>(f);

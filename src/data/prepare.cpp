@@ -180,13 +180,8 @@ void tokenize_range(const std::string& path, uint64_t begin, uint64_t end, const
 }
 
 bool is_jsonl(const std::string& path, bool all_jsonl) {
-  for (const char* ext : {".jsonl", ".jsonl.gz", ".jsonl.zst"}) {
-    const std::string e(ext);
-    if (path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0) {
-      return true;
-    }
-  }
-  return all_jsonl;
+  return all_jsonl || path.ends_with(".jsonl") || path.ends_with(".jsonl.gz") ||
+         path.ends_with(".jsonl.zst");
 }
 
 // The text of one JSONL line, or nullopt with `why` set when the line is malformed.

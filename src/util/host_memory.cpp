@@ -53,9 +53,7 @@ void install_host_tensor_counter() {
   c10::SetCPUAllocator(&counting, /*priority=*/1);
 }
 
-bool host_tensor_counter_installed() { return g_installed.load(); }
 int64_t host_tensor_bytes() { return g_live.load(); }
 int64_t host_tensor_peak_bytes() { return g_peak.load(); }
-void reset_host_tensor_peak() { g_peak.store(g_live.load()); }
 
 }  // namespace moe

@@ -9,9 +9,7 @@
 namespace moe {
 
 void install_host_tensor_counter();  // idempotent; call before tensors are allocated
-bool host_tensor_counter_installed();
-int64_t host_tensor_bytes();       // live now
-int64_t host_tensor_peak_bytes();  // the most live at any time since install or reset
-void reset_host_tensor_peak();
+int64_t host_tensor_bytes();         // live now
+int64_t host_tensor_peak_bytes();    // the most live at any time since install
 
 }  // namespace moe
