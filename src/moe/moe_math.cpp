@@ -1,7 +1,5 @@
 #include "moe/moe/moe_math.h"
 
-#include <ATen/core/grad_mode.h>
-
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -18,8 +16,9 @@ void set_load_counts_reducer(std::function<void(at::Tensor&)> sum_over_ranks, in
   g_world_size = g_sum_over_ranks ? world_size : 1;
 }
 
-std::pair<at::Tensor, int64_t> global_load_counts(const at::Tensor& tokens_per_expert) {
-  if (!g_sum_over_ranks || !at::GradMode::is_enabled()) return {tokens_per_expert, 1};
+std::pair<at::Tensor, int64_t> global_load_counts(const at::Tensor& tokens_per_expert,
+                                                  bool training) {
+  if (!g_sum_over_ranks || !training) return {tokens_per_expert, 1};
   at::Tensor counts = tokens_per_expert.clone();
   g_sum_over_ranks(counts);
   return {counts, g_world_size};

@@ -109,6 +109,18 @@ with tempfile.TemporaryDirectory() as d:
     w = worst(train_losses(tmp / "ga2"), train_losses(tmp / "ga1"))
     print(f"  with 2 accumulation micro-steps (2 x 4 x 2 vs 1 x 8 x 2): {w:.1e}")
     assert w <= RTOL, w
+    # Activation checkpointing: the aux loss a checkpointed block reports (from its gradient-free
+    # first forward) uses the global expert loads too, as its recompute's gradient does.
+    single(cfg, f"training.output_dir={tmp / 'ck1'}", "activation_checkpointing.number_checkpoints=2")
+    torchrun(cfg, 2, f"training.output_dir={tmp / 'ck2'}", "activation_checkpointing.number_checkpoints=2")
+    w = worst(train_losses(tmp / "ck2"), train_losses(tmp / "ck1"))
+    aux = [json.loads(l)["aux_loss"] for l in (tmp / "ck2/metrics.jsonl").read_text().splitlines()
+           if json.loads(l)["type"] == "train"]
+    aux1 = [json.loads(l)["aux_loss"] for l in (tmp / "ck1/metrics.jsonl").read_text().splitlines()
+            if json.loads(l)["type"] == "train"]
+    wa = max(abs(a - b) / abs(b) for a, b in zip(aux, aux1))
+    print(f"  with activation checkpointing: loss/grad norm {w:.1e}, aux loss {wa:.1e}")
+    assert w <= RTOL and wa <= RTOL, (w, wa)
     # ZeRO-2 reduces every micro-step's gradients onto their owners during the backward (the
     # owners accumulate the sums): the same trajectory.
     torchrun(cfg, 2, f"training.output_dir={tmp / 'ga2z2'}", "train_batch_size=16", "gradient_accumulation_steps=2",
