@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "moe/util/errors.h"
+#include "moe/util/remove_tree.h"
 
 namespace moe::train {
 
@@ -39,7 +40,7 @@ void CheckpointStore::clean_partial() const {
   if (!fs::is_directory(root_, ec)) return;
   for (const auto& e : fs::directory_iterator(root_, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind(".tmp-", 0) == 0 || name == "latest.tmp") fs::remove_all(e.path(), ec);
+    if (name.rfind(".tmp-", 0) == 0 || name == "latest.tmp") remove_tree(e.path(), ec);
   }
 }
 
@@ -48,7 +49,7 @@ std::string CheckpointStore::begin(int64_t step) const {
   fs::create_directories(root_, ec);
   if (ec) throw TrainingError("checkpoint: " + root_ + ": cannot create: " + ec.message());
   const fs::path tmp = fs::path(root_) / (".tmp-" + dir_name(step));
-  fs::remove_all(tmp, ec);
+  remove_tree(tmp, ec);
   fs::create_directory(tmp, ec);
   if (ec) throw TrainingError("checkpoint: " + tmp.string() + ": cannot create: " + ec.message());
   return tmp.string();
@@ -60,7 +61,7 @@ std::string CheckpointStore::commit(const std::string& tmp, int64_t step, int64_
   fsync_path(tmp);
   const fs::path final_dir = fs::path(root_) / dir_name(step);
   std::error_code ec;
-  fs::remove_all(final_dir, ec);  // a checkpoint of the same step from a run being replayed
+  remove_tree(final_dir, ec);  // a checkpoint of the same step from a run being replayed
   fs::rename(tmp, final_dir, ec);
   if (ec)
     throw TrainingError("checkpoint: cannot rename " + tmp + " to " + final_dir.string() + ": " +
@@ -91,7 +92,7 @@ std::string CheckpointStore::commit(const std::string& tmp, int64_t step, int64_
   for (size_t i = static_cast<size_t>(keep_last); i < steps.size(); ++i) {
     const int64_t s = steps[i].first;
     if (s == step || (keep_every > 0 && s % keep_every == 0)) continue;
-    fs::remove_all(steps[i].second, ec);
+    remove_tree(steps[i].second, ec);
   }
   return final_dir.string();
 }

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "moe/util/errors.h"
+#include "moe/util/remove_tree.h"
 
 namespace moe::train {
 
@@ -135,7 +136,7 @@ std::vector<std::string> set_aside_previous_run(const std::string& dir, bool ove
     fs::path p = fs::path(dir) / name;
     if (!fs::exists(p, ec)) continue;
     if (overwrite) {
-      fs::remove_all(p, ec);  // best effort, as the files are about to be rewritten
+      remove_tree(p, ec);  // best effort, as the files are about to be rewritten
       continue;
     }
     fs::path kept = p;

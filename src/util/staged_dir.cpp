@@ -1,4 +1,5 @@
 #include "moe/util/staged_dir.h"
+#include "moe/util/remove_tree.h"
 
 #include <unistd.h>
 
@@ -19,7 +20,7 @@ StagedDir::StagedDir(const std::string& command, const std::string& out, const s
   const fs::path abs = fs::absolute(out);
   tmp_ = (abs.parent_path() / (abs.filename().string() + ".partial-" + std::to_string(::getpid())))
              .string();
-  fs::remove_all(tmp_, ec);
+  remove_tree(tmp_, ec);
   fs::create_directories(tmp_, ec);
   if (ec) throw UserError(command + ": " + out + ": cannot create: " + ec.message());
 }
@@ -27,7 +28,7 @@ StagedDir::StagedDir(const std::string& command, const std::string& out, const s
 StagedDir::~StagedDir() {
   if (committed_) return;
   std::error_code ec;
-  fs::remove_all(tmp_, ec);
+  remove_tree(tmp_, ec);
 }
 
 void StagedDir::commit() {

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moe/util/remove_tree.h"
+
 #ifndef MOE_TRAIN_BIN
 #error "MOE_TRAIN_BIN must name the moe-train binary"
 #endif
@@ -36,13 +38,13 @@ class CliTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     root_ = fs::temp_directory_path() / ("moe_cli_test_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
+    ::moe::remove_tree(root_);
     fs::create_directories(root_);
     Result r = run("make-synthetic --out " + (root_ / "data").string() +
                    " --vocab 16 --programs 2 --doc-len 17 --train-docs 64 --valid-docs 16");
     ASSERT_EQ(r.code, 0) << r.err;
   }
-  static void TearDownTestSuite() { fs::remove_all(root_); }
+  static void TearDownTestSuite() { ::moe::remove_tree(root_); }
 
   static Result run(const std::string& args) {
     static int n = 0;

@@ -7,6 +7,7 @@
 
 #include "moe/data/token_shard.h"
 #include "moe/util/errors.h"
+#include "moe/util/remove_tree.h"
 
 namespace moe::data {
 namespace {
@@ -22,12 +23,12 @@ class BlendTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() /
            ("moe_blend_test_" +
             std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
+    ::moe::remove_tree(dir_);
     fs::create_directories(dir_);
     a_ = shard("a.h5", 0, 1600);
     b_ = shard("b.h5", 5000, 300);  // 500 of 2000 samples at weight 0.25: wraps around
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ::moe::remove_tree(dir_); }
 
   std::vector<ShardInfo> shard(const std::string& name, uint32_t base, int64_t windows) {
     std::vector<uint32_t> t;

@@ -12,6 +12,7 @@
 #include "moe/data/token_shard.h"
 #include "moe/data/verify.h"
 #include "moe/util/errors.h"
+#include "moe/util/remove_tree.h"
 
 namespace moe::data {
 namespace {
@@ -24,10 +25,10 @@ class PrepareTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() /
            ("moe_prepare_" +
             std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
+    ::moe::remove_tree(dir_);
     fs::create_directories(dir_ / "in");
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ::moe::remove_tree(dir_); }
   std::string write_text(const std::string& name, const std::string& text) {
     auto p = dir_ / "in" / name;
     std::ofstream(p, std::ios::binary) << text;

@@ -9,6 +9,7 @@
 
 #include "moe/data/token_shard.h"
 #include "moe/util/errors.h"
+#include "moe/util/remove_tree.h"
 
 namespace moe::data {
 namespace {
@@ -23,7 +24,7 @@ class LoaderTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() /
            ("moe_loader_test_" +
             std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
+    ::moe::remove_tree(dir_);
     fs::create_directories(dir_);
     const int64_t windows[] = {37, 5, 64};  // uneven shards; 106 windows per epoch
     for (int s = 0; s < 3; ++s) {
@@ -37,7 +38,7 @@ class LoaderTest : public ::testing::Test {
       shards_.push_back(inspect_shard(p));
     }
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ::moe::remove_tree(dir_); }
 
   LoaderOptions opts(int threads = 1, bool shuffle = true) const {
     LoaderOptions o;

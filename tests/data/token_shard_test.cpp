@@ -8,6 +8,7 @@
 #include "moe/data/dataset.h"
 #include "moe/data/synthetic.h"
 #include "moe/util/errors.h"
+#include "moe/util/remove_tree.h"
 
 namespace moe::data {
 namespace {
@@ -20,10 +21,10 @@ class ShardTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() /
            ("moe_shard_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
             "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    ::moe::remove_tree(dir_);
     fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ::moe::remove_tree(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   fs::path dir_;
 };

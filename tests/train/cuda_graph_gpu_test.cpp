@@ -16,6 +16,7 @@
 #include "moe/moe/experts.h"
 #include "moe/train/cuda_graph_step.h"
 #include "moe/train/trainer.h"
+#include "moe/util/remove_tree.h"
 
 namespace moe::train {
 namespace {
@@ -38,7 +39,7 @@ TEST(CudaGraphGpu, SameLossesAsEager) {
   if (!moe::experts_grouped_mm_supported(torch::Device(torch::kCUDA, 0)))
     GTEST_SKIP() << "the graph needs the sm_90 grouped-GEMM experts";
   fs::path dir = fs::temp_directory_path() / ("moe_graph_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  ::moe::remove_tree(dir);
   fs::create_directories(dir);
   data::SyntheticSpec spec;
   spec.vocab_size = 64;
@@ -85,7 +86,7 @@ TEST(CudaGraphGpu, SameLossesAsEager) {
     const double ga = eager[i]["grad_norm"].get<double>(), gb = graph[i]["grad_norm"].get<double>();
     EXPECT_NEAR(gb, ga, 1e-2 * ga) << "step " << i + 1;
   }
-  fs::remove_all(dir);
+  ::moe::remove_tree(dir);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "moe/util/errors.h"
+#include "moe/util/remove_tree.h"
 
 namespace moe::train {
 namespace {
@@ -54,13 +55,13 @@ class ResumePolicyTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() /
            ("moe_resume_" +
             std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
+    ::moe::remove_tree(dir_);
     fs::create_directories(dir_);
     log_ = std::make_shared<spdlog::logger>(
         "resume-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log_text_));
     log_->set_pattern("%l %v");
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ::moe::remove_tree(dir_); }
 
   fs::path checkpoints() const { return dir_ / "checkpoints"; }
   // A checkpoint directory step-NNNNNNNN with the given state.json text.

@@ -10,6 +10,7 @@
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
 #include "moe/train/trainer.h"
+#include "moe/util/remove_tree.h"
 
 namespace moe::train {
 namespace {
@@ -18,7 +19,7 @@ namespace fs = std::filesystem;
 
 TEST(SmokeTraining, LossFallsOnCpu) {
   fs::path dir = fs::temp_directory_path() / ("moe_smoke_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  ::moe::remove_tree(dir);
   fs::create_directories(dir);
   data::SyntheticSpec spec;
   spec.vocab_size = 32;
@@ -79,7 +80,7 @@ TEST(SmokeTraining, LossFallsOnCpu) {
   }
   EXPECT_EQ(train, 120);
   EXPECT_EQ(eval, 3);
-  fs::remove_all(dir);
+  ::moe::remove_tree(dir);
 }
 
 }  // namespace
