@@ -7,8 +7,11 @@
 #include <exception>
 #include <string>
 
+#include <unistd.h>
+
 #include "moe/cli/commands.h"
 #include "moe/util/errors.h"
+#include "moe/util/fault_injection.h"
 #include "moe/util/host_memory.h"
 
 namespace {
@@ -28,10 +31,25 @@ struct HostMemoryReport {
                  static_cast<long long>(moe::host_tensor_bytes()));
   }
 };
-}  // namespace
+// Launched by scripts/moe-train-launch (torchrun under systemd): the exit status of this rank
+// goes into $MOE_EXIT_STATUS_DIR, so the launch can exit 2 when a rank found bad input although
+// torchrun itself exits 1 for any failed rank.
+int record_exit_status(int code) {
+  const char* dir = std::getenv("MOE_EXIT_STATUS_DIR");
+  if (dir == nullptr || *dir == '\0') return code;
+  const char* rank = std::getenv("RANK");
+  if (rank == nullptr) rank = std::getenv("SLURM_PROCID");
+  const std::string path = std::string(dir) + "/rank-" + (rank ? rank : "0") + "-pid-" +
+                           std::to_string(static_cast<long long>(::getpid()));
+  if (std::FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fprintf(f, "%d\n", code);
+    std::fclose(f);
+  }
+  return code;
+}
 
-int main(int argc, char** argv) {
-  HostMemoryReport host_memory;
+int run(int argc, char** argv) {
+  (void)moe::fault_injection();  // test hooks: read once, before any work
   try {
     return moe::cli::run_cli(argc, argv);
   } catch (const moe::UserError& e) {
@@ -51,4 +69,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "moe-train: internal error: %s\n", e.what());
     return moe::kExitInternal;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int code = 0;
+  {
+    HostMemoryReport host_memory;
+    code = run(argc, argv);
+  }
+  return record_exit_status(code);
 }

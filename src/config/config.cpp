@@ -13,7 +13,7 @@ namespace moe::config {
 
 using nlohmann::json;
 
-json parse_json_text(const std::string& text, const std::string& file) {
+json parse_json_text(const std::string& text, const std::string& file, const std::string& label) {
   try {
     return json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const json::parse_error& e) {
@@ -32,29 +32,29 @@ json parse_json_text(const std::string& text, const std::string& file) {
     // Keep nlohmann's reason (after "parse error ... : ") but drop its own prefix.
     auto pos = what.find(": syntax error");
     std::string reason = pos == std::string::npos ? what : what.substr(pos + 2);
-    throw UserError("config: " + file + ":" + std::to_string(line) + ":" + std::to_string(col) +
+    throw UserError(label + ": " + file + ":" + std::to_string(line) + ":" + std::to_string(col) +
                     ": invalid JSON: " + reason);
   } catch (const json::exception& e) {
     // E.g. out_of_range for a number like 1e3000 (found by fuzz/fuzz_config.cpp).
     std::string what = e.what();
     auto pos = what.find("] ");
-    throw UserError("config: " + file +
+    throw UserError(label + ": " + file +
                     ": invalid JSON: " + (pos == std::string::npos ? what : what.substr(pos + 2)));
   }
 }
 
-json load_json_file(const std::string& path) {
+json load_json_file(const std::string& path, const std::string& label) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError("config: " + path + ": cannot open file for reading");
+  if (!in) throw UserError(label + ": " + path + ": cannot open file for reading");
   std::stringstream ss;
   ss << in.rdbuf();
   std::string text = ss.str();
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
-    throw UserError("config: " + path + ": file is empty; expected a JSON object");
+    throw UserError(label + ": " + path + ": file is empty; expected a JSON object");
   }
-  json root = parse_json_text(text, path);
+  json root = parse_json_text(text, path, label);
   if (!root.is_object()) {
-    throw UserError("config: " + path + ": top level is " + std::string(root.type_name()) +
+    throw UserError(label + ": " + path + ": top level is " + std::string(root.type_name()) +
                     "; expected a JSON object");
   }
   return root;
@@ -174,7 +174,7 @@ int64_t count_parameters(const Config& c) {
   return blocks + embed + head + d;  // + final norm
 }
 
-std::vector<ModuleCost> module_costs(const Config& c) {
+std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
   const int64_t d = c.model.hidden_size, V = c.model.vocab_size, S = c.model.seq_len;
   const int64_t E = c.moe.num_experts, k = c.moe.top_k, f = expert_hidden_size(c);
   const int64_t fs = c.moe.shared_expert_hidden_size, H = c.model.num_heads, hd = head_dim(c);
@@ -183,10 +183,10 @@ std::vector<ModuleCost> module_costs(const Config& c) {
   const int64_t attn = attention_weights(c);
   std::vector<ModuleCost> costs = {
       {"embedding", 1, V * d + (c.model.rope_theta > 0 ? 0 : S * d), 0.0},
-      {"attention", L, attn + qk_norm_weights(c) + d,  // + its RMSNorm
-       2 * dbl(attn) + 4 * dbl(S) * dbl(H * hd)},      // projections + QK^T, AV
-      {"router", M, d * E + d, 2 * dbl(d * E)},        // + the MoE RMSNorm
-      {"dispatch", M, 0, 0.0},                         // a gather: no FLOPs
+      {"attention", L, attn + qk_norm_weights(c) + d,                  // + its RMSNorm
+       2 * dbl(attn) + (causal_half ? 2 : 4) * dbl(S) * dbl(H * hd)},  // projections + QK^T, AV
+      {"router", M, d * E + d, 2 * dbl(d * E)},                        // + the MoE RMSNorm
+      {"dispatch", M, 0, 0.0},                                         // a gather: no FLOPs
       {"experts", M, E * 3 * d * f + 3 * d * fs, dbl(k) * 6 * dbl(d * f) + 6 * dbl(d * fs)},
       {"combine", M, 0, 2 * dbl(k * d)},  // weighted sum
   };
@@ -195,9 +195,9 @@ std::vector<ModuleCost> module_costs(const Config& c) {
   return costs;
 }
 
-double training_flops_per_token(const Config& c) {
+double training_flops_per_token(const Config& c, bool causal_half) {
   double sum = 0;
-  for (const ModuleCost& m : module_costs(c)) {
+  for (const ModuleCost& m : module_costs(c, causal_half)) {
     sum += m.forward_flops_per_token * static_cast<double>(m.count);
   }
   return 3 * sum;

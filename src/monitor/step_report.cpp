@@ -14,6 +14,8 @@
 #include <fstream>
 #include <string>
 
+#include "moe/monitor/device_peak.h"
+
 namespace moe::monitor {
 
 using nlohmann::json;
@@ -67,17 +69,14 @@ int64_t host_rss_bytes() {
   return rss * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
-// Dense peak of the device for MFU, in TFLOP/s: the config's value, else a known GPU's bf16/fp16
-// tensor-core peak; 0 (no MFU) when unknown, e.g. on a CPU without monitor.peak_tflops.
+// Dense peak of the device for MFU, in TFLOP/s: the config's value, else the spec-sheet table
+// (device_peak.h); 0 (no MFU) when unknown, e.g. on a CPU without monitor.peak_tflops.
 double peak_tflops(const config::Config& cfg, const torch::Device& device) {
   if (cfg.monitor.peak_tflops > 0) return cfg.monitor.peak_tflops;
   if (!device.is_cuda()) return 0.0;
-  const std::string name =
-      at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->name;
-  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos)
-    return 989.4;
-  if (name.find("A100") != std::string::npos) return 312.0;
-  return 0.0;
+  const auto peak =
+      spec_peak(at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->name);
+  return peak ? peak->tflops : 0.0;
 }
 
 void add_gpu_stats(json& rec, const torch::Device& device) {
@@ -116,6 +115,10 @@ StepReporter::StepReporter(const config::Config& cfg, const torch::Device& devic
       // (config::module_costs; PaLM's convention). MFU needs a peak: monitor.peak_tflops, or a
       // known GPU.
       flops_per_token_(config::training_flops_per_token(cfg)),
+      causal_flops_per_token_(config::training_flops_per_token(cfg, /*causal_half=*/true)),
+      // Data parallel: train_batch_size counts every rank's tokens; MFU is per GPU.
+      world_size_(std::max<int64_t>(1, cfg.train_batch_size / (cfg.train_micro_batch_size_per_gpu *
+                                                               cfg.gradient_accumulation_steps))),
       peak_flops_(peak_tflops(cfg, device) * 1e12),
       start_(Clock::now()) {}
 
@@ -154,8 +157,15 @@ void StepReporter::step(const StepFigures& f) {
     rec["backward_s"] = f.backward_s;
     rec["optimizer_s"] = f.optimizer_s;
   }
+  // Achieved model TFLOP/s per GPU (Megatron's "TFLOP/s/GPU"); MFU against the spec peak, in
+  // PaLM's full-square attention convention and in the causal-half one.
+  const double tokens_per_s_per_gpu =
+      static_cast<double>(tokens_per_step) / f.step_s / static_cast<double>(world_size_);
+  rec["tflops"] = tokens_per_s_per_gpu * flops_per_token_ / 1e12;
   if (peak_flops_ > 0) {
-    rec["mfu"] = static_cast<double>(tokens_per_step) / f.step_s * flops_per_token_ / peak_flops_;
+    rec["mfu"] = model_flops_utilisation(tokens_per_s_per_gpu, flops_per_token_, peak_flops_);
+    rec["mfu_causal"] =
+        model_flops_utilisation(tokens_per_s_per_gpu, causal_flops_per_token_, peak_flops_);
   }
   if (device_.is_cuda()) add_gpu_stats(rec, device_);
   clear_progress();

@@ -12,6 +12,7 @@
 
 #include "moe/train/checkpoint_store.h"
 #include "moe/util/errors.h"
+#include "moe/util/fault_injection.h"
 #include "moe/util/safetensors.h"
 
 namespace moe::train {
@@ -126,8 +127,8 @@ at::Tensor from_hex(const std::string& s, const std::string& file) {
 // Test hook (tests/train/crash_test.py): MOE_TEST_PAUSE_IN_CHECKPOINT_MS widens the window
 // between a checkpoint's files so that random SIGKILLs land inside writes.
 void test_pause() {
-  if (const char* ms = std::getenv("MOE_TEST_PAUSE_IN_CHECKPOINT_MS")) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
+  if (const int ms = fault_injection().pause_in_checkpoint_ms; ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }
 }
 
@@ -183,22 +184,71 @@ void save_weights_checkpoint(const std::string& dir, model::TransformerLM& model
   write_state_file(dir, model, state, /*with_rng=*/false, extra);
 }
 
-void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedAdamW& optimizer,
-                     const TrainingState& state) {
-  write_model_file(dir, model);
-  if (const char* hook = std::getenv("MOE_TEST_ABORT_IN_CHECKPOINT")) {
-    // Test hook (tests/train/checkpoint_test.py): die half-way through a checkpoint write.
-    if (std::to_string(state.step) == hook) std::abort();
-  }
-  test_pause();
-  HostTensors opt;
+OptimizerStream local_optimizer_stream(FusedAdamW& optimizer) {
+  OptimizerStream s;
+  std::vector<at::Tensor> tensors;
+  auto add = [&](const std::string& name, const at::Tensor& t) {
+    s.layout.push_back({name, dtype_name(t.scalar_type()), t.sizes().vec(), nullptr,
+                        static_cast<size_t>(t.nbytes())});
+    tensors.push_back(t);
+  };
   for (auto& [name, st] : optimizer.named_state()) {
-    opt.add(name + ".exp_avg", st->exp_avg);
-    opt.add(name + ".exp_avg_sq", st->exp_avg_sq);
-    opt.add(name + ".step", st->step);
+    add(name + ".exp_avg", st->exp_avg);
+    add(name + ".exp_avg_sq", st->exp_avg_sq);
+    add(name + ".step", st->step);
   }
-  write_safetensors((fs::path(dir) / "optimizer.safetensors").string(), opt.views,
-                    {{"format", "pt"}, {"producer", "moe-train"}, {"optimizer", "AdamW"}});
+  s.each = [tensors](const OptimizerStream::Sink& sink) {
+    for (const auto& t : tensors) sink(t);
+  };
+  return s;
+}
+
+namespace {
+
+// optimizer.safetensors from the stream; the stream is drained even after a failed write.
+void write_optimizer_file(const std::string& path, const OptimizerStream& optimizer) {
+  std::exception_ptr failure;
+  std::optional<SafetensorsWriter> out;
+  try {
+    out.emplace(path, optimizer.layout,
+                std::map<std::string, std::string>{
+                    {"format", "pt"}, {"producer", "moe-train"}, {"optimizer", "AdamW"}});
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  optimizer.each([&](const at::Tensor& t) {
+    if (failure) return;
+    try {
+      const at::Tensor host = t.detach().to(at::kCPU).contiguous();
+      out->append(host.data_ptr(), static_cast<size_t>(host.nbytes()));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  if (!failure) {
+    try {
+      out->finish();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir, model::TransformerLM& model,
+                     const OptimizerStream& optimizer, const TrainingState& state) {
+  try {
+    write_model_file(dir, model);
+    // Test hook (tests/train/checkpoint_test.py): die half-way through a checkpoint write.
+    if (state.step == fault_injection().abort_in_checkpoint_step) std::abort();
+    test_pause();
+  } catch (...) {
+    optimizer.each([](const at::Tensor&) {});  // the other ranks' gathers still complete
+    throw;
+  }
+  write_optimizer_file((fs::path(dir) / "optimizer.safetensors").string(), optimizer);
   test_pause();
   write_state_file(dir, model, state, /*with_rng=*/true, json::object());
 }

@@ -14,6 +14,7 @@
 #include "moe/model/profile_scope.h"
 #include "moe/train/cuda_graph_step.h"
 #include "moe/util/errors.h"
+#include "moe/util/fault_injection.h"
 
 namespace moe::train {
 
@@ -53,25 +54,20 @@ MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& bat
   return l;
 }
 
-// Test hook (tests/train/faults_test.py): MOE_TEST_INJECT_NAN="grad:PARAM:STEP,STEP..." puts a NaN
-// into PARAM's gradient, "loss:STEP,..." makes the step's loss NaN.
+// Test hook (tests/train/faults_test.py, util/fault_injection.h): a NaN in one parameter's
+// gradient, or a NaN loss (and gradients), at the listed steps.
 void inject_nan_for_tests(model::TransformerLM& model, int64_t step, double& loss_sum) {
-  const char* spec = std::getenv("MOE_TEST_INJECT_NAN");
-  if (spec == nullptr) return;
-  std::string s = spec;
-  const auto steps_at = s.rfind(':');
-  std::string steps = "," + s.substr(steps_at + 1) + ",";
-  if (steps.find("," + std::to_string(step) + ",") == std::string::npos) return;
-  if (s.rfind("loss:", 0) == 0) {
+  const FaultInjection& f = fault_injection();
+  if (f.nan_steps.empty() || !f.nan_at(step)) return;
+  if (f.nan_in_loss) {
     loss_sum = std::nan("");
     for (auto& p : model->parameters()) {
       if (p.grad().defined()) p.mutable_grad().fill_(std::nan(""));
     }
     return;
   }
-  const std::string param = s.substr(5, steps_at - 5);  // after "grad:"
   for (auto& item : model->named_parameters()) {
-    if (item.key() == param && item.value().grad().defined()) {
+    if (item.key() == f.nan_in_gradient_of && item.value().grad().defined()) {
       item.value().mutable_grad().view(-1)[0] = std::nan("");
     }
   }

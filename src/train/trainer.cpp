@@ -24,6 +24,7 @@
 #include <iomanip>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -54,6 +55,7 @@
 #include "moe/train/step_runner.h"
 #include "moe/train/zero.h"
 #include "moe/util/errors.h"
+#include "moe/util/fault_injection.h"
 
 namespace moe::train {
 
@@ -251,7 +253,8 @@ class TrainingSession {
       moe::set_load_counts_reducer([g](at::Tensor& t) { g->allreduce_sum(t); }, g->size());
     }
     resume();
-    if (group_) group_->barrier();  // every rank has read the checkpoints before rank 0 writes
+    if (group_)
+      agree_on_resume();  // also: every rank has read the checkpoints before rank 0 writes
     open_output();
     start();
     try {
@@ -279,6 +282,7 @@ class TrainingSession {
         state_ =
             load_checkpoint(d.dir, model_, &optimizer_, true, /*optimizer_share=*/zero_ != nullptr);
         summary_.resumed_from = state_.step;
+        resumed_dir_ = d.dir;
         break;
       } catch (const UserError& e) {
         if (!d.fallback) throw;
@@ -295,6 +299,29 @@ class TrainingSession {
       log_->info("initial weights from {} ({})", cfg_.model.init_from, what);
     }
     scaler_.restore(summary_.resumed_from >= 0 ? state_.scaler : scaler_.state());
+  }
+
+  // Data parallel: every rank must continue from the same step of the same checkpoint. With
+  // node-local output directories a rank can find another (or no) checkpoint than rank 0;
+  // training on would mix two runs, so every rank exits 2 naming each rank's step and source.
+  void agree_on_resume() {
+    const std::string mine =
+        std::to_string(state_.step) + " " +
+        (resumed_dir_.empty() ? "(fresh start)" : fs::path(resumed_dir_).filename().string());
+    const auto all = group_->allgather_text("resume", mine);
+    if (std::all_of(all.begin(), all.end(), [&](const std::string& s) { return s == all[0]; })) {
+      return;
+    }
+    std::string each;
+    for (size_t r = 0; r < all.size(); ++r) {
+      const auto sp = all[r].find(' ');
+      each += (r ? "; " : "") + std::string("rank ") + std::to_string(r) + " at step " +
+              all[r].substr(0, sp) + " from " + all[r].substr(sp + 1);
+    }
+    throw UserError("distributed: ranks would resume from different checkpoints (" + each +
+                    ") under " + store_.root() +
+                    "; training.output_dir must be one shared directory (or identical copies) on "
+                    "every node (docs/distributed.md)");
   }
 
   // Sinks first (a Prometheus port that cannot be bound is still a user error, before any
@@ -349,8 +376,8 @@ class TrainingSession {
 
   // Step-0 validation and checkpoint of a fresh run, the loader, the step runner, the reporter.
   void start() {
-    checkpointer_ =
-        std::make_unique<Checkpointer>(cfg_, store_, model_, optimizer_, scaler_, state_, *log_);
+    checkpointer_ = std::make_unique<Checkpointer>(cfg_, store_, model_, optimizer_, scaler_,
+                                                   state_, *log_, resumed_dir_);
     auto write = [this](const json& rec) {
       metrics_->write(rec);
       sinks_->record(rec);
@@ -414,19 +441,30 @@ class TrainingSession {
     install_signal_handlers();
     sd_notify(0, "READY=1");
     run_start_ = Clock::now();
+    lap_start_ = run_start_;
     reporter_->start_clock();  // rates and ETA count from the first step
+  }
+
+  // Step time: wall clock from the previous step's end (the device idle, its record written)
+  // to this step's end, so batch fetch, loss scaling, clipping, the optimizer, host syncs and
+  // the previous step's reporting all count, as for consecutive step starts. Validation and
+  // checkpoints between steps are not a step's time: after_step restarts the lap after them.
+  double lap() {
+    const auto now = Clock::now();
+    const double s = std::chrono::duration<double>(now - lap_start_).count();
+    lap_start_ = now;
+    return s;
   }
 
   // One optimizer step (0-based `step`); false when the run stops after it.
   bool train_step(int64_t step) {
     current_step_ = step + 1;
-    TORCH_CHECK_WITH(OutOfMemoryError,
-                     fake_oom_ == nullptr || std::to_string(step + 1) != fake_oom_,
+    if (group_) group_->set_step(step + 1);  // a failed collective names the ranks behind
+    TORCH_CHECK_WITH(OutOfMemoryError, step + 1 != fault_injection().fake_oom_at_step,
                      "out of memory (MOE_TEST_FAKE_OOM_AT_STEP)");
     const bool profiled =
         cfg_.flops_profiler.enabled && step + 1 == cfg_.flops_profiler.profile_step;
     if (profiled) profile::start(in_.device.is_cuda());
-    const auto t0 = Clock::now();
     const double lr = schedule_.lr_at(step);
     const double wait_before = loader_->wait_seconds();
     std::vector<data::Batch> hosts;  // host buffers stay ours until this step's copies are done
@@ -447,11 +485,14 @@ class TrainingSession {
     const auto t_update = Clock::now();
     if (!skipped) {
       runner_->update(lr);
-      model_->after_optimizer_step(r.tokens_per_expert);  // the routers' expert biases
+      model_->after_optimizer_step(r.tokens_per_expert);              // the routers' expert biases
+      if (const int ms = fault_injection().slow_update_ms; ms > 0) {  // test hook
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      }
     }
-    if ((cfg_.wall_clock_breakdown || profiled) && in_.device.is_cuda()) {
-      torch::cuda::synchronize();
-    }
+    // The step is over when the device has finished it (AdamW's kernels included): every step
+    // waits here, so its time is what the user waits for, not what the host took to enqueue it.
+    if (in_.device.is_cuda()) torch::cuda::synchronize();
     const double optimizer_s = std::chrono::duration<double>(Clock::now() - t_update).count();
     state_.step = step + 1;
     state_.tokens = state_.step * cfg_.train_batch_size * cfg_.model.seq_len;
@@ -473,7 +514,7 @@ class TrainingSession {
     f.tokens_per_expert = r.tokens_per_expert;
     f.data_wait_s = loader_->wait_seconds() - wait_before;
     f.source_passes = blend_passes(step + 1);
-    f.step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    f.step_s = lap();
     f.forward_s = r.forward_s;
     f.backward_s = r.backward_s;
     f.optimizer_s = optimizer_s;
@@ -516,7 +557,8 @@ class TrainingSession {
 
   // The cadence's decisions after step `done` (1-based): validate, save, stop.
   bool after_step(int64_t done) {
-    if (cadence_.after_step_evaluate(done)) {
+    const bool evaluated = cadence_.after_step_evaluate(done);
+    if (evaluated) {
       EvalResult r = validate();
       reporter_->eval(done, r);
       if (cadence_.is_last(done)) summary_.final_eval = r;
@@ -528,6 +570,7 @@ class TrainingSession {
         cadence_.after_step_save(done, now.minutes_since_save, now.checkpoint_request);
     if (why == SaveReason::kSigusr1) g_checkpoint_request.store(false);
     if (why != SaveReason::kNone) save(why);
+    if (evaluated || why != SaveReason::kNone) lap_start_ = Clock::now();
     const int signal = now.signal;
     const StopReason stop = cadence_.after_step_stop(done, now.run_minutes, signal);
     if (stop == StopReason::kNone) return true;
@@ -568,14 +611,18 @@ class TrainingSession {
 
   // Data parallel: every rank holds the same weights and optimizer state (ZeRO stage 0), rank 0
   // writes them; the others wait for it so that no rank runs ahead of a stop.
+  // ZeRO: every owner's state streams to rank 0 one tensor at a time, while rank 0 writes it.
   void save(SaveReason why) {
-    std::unique_ptr<FusedAdamW> full;  // ZeRO: every owner's state, on rank 0
     if (zero_) {
-      full = zero_->gather_optimizer(optimizer_, param_groups(model_, cfg_, nullptr),
-                                     cfg_.optimizer.betas[0], cfg_.optimizer.betas[1],
-                                     cfg_.optimizer.eps);
+      const OptimizerStream stream = zero_->optimizer_stream(optimizer_);
+      if (writer_) {
+        checkpointer_->save(to_string(why), metrics_->lines(), &stream);
+      } else {
+        stream.each([](const at::Tensor&) {});
+      }
+    } else if (writer_) {
+      checkpointer_->save(to_string(why), metrics_->lines());
     }
-    if (writer_) checkpointer_->save(to_string(why), metrics_->lines(), full.get());
     if (group_) group_->barrier();
   }
   bool overlap_comm() const { return cfg_.zero_optimization.overlap_comm; }
@@ -606,9 +653,8 @@ class TrainingSession {
   std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<monitor::StepReporter> reporter_;
   int64_t first_step_ = 0, current_step_ = 0;
-  // Test hook (tests/train/checkpoint_test.py): pretend the allocator ran out at this step.
-  const char* fake_oom_ = std::getenv("MOE_TEST_FAKE_OOM_AT_STEP");
-  Clock::time_point run_start_;
+  Clock::time_point run_start_, lap_start_;
+  std::string resumed_dir_;  // the checkpoint this run continues from; empty on a fresh start
 };
 
 }  // namespace

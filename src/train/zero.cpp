@@ -204,36 +204,39 @@ void ZeroPartition::broadcast_updates() {
   }
 }
 
-std::unique_ptr<FusedAdamW> ZeroPartition::gather_optimizer(FusedAdamW& mine,
-                                                            std::vector<AdamWGroup> all_groups,
-                                                            double beta1, double beta2,
-                                                            double eps) {
+OptimizerStream ZeroPartition::optimizer_stream(FusedAdamW& mine) {
   std::map<std::string, AdamWState*> own;
   for (auto& [name, st] : mine.named_state()) own[name] = st;
-  std::unique_ptr<FusedAdamW> full;
-  std::map<std::string, AdamWState*> target;
-  if (group_.rank() == 0) {
-    full = std::make_unique<FusedAdamW>(std::move(all_groups), beta1, beta2, eps);
-    for (auto& [name, st] : full->named_state()) target[name] = st;
-  }
-  torch::NoGradGuard no_grad;
+  OptimizerStream s;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const std::string& name = names_[i];
-    const bool owner = owner_[i] == group_.rank();
-    const AdamWState* src = owner ? own.at(name) : nullptr;
-    for (int which = 0; which < 3; ++which) {
-      const auto pick = [&](const AdamWState& s) -> const torch::Tensor& {
-        return which == 0 ? s.exp_avg : which == 1 ? s.exp_avg_sq : s.step;
-      };
-      const torch::Tensor like = which == 2 ? torch::zeros({}, torch::kFloat)
-                                            : torch::empty_like(params_[i], torch::kFloat);
-      torch::Tensor buf = owner ? pick(*src).detach().to(torch::kCPU).clone()
-                                : torch::empty_like(like, like.options().device(torch::kCPU));
-      group_.broadcast(buf, owner_[i]);
-      if (group_.rank() == 0) const_cast<torch::Tensor&>(pick(*target.at(name))).copy_(buf);
-    }
+    const auto shape = params_[i].sizes().vec();
+    const auto bytes = static_cast<size_t>(params_[i].numel()) * sizeof(float);
+    s.layout.push_back({names_[i] + ".exp_avg", "F32", shape, nullptr, bytes});
+    s.layout.push_back({names_[i] + ".exp_avg_sq", "F32", shape, nullptr, bytes});
+    s.layout.push_back({names_[i] + ".step", "F32", {}, nullptr, sizeof(float)});
   }
-  return full;
+  s.each = [this, own](const OptimizerStream::Sink& sink) {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const bool owner = owner_[i] == group_.rank();
+      const AdamWState* src = owner ? own.at(names_[i]) : nullptr;
+      for (int which = 0; which < 3; ++which) {
+        torch::Tensor buf;
+        if (owner) {
+          const torch::Tensor& t = which == 0   ? src->exp_avg
+                                   : which == 1 ? src->exp_avg_sq
+                                                : src->step;
+          buf = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
+        } else {
+          buf = which == 2 ? torch::empty({}, torch::kFloat)
+                           : torch::empty(params_[i].sizes(), torch::kFloat);
+        }
+        group_.broadcast(buf, owner_[i]);
+        sink(buf);
+      }  // buf is released here: one state tensor in flight
+    }
+  };
+  return s;
 }
 
 }  // namespace moe::train

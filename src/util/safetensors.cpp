@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -46,38 +47,63 @@ size_t safetensors_dtype_size(const std::string& d) {
   return 0;
 }
 
-void write_safetensors(const std::string& path, const std::vector<SafeTensorView>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsWriter::SafetensorsWriter(const std::string& path,
+                                     const std::vector<SafeTensorView>& layout,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
-  for (const auto& t : tensors) {
+  for (const auto& t : layout) {
     header[t.name] = {
         {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
     offset += t.nbytes;
+    sizes_.push_back(t.nbytes);
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // align the data section to 8 bytes, as the spec allows
   const uint64_t n = h.size();
-  const size_t total = 8 + h.size() + offset;
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) {
+  total_ = 8 + h.size() + offset;
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd_ < 0) {
     throw TrainingError("checkpoint: " + path + ": cannot create (" + std::strerror(errno) + ")");
   }
-  try {
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    write_all(fd, len, 8, path, total);
-    write_all(fd, h.data(), h.size(), path, total);
-    for (const auto& t : tensors) write_all(fd, t.data, t.nbytes, path, total);
-    if (::fsync(fd) != 0) {
-      throw TrainingError("checkpoint: " + path + ": fsync failed (" + std::strerror(errno) + ")");
-    }
-  } catch (...) {
-    ::close(fd);
-    throw;
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  write_all(fd_, len, 8, path_, total_);
+  write_all(fd_, h.data(), h.size(), path_, total_);
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsWriter::append(const void* data, size_t nbytes) {
+  if (next_ >= sizes_.size() || sizes_[next_] != nbytes) {
+    throw std::logic_error("safetensors writer: " + path_ + ": tensor " + std::to_string(next_) +
+                           " has " + std::to_string(nbytes) + " bytes, not the layout's");
   }
-  ::close(fd);
+  write_all(fd_, data, nbytes, path_, total_);
+  ++next_;
+}
+
+void SafetensorsWriter::finish() {
+  if (next_ != sizes_.size()) {
+    throw std::logic_error("safetensors writer: " + path_ + ": " + std::to_string(next_) + " of " +
+                           std::to_string(sizes_.size()) + " tensors written");
+  }
+  if (::fsync(fd_) != 0) {
+    throw TrainingError("checkpoint: " + path_ + ": fsync failed (" + std::strerror(errno) + ")");
+  }
+  ::close(fd_);
+  fd_ = -1;
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafeTensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  SafetensorsWriter w(path, tensors, metadata);
+  for (const auto& t : tensors) w.append(t.data, t.nbytes);
+  w.finish();
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
@@ -146,6 +172,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     if (esize == 0) bad(path, "tensor '" + name + "': unknown dtype " + e.dtype);
     uint64_t count = 1;
     for (const auto& d : v["shape"]) {
+      if (d.is_number_integer() && !d.is_number_unsigned()) {
+        bad(path, "tensor '" + name + "': shape holds a negative dimension " + d.dump());
+      }
       if (!d.is_number_unsigned()) bad(path, "tensor '" + name + "': shape holds a non-integer");
       const uint64_t dim = d.get<uint64_t>();
       if (dim != 0 && count > (uint64_t(1) << 62) / dim)

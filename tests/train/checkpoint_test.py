@@ -21,7 +21,8 @@ except ImportError:
 
 BIN, ROOT = sys.argv[1], pathlib.Path(sys.argv[2])
 # Measurements of the machine, not of training: they differ between any two runs.
-TIMING = {"step_time_s", "tokens_per_s", "samples_per_s", "data_wait_s", "host_rss_bytes"}
+TIMING = {"step_time_s", "tokens_per_s", "samples_per_s", "tflops", "mfu", "mfu_causal", "data_wait_s",
+          "host_rss_bytes"}
 failures = []
 
 

@@ -24,7 +24,8 @@ ap.add_argument("--kills", type=int, default=5)
 ap.add_argument("--seed", type=int, default=1)
 args = ap.parse_args()
 BIN = args.binary
-TIMING = {"step_time_s", "tokens_per_s", "samples_per_s", "data_wait_s", "host_rss_bytes"}
+TIMING = {"step_time_s", "tokens_per_s", "samples_per_s", "tflops", "mfu", "mfu_causal", "data_wait_s",
+          "host_rss_bytes"}
 rng = random.Random(args.seed)
 check = Checks()
 

@@ -233,8 +233,10 @@ struct Config {
 
 // Parses JSON text (file name used in messages). Throws UserError with line/column on syntax
 // errors.
-nlohmann::json parse_json_text(const std::string& text, const std::string& file);
-nlohmann::json load_json_file(const std::string& path);
+nlohmann::json parse_json_text(const std::string& text, const std::string& file,
+                               const std::string& label = "config");
+// `label` starts its error messages ("config", or "hf" for a model directory's JSON files).
+nlohmann::json load_json_file(const std::string& path, const std::string& label = "config");
 
 // Applies one `dotted.key=value` override. The value is parsed as JSON when it parses
 // (numbers, true/false, null, arrays), else taken as a string. Type checking happens in from_json.
@@ -278,17 +280,20 @@ int64_t layer_parameters(const Config& cfg, int64_t layer);
 // One module kind as the flops profiler and MFU count it: its parameters and its forward FLOPs
 // per token (a multiply-add is 2; forward + backward = 3 x forward), for one occurrence; `count`
 // occurrences (1 for embedding and head, the number of layers of its kind otherwise). Attention
-// scores count the full S x S square (PaLM's convention). params x count over all kinds adds up
-// to count_parameters().
+// scores count the full S x S square (PaLM's convention), or with `causal_half` the lower
+// triangle a causal kernel computes (the convention of FlashAttention's and torchtitan's
+// numbers). params x count over all kinds adds up to count_parameters().
 struct ModuleCost {
   std::string name;  // embedding, attention, router, dispatch, experts, combine, dense_ffn, head
   int64_t count = 1;
   int64_t params = 0;
   double forward_flops_per_token = 0;
 };
-std::vector<ModuleCost> module_costs(const Config& cfg);
-// Forward + backward FLOPs per token of the whole model: 3 x the sum of module_costs.
-double training_flops_per_token(const Config& cfg);
+std::vector<ModuleCost> module_costs(const Config& cfg, bool causal_half = false);
+// Forward + backward FLOPs per token of the whole model: 3 x the sum of module_costs. The one
+// formula behind the trainer's MFU, the flops profiler and bench/run (which reads the trainer's
+// records).
+double training_flops_per_token(const Config& cfg, bool causal_half = false);
 int64_t active_parameters_per_token(const Config& cfg);
 
 }  // namespace moe::config

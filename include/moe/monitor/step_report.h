@@ -61,7 +61,9 @@ class StepReporter {
   spdlog::logger& log_;
   std::unique_ptr<Nvml> nvml_;
   bool progress_bar_;
-  double flops_per_token_, peak_flops_;
+  double flops_per_token_, causal_flops_per_token_;
+  int64_t world_size_;
+  double peak_flops_;
   std::chrono::steady_clock::time_point start_;
 };
 

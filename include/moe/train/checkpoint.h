@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +18,7 @@
 #include "moe/train/adamw.h"
 #include "moe/train/loss_scaler.h"
 #include "moe/train/resume_policy.h"
+#include "moe/util/safetensors.h"
 
 namespace moe::train {
 
@@ -30,9 +33,22 @@ struct TrainingState {
   nlohmann::json config;      // the resolved config of the run that wrote it
 };
 
-// Writes the three files into `dir` (an empty directory).
-void save_checkpoint(const std::string& dir, model::TransformerLM& model, FusedAdamW& optimizer,
-                     const TrainingState& state);
+// The optimizer state a checkpoint writes, one tensor at a time: `layout` names every tensor
+// (name, dtype, shape, bytes), and each(sink) hands them to `sink` in that order. The local
+// optimizer's stream holds nothing extra; ZeRO's (zero.h) gathers each tensor from its owner just
+// in time, so the writer never holds more than one state tensor beyond its own share.
+struct OptimizerStream {
+  using Sink = std::function<void(const at::Tensor&)>;
+  std::vector<SafeTensorView> layout;
+  std::function<void(const Sink&)> each;
+};
+OptimizerStream local_optimizer_stream(FusedAdamW& optimizer);
+
+// Writes the three files into `dir` (an empty directory). `optimizer.each` runs to the end even
+// when a write fails (its tensors may come from collectives every rank takes part in); the
+// failure is thrown after it.
+void save_checkpoint(const std::string& dir, model::TransformerLM& model,
+                     const OptimizerStream& optimizer, const TrainingState& state);
 
 // A weights-only checkpoint (model.safetensors + state.json without RNG states; import-hf):
 // loadable by eval, generate, export-hf and model.init_from, not resumable. `extra`: more

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 #include "moe/config/config.h"
 #include "moe/model/transformer.h"
@@ -21,12 +22,13 @@ namespace moe::train {
 class Checkpointer {
  public:
   Checkpointer(const config::Config& cfg, CheckpointStore& store, model::TransformerLM& model,
-               FusedAdamW& optimizer, LossScaler& scaler, TrainingState& state,
-               spdlog::logger& log);
+               FusedAdamW& optimizer, LossScaler& scaler, TrainingState& state, spdlog::logger& log,
+               const std::string& resumed_dir = "");
   // A checkpoint of the current state (state.step); `why` is logged. A failed write removes its
   // partial directory and rethrows, or with on_failure = continue logs and returns.
-  // `optimizer` (optional) replaces the session's one (ZeRO: the state gathered from every rank).
-  void save(const char* why, int64_t metrics_lines, FusedAdamW* optimizer = nullptr);
+  // `optimizer` (optional) replaces the session's optimizer state (ZeRO: every owner's state,
+  // gathered one tensor at a time); it is drained even when the write fails.
+  void save(const char* why, int64_t metrics_lines, const OptimizerStream* optimizer = nullptr);
   // Since the last successful checkpoint, or since this object was made.
   double minutes_since_save() const;
 
@@ -39,6 +41,9 @@ class Checkpointer {
   TrainingState& state_;
   spdlog::logger& log_;
   std::chrono::steady_clock::time_point last_save_;
+  // A model descending from an import: where its HF config and tokenizer files are copied from
+  // into each checkpoint (hf_files.h); "" for a model trained from scratch.
+  std::string hf_source_;
 };
 
 }  // namespace moe::train

@@ -16,6 +16,7 @@
 #include <torch/types.h>
 
 #include "moe/train/adamw.h"
+#include "moe/train/checkpoint.h"
 
 namespace moe::dist {
 class ProcessGroup;
@@ -54,10 +55,11 @@ class ZeroPartition {
   torch::Tensor clip_global(const std::vector<torch::Tensor>& own_grads, double max_norm);
   // After the owners' optimizer step: every rank gets every updated parameter.
   void broadcast_updates();
-  // For a checkpoint: on rank 0 a FusedAdamW over `all_groups` holding every owner's state (the
-  // single-process layout), null elsewhere. Every rank must call it.
-  std::unique_ptr<FusedAdamW> gather_optimizer(FusedAdamW& mine, std::vector<AdamWGroup> all_groups,
-                                               double beta1, double beta2, double eps);
+  // For a checkpoint: every owner's Adam state in the single-process layout, one tensor at a
+  // time (each broadcast from its owner when the writer asks for it), so no rank ever holds
+  // more than its share plus one state tensor. Every rank must drain it (call each()), in the
+  // same order: rank 0 writing, the others with a sink that drops the tensors.
+  OptimizerStream optimizer_stream(FusedAdamW& mine);
 
  private:
   dist::ProcessGroup& group_;

@@ -34,6 +34,26 @@ size_t safetensors_dtype_size(const std::string& dtype);
 void write_safetensors(const std::string& path, const std::vector<SafeTensorView>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+// The same file written tensor by tensor: the header from `layout` (names, dtypes, shapes, byte
+// counts; data unused), then append() each tensor's bytes in layout order, then finish() (fsync).
+// For data produced just in time (a ZeRO checkpoint gathers one state tensor at a time).
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::string& path, const std::vector<SafeTensorView>& layout,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  void append(const void* data, size_t nbytes);
+  void finish();
+
+ private:
+  std::string path_;
+  std::vector<size_t> sizes_;
+  size_t next_ = 0, total_ = 0;
+  int fd_ = -1;
+};
+
 class SafetensorsFile {
  public:
   // Reads and validates the whole file; throws UserError naming the file and the problem.
