@@ -112,7 +112,9 @@ int cmd_train(const TrainArgs& a) {
 
 int cmd_config_show(const TrainArgs& a) {
   if (a.config_path.empty()) throw UserError("config show: --config FILE is required");
-  config::Config cfg = train::load_run_config(a.config_path, a.overrides);
+  // Under a launcher (torchrun, srun) the config resolves with its world size, as training does.
+  config::Config cfg =
+      train::load_run_config(a.config_path, a.overrides, dist::launch_env().world_size);
   for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
   std::cout << config::to_json(cfg).dump(2) << "\n";
   spdlog::info("{} parameters in total, {} active per token", config::count_parameters(cfg),

@@ -164,6 +164,22 @@ void check_relations(Config& c, const Rules& rules) {
     rules.check(stage < 3, "zero_optimization.stage", stage,
                 "stage 3 (parameter partitioning) is not supported; use 0, 1 or 2");
   }
+  // What data parallelism cannot keep independent of the world size (docs/distributed.md):
+  // dropout masks come from each rank's own RNG stream, and a capacity limit is applied to each
+  // rank's tokens (which tokens overflow depends on the slice a rank holds).
+  if (c.world_size > 1) {
+    const std::string n = std::to_string(c.world_size);
+    if (c.model.dropout > 0 || c.moe.expert_dropout > 0) {
+      c.warnings.push_back("model.dropout / moe.expert_dropout > 0 with " + n +
+                           " data-parallel ranks: each rank draws its own dropout masks, so "
+                           "losses differ (slightly) from a run at another world size");
+    }
+    if (c.moe.capacity_factor > 0) {
+      c.warnings.push_back("moe.capacity_factor > 0 with " + n +
+                           " data-parallel ranks: capacity is applied per rank to its own "
+                           "tokens, so which tokens are dropped depends on the world size");
+    }
+  }
   const auto& m = c.model;
   if (m.head_dim == 0) {
     rules.check(m.hidden_size % m.num_heads == 0, "model.num_heads", m.num_heads,

@@ -13,16 +13,78 @@
 #endif
 #include <torch/torch.h>
 
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
 #include "moe/dist/buckets.h"
 #include "moe/util/errors.h"
 
 namespace moe::dist {
+
+namespace {
+constexpr auto kBeatEvery = std::chrono::milliseconds(500);
+constexpr auto kBeatWatch = std::chrono::milliseconds(2500);  // > 4 beats: a live rank beats
+std::string beat_key(int64_t rank) { return "moe-train/heartbeat/" + std::to_string(rank); }
+}  // namespace
+
+// Each rank publishes "COUNT STEP" under its heartbeat key every kBeatEvery, from a thread with
+// its own store connection (the main thread may be blocked in a store wait). A rank that is dead
+// or stopped stops counting; after a failed collective the survivors read the counters twice
+// and name the ranks that did not move (or are at an earlier step). Counters, not clocks: the
+// nodes' clocks need not agree.
+class Heartbeat {
+ public:
+  Heartbeat(const LaunchEnv& env, std::chrono::milliseconds timeout) : rank_(env.rank) {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(env.master_port);
+    so.isServer = false;
+    so.waitWorkers = false;
+    so.timeout = timeout;
+    store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void set_step(int64_t step) { step_.store(step); }
+  int64_t step() const { return step_.load(); }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (int64_t count = 0; !stop_; ++count) {
+      const std::string v = std::to_string(count) + " " + std::to_string(step_.load());
+      try {
+        store_->set(beat_key(rank_), std::vector<uint8_t>(v.begin(), v.end()));
+      } catch (const std::exception&) {
+        return;  // the store is gone (its host died): nothing left to tell
+      }
+      cv_.wait_for(lock, kBeatEvery, [this] { return stop_; });
+    }
+  }
+  int64_t rank_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::atomic<int64_t> step_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
   c10::intrusive_ptr<c10d::ProcessGroup> group;  // the backend behind c10d's front end
   std::shared_ptr<c10d::Reducer> reducer;
+  std::unique_ptr<Heartbeat> heartbeat;
 };
 
 ProcessGroup::ProcessGroup(const LaunchEnv& env, const std::string& backend,
@@ -60,15 +122,64 @@ ProcessGroup::ProcessGroup(const LaunchEnv& env, const std::string& backend,
   } else {
     throw UserError("distributed.backend = " + backend + ": expected gloo or nccl");
   }
+  impl_->heartbeat = std::make_unique<Heartbeat>(env, timeout);
 }
 
 ProcessGroup::~ProcessGroup() = default;
 
-namespace {
+void ProcessGroup::set_step(int64_t step) { impl_->heartbeat->set_step(step); }
+
+// Which ranks did not arrive: those whose heartbeat stood still over kBeatWatch (dead or hung),
+// and those still at an earlier step than this rank. Empty when every rank looks live and level.
+std::string ProcessGroup::missing_ranks() const {
+  auto read_all = [&] {
+    std::vector<std::pair<int64_t, int64_t>> beats(static_cast<size_t>(env_.world_size), {-1, -1});
+    for (int64_t r = 0; r < env_.world_size; ++r) {
+      if (!impl_->store->check({beat_key(r)})) continue;
+      const auto v = impl_->store->get(beat_key(r));
+      std::istringstream in(std::string(v.begin(), v.end()));
+      in >> beats[static_cast<size_t>(r)].first >> beats[static_cast<size_t>(r)].second;
+    }
+    return beats;
+  };
+  try {
+    const auto before = read_all();
+    std::this_thread::sleep_for(kBeatWatch);
+    const auto after = read_all();
+    const int64_t mine = impl_->heartbeat->step();
+    std::string out;
+    for (int64_t r = 0; r < env_.world_size; ++r) {
+      if (r == env_.rank) continue;
+      const auto& [c0, s0] = before[static_cast<size_t>(r)];
+      const auto& [c1, s1] = after[static_cast<size_t>(r)];
+      std::string why;
+      if (c1 < 0) {
+        why = "never checked in";
+      } else if (c1 == c0) {
+        why = "no heartbeat for " + std::to_string(kBeatWatch.count() / 1000.0).substr(0, 3) +
+              " s: dead or hung, last seen at step " + std::to_string(s1);
+      } else if (s1 < mine) {
+        why = "alive but still at step " + std::to_string(s1);
+      }
+      if (!why.empty())
+        out += (out.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " (" + why + ")");
+    }
+    return out.empty()
+               ? ""
+               : "; did not arrive: " + out + "; this rank was at step " + std::to_string(mine);
+  } catch (const std::exception&) {
+    return "; the rendezvous store at " + env_.master_addr + ":" +
+           std::to_string(env_.master_port) +
+           " does not answer: its host (rank 0 or the launcher) died or hung";
+  }
+}
+
 // A collective that fails (a peer died, hung past the timeout, or the network broke) ends this
-// rank too: TrainingError (exit 3) naming this rank and what it was doing.
+// rank too: TrainingError (exit 3) naming this rank, what it was doing and the ranks that did
+// not arrive.
 template <class F>
-void collective(const LaunchEnv& env, const char* what, F&& f) {
+void ProcessGroup::collective(const char* what, F&& f) const {
+  const LaunchEnv& env = env_;
   try {
     f();
   } catch (const c10::OutOfMemoryError&) {
@@ -85,10 +196,9 @@ void collective(const LaunchEnv& env, const char* what, F&& f) {
                         std::to_string(env.world_size) + ": " + what +
                         " failed (another rank died, hung past distributed.timeout_s, or the "
                         "network failed): " +
-                        detail.substr(0, 300));
+                        detail.substr(0, 300) + missing_ranks());
   }
 }
-}  // namespace
 
 void ProcessGroup::allreduce_mean(const std::vector<torch::Tensor>& tensors, int64_t bucket_bytes) {
   const double inv = 1.0 / static_cast<double>(env_.world_size);
@@ -101,7 +211,7 @@ void ProcessGroup::allreduce_mean(const std::vector<torch::Tensor>& tensors, int
       members.push_back(tensors[t]);
     }
     std::vector<torch::Tensor> flat{on_backend_device(torch::cat(parts))};
-    collective(env_, "gradient all-reduce", [&] { impl_->backend->allreduce(flat)->wait(); });
+    collective("gradient all-reduce", [&] { impl_->backend->allreduce(flat)->wait(); });
     flat[0].mul_(inv);
     copy_from_flat(flat[0], members);
   }
@@ -115,7 +225,7 @@ torch::Tensor ProcessGroup::on_backend_device(const torch::Tensor& t) const {
 
 void ProcessGroup::allreduce_sum(torch::Tensor& t) {
   std::vector<torch::Tensor> v{on_backend_device(t)};
-  collective(env_, "all-reduce", [&] { impl_->backend->allreduce(v)->wait(); });
+  collective("all-reduce", [&] { impl_->backend->allreduce(v)->wait(); });
   if (!v[0].is_same(t)) t.copy_(v[0]);
 }
 
@@ -125,9 +235,9 @@ std::function<void()> ProcessGroup::reduce_sum_async(const torch::Tensor& t, int
   o.rootRank = root;
   o.reduceOp = c10d::ReduceOp::SUM;
   c10::intrusive_ptr<c10d::Work> work;
-  collective(env_, "gradient reduce", [&] { work = impl_->backend->reduce(*v, o); });
+  collective("gradient reduce", [&] { work = impl_->backend->reduce(*v, o); });
   return [this, v, work, t]() mutable {
-    collective(env_, "gradient reduce", [&] { work->wait(); });
+    collective("gradient reduce", [&] { work->wait(); });
     if (!(*v)[0].is_same(t)) t.copy_((*v)[0]);
   };
 }
@@ -136,7 +246,7 @@ void ProcessGroup::broadcast(torch::Tensor& t, int64_t root) {
   std::vector<torch::Tensor> v{on_backend_device(t)};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  collective(env_, "broadcast", [&] { impl_->backend->broadcast(v, o)->wait(); });
+  collective("broadcast", [&] { impl_->backend->broadcast(v, o)->wait(); });
   if (!v[0].is_same(t)) t.copy_(v[0]);
 }
 
@@ -146,7 +256,7 @@ std::vector<std::string> ProcessGroup::allgather_text(const std::string& key,
   impl_->store->set(prefix + std::to_string(env_.rank),
                     std::vector<uint8_t>(mine.begin(), mine.end()));
   std::vector<std::string> out;
-  collective(env_, "config exchange", [&] {
+  collective("config exchange", [&] {
     for (int64_t r = 0; r < env_.world_size; ++r) {
       const auto v = impl_->store->get(prefix + std::to_string(r));  // waits for it
       out.emplace_back(v.begin(), v.end());
@@ -181,15 +291,13 @@ void ProcessGroup::enable_gradient_sync(const std::vector<torch::Tensor>& params
 bool ProcessGroup::gradient_sync_enabled() const { return impl_->reducer != nullptr; }
 
 void ProcessGroup::prepare_gradient_sync(const torch::Tensor& loss) {
-  collective(env_, "gradient sync", [&] { impl_->reducer->prepare_for_backward({loss}); });
+  collective("gradient sync", [&] { impl_->reducer->prepare_for_backward({loss}); });
 }
 
-void ProcessGroup::guard(const char* what, const std::function<void()>& f) {
-  collective(env_, what, f);
-}
+void ProcessGroup::guard(const char* what, const std::function<void()>& f) { collective(what, f); }
 
 void ProcessGroup::barrier() {
-  collective(env_, "barrier", [&] { impl_->backend->barrier()->wait(); });
+  collective("barrier", [&] { impl_->backend->barrier()->wait(); });
 }
 
 }  // namespace moe::dist

@@ -10,9 +10,13 @@ with torchrun's variables:
     losses of a straight 40-step run to <= 1e-5 relative; checkpoints hold the single-process
     tensor names and shapes;
   - a config that differs between ranks: exit 2 on every rank, naming the key, nothing written;
-  - SIGKILL of one rank: the other exits non-zero (3) within distributed.timeout_s naming itself;
+  - SIGKILL of one rank: the other exits non-zero (3) within distributed.timeout_s naming itself
+    and the rank that did not arrive (a SIGSTOPped rank, a hang, too);
     restarting resumes from the last checkpoint;
-  - SIGTERM to one rank: every rank stops after the same step, one checkpoint, exit 0.
+  - SIGTERM to one rank: every rank stops after the same step, one checkpoint, exit 0;
+  - ranks that would resume from different checkpoints (node-local output directories: rank 1
+    sees none, emulated with --no-resume on rank 1 only): exit 2 on every rank naming each
+    rank's step and checkpoint, nothing written.
 
 usage: data_parallel_test.py MOE_TRAIN_BINARY
 """
@@ -199,6 +203,7 @@ with tempfile.TemporaryDirectory() as d:
     waited = time.time() - t_kill
     procs[1].communicate()
     assert procs[0].returncode == 3 and "rank 0 of 2" in err, (procs[0].returncode, err[-2000:])
+    assert "did not arrive: rank 1 (no heartbeat" in err, err[-2000:]
     assert waited <= CONFIG["distributed"]["timeout_s"], waited
     print(f"SIGKILL of rank 1: rank 0 exited 3 after {waited:.1f} s: {err.strip().splitlines()[-1][:160]}")
     saved = max(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
@@ -220,6 +225,8 @@ with tempfile.TemporaryDirectory() as d:
     procs[1].send_signal(signal.SIGKILL)
     procs[1].communicate()
     assert procs[0].returncode == 3 and "rank 0 of 2" in err, (procs[0].returncode, err[-2000:])
+    # Before the heartbeat the message named only rank 0's own failed collective.
+    assert "did not arrive: rank 1 (no heartbeat" in err, err[-2000:]
     assert waited <= 5 + 10, waited
     print(f"SIGSTOP of rank 1 (a hang): rank 0 exited 3 after {waited:.1f} s (timeout_s 5)")
 
@@ -238,6 +245,43 @@ with tempfile.TemporaryDirectory() as d:
     w = worst(train_losses(out), train_losses(tmp / "dp1"))
     print(f"Slurm-style launch (SLURM_PROCID/NTASKS/LOCALID, master from SLURM_JOB_NODELIST): {w:.1e}")
     assert w <= RTOL, w
+
+    # Dropout and a capacity limit are not world-size independent: said at start, and by
+    # `config show` under a launcher (docs/distributed.md says why).
+    r = torchrun(cfg, 2, f"training.output_dir={tmp / 'warn'}", "training.train_iters=2", "model.dropout=0.1",
+                 "moe.capacity_factor=1.0")
+    assert "each rank draws its own dropout masks" in r.stderr and "capacity is applied per rank" in r.stderr, r.stderr[-2000:]
+    show = subprocess.run([BIN, "config", "show", "--config", cfg, "--set", "model.dropout=0.1", "--set",
+                           "moe.capacity_factor=1.0"], capture_output=True, text=True,
+                          env={**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    assert show.returncode == 0 and "dropout masks" in show.stderr and "capacity is applied per rank" in show.stderr, show.stderr
+    alone = subprocess.run([BIN, "config", "show", "--config", cfg, "--set", "model.dropout=0.1"],
+                           capture_output=True, text=True)
+    assert "dropout masks" not in alone.stderr, alone.stderr
+    print("dropout / capacity with 2 ranks: warned at start and by config show under a launcher")
+
+    # Node-local output directories: rank 0 finds step 20's checkpoint, rank 1 finds none. Before
+    # the fix rank 0 resumed at 20 and rank 1 started at 0, and they trained on together.
+    out = tmp / "local"
+    single(cfg, f"training.output_dir={out}", "training.train_iters=20", "checkpoint.save_interval=10")
+    before = sorted(p.name for p in (out / "checkpoints").iterdir())
+    metrics_before = (out / "metrics.jsonl").read_text()
+    port = free_port()
+    procs = [by_hand(cfg, port, 0, f"training.output_dir={out}", "training.train_iters=40",
+                     "checkpoint.save_interval=10")]
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    procs.append(subprocess.Popen([BIN, "--config", cfg, "-q", "--no-resume", "--set", f"training.output_dir={out}",
+                                   "--set", "training.train_iters=40", "--set", "checkpoint.save_interval=10"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    for rank, p in enumerate(procs):
+        _, err = p.communicate(timeout=120)
+        lines = [l for l in err.strip().splitlines() if l.startswith("moe-train:")]
+        assert p.returncode == 2 and len(lines) == 1, (rank, p.returncode, err[-2000:])
+        assert "rank 0 at step 20 from step-00000020" in lines[0] and "rank 1 at step 0 from (fresh start)" in lines[0], lines
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before, "no checkpoint written"
+    assert (out / "metrics.jsonl").read_text() == metrics_before, "metrics untouched"
+    print(f"ranks resuming from different checkpoints: exit 2 on both: {lines[0][:200]}")
 
     out = tmp / "term"
     port = free_port()

@@ -128,6 +128,7 @@ with tempfile.TemporaryDirectory() as d:
             unit = unit.replace("/usr/local/bin/moe-train", str(pathlib.Path(BIN).resolve()))
             unit = unit.replace("/opt/moe-train/venv/bin/torchrun",
                                 str(pathlib.Path(sys.executable).parent / "torchrun"))
+            unit = unit.replace("/opt/moe-train/scripts/", str(ROOT / "scripts") + "/")
             unit = unit.replace("User=moe", "User=root").replace("Group=moe", "Group=root")
             unit = unit.replace("/srv/moe-train", str(tmp))
             (tmp / name).write_text(unit)

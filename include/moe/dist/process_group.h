@@ -38,6 +38,9 @@ class ProcessGroup {
   // Every rank's `mine`, in rank order (through the rendezvous store).
   std::vector<std::string> allgather_text(const std::string& key, const std::string& mine);
   void barrier();
+  // The step this rank is in (1-based), published with its heartbeat: a failed collective names
+  // the ranks that are dead, hung or behind (missing_ranks).
+  void set_step(int64_t step);
   // Runs `f` (e.g. a backward whose all-reduce runs inside it): a collective failing in it ends
   // this rank with the same TrainingError as the collectives above.
   void guard(const char* what, const std::function<void()>& f);
@@ -54,6 +57,9 @@ class ProcessGroup {
 
  private:
   torch::Tensor on_backend_device(const torch::Tensor& t) const;
+  template <class F>
+  void collective(const char* what, F&& f) const;
+  std::string missing_ranks() const;
   struct Impl;
   LaunchEnv env_;
   std::string backend_;
