@@ -46,9 +46,13 @@ void fill_architecture(json& root, const json& sections) {
     if (!root[section].is_object()) continue;  // from_json names the type error
     for (const auto& [key, value] : sections[section].items()) {
       const std::string path = std::string(section) + "." + key;
-      // Training settings (dropout, kernels, ...) stay the config's own; the window length is
-      // taken like the architecture.
-      const bool setting = path != "model.seq_len" && is_training_setting(path, sections);
+      // Training settings (dropout, kernels, ...) stay the config's own; the window length and
+      // the router's loss coefficients (the model's own: HF's router_aux_loss_coef) are taken
+      // like the architecture when the config leaves them out, so that chained fine-tunes and
+      // their exports keep what the imported model said.
+      const bool inherited =
+          path == "model.seq_len" || path == "moe.aux_loss_coeff" || path == "moe.z_loss_coeff";
+      const bool setting = !inherited && is_training_setting(path, sections);
       if (setting || root[section].contains(key)) continue;
       root[section][key] = value;
     }

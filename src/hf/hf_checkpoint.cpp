@@ -109,7 +109,7 @@ HfModel read_hf_model(const std::string& dir) {
     throw UserError("hf: " + dir + ": no config.json (not a Hugging Face model directory)");
   }
   HfModel m;
-  m.hf_config = config::load_json_file(path.string());
+  m.hf_config = config::load_json_file(path.string(), "hf");
   m.sections = architecture_from_hf(m.hf_config, path.string(), &m.family, &m.warnings);
   json root = m.sections;
   // validate() wants data and a batch size; neither is part of an architecture.
@@ -135,16 +135,11 @@ void write_json(const fs::path& path, const json& j) {
 }
 
 // Where the original HF files of a checkpoint's model live: the checkpoint itself (import-hf
-// wrote them), or the directory its run started from (model.init_from). "" when none.
+// and every checkpoint descending from an import carry them), or the directory its run started
+// from (model.init_from, for checkpoints written before they were carried). "" when none.
 std::string hf_source_dir(const std::string& checkpoint_dir, const config::Config& cfg) {
-  if (fs::exists(fs::path(checkpoint_dir) / "hf_config.json")) return checkpoint_dir;
-  const std::string& from = cfg.model.init_from;
-  if (from.empty()) return "";
-  if (fs::exists(fs::path(from) / "hf_config.json")) return from;
-  if (fs::exists(fs::path(from) / "config.json") && !fs::exists(fs::path(from) / "state.json")) {
-    return from;
-  }
-  return "";
+  const std::string own = hf_side_source(checkpoint_dir);
+  return own.empty() ? hf_side_source(cfg.model.init_from) : own;
 }
 
 }  // namespace
@@ -204,7 +199,7 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
     const fs::path p =
         fs::path(source) /
         (fs::exists(fs::path(source) / "hf_config.json") ? "hf_config.json" : "config.json");
-    base = config::load_json_file(p.string());
+    base = config::load_json_file(p.string(), "hf");
   }
   const json hf_config = hf_config_from(cfg, family, base, opt.dtype);
 

@@ -33,7 +33,7 @@ HfWeights::HfWeights(const std::string& dir) {
       tensors_[name] = {files_.back().get(), &e};
     return;
   }
-  const json index = config::load_json_file(index_path.string());
+  const json index = config::load_json_file(index_path.string(), "hf");
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
     throw UserError("hf: " + index_path.string() + ": weight_map: expected an object");
   }
@@ -65,9 +65,16 @@ HfWeights::HfWeights(const std::string& dir) {
   }
   for (const auto& f : files_) {
     for (const auto& [name, e] : f->entries()) {
-      if (tensors_.count(name) == 0 || tensors_[name].file != f.get()) {
+      const auto it = tensors_.find(name);
+      if (it == tensors_.end()) {
         throw UserError("hf: " + f->path() + ": tensor '" + name +
                         "' is not in model.safetensors.index.json");
+      }
+      if (it->second.file != f.get()) {
+        throw UserError("hf: " + f->path() + ": tensor '" + name + "' is also in " +
+                        it->second.file->path() +
+                        " (model.safetensors.index.json puts it there); a tensor must be in one "
+                        "shard");
       }
     }
   }
@@ -157,6 +164,26 @@ std::vector<std::string> copy_tokenizer_files(const std::string& from, const std
     copied.push_back(name);
   }
   return copied;
+}
+
+std::string hf_side_source(const std::string& dir) {
+  if (dir.empty()) return "";
+  const fs::path d = dir;
+  if (fs::is_regular_file(d / "hf_config.json")) return dir;
+  if (fs::is_regular_file(d / "config.json") && !fs::exists(d / "state.json")) return dir;
+  return "";
+}
+
+void copy_hf_side_files(const std::string& from, const std::string& to) {
+  const fs::path src = from, dst = to;
+  const auto copy = fs::copy_options::overwrite_existing;
+  fs::copy_file(
+      fs::is_regular_file(src / "hf_config.json") ? src / "hf_config.json" : src / "config.json",
+      dst / "hf_config.json", copy);
+  for (const char* name : {"generation_config.json", "moe-train.json"}) {
+    if (fs::is_regular_file(src / name)) fs::copy_file(src / name, dst / name, copy);
+  }
+  copy_tokenizer_files(from, to);
 }
 
 }  // namespace moe::hf

@@ -24,7 +24,7 @@ json weights_architecture(const std::string& dir) {
   }
   const fs::path hf = fs::path(dir) / "config.json";
   if (fs::exists(hf)) {
-    return hf::architecture_from_hf(config::load_json_file(hf.string()), hf.string(), nullptr,
+    return hf::architecture_from_hf(config::load_json_file(hf.string(), "hf"), hf.string(), nullptr,
                                     nullptr);
   }
   throw UserError("model.init_from = \"" + dir +

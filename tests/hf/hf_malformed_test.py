@@ -106,6 +106,33 @@ with tempfile.TemporaryDirectory() as td:
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     expect_refusal(tmp, "truncated safetensors", ["import-hf", d], shards[0])
 
+    # A tensor stored in two shards: named as such (was "not in model.safetensors.index.json").
+    d = variant(tmp, sharded, "tensor-in-two-shards")
+    name = next(n for n, f in index["weight_map"].items() if f == shards[0])
+    t = load_file(d / shards[1])
+    t[name] = load_file(d / shards[0])[name]
+    save_file(t, d / shards[1], metadata={"format": "pt"})
+    expect_refusal(tmp, "a tensor in two shards", ["import-hf", d], name, "is also in", shards[0], shards[1])
+
+    # A negative dimension in a safetensors header (was "shape holds a non-integer").
+    d = variant(tmp, single, "negative-dimension")
+    raw = (d / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header["model.norm.weight"]["shape"] = [-32]
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    (d / "model.safetensors").write_bytes(len(h).to_bytes(8, "little") + h + raw[8 + n:])
+    expect_refusal(tmp, "a negative dimension", ["import-hf", d], "model.norm.weight", "negative dimension -32")
+
+    # A malformed index file is an hf: error, not a config: one.
+    d = variant(tmp, sharded, "malformed-index")
+    (d / "model.safetensors.index.json").write_text('{"weight_map": {,}}')
+    r = subprocess.run([BIN, "import-hf", d, "--out", tmp / "out"], capture_output=True, text=True)
+    line = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+    assert r.returncode == 2 and line.startswith("moe-train: error: hf: ") and "model.safetensors.index.json:1:" in line, r.stderr
+    print(f"  malformed index: {line}")
+
     d = variant(tmp, single, "no-config")
     (d / "config.json").unlink()
     expect_refusal(tmp, "no config.json", ["import-hf", d], "config.json")

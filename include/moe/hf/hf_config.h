@@ -3,6 +3,7 @@
 // Supported: MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM (docs/hf.md).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,10 @@
 namespace moe::hf {
 
 enum class Family { kMixtral, kQwen3Moe, kOlmoe };
+
+// model.seq_len of an import when max_position_embeddings is longer (with a warning): the run
+// config's model.seq_len overrides it; exports keep the model's max_position_embeddings.
+constexpr int64_t kImportSeqLenCap = 2048;
 
 const char* architecture_name(Family f);  // "MixtralForCausalLM", ...
 const char* model_type(Family f);         // "mixtral", "qwen3_moe", "olmoe"
