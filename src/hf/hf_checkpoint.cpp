@@ -90,6 +90,7 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
     auto src = torch::from_blob(const_cast<char*>(ref.file->data(e)), e.shape,
                                 torch::TensorOptions().dtype(source_dtype(e.dtype)))
                    .clone();
+    ref.file->release(e);  // the mapped pages go: one source tensor in memory at a time
     piece_view(p, params).copy_(src.to(torch::kFloat));
   }
 }

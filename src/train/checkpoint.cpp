@@ -67,6 +67,7 @@ void copy_into(const SafetensorsFile& f, const std::string& name, at::Tensor& ds
     throw UserError("checkpoint: " + f.path() + ": " + msg.str());
   }
   std::memcpy(host.data_ptr(), f.data(e), e.end - e.begin);
+  f.release(e);
   at::NoGradGuard g;
   dst.copy_(host);
 }

@@ -1,6 +1,7 @@
 #include "moe/util/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -140,9 +141,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   std::string h(n, '\0');
   read_exact(h.data(), n);
   const uint64_t data_size = size - 8 - n;
-  data_.resize(data_size);
-  read_exact(data_.data(), data_size);
+  // The data section is memory-mapped, not read: pages come in as tensors are copied out and
+  // release() gives them back, so a reader holds about one tensor of a file, not the file.
+  map_size_ = static_cast<size_t>(size);
+  void* base = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
+  if (base == MAP_FAILED) bad(path, std::string("cannot map (") + std::strerror(errno) + ")");
+  map_ = static_cast<char*>(base);
+  data_ = map_ + 8 + n;
 
   json header;
   try {
@@ -204,6 +210,19 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   for (size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].first < ranges[i - 1].second) bad(path, "tensor data ranges overlap");
   }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(map_, map_size_);
+}
+
+void SafetensorsFile::release(const SafeTensorEntry& e) const {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(data_ + e.begin);
+  const auto end = reinterpret_cast<uintptr_t>(data_ + e.end);
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  // Only whole pages inside the tensor: its neighbours' bytes stay where they are.
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 const SafeTensorEntry& SafetensorsFile::entry(const std::string& name) const {

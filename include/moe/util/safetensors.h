@@ -56,21 +56,30 @@ class SafetensorsWriter {
 
 class SafetensorsFile {
  public:
-  // Reads and validates the whole file; throws UserError naming the file and the problem.
+  // Validates the header against the file size (throws UserError naming the file and the
+  // problem) and memory-maps the file read-only.
   explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
   const std::map<std::string, SafeTensorEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool has(const std::string& name) const { return entries_.count(name) != 0; }
   // Throws UserError when the tensor is missing.
   const SafeTensorEntry& entry(const std::string& name) const;
-  const char* data(const SafeTensorEntry& e) const { return data_.data() + e.begin; }
+  const char* data(const SafeTensorEntry& e) const { return data_ + e.begin; }
+  // The tensor's bytes are no longer needed: their pages leave memory (a later data() maps them
+  // in again from the file).
+  void release(const SafeTensorEntry& e) const;
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   std::map<std::string, SafeTensorEntry> entries_;
   std::map<std::string, std::string> metadata_;
-  std::vector<char> data_;
+  char* map_ = nullptr;
+  size_t map_size_ = 0;
+  const char* data_ = nullptr;  // the data section, inside the mapping
 };
 
 }  // namespace moe
