@@ -149,7 +149,7 @@ int64_t attention_weights(const Config& c) {
 
 static int64_t qk_norm_weights(const Config& c) {
   if (!c.model.qk_norm) return 0;
-  if (c.model.qk_norm_scope == "full") {
+  if (c.model.qk_norm_scope == QkNormScope::kFull) {
     return (c.model.num_heads + key_value_heads(c)) * head_dim(c);
   }
   return 2 * head_dim(c);
@@ -211,6 +211,22 @@ int64_t active_parameters_per_token(const Config& c) {
          M * (d * c.moe.num_experts + c.moe.top_k * 3 * d * f +
               3 * d * c.moe.shared_expert_hidden_size) +
          (L - M) * 3 * d * dense_hidden_size(c) + c.model.vocab_size * d;
+}
+
+DataParallelMode data_parallel_mode(const Config& c, int64_t world_size) {
+  DataParallelMode m;
+  m.world_size = std::max<int64_t>(1, world_size);
+  if (!m.distributed()) return m;
+  m.zero_stage = c.zero_optimization.stage;
+  m.reduction = !c.zero_optimization.overlap_comm ? GradientReduction::kAllReduceAfterBackward
+                : m.shards_gradients()            ? GradientReduction::kReduceToOwnersInBackward
+                                                  : GradientReduction::kReducerInBackward;
+  return m;
+}
+
+int64_t reduce_bucket_bytes(const Config& c) { return c.zero_optimization.reduce_bucket_size * 4; }
+int64_t allgather_bucket_bytes(const Config& c) {
+  return c.zero_optimization.allgather_bucket_size * 4;
 }
 
 }  // namespace moe::config

@@ -147,7 +147,6 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   p.micro_batch = opt.micro_batch > 0 ? opt.micro_batch : c.train_micro_batch_size_per_gpu;
   const double P = static_cast<double>(p.parameters);
   const double N = static_cast<double>(std::max<int64_t>(1, opt.world_size));
-  const int64_t stage = c.zero_optimization.stage;
   const bool offload = c.zero_optimization.offload_optimizer.device == OffloadDevice::kCpu;
   const bool mixed = !opt.cpu && (c.bf16.enabled || c.fp16.enabled);
   // fp32 weights always (they are the master copy); fp32 gradients; Adam's two fp32 moments.
@@ -158,18 +157,28 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   // bucket being filled and at most two in flight. Otherwise every gradient exists in the
   // backward; ZeRO-2 without the overlap releases the foreign ones before the update. DDP's
   // Reducer (stages 0-1 with the overlap) keeps its buckets, a second copy of every gradient.
-  const bool dp = N > 1;
-  const bool overlap = dp && c.zero_optimization.overlap_comm;
-  const bool partitioned = overlap && stage >= 2;
-  const double bucket = 4.0 * static_cast<double>(c.zero_optimization.reduce_bucket_size);
+  const DataParallelMode dp = data_parallel_mode(c, opt.world_size);
+  const bool partitioned = dp.reduction == GradientReduction::kReduceToOwnersInBackward;
+  const double bucket = static_cast<double>(reduce_bucket_bytes(c));
   const double grad_per_param = partitioned ? 4 / N : 4;
-  p.gradients = 4 * P / (dp && stage >= 2 ? N : 1);  // held at the update
-  p.communication = !dp           ? 0
-                    : !overlap    ? std::min(bucket, 4 * P)
-                    : partitioned ? std::min(3 * bucket, 4 * P * (N - 1) / N)
-                                  : 4 * P;
-  p.optimizer_states = offload ? 0 : 8 * P / (stage >= 1 ? N : 1);
-  p.host = offload ? 16 * P / (stage >= 1 ? N : 1) : 0;  // moments + master copy + grad staging
+  p.gradients = 4 * P / (dp.shards_gradients() ? N : 1);  // held at the update
+  switch (dp.reduction) {
+    case GradientReduction::kNone:
+      p.communication = 0;
+      break;
+    case GradientReduction::kAllReduceAfterBackward:
+      p.communication = std::min(bucket, 4 * P);
+      break;
+    case GradientReduction::kReduceToOwnersInBackward:
+      p.communication = std::min(3 * bucket, 4 * P * (N - 1) / N);
+      break;
+    case GradientReduction::kReducerInBackward:
+      p.communication = 4 * P;
+      break;
+  }
+  const double state_share = dp.shards_optimizer() ? N : 1;
+  p.optimizer_states = offload ? 0 : 8 * P / state_share;
+  p.host = offload ? 16 * P / state_share : 0;  // moments + master copy + grad staging
   // Autocast keeps the bf16/fp16 copy of every matmul weight from the forward to the end of the
   // backward (its cache is cleared after the step).
   p.low_precision_weights = mixed ? 2 * P : 0;
@@ -273,10 +282,12 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
   row("  every block checkpointed", p.activations_checkpoint, "");
   row("backward transients", p.backward_transient, "largest short-lived buffers");
   if (p.communication > 0) {
+    const GradientReduction r = data_parallel_mode(c, opt.world_size).reduction;
     row("gradient communication", p.communication,
-        c.zero_optimization.overlap_comm
-            ? (c.zero_optimization.stage >= 2 ? "ZeRO-2 buckets being reduced onto owners"
-                                              : "DDP Reducer buckets (a copy of every gradient)")
+        r == GradientReduction::kReduceToOwnersInBackward
+            ? "ZeRO-2 buckets being reduced onto owners"
+        : r == GradientReduction::kReducerInBackward
+            ? "DDP Reducer buckets (a copy of every gradient)"
             : "one all-reduce bucket after the backward");
   }
   row("peak of tensors", p.peak, "the worst moment of the backward or the update");

@@ -200,8 +200,8 @@ void check_relations(Config& c, const Rules& rules) {
   }
   rules.check(moe_layer_count(c) > 0, "moe.decoder_sparse_step", e.decoder_sparse_step,
               "leaves no MoE layer (with moe.mlp_only_layers)");
-  rules.check(m.qk_norm || m.qk_norm_scope == "head", "model.qk_norm_scope", m.qk_norm_scope,
-              "needs model.qk_norm = true");
+  rules.check(m.qk_norm || m.qk_norm_scope == QkNormScope::kHead, "model.qk_norm_scope",
+              std::string(name(m.qk_norm_scope)), "needs model.qk_norm = true");
   rules.check(e.top_k <= e.num_experts, "moe.top_k", e.top_k,
               "must be <= moe.num_experts (" + std::to_string(e.num_experts) + ")");
   const auto& d = c.data;

@@ -87,7 +87,7 @@ struct ProcessGroup::Impl {
   std::unique_ptr<Heartbeat> heartbeat;
 };
 
-ProcessGroup::ProcessGroup(const LaunchEnv& env, const std::string& backend,
+ProcessGroup::ProcessGroup(const LaunchEnv& env, config::DistBackend backend,
                            std::chrono::milliseconds timeout)
     : env_(env), backend_(backend), impl_(std::make_unique<Impl>()) {
   c10d::TCPStoreOptions so;
@@ -104,12 +104,12 @@ ProcessGroup::ProcessGroup(const LaunchEnv& env, const std::string& backend,
                         std::to_string(env.master_port) + " within " +
                         std::to_string(timeout.count() / 1000) + " s (distributed.timeout_s)");
   }
-  if (backend == "gloo") {
+  if (backend == config::DistBackend::kGloo) {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     impl_->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
         impl_->store, static_cast<int>(env.rank), static_cast<int>(env.world_size), opts);
-  } else if (backend == "nccl") {
+  } else if (backend == config::DistBackend::kNccl) {
 #ifdef MOE_HAVE_NCCL
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));  // one GPU per rank
     auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -120,7 +120,7 @@ ProcessGroup::ProcessGroup(const LaunchEnv& env, const std::string& backend,
     throw UserError("distributed.backend = nccl: this build has no CUDA/NCCL");
 #endif
   } else {
-    throw UserError("distributed.backend = " + backend + ": expected gloo or nccl");
+    throw UserError("distributed.backend = auto: resolve it to gloo or nccl first");
   }
   impl_->heartbeat = std::make_unique<Heartbeat>(env, timeout);
 }
@@ -219,7 +219,7 @@ void ProcessGroup::allreduce_mean(const std::vector<torch::Tensor>& tensors, int
 
 // NCCL works on the GPU only: a host tensor travels through the rank's GPU and back.
 torch::Tensor ProcessGroup::on_backend_device(const torch::Tensor& t) const {
-  if (backend_ != "nccl" || t.is_cuda()) return t;
+  if (backend_ != config::DistBackend::kNccl || t.is_cuda()) return t;
   return t.to(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank)));
 }
 
@@ -270,8 +270,8 @@ void ProcessGroup::enable_gradient_sync(const std::vector<torch::Tensor>& params
   auto& im = *impl_;
   im.group = c10::make_intrusive<c10d::ProcessGroup>(im.store, static_cast<int>(env_.rank),
                                                      static_cast<int>(env_.world_size));
-  const auto type = backend_ == "nccl" ? c10d::ProcessGroup::BackendType::NCCL
-                                       : c10d::ProcessGroup::BackendType::GLOO;
+  const auto type = backend_ == config::DistBackend::kNccl ? c10d::ProcessGroup::BackendType::NCCL
+                                                           : c10d::ProcessGroup::BackendType::GLOO;
   const auto device = params.front().device().type();
   im.group->setBackend(device, type, im.backend);
   im.group->setDefaultBackend(type);

@@ -251,7 +251,7 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
   if (!requested.empty()) {
     f = parse_family(requested, "export-hf: --architecture");
   } else if (m.qk_norm) {
-    f = m.qk_norm_scope == "full" ? Family::kOlmoe : Family::kQwen3Moe;
+    f = m.qk_norm_scope == config::QkNormScope::kFull ? Family::kOlmoe : Family::kQwen3Moe;
   }
   const bool all_moe = config::moe_layer_count(cfg) == m.num_layers;
   switch (f) {
@@ -262,13 +262,13 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
       if (m.clip_qkv > 0) refuse("model.clip_qkv", "Mixtral does not clip q, k, v");
       break;
     case Family::kQwen3Moe:
-      if (!m.qk_norm || m.qk_norm_scope != "head") {
+      if (!m.qk_norm || m.qk_norm_scope != config::QkNormScope::kHead) {
         refuse("model.qk_norm", "Qwen3-MoE has per-head q/k norms (qk_norm_scope head)");
       }
       if (m.clip_qkv > 0) refuse("model.clip_qkv", "Qwen3-MoE does not clip q, k, v");
       break;
     case Family::kOlmoe:
-      if (!m.qk_norm || m.qk_norm_scope != "full") {
+      if (!m.qk_norm || m.qk_norm_scope != config::QkNormScope::kFull) {
         refuse("model.qk_norm", "OLMoE has full-width q/k norms (qk_norm_scope full)");
       }
       if (!all_moe) refuse("moe.mlp_only_layers", "OLMoE has no dense layers");

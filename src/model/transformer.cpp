@@ -125,7 +125,8 @@ DocumentLayout document_layout(const torch::Tensor& tokens, int64_t eod) {
 }
 
 namespace {
-moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device& device) {
+moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device& device,
+                                 const moe::LoadReduction& loads) {
   const auto& m = cfg.model;
   moe::MoeLayerOptions o;
   o.router.hidden_size = m.hidden_size;
@@ -135,6 +136,7 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.router.normalize_topk = cfg.moe.normalize_topk;
   o.router.capacity_factor = cfg.moe.capacity_factor;
   o.router.router_bias_update_rate = cfg.moe.router_bias_update_rate;
+  o.router.load_reduction = loads;
   o.shared_expert_hidden_size = cfg.moe.shared_expert_hidden_size;
   o.experts.num_experts = cfg.moe.num_experts;
   o.experts.hidden_size = m.hidden_size;
@@ -165,7 +167,8 @@ torch::Tensor DenseMlpImpl::forward(const torch::Tensor& x) {
   return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
 }
 
-BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int64_t layer)
+BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int64_t layer,
+                     const moe::LoadReduction& loads)
     : dropout_(cfg.model.dropout) {
   const auto& m = cfg.model;
   attn_norm = register_module("attn_norm", RMSNorm(m.hidden_size, m.norm_eps));
@@ -176,7 +179,7 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   a.head_dim = config::head_dim(cfg);
   a.rope_theta = m.rope_theta;
   a.qk_norm = m.qk_norm;
-  a.qk_norm_full = m.qk_norm_scope == "full";
+  a.qk_norm_full = m.qk_norm_scope == config::QkNormScope::kFull;
   a.clip_qkv = m.clip_qkv;
   a.norm_eps = m.norm_eps;
   a.dropout = m.dropout;
@@ -186,7 +189,7 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   attn = register_module("attn", CausalSelfAttention(a));
   moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps));
   if (config::is_moe_layer(cfg, layer)) {
-    moe = register_module("moe", moe::MoeLayer(moe_options(cfg, device)));
+    moe = register_module("moe", moe::MoeLayer(moe_options(cfg, device, loads)));
   } else {
     mlp = register_module(
         "mlp", DenseMlp(m.hidden_size, config::dense_hidden_size(cfg), m.init_std,
@@ -218,7 +221,8 @@ BlockOutput BlockImpl::forward(const torch::Tensor& x) {
   return o;
 }
 
-TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Device& device)
+TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Device& device,
+                                     const moe::LoadReduction& loads)
     : mcfg_(cfg.model),
       checkpoint_blocks_(cfg.activation_checkpointing.number_checkpoints),
       eod_id_(cfg.data.reset_attention_at_eod ? cfg.data.eod_id : -1) {
@@ -234,7 +238,7 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
   }
   auto list = register_module("blocks", torch::nn::ModuleList());  // names blocks.0, blocks.1...
   for (int64_t i = 0; i < m.num_layers; ++i) {
-    blocks.push_back(Block(cfg, device, i));
+    blocks.push_back(Block(cfg, device, i, loads));
     list->push_back(blocks.back());
   }
   final_norm = register_module("final_norm", RMSNorm(m.hidden_size, m.norm_eps));

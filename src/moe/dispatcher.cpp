@@ -71,9 +71,9 @@ torch::Tensor Dispatcher::combine(const torch::Tensor& y, const DispatchPlan& pl
                                     num_tokens);
 }
 
-KernelPath resolve_kernel_path(const std::string& setting, bool on_cuda) {
-  if (setting == "reference") return KernelPath::kReference;
-  if (setting == "cuda") {
+KernelPath resolve_kernel_path(config::MoeKernels setting, bool on_cuda) {
+  if (setting == config::MoeKernels::kReference) return KernelPath::kReference;
+  if (setting == config::MoeKernels::kCuda) {
     if (!kernels::cuda_kernels_compiled()) {
       throw UserError(
           "moe.kernels = \"cuda\": this build has no CUDA kernels (nvcc was "

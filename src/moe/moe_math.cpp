@@ -6,22 +6,12 @@
 
 namespace moe::moe {
 
-namespace {
-std::function<void(at::Tensor&)> g_sum_over_ranks;
-int64_t g_world_size = 1;
-}  // namespace
-
-void set_load_counts_reducer(std::function<void(at::Tensor&)> sum_over_ranks, int64_t world_size) {
-  g_sum_over_ranks = std::move(sum_over_ranks);
-  g_world_size = g_sum_over_ranks ? world_size : 1;
-}
-
 std::pair<at::Tensor, int64_t> global_load_counts(const at::Tensor& tokens_per_expert,
-                                                  bool training) {
-  if (!g_sum_over_ranks || !training) return {tokens_per_expert, 1};
+                                                  bool training, const LoadReduction& reduction) {
+  if (!reduction.sum_over_ranks || !training) return {tokens_per_expert, 1};
   at::Tensor counts = tokens_per_expert.clone();
-  g_sum_over_ranks(counts);
-  return {counts, g_world_size};
+  reduction.sum_over_ranks(counts);
+  return {counts, reduction.world_size};
 }
 
 at::Tensor load_balancing_loss(const at::Tensor& probs, const at::Tensor& tokens_per_expert,

@@ -107,7 +107,8 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
   r.dropped = r.all_kept ? 0 : T * k - counts.sum().item<int64_t>();
   // Aux loss on the probability simplex: softmax scores, or sigmoid scores normalised per token.
   auto probs = sigmoid ? scores / scores.sum(-1, true).clamp_min(1e-20) : scores;
-  const auto [counts_all, ranks] = global_load_counts(r.tokens_per_expert, is_training());  // DP
+  const auto [counts_all, ranks] =
+      global_load_counts(r.tokens_per_expert, is_training(), opt_.load_reduction);
   r.aux_loss = load_balancing_loss(probs, counts_all, k, T * ranks);
   r.z_loss = lse.square().mean();  // router_z_loss(logits), from the lse already computed
   return r;

@@ -21,7 +21,8 @@ std::string cuda_graph_ineligible_reason(const config::Config& cfg, const torch:
   if (!cfg.bf16.enabled) return "bf16.enabled is false (the graph needs bf16 grouped GEMMs)";
   if (!::moe::moe::experts_grouped_mm_supported(device))
     return "the GPU is not sm_90 (the grouped-GEMM experts are enabled on Hopper only)";
-  if (cfg.moe.kernels == "reference") return "moe.kernels is reference (host-synced routing)";
+  if (cfg.moe.kernels == config::MoeKernels::kReference)
+    return "moe.kernels is reference (host-synced routing)";
   if (!kernels::cuda_kernels_compiled()) return "this build has no CUDA kernels";
   if (cfg.moe.capacity_factor > 0) return "moe.capacity_factor > 0 (token counts vary per step)";
   if (cfg.data.reset_attention_at_eod)

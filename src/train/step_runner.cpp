@@ -1,7 +1,6 @@
 #include "moe/train/step_runner.h"
 
-#include "moe/dist/process_group.h"
-#include "moe/train/zero.h"
+#include "moe/train/data_parallel.h"
 
 #include <ATen/autocast_mode.h>
 #include <spdlog/spdlog.h>
@@ -95,10 +94,8 @@ class EagerStepRunner : public StepRunner {
   StepResult run(int64_t step, double /*lr*/, const NextBatch& next) override {
     StepResult r;
     const bool autocast = opt_.bf16 || opt_.fp16;
-    optimizer_.zero_grad();
-    if (opt_.zero != nullptr) {  // the optimizer holds our share: release every gradient
-      for (auto& p : model_->parameters()) p.mutable_grad() = torch::Tensor();
-    }
+    DataParallel& dp = *opt_.dp;
+    dp.begin_step(model_, optimizer_);
     for (int64_t micro = 0; micro < opt_.micro_batches; ++micro) {
       auto batch = next();
       if (autocast) {
@@ -112,20 +109,8 @@ class EagerStepRunner : public StepRunner {
       auto tb = Clock::now();
       // Only fp16 scales the loss; bf16 and fp32 gradients need no scaling.
       const double scale = opt_.fp16 ? scaler_.scale() : 1.0;
-      auto scaled = l.total * (scale / static_cast<double>(opt_.micro_batches));
-      // Data parallel: the last micro-batch's backward all-reduces the accumulated gradients in
-      // buckets as they become ready (c10d's Reducer); earlier ones accumulate locally.
-      if (zero_reduces()) {  // ZeRO-2: every backward sums each gradient onto its owner
-        opt_.group->guard("gradient reduce (in the backward)", [&] {
-          scaled.backward();
-          opt_.zero->finish_backward();
-        });
-      } else if (syncs_in_backward() && micro + 1 == opt_.micro_batches) {
-        opt_.group->prepare_gradient_sync(scaled);
-        opt_.group->guard("gradient all-reduce (in the backward)", [&] { scaled.backward(); });
-      } else {
-        scaled.backward();
-      }
+      dp.backward(l.total * (scale / static_cast<double>(opt_.micro_batches)),
+                  micro + 1 == opt_.micro_batches);
       sync();
       r.forward_s += std::chrono::duration<double>(tb - tf).count();
       r.backward_s += seconds_since(tb);
@@ -136,74 +121,27 @@ class EagerStepRunner : public StepRunner {
       accumulate_loads(r.tokens_per_expert, l.tokens_per_expert);
     }
     if (autocast) at::autocast::clear_cache();
-    if (opt_.group != nullptr) average_over_ranks(r);
-    const bool partitioned_grads = opt_.zero != nullptr && opt_.zero->stage() >= 2;
-    if (partitioned_grads) opt_.zero->drop_foreign_gradients();  // ZeRO-2: keep our own only
+    dp.finish_gradients(model_, r);
     auto grads = defined_grads(model_->parameters());
     if (opt_.fp16) {  // unscale in place and detect overflow in one pass
       auto found_inf = torch::zeros({1}, torch::TensorOptions().device(device()));
       auto inv_scale =
           torch::full({1}, 1.0 / scaler_.scale(), torch::TensorOptions().device(device()));
       at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
-      // An overflow in any rank's share skips the step everywhere.
-      if (partitioned_grads) opt_.group->allreduce_sum(found_inf);
+      dp.agree_on_overflow(found_inf);
       r.overflow = found_inf.item<float>() > 0;
     }
     inject_nan_for_tests(model_, step + 1, r.lm_sum);
-    if (r.overflow) {
-      r.grad_norm = std::nan("");
-    } else {
-      r.grad_norm = partitioned_grads ? opt_.zero->clip_global(grads, opt_.max_norm).item<double>()
-                    : grads.empty()   ? 0.0
-                                      : clip_grad_norm(grads, opt_.max_norm).item<double>();
-    }
+    r.grad_norm = r.overflow ? std::nan("") : dp.clip(grads, opt_.max_norm);
     return r;
   }
 
   void update(double lr) override {
     optimizer_.step(lr);
-    if (opt_.zero != nullptr) opt_.zero->broadcast_updates();  // owners -> everyone
+    opt_.dp->after_update();
   }
 
  private:
-  // Data parallel: every rank ends the step with the mean gradient over all ranks' micro-batches
-  // (the gradient of the global batch's mean loss: every rank has the same token count), the
-  // mean losses and the summed expert loads, so every rank takes the same decisions.
-  bool syncs_in_backward() const {
-    return opt_.group != nullptr && opt_.group->gradient_sync_enabled();
-  }
-  bool zero_reduces() const { return opt_.zero != nullptr && opt_.zero->reduces_in_backward(); }
-
-  void average_over_ranks(StepResult& r) {
-    if (zero_reduces()) {
-      opt_.zero->average_owned();       // summed onto the owners during the backwards
-    } else if (!syncs_in_backward()) {  // after the backward, in buckets
-      std::vector<torch::Tensor> grads;
-      for (auto& p : model_->parameters()) {
-        // A parameter without a gradient on this rank still takes part: the buckets must match.
-        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-        grads.push_back(p.grad());
-      }
-      opt_.group->allreduce_mean(grads, opt_.bucket_bytes);
-    }
-    // One collective: the loss figures (averaged) and the expert loads and drops (summed).
-    std::vector<torch::Tensor> parts = {
-        torch::tensor({r.lm_sum, r.aux_sum, r.z_sum}, torch::kDouble)};
-    for (auto& t : r.tokens_per_expert) parts.push_back(t.to(torch::kCPU, torch::kDouble));
-    parts.push_back(torch::tensor({static_cast<double>(r.dropped)}, torch::kDouble));
-    auto flat = torch::cat(parts);
-    opt_.group->allreduce_sum(flat);
-    const double inv = 1.0 / static_cast<double>(opt_.group->size());
-    r.lm_sum = flat[0].item<double>() * inv, r.aux_sum = flat[1].item<double>() * inv;
-    r.z_sum = flat[2].item<double>() * inv;
-    int64_t offset = 3;
-    for (auto& t : r.tokens_per_expert) {
-      t = flat.narrow(0, offset, t.numel()).to(t.device(), torch::kLong);
-      offset += t.numel();
-    }
-    r.dropped = static_cast<int64_t>(flat[offset].item<double>());
-  }
-
   void sync() {
     if (opt_.sync_for_timing) torch::cuda::synchronize();
   }
@@ -346,7 +284,7 @@ std::unique_ptr<StepRunner> make_step_runner(model::TransformerLM& model, const 
                                              spdlog::logger& log) {
   // training.cuda_graph: the whole step as one CUDA graph when this run allows it
   // (include/moe/train/cuda_graph_step.h lists the conditions).
-  if (cfg.training.cuda_graph && opt.group != nullptr) {
+  if (cfg.training.cuda_graph && opt.dp->size() > 1) {
     log.warn("training.cuda_graph: not used with data parallelism yet; training runs eagerly");
   } else if (cfg.training.cuda_graph) {
     const std::string why = cuda_graph_ineligible_reason(cfg, device);

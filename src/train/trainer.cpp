@@ -32,10 +32,8 @@
 #include "moe/config/memory_plan.h"
 #include "moe/data/blended_loader.h"
 #include "moe/data/streaming_loader.h"
-#include "moe/dist/process_group.h"
 #include "moe/model/profile_scope.h"
 #include "moe/model/transformer.h"
-#include "moe/moe/moe_math.h"
 #include "moe/monitor/flops_report.h"
 #include "moe/monitor/monitor.h"
 #include "moe/monitor/step_report.h"
@@ -44,6 +42,7 @@
 #include "moe/train/checkpoint.h"
 #include "moe/train/checkpoint_store.h"
 #include "moe/train/checkpointer.h"
+#include "moe/train/data_parallel.h"
 #include "moe/train/device.h"
 #include "moe/train/evaluation.h"
 #include "moe/train/init_from.h"
@@ -53,7 +52,6 @@
 #include "moe/train/resume_policy.h"
 #include "moe/train/run_inputs.h"
 #include "moe/train/step_runner.h"
-#include "moe/train/zero.h"
 #include "moe/util/errors.h"
 #include "moe/util/fault_injection.h"
 
@@ -89,14 +87,14 @@ void install_signal_handlers() {
   sigaction(SIGUSR1, &sa, nullptr);
 }
 
-// `zero` (ZeRO stage >= 1): only the parameters this rank owns.
+// The parameters this rank's optimizer updates (ZeRO: those it owns), decayed or not.
 std::vector<AdamWGroup> param_groups(model::TransformerLM& model, const config::Config& cfg,
-                                     const ZeroPartition* zero) {
+                                     const DataParallel& dp) {
   AdamWGroup decay, no_decay;
   decay.weight_decay =
       cfg.optimizer.type == config::OptimizerType::kAdam ? 0.0 : cfg.optimizer.weight_decay;
   for (auto& item : model->named_parameters()) {
-    if (zero != nullptr && !zero->owns(item.key())) continue;
+    if (!dp.updates(item.key())) continue;
     // Norm weights and biases (1-D) are not decayed, as in Megatron and DeepSpeed's examples.
     AdamWGroup& g =
         item.value().dim() >= 2 || cfg.optimizer.decay_norms_and_biases ? decay : no_decay;
@@ -106,22 +104,6 @@ std::vector<AdamWGroup> param_groups(model::TransformerLM& model, const config::
   std::vector<AdamWGroup> groups{decay};
   if (!no_decay.params.empty()) groups.push_back(no_decay);
   return groups;
-}
-
-// ZeRO stage 1 or 2 with more than one rank (zero.h); null otherwise.
-std::unique_ptr<ZeroPartition> make_zero(dist::ProcessGroup* group, const config::Config& cfg,
-                                         model::TransformerLM& model) {
-  if (group == nullptr || cfg.zero_optimization.stage < 1) return nullptr;
-  std::vector<std::string> names;
-  std::vector<torch::Tensor> params;
-  for (auto& item : model->named_parameters()) {
-    names.push_back(item.key());
-    params.push_back(item.value());
-  }
-  const auto& z = cfg.zero_optimization;
-  // DeepSpeed counts bucket sizes in elements; gradients and master parameters are fp32 here.
-  return std::make_unique<ZeroPartition>(*group, z.stage, std::move(names), std::move(params),
-                                         z.reduce_bucket_size * 4, z.allgather_bucket_size * 4);
 }
 
 // What to tell a user whose step ran out of memory (the seed guide's OOM checklist): where,
@@ -174,44 +156,16 @@ OffloadOptions offload_options(const config::Config& cfg) {
   return o;
 }
 
-model::TransformerLM seeded_model(const config::Config& cfg, const torch::Device& device) {
+// The model, seeded; the routers sum their expert counts over the ranks (data parallel); ZeRO
+// assigns its parameters to owners.
+model::TransformerLM seeded_model(const config::Config& cfg, const torch::Device& device,
+                                  DataParallel& dp) {
   torch::manual_seed(cfg.training.seed);
-  model::TransformerLM model(cfg, device);
+  model::TransformerLM model(cfg, device, dp.load_reduction());
   model->to(device);
   model->train();
+  dp.attach(model);
   return model;
-}
-
-// Data parallel (world size > 1): the process group, after checking that every rank resolved
-// the same config (a rank with another one would train something else: exit 2 on every rank,
-// naming the first differing key). Ranks other than 0 log only warnings and errors.
-std::unique_ptr<dist::ProcessGroup> make_group(const config::Config& cfg, const TrainOptions& opt,
-                                               spdlog::logger& log) {
-  const dist::LaunchEnv& env = opt.launch;
-  if (env.world_size <= 1) return nullptr;
-  if (env.rank > 0) {
-    log.set_level(std::min(log.level(), spdlog::level::warn) == spdlog::level::off
-                      ? spdlog::level::off
-                      : spdlog::level::warn);
-    log.set_pattern("[%Y-%m-%d %H:%M:%S] [rank " + std::to_string(env.rank) + "] %l %v");
-  }
-  std::string backend = cfg.distributed.backend;
-  if (backend == "auto") backend = pick_device(cfg).is_cuda() ? "nccl" : "gloo";
-  const auto timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed.timeout_s * 1000));
-  auto group = std::make_unique<dist::ProcessGroup>(env, backend, timeout);
-  const std::string mine = config::to_json(cfg).dump();
-  const auto all = group->allgather_text("config", mine);
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r] == all[0]) continue;
-    const std::string key = config::first_difference(json::parse(all[0]), json::parse(all[r]));
-    throw UserError("distributed: rank " + std::to_string(r) +
-                    " resolved another config than rank 0 (" + key +
-                    "); every rank must run the same config and --set values");
-  }
-  log.info("data parallel: rank {} of {} ({}, {}), master {}:{}", env.rank, env.world_size, backend,
-           env.launcher, env.master_addr, env.master_port);
-  return group;
 }
 
 // A CUDA run puts each rank on the GPU of its local rank.
@@ -228,13 +182,11 @@ class TrainingSession {
       : cfg_(cfg),
         opt_(opt),
         log_(spdlog::get("moe-train") ? spdlog::get("moe-train") : spdlog::default_logger()),
-        group_(make_group(cfg, opt, *log_)),
-        writer_(group_ == nullptr || group_->rank() == 0),
+        dp_(DataParallel::create(cfg, opt.launch, pick_device(cfg).is_cuda(), *log_)),
         in_((warn_config(), on_local_device(check_run_inputs(cfg, opt, *log_), opt))),
-        model_(seeded_model(cfg, in_.device)),
-        zero_(make_zero(group_.get(), cfg, model_)),
-        optimizer_(param_groups(model_, cfg, zero_.get()), cfg.optimizer.betas[0],
-                   cfg.optimizer.betas[1], cfg.optimizer.eps, offload_options(cfg)),
+        model_(seeded_model(cfg, in_.device, *dp_)),
+        optimizer_(param_groups(model_, cfg, *dp_), cfg.optimizer.betas[0], cfg.optimizer.betas[1],
+                   cfg.optimizer.eps, offload_options(cfg)),
         schedule_(cfg.scheduler, cfg.optimizer.lr, in_.total_steps),
         scaler_(cfg.fp16),
         store_((fs::path(cfg.training.output_dir) / "checkpoints").string()),
@@ -245,16 +197,10 @@ class TrainingSession {
     }
   }
 
-  ~TrainingSession() { moe::set_load_counts_reducer(nullptr, 1); }
-
   TrainSummary run() {
-    if (group_) {  // the aux loss's expert loads over the global micro-batch
-      dist::ProcessGroup* g = group_.get();
-      moe::set_load_counts_reducer([g](at::Tensor& t) { g->allreduce_sum(t); }, g->size());
-    }
     resume();
-    if (group_)
-      agree_on_resume();  // also: every rank has read the checkpoints before rank 0 writes
+    // Every rank continues from the same checkpoint, and has read it before rank 0 writes.
+    dp_->agree_on_resume(state_.step, resumed_dir_, store_.root());
     open_output();
     start();
     try {
@@ -279,8 +225,7 @@ class TrainingSession {
     ResumeDecision d = decide_resume(opt_, candidates, in_.total_steps, store_.root());
     while (d.action == ResumeDecision::Action::kLoad) {
       try {
-        state_ =
-            load_checkpoint(d.dir, model_, &optimizer_, true, /*optimizer_share=*/zero_ != nullptr);
+        state_ = load_checkpoint(d.dir, model_, &optimizer_, true, dp_->optimizer_is_share());
         summary_.resumed_from = state_.step;
         resumed_dir_ = d.dir;
         break;
@@ -301,29 +246,6 @@ class TrainingSession {
     scaler_.restore(summary_.resumed_from >= 0 ? state_.scaler : scaler_.state());
   }
 
-  // Data parallel: every rank must continue from the same step of the same checkpoint. With
-  // node-local output directories a rank can find another (or no) checkpoint than rank 0;
-  // training on would mix two runs, so every rank exits 2 naming each rank's step and source.
-  void agree_on_resume() {
-    const std::string mine =
-        std::to_string(state_.step) + " " +
-        (resumed_dir_.empty() ? "(fresh start)" : fs::path(resumed_dir_).filename().string());
-    const auto all = group_->allgather_text("resume", mine);
-    if (std::all_of(all.begin(), all.end(), [&](const std::string& s) { return s == all[0]; })) {
-      return;
-    }
-    std::string each;
-    for (size_t r = 0; r < all.size(); ++r) {
-      const auto sp = all[r].find(' ');
-      each += (r ? "; " : "") + std::string("rank ") + std::to_string(r) + " at step " +
-              all[r].substr(0, sp) + " from " + all[r].substr(sp + 1);
-    }
-    throw UserError("distributed: ranks would resume from different checkpoints (" + each +
-                    ") under " + store_.root() +
-                    "; training.output_dir must be one shared directory (or identical copies) on "
-                    "every node (docs/distributed.md)");
-  }
-
   // Sinks first (a Prometheus port that cannot be bound is still a user error, before any
   // write), then the output directory: earlier run set aside or metrics truncated, config.json.
   void open_output() {
@@ -338,7 +260,7 @@ class TrainingSession {
     mo.csv_dir = sink_dir(cfg_.csv_monitor, "csv");
     mo.prometheus_port = static_cast<int>(cfg_.monitor.prometheus_port);
     mo.prometheus_host = cfg_.monitor.prometheus_host;
-    if (!writer_) {  // data parallel: rank 0 writes for everyone
+    if (!dp_->writes()) {  // data parallel: rank 0 writes for everyone
       sinks_ = std::make_unique<monitor::Monitor>(monitor::MonitorOptions{});
       metrics_ = std::make_unique<MetricsLog>("/dev/null", false);
       return;
@@ -402,7 +324,7 @@ class TrainingSession {
     lo.seq_len = cfg_.model.seq_len;
     // Every rank reads the global micro-batch (the same windows in the same order for any world
     // size) and trains on its own slice of it.
-    lo.batch_size = cfg_.train_micro_batch_size_per_gpu * world_size();
+    lo.batch_size = cfg_.train_micro_batch_size_per_gpu * dp_->size();
     lo.seed = cfg_.training.seed;
     lo.shuffle = cfg_.data.shuffle;
     lo.prefetch = cfg_.data.prefetch;
@@ -425,17 +347,8 @@ class TrainingSession {
     so.bf16 = in_.bf16;
     so.fp16 = in_.fp16;
     so.sync_for_timing = cfg_.wall_clock_breakdown && in_.device.is_cuda();
-    so.bucket_bytes = cfg_.zero_optimization.reduce_bucket_size * 4;  // fp32 gradients
-    so.group = group_.get();
-    so.zero = zero_.get();
-    if (group_ && overlap_comm()) {
-      // ZeRO-2 reduces each gradient onto its owner in the backward; below it, all-reduce.
-      if (zero_ && zero_->stage() >= 2) {
-        zero_->reduce_in_backward();
-      } else {
-        group_->enable_gradient_sync(model_->parameters(), so.bucket_bytes);
-      }
-    }
+    so.dp = dp_.get();
+    dp_->start(model_);  // the gradient reduction that runs inside the backward, if any
     runner_ =
         make_step_runner(model_, cfg_, optimizer_, scaler_, so, in_.device, state_.step, *log_);
     install_signal_handlers();
@@ -459,7 +372,7 @@ class TrainingSession {
   // One optimizer step (0-based `step`); false when the run stops after it.
   bool train_step(int64_t step) {
     current_step_ = step + 1;
-    if (group_) group_->set_step(step + 1);  // a failed collective names the ranks behind
+    dp_->set_step(step + 1);  // a failed collective names the ranks behind
     TORCH_CHECK_WITH(OutOfMemoryError, step + 1 != fault_injection().fake_oom_at_step,
                      "out of memory (MOE_TEST_FAKE_OOM_AT_STEP)");
     const bool profiled =
@@ -472,7 +385,7 @@ class TrainingSession {
       hosts.push_back(loader_->next());
       state_.loader = hosts.back().state_after;
       const int64_t B = cfg_.train_micro_batch_size_per_gpu;
-      return to_device(hosts.back(), in_.device).narrow(0, rank() * B, B);
+      return to_device(hosts.back(), in_.device).narrow(0, dp_->rank() * B, B);
     });
     const double gas = static_cast<double>(cfg_.gradient_accumulation_steps);
     const double loss = r.lm_sum / gas;
@@ -532,7 +445,7 @@ class TrainingSession {
     std::istringstream lines(table);
     for (std::string line; std::getline(lines, line);) log_->info("{}", line);
     const std::string& file = cfg_.flops_profiler.output_file;
-    if (file.empty() || !writer_) return;
+    if (file.empty() || !dp_->writes()) return;
     std::ofstream out(file);
     out << table;
     if (!out) log_->warn("flops_profiler.output_file = {}: cannot write it", file);
@@ -563,7 +476,7 @@ class TrainingSession {
       reporter_->eval(done, r);
       if (cadence_.is_last(done)) summary_.final_eval = r;
     }
-    const Agreed now =
+    const StopInputs now =
         agree(checkpointer_->minutes_since_save(),
               std::chrono::duration<double>(Clock::now() - run_start_).count() / 60.0);
     const SaveReason why =
@@ -590,53 +503,24 @@ class TrainingSession {
   // The inputs of the save and stop decisions, the same on every rank: rank 0's clocks, and a
   // signal or checkpoint request that reached any rank (SIGTERM to one rank stops all of them
   // after the same step, with one checkpoint).
-  struct Agreed {
-    double minutes_since_save, run_minutes;
-    int signal;
-    bool checkpoint_request;
-  };
-  Agreed agree(double minutes_since_save, double run_minutes) {
-    Agreed a{minutes_since_save, run_minutes, g_stop_signal.load(), g_checkpoint_request.load()};
-    if (!group_) return a;
-    auto v = torch::tensor({writer_ ? minutes_since_save : 0.0, writer_ ? run_minutes : 0.0,
-                            a.signal != 0 ? 1.0 : 0.0, a.checkpoint_request ? 1.0 : 0.0},
-                           torch::kDouble);
-    group_->allreduce_sum(v);
-    a.minutes_since_save = v[0].item<double>();
-    a.run_minutes = v[1].item<double>();
-    if (a.signal == 0 && v[2].item<double>() > 0) a.signal = SIGTERM;  // another rank's
-    a.checkpoint_request = v[3].item<double>() > 0;
-    return a;
+  StopInputs agree(double minutes_since_save, double run_minutes) {
+    return dp_->agree(
+        {minutes_since_save, run_minutes, g_stop_signal.load(), g_checkpoint_request.load()});
   }
 
-  // Data parallel: every rank holds the same weights and optimizer state (ZeRO stage 0), rank 0
-  // writes them; the others wait for it so that no rank runs ahead of a stop.
-  // ZeRO: every owner's state streams to rank 0 one tensor at a time, while rank 0 writes it.
+  // Rank 0 writes (with ZeRO, every owner's state streamed to it); every rank returns after.
   void save(SaveReason why) {
-    if (zero_) {
-      const OptimizerStream stream = zero_->optimizer_stream(optimizer_);
-      if (writer_) {
-        checkpointer_->save(to_string(why), metrics_->lines(), &stream);
-      } else {
-        stream.each([](const at::Tensor&) {});
-      }
-    } else if (writer_) {
-      checkpointer_->save(to_string(why), metrics_->lines());
-    }
-    if (group_) group_->barrier();
+    dp_->checkpoint(optimizer_, [&](const OptimizerStream* state) {
+      checkpointer_->save(to_string(why), metrics_->lines(), state);
+    });
   }
-  bool overlap_comm() const { return cfg_.zero_optimization.overlap_comm; }
-  int64_t rank() const { return group_ ? group_->rank() : 0; }
-  int64_t world_size() const { return group_ ? group_->size() : 1; }
 
   const config::Config& cfg_;
   const TrainOptions& opt_;
   std::shared_ptr<spdlog::logger> log_;
-  std::unique_ptr<dist::ProcessGroup> group_;  // null on one process
-  bool writer_;  // rank 0 (or alone): the one that writes checkpoints, metrics and sinks
+  std::unique_ptr<DataParallel> dp_;  // a world of one, or the ranks (data_parallel.h)
   RunInputs in_;
   model::TransformerLM model_;
-  std::unique_ptr<ZeroPartition> zero_;  // ZeRO stage 1/2 over the ranks; null otherwise
   FusedAdamW optimizer_;
   LrSchedule schedule_;
   LossScaler scaler_;

@@ -40,8 +40,8 @@ TEST(NcclGpu, WorldOfOneRunsEveryCollectiveAndTheReducer) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   LaunchEnv env;
   env.master_port = free_port();
-  ProcessGroup pg(env, "nccl", std::chrono::seconds(120));
-  ASSERT_EQ(pg.backend(), "nccl");
+  ProcessGroup pg(env, moe::config::DistBackend::kNccl, std::chrono::seconds(120));
+  ASSERT_EQ(pg.backend(), moe::config::DistBackend::kNccl);
   const torch::Device dev(torch::kCUDA, 0);
   torch::manual_seed(3);
 

@@ -25,6 +25,10 @@ enum class OffloadDevice { kNone, kCpu };          // zero_optimization.offload_
 enum class ScoreFunction { kSoftmax, kSigmoid };   // moe.score_function
 enum class TrainingDevice { kAuto, kCpu, kCuda };  // training.device
 enum class OnFailure { kStop, kContinue };         // checkpoint.on_failure
+// model.qk_norm_scope: over one head's width (Qwen3-MoE) or the whole projection (OLMoE).
+enum class QkNormScope { kHead, kFull };
+enum class MoeKernels { kAuto, kCuda, kReference };  // moe.kernels
+enum class DistBackend { kAuto, kGloo, kNccl };      // distributed.backend
 
 template <class E>
 struct ChoiceNames;  // kNames[i] is the JSON name of the enumerator with value i
@@ -56,6 +60,18 @@ struct ChoiceNames<TrainingDevice> {
 template <>
 struct ChoiceNames<OnFailure> {
   static constexpr std::array<std::string_view, 2> kNames = {"stop", "continue"};
+};
+template <>
+struct ChoiceNames<QkNormScope> {
+  static constexpr std::array<std::string_view, 2> kNames = {"head", "full"};
+};
+template <>
+struct ChoiceNames<MoeKernels> {
+  static constexpr std::array<std::string_view, 3> kNames = {"auto", "cuda", "reference"};
+};
+template <>
+struct ChoiceNames<DistBackend> {
+  static constexpr std::array<std::string_view, 3> kNames = {"auto", "gloo", "nccl"};
 };
 
 template <class E>

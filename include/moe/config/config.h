@@ -110,10 +110,11 @@ struct ModelConfig {
   int64_t num_key_value_heads = 0;  // grouped-query attention; 0 = num_heads (multi-head)
   int64_t head_dim = 0;             // 0 = hidden_size / num_heads
   bool qk_norm = false;             // RMSNorm on q and k before the rotation
-  std::string qk_norm_scope = "head";  // head: over head_dim (Qwen3-MoE); full: all heads (OLMoE)
-  double clip_qkv = 0.0;               // > 0: clamp q, k, v to [-c, c] (OLMoE's clip_qkv)
-  int64_t dense_hidden_size = 0;       // dense FFN layers' width; 0 = as expert_hidden_size's rule
-  std::string init_from;  // a moe-train checkpoint or Hugging Face directory to start from
+  QkNormScope qk_norm_scope =
+      QkNormScope::kHead;         // head: over head_dim (Qwen3-MoE); full: all heads (OLMoE)
+  double clip_qkv = 0.0;          // > 0: clamp q, k, v to [-c, c] (OLMoE's clip_qkv)
+  int64_t dense_hidden_size = 0;  // dense FFN layers' width; 0 = as expert_hidden_size's rule
+  std::string init_from;          // a moe-train checkpoint or Hugging Face directory to start from
 };
 
 struct MoeConfig {
@@ -121,14 +122,14 @@ struct MoeConfig {
   int64_t top_k = 2;
   int64_t expert_hidden_size = 0;  // 0: 4 * hidden_size * 2 / 3 rounded up to 64 (SwiGLU)
   ScoreFunction score_function = ScoreFunction::kSoftmax;
-  bool normalize_topk = true;             // renormalise the k weights to sum to 1
-  double aux_loss_coeff = 0.01;           // Switch/GShard load-balancing loss
-  double z_loss_coeff = 0.001;            // router z-loss
-  double capacity_factor = 0.0;           // 0 = dropless
-  double expert_dropout = 0.0;            // dropout on the experts' hidden activations (Switch)
-  int64_t shared_expert_hidden_size = 0;  // > 0: a dense SwiGLU expert every token passes through
-  double router_bias_update_rate = 0.0;   // > 0: aux-loss-free expert bias (DeepSeek-V3)
-  std::string kernels = "auto";           // auto | cuda | reference
+  bool normalize_topk = true;              // renormalise the k weights to sum to 1
+  double aux_loss_coeff = 0.01;            // Switch/GShard load-balancing loss
+  double z_loss_coeff = 0.001;             // router z-loss
+  double capacity_factor = 0.0;            // 0 = dropless
+  double expert_dropout = 0.0;             // dropout on the experts' hidden activations (Switch)
+  int64_t shared_expert_hidden_size = 0;   // > 0: a dense SwiGLU expert every token passes through
+  double router_bias_update_rate = 0.0;    // > 0: aux-loss-free expert bias (DeepSeek-V3)
+  MoeKernels kernels = MoeKernels::kAuto;  // auto | cuda | reference
   // Which layers are MoE layers (Qwen3-MoE's rule): layer i is when i is not in mlp_only_layers
   // and (i + 1) % decoder_sparse_step == 0; the others are dense SwiGLU FFNs.
   int64_t decoder_sparse_step = 1;
@@ -168,9 +169,9 @@ struct MonitorConfig {
   double peak_tflops = 0.0;  // device peak for MFU; 0 = known GPUs only, none on CPU
 };
 
-struct DistributedConfig {       // ours: the data-parallel process group (docs/distributed.md)
-  std::string backend = "auto";  // auto (nccl on GPUs, gloo on CPUs) | gloo | nccl
-  double timeout_s = 300;        // rendezvous and every collective give up after this
+struct DistributedConfig {  // ours: the data-parallel process group (docs/distributed.md)
+  DistBackend backend = DistBackend::kAuto;  // auto (nccl on GPUs, gloo on CPUs) | gloo | nccl
+  double timeout_s = 300;                    // rendezvous and every collective give up after this
 };
 
 struct CheckpointConfig {
@@ -276,6 +277,28 @@ int64_t dense_hidden_size(const Config& cfg);  // model.dense_hidden_size, or th
 int64_t count_parameters(const Config& cfg);
 // Parameters of decoder block `layer` (attention, its norms, and the MoE or dense FFN).
 int64_t layer_parameters(const Config& cfg, int64_t layer);
+
+// Data parallelism as the trainer runs it (train/data_parallel.h) and the planner sizes it
+// (memory_plan.h), decided once from the world size, ZeRO stage and overlap_comm
+// (docs/distributed.md).
+enum class GradientReduction {
+  kNone,                     // one process
+  kReducerInBackward,        // overlap_comm, ZeRO 0-1: c10d's DDP Reducer in the last backward
+  kAllReduceAfterBackward,   // overlap_comm false: bucketed all-reduce after the backward
+  kReduceToOwnersInBackward  // overlap_comm, ZeRO 2: each bucket sum-reduced onto its owners
+};
+struct DataParallelMode {
+  int64_t world_size = 1;
+  int64_t zero_stage = 0;  // in effect: 0 on one process
+  GradientReduction reduction = GradientReduction::kNone;
+  bool distributed() const { return world_size > 1; }
+  bool shards_optimizer() const { return zero_stage >= 1; }  // ZeRO-1: owners keep Adam state
+  bool shards_gradients() const { return zero_stage >= 2; }  // ZeRO-2: owners keep gradients
+};
+DataParallelMode data_parallel_mode(const Config& cfg, int64_t world_size);
+// DeepSpeed counts zero_optimization's bucket sizes in elements; ours hold fp32.
+int64_t reduce_bucket_bytes(const Config& cfg);
+int64_t allgather_bucket_bytes(const Config& cfg);
 
 // One module kind as the flops profiler and MFU count it: its parameters and its forward FLOPs
 // per token (a multiply-add is 2; forward + backward = 3 x forward), for one occurrence; `count`

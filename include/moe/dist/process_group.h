@@ -11,21 +11,24 @@
 
 #include <torch/types.h>
 
+#include "moe/config/choices.h"
 #include "moe/dist/launch_env.h"
 
 namespace moe::dist {
 
 class ProcessGroup {
  public:
-  // backend: "gloo" or "nccl". Every collective and the rendezvous give up after `timeout`.
-  ProcessGroup(const LaunchEnv& env, const std::string& backend, std::chrono::milliseconds timeout);
+  // backend: gloo or nccl (not auto: the caller resolves it). Every collective and the
+  // rendezvous give up after `timeout`.
+  ProcessGroup(const LaunchEnv& env, config::DistBackend backend,
+               std::chrono::milliseconds timeout);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
   int64_t rank() const { return env_.rank; }
   int64_t size() const { return env_.world_size; }
-  const std::string& backend() const { return backend_; }
+  config::DistBackend backend() const { return backend_; }
 
   // In place: the mean over ranks of each tensor, all-reduced in flat buckets of at most
   // `bucket_bytes` (tensors of one dtype and device).
@@ -62,7 +65,7 @@ class ProcessGroup {
   std::string missing_ranks() const;
   struct Impl;
   LaunchEnv env_;
-  std::string backend_;
+  config::DistBackend backend_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -93,7 +93,8 @@ struct BlockOutput {
 class BlockImpl : public torch::nn::Module {
  public:
   // Layer `layer`: an MoE FFN or, where config::is_moe_layer says not, a dense one.
-  BlockImpl(const config::Config& cfg, const torch::Device& device, int64_t layer);
+  BlockImpl(const config::Config& cfg, const torch::Device& device, int64_t layer,
+            const moe::LoadReduction& loads = {});
   // Dense layers report zero aux and z losses and an empty tokens_per_expert.
   BlockOutput forward(const torch::Tensor& x);
   bool is_moe() const { return !moe.is_empty(); }
@@ -118,8 +119,10 @@ struct LmOutput {
 class TransformerLMImpl : public torch::nn::Module {
  public:
   // `device`: where the model will run; it settles the MoE layers' kernel path (moe.kernels).
+  // `loads`: data parallel: how the routers sum their expert counts over the ranks.
   explicit TransformerLMImpl(const config::Config& cfg,
-                             const torch::Device& device = torch::Device(torch::kCPU));
+                             const torch::Device& device = torch::Device(torch::kCPU),
+                             const moe::LoadReduction& loads = {});
   LmOutput forward(const torch::Tensor& tokens);  // [B, S] int64
 
   torch::nn::Embedding embed{nullptr}, pos_embed{nullptr};  // pos_embed: learned positions only

@@ -6,6 +6,8 @@
 
 #include <torch/types.h>
 
+#include "moe/config/choices.h"
+
 namespace moe::moe {
 
 struct DispatchPlan {
@@ -34,7 +36,7 @@ torch::Tensor unpermute_combine(const torch::Tensor& y, const DispatchPlan& plan
 enum class KernelPath { kReference, kCuda };
 // moe.kernels for a model that runs on CUDA (on_cuda) or the CPU: "auto" -> cuda on CUDA when the
 // kernels were compiled in, else reference. UserError for "cuda" where it cannot run.
-KernelPath resolve_kernel_path(const std::string& setting, bool on_cuda);
+KernelPath resolve_kernel_path(config::MoeKernels setting, bool on_cuda);
 
 // Dispatch -> (experts) -> combine, on the path chosen once when the layer is built: the ATen
 // reference above, or our CUDA kernels (moe/kernels/permute.h). Both take the same DispatchPlan.

@@ -21,14 +21,18 @@ at::Tensor load_balancing_loss(const at::Tensor& probs, const at::Tensor& tokens
 
 // Data parallel: the load-balancing loss takes its token fractions f_e over the global
 // micro-batch (every rank's), so that the loss and its gradient do not depend on the world size
-// (P_e stays local: the mean over ranks of f . P_local is f . P_global). `sum_over_ranks` sums a
-// tensor over the ranks in place; null (the default) = one process. Set by the trainer.
-void set_load_counts_reducer(std::function<void(at::Tensor&)> sum_over_ranks, int64_t world_size);
+// (P_e stays local: the mean over ranks of f . P_local is f . P_global). The router receives its
+// reduction when it is built (RouterOptions::load_reduction), as Megatron's router receives its
+// process groups: `sum_over_ranks` sums a tensor over the ranks in place; empty = one process.
+struct LoadReduction {
+  std::function<void(at::Tensor&)> sum_over_ranks;
+  int64_t world_size = 1;
+};
 // Counts [E] summed over the ranks in a training-mode forward (also the first, gradient-free
 // forward of a checkpointed block, so that the aux loss it reports is the one its recompute
 // differentiates), local counts otherwise; and the world size they cover.
 std::pair<at::Tensor, int64_t> global_load_counts(const at::Tensor& tokens_per_expert,
-                                                  bool training);
+                                                  bool training, const LoadReduction& reduction);
 
 // Router z-loss (ST-MoE): mean_t (logsumexp_e logits[t, e])^2, logits [T, E] fp32.
 at::Tensor router_z_loss(const at::Tensor& logits);

@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include "moe/config/choices.h"
+#include "moe/moe/moe_math.h"
 
 namespace moe::moe {
 
@@ -22,6 +23,8 @@ struct RouterOptions {
   // Scores and selection in our fused CUDA kernel (moe/kernels/router.h) instead of the ATen
   // reference; settled when the layer is built (resolve_kernel_path in dispatcher.h).
   bool fused_kernel = false;
+  // Data parallel: the expert counts of the aux loss summed over the ranks (moe_math.h).
+  LoadReduction load_reduction;
 };
 
 struct Routing {

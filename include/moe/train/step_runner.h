@@ -21,12 +21,8 @@ namespace spdlog {
 class logger;
 }
 
-namespace moe::dist {
-class ProcessGroup;
-}
-
 namespace moe::train {
-class ZeroPartition;
+class DataParallel;
 
 struct StepResult {
   double lm_sum = 0, aux_sum = 0, z_sum = 0;  // summed over the micro-batches
@@ -55,11 +51,9 @@ struct StepRunnerOptions {
   double max_norm = 0;  // gradient_clipping; infinity = no clipping
   bool bf16 = false, fp16 = false;
   bool sync_for_timing = false;  // wall_clock_breakdown on CUDA: sync between phases
-  // Data parallel (world size > 1): gradients averaged over the ranks after the last
-  // micro-batch's backward, the step's figures combined. Null on one process.
-  dist::ProcessGroup* group = nullptr;
-  int64_t bucket_bytes = 25ll << 20;  // gradients per all-reduce (DDP's default bucket)
-  ZeroPartition* zero = nullptr;      // ZeRO stage 1/2 (zero.h); null = every rank updates all
+  // The data-parallel boundary (data_parallel.h): a world of one or a group of ranks; the
+  // runner calls it the same way for both. Required.
+  DataParallel* dp = nullptr;
 };
 
 // The eager runner, or (training.cuda_graph and an eligible run) the CUDA-graph runner.

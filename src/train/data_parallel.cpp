@@ -1,0 +1,263 @@
+#include "moe/train/data_parallel.h"
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <csignal>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "moe/config/architecture.h"
+#include "moe/dist/process_group.h"
+#include "moe/train/step_runner.h"
+#include "moe/train/zero.h"
+#include "moe/util/errors.h"
+
+namespace moe::train {
+
+namespace fs = std::filesystem;
+using config::GradientReduction;
+using nlohmann::json;
+
+// ---- a world of one: the base class's local computations ----
+
+void DataParallel::begin_step(model::TransformerLM& model, FusedAdamW& optimizer) {
+  optimizer.zero_grad();
+}
+
+void DataParallel::backward(const torch::Tensor& scaled_loss, bool last) { scaled_loss.backward(); }
+
+double DataParallel::clip(const std::vector<torch::Tensor>& grads, double max_norm) {
+  return grads.empty() ? 0.0 : clip_grad_norm(grads, max_norm).item<double>();
+}
+
+void DataParallel::checkpoint(FusedAdamW& optimizer,
+                              const std::function<void(const OptimizerStream*)>& write) {
+  write(nullptr);
+}
+
+namespace {
+
+class LocalTraining final : public DataParallel {};
+
+// ---- world > 1 ----
+class RankGroup final : public DataParallel {
+ public:
+  RankGroup(const config::Config& cfg, std::unique_ptr<dist::ProcessGroup> group)
+      : cfg_(cfg),
+        group_(std::move(group)),
+        mode_(config::data_parallel_mode(cfg, group_->size())) {}
+
+  int64_t rank() const override { return group_->rank(); }
+  int64_t size() const override { return group_->size(); }
+  moe::LoadReduction load_reduction() override {
+    dist::ProcessGroup* g = group_.get();
+    return {[g](at::Tensor& t) { g->allreduce_sum(t); }, g->size()};
+  }
+
+  void attach(model::TransformerLM& model) override {
+    if (!mode_.shards_optimizer()) return;
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> params;
+    for (auto& item : model->named_parameters()) {
+      names.push_back(item.key());
+      params.push_back(item.value());
+    }
+    zero_ = std::make_unique<ZeroPartition>(*group_, mode_.zero_stage, std::move(names),
+                                            std::move(params), config::reduce_bucket_bytes(cfg_),
+                                            config::allgather_bucket_bytes(cfg_));
+  }
+  bool updates(const std::string& name) const override { return !zero_ || zero_->owns(name); }
+  bool optimizer_is_share() const override { return zero_ != nullptr; }
+
+  void agree_on_resume(int64_t step, const std::string& checkpoint,
+                       const std::string& store_root) override {
+    const std::string mine =
+        std::to_string(step) + " " +
+        (checkpoint.empty() ? "(fresh start)" : fs::path(checkpoint).filename().string());
+    const auto all = group_->allgather_text("resume", mine);
+    if (std::all_of(all.begin(), all.end(), [&](const std::string& s) { return s == all[0]; })) {
+      return;
+    }
+    std::string each;
+    for (size_t r = 0; r < all.size(); ++r) {
+      const auto sp = all[r].find(' ');
+      each += (r ? "; " : "") + std::string("rank ") + std::to_string(r) + " at step " +
+              all[r].substr(0, sp) + " from " + all[r].substr(sp + 1);
+    }
+    throw UserError("distributed: ranks would resume from different checkpoints (" + each +
+                    ") under " + store_root +
+                    "; training.output_dir must be one shared directory (or identical copies) on "
+                    "every node (docs/distributed.md)");
+  }
+
+  void start(model::TransformerLM& model) override {
+    switch (mode_.reduction) {
+      case GradientReduction::kReduceToOwnersInBackward:
+        zero_->reduce_in_backward();
+        break;
+      case GradientReduction::kReducerInBackward:
+        group_->enable_gradient_sync(model->parameters(), config::reduce_bucket_bytes(cfg_));
+        break;
+      case GradientReduction::kAllReduceAfterBackward:
+      case GradientReduction::kNone:
+        break;
+    }
+  }
+  void set_step(int64_t step) override { group_->set_step(step); }
+
+  StopInputs agree(const StopInputs& mine) override {
+    const bool r0 = writes();
+    auto v = torch::tensor({r0 ? mine.minutes_since_save : 0.0, r0 ? mine.run_minutes : 0.0,
+                            mine.signal != 0 ? 1.0 : 0.0, mine.checkpoint_request ? 1.0 : 0.0},
+                           torch::kDouble);
+    group_->allreduce_sum(v);
+    StopInputs a = mine;
+    a.minutes_since_save = v[0].item<double>();
+    a.run_minutes = v[1].item<double>();
+    if (a.signal == 0 && v[2].item<double>() > 0) a.signal = SIGTERM;  // another rank's
+    a.checkpoint_request = v[3].item<double>() > 0;
+    return a;
+  }
+  void barrier() override { group_->barrier(); }
+
+  void begin_step(model::TransformerLM& model, FusedAdamW& optimizer) override {
+    optimizer.zero_grad();
+    if (zero_) {  // the optimizer holds our share: release every gradient
+      for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+    }
+  }
+
+  void backward(const torch::Tensor& scaled_loss, bool last) override {
+    switch (mode_.reduction) {
+      case GradientReduction::kReduceToOwnersInBackward:  // every backward sums onto owners
+        group_->guard("gradient reduce (in the backward)", [&] {
+          scaled_loss.backward();
+          zero_->finish_backward();
+        });
+        return;
+      case GradientReduction::kReducerInBackward:  // the last backward all-reduces in buckets
+        if (last) {
+          group_->prepare_gradient_sync(scaled_loss);
+          group_->guard("gradient all-reduce (in the backward)", [&] { scaled_loss.backward(); });
+          return;
+        }
+        break;
+      case GradientReduction::kAllReduceAfterBackward:
+      case GradientReduction::kNone:
+        break;
+    }
+    scaled_loss.backward();
+  }
+
+  // Every rank ends the step with the mean gradient over all ranks' micro-batches (the gradient
+  // of the global batch's mean loss: every rank has the same token count), the mean losses and
+  // the summed expert loads, so every rank takes the same decisions.
+  void finish_gradients(model::TransformerLM& model, StepResult& r) override {
+    if (mode_.reduction == GradientReduction::kReduceToOwnersInBackward) {
+      zero_->average_owned();  // summed onto the owners during the backwards
+    } else if (mode_.reduction == GradientReduction::kAllReduceAfterBackward) {
+      std::vector<torch::Tensor> grads;
+      for (auto& p : model->parameters()) {
+        // A parameter without a gradient on this rank still takes part: the buckets must match.
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        grads.push_back(p.grad());
+      }
+      group_->allreduce_mean(grads, config::reduce_bucket_bytes(cfg_));
+    }
+    combine_figures(r);
+    if (mode_.shards_gradients()) zero_->drop_foreign_gradients();  // keep our own only
+  }
+
+  void agree_on_overflow(torch::Tensor& found_inf) override {
+    if (mode_.shards_gradients()) group_->allreduce_sum(found_inf);
+  }
+
+  double clip(const std::vector<torch::Tensor>& grads, double max_norm) override {
+    if (mode_.shards_gradients()) return zero_->clip_global(grads, max_norm).item<double>();
+    return DataParallel::clip(grads, max_norm);
+  }
+
+  void after_update() override {
+    if (zero_) zero_->broadcast_updates();  // owners -> everyone
+  }
+
+  // ZeRO: every owner's state streams to rank 0 one tensor at a time while rank 0 writes it.
+  // Then the others wait for rank 0, so that no rank runs ahead of a stop.
+  void checkpoint(FusedAdamW& optimizer,
+                  const std::function<void(const OptimizerStream*)>& write) override {
+    if (zero_) {
+      const OptimizerStream stream = zero_->optimizer_stream(optimizer);
+      if (writes()) {
+        write(&stream);
+      } else {
+        stream.each([](const at::Tensor&) {});
+      }
+    } else if (writes()) {
+      write(nullptr);
+    }
+    group_->barrier();
+  }
+
+ private:
+  // One collective: the loss figures (averaged) and the expert loads and drops (summed).
+  void combine_figures(StepResult& r) {
+    std::vector<torch::Tensor> parts = {
+        torch::tensor({r.lm_sum, r.aux_sum, r.z_sum}, torch::kDouble)};
+    for (auto& t : r.tokens_per_expert) parts.push_back(t.to(torch::kCPU, torch::kDouble));
+    parts.push_back(torch::tensor({static_cast<double>(r.dropped)}, torch::kDouble));
+    auto flat = torch::cat(parts);
+    group_->allreduce_sum(flat);
+    const double inv = 1.0 / static_cast<double>(group_->size());
+    r.lm_sum = flat[0].item<double>() * inv, r.aux_sum = flat[1].item<double>() * inv;
+    r.z_sum = flat[2].item<double>() * inv;
+    int64_t offset = 3;
+    for (auto& t : r.tokens_per_expert) {
+      t = flat.narrow(0, offset, t.numel()).to(t.device(), torch::kLong);
+      offset += t.numel();
+    }
+    r.dropped = static_cast<int64_t>(flat[offset].item<double>());
+  }
+
+  const config::Config& cfg_;
+  std::unique_ptr<dist::ProcessGroup> group_;
+  config::DataParallelMode mode_;
+  std::unique_ptr<ZeroPartition> zero_;  // ZeRO stage 1/2; null at stage 0
+};
+
+}  // namespace
+
+std::unique_ptr<DataParallel> DataParallel::create(const config::Config& cfg,
+                                                   const dist::LaunchEnv& env, bool cuda,
+                                                   spdlog::logger& log) {
+  if (env.world_size <= 1) return std::make_unique<LocalTraining>();
+  if (env.rank > 0) {
+    log.set_level(std::min(log.level(), spdlog::level::warn) == spdlog::level::off
+                      ? spdlog::level::off
+                      : spdlog::level::warn);
+    log.set_pattern("[%Y-%m-%d %H:%M:%S] [rank " + std::to_string(env.rank) + "] %l %v");
+  }
+  config::DistBackend backend = cfg.distributed.backend;
+  if (backend == config::DistBackend::kAuto) {
+    backend = cuda ? config::DistBackend::kNccl : config::DistBackend::kGloo;
+  }
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed.timeout_s * 1000));
+  auto group = std::make_unique<dist::ProcessGroup>(env, backend, timeout);
+  const std::string mine = config::to_json(cfg).dump();
+  const auto all = group->allgather_text("config", mine);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const std::string key = config::first_difference(json::parse(all[0]), json::parse(all[r]));
+    throw UserError("distributed: rank " + std::to_string(r) +
+                    " resolved another config than rank 0 (" + key +
+                    "); every rank must run the same config and --set values");
+  }
+  log.info("data parallel: rank {} of {} ({}, {}), master {}:{}", env.rank, env.world_size,
+           config::name(backend), env.launcher, env.master_addr, env.master_port);
+  return std::make_unique<RankGroup>(cfg, std::move(group));
+}
+
+}  // namespace moe::train
