@@ -45,10 +45,9 @@ class LocalTraining final : public DataParallel {};
 // ---- world > 1 ----
 class RankGroup final : public DataParallel {
  public:
-  RankGroup(const config::Config& cfg, std::unique_ptr<dist::ProcessGroup> group)
-      : cfg_(cfg),
-        group_(std::move(group)),
-        mode_(config::data_parallel_mode(cfg, group_->size())) {}
+  RankGroup(const config::Config& cfg, std::unique_ptr<dist::ProcessGroup> group,
+            const config::DataParallelMode& mode)
+      : cfg_(cfg), group_(std::move(group)), mode_(mode) {}
 
   int64_t rank() const override { return group_->rank(); }
   int64_t size() const override { return group_->size(); }
@@ -257,7 +256,13 @@ std::unique_ptr<DataParallel> DataParallel::create(const config::Config& cfg,
   }
   log.info("data parallel: rank {} of {} ({}, {}), master {}:{}", env.rank, env.world_size,
            config::name(backend), env.launcher, env.master_addr, env.master_port);
-  return std::make_unique<RankGroup>(cfg, std::move(group));
+  return over(cfg, std::move(group), config::data_parallel_mode(cfg, env.world_size));
+}
+
+std::unique_ptr<DataParallel> DataParallel::over(const config::Config& cfg,
+                                                 std::unique_ptr<dist::ProcessGroup> group,
+                                                 const config::DataParallelMode& mode) {
+  return std::make_unique<RankGroup>(cfg, std::move(group), mode);
 }
 
 }  // namespace moe::train

@@ -28,6 +28,10 @@ namespace spdlog {
 class logger;
 }
 
+namespace moe::dist {
+class ProcessGroup;
+}
+
 namespace moe::train {
 
 struct StepResult;
@@ -48,6 +52,11 @@ class DataParallel {
   static std::unique_ptr<DataParallel> create(const config::Config& cfg,
                                               const dist::LaunchEnv& launch, bool cuda,
                                               spdlog::logger& log);
+  // The ranks of `group` running `mode` (create() takes config::data_parallel_mode; tests force
+  // a mode on a group of one, where every mode must be the identity).
+  static std::unique_ptr<DataParallel> over(const config::Config& cfg,
+                                            std::unique_ptr<dist::ProcessGroup> group,
+                                            const config::DataParallelMode& mode);
   virtual ~DataParallel() = default;
 
   virtual int64_t rank() const { return 0; }
