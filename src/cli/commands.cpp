@@ -444,41 +444,28 @@ int cmd_generate(const train::GenerateOptions& g) {
   return kExitOk;
 }
 
-}  // namespace
-
-int run_cli(int argc, char** argv) {
-  CLI::App app{"moe-train: train Mixture-of-Experts language models from a ds_config.json",
-               "moe-train"};
-  app.set_version_flag("--version", version_string);
-  app.require_subcommand(0, 1);
-
-  TrainArgs train_args;
-  LogArgs log_args;
-  app.add_option("--log-level", log_args.level, "trace|debug|info|warn|error")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
-  app.add_flag("-q,--quiet", log_args.quiet, "Only warnings and errors on the console");
-  add_config_options(&app, train_args);
-  app.add_flag(
-      "--overwrite", train_args.overwrite,
-      "Delete an earlier run's files in training.output_dir (default: keep them as *.prev-TIME)");
-
-  app.add_flag("--no-resume", train_args.no_resume,
+// `moe-train [train] --config F ...` and `moe-train config show`.
+std::pair<CLI::App*, CLI::App*> add_train_commands(CLI::App& app, TrainArgs& a) {
+  const char* overwrite_help =
+      "Delete an earlier run's files in training.output_dir (default: keep them as *.prev-TIME)";
+  add_config_options(&app, a);
+  app.add_flag("--overwrite", a.overwrite, overwrite_help);
+  app.add_flag("--no-resume", a.no_resume,
                "Start over even if training.output_dir holds checkpoints (they are kept)");
-  app.add_option("--resume", train_args.resume_from, "Resume from this checkpoint directory");
+  app.add_option("--resume", a.resume_from, "Resume from this checkpoint directory");
   auto* train = app.add_subcommand("train", "Train a model (same as moe-train --config FILE)");
-  train->add_flag("--no-resume", train_args.no_resume, "Start over even if checkpoints exist");
-  train->add_option("--resume", train_args.resume_from, "Resume from this checkpoint directory");
-  add_config_options(train, train_args);
-  train->add_flag(
-      "--overwrite", train_args.overwrite,
-      "Delete an earlier run's files in training.output_dir (default: keep them as *.prev-TIME)");
-
+  train->add_flag("--no-resume", a.no_resume, "Start over even if checkpoints exist");
+  train->add_option("--resume", a.resume_from, "Resume from this checkpoint directory");
+  add_config_options(train, a);
+  train->add_flag("--overwrite", a.overwrite, overwrite_help);
   auto* cfg_cmd = app.add_subcommand("config", "Inspect configurations");
   cfg_cmd->require_subcommand(1);
   auto* show = cfg_cmd->add_subcommand("show", "Print the resolved config (defaults filled in)");
-  add_config_options(show, train_args);
+  add_config_options(show, a);
+  return {train, show};
+}
 
-  SynthArgs synth;
+CLI::App* add_synthetic_command(CLI::App& app, SynthArgs& synth) {
   auto* mk = app.add_subcommand("make-synthetic",
                                 "Write a small learnable HDF5 dataset (train.h5, valid.h5)");
   mk->add_option("--out", synth.out_dir, "Output directory")->required();
@@ -492,11 +479,10 @@ int run_cli(int argc, char** argv) {
   mk->add_option("--valid-docs", synth.valid_docs, "Validation documents")
       ->check(CLI::Range(1, 1 << 26));
   mk->add_option("--seed", synth.spec.seed, "Seed of the permutations");
+  return mk;
+}
 
-  data::PrepareOptions prep;
-  auto* pd = add_prepare_command(app, prep);
-
-  VerifyArgs verify;
+CLI::App* add_verify_command(CLI::App& app, VerifyArgs& verify) {
   auto* vd = app.add_subcommand("verify-data",
                                 "Recompute checksums and check shards against manifest.json");
   vd->add_option("dir", verify.dir, "Dataset directory (holds manifest.json)")->required();
@@ -504,8 +490,10 @@ int run_cli(int argc, char** argv) {
                  "Also check against this config's model.vocab_size")
       ->check(CLI::ExistingFile);
   vd->add_flag("--no-checksums", verify.no_checksums, "Only sizes, structure and attributes");
+  return vd;
+}
 
-  EvalArgs eval_args;
+CLI::App* add_eval_command(CLI::App& app, EvalArgs& eval_args) {
   auto* ev = app.add_subcommand(
       "eval", "Validation loss, perplexity and accuracy of a checkpoint, as JSON");
   add_config_options(ev, eval_args.cfg);
@@ -513,6 +501,51 @@ int run_cli(int argc, char** argv) {
                  "Checkpoint directory (default: the newest)");
   ev->add_option("--dump-logits", eval_args.dump_logits,
                  "Also write the evaluated windows and logits to this safetensors file");
+  return ev;
+}
+
+struct EnvArgs {
+  bool json = false;
+  std::vector<std::string> dirs;
+  TrainArgs cfg;
+};
+
+CLI::App* add_env_command(CLI::App& app, EnvArgs& e) {
+  auto* en = app.add_subcommand(
+      "env", "Check the environment: LibTorch, CUDA, cuDNN, NCCL, GPUs, CPU, memory, disks");
+  en->add_flag("--json", e.json, "Print the report as JSON");
+  en->add_option("-c,--config", e.cfg.config_path,
+                 "Also check this config's output and data directories")
+      ->check(CLI::ExistingFile);
+  en->add_option("--dir", e.dirs, "Directories to check for free space and write speed");
+  return en;
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"moe-train: train Mixture-of-Experts language models from a ds_config.json",
+               "moe-train"};
+  app.set_version_flag("--version", version_string);
+  app.require_subcommand(0, 1);
+
+  TrainArgs train_args;
+  LogArgs log_args;
+  app.add_option("--log-level", log_args.level, "trace|debug|info|warn|error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  app.add_flag("-q,--quiet", log_args.quiet, "Only warnings and errors on the console");
+  auto [train, show] = add_train_commands(app, train_args);
+
+  SynthArgs synth;
+  auto* mk = add_synthetic_command(app, synth);
+
+  data::PrepareOptions prep;
+  auto* pd = add_prepare_command(app, prep);
+
+  VerifyArgs verify;
+  auto* vd = add_verify_command(app, verify);
+  EvalArgs eval_args;
+  auto* ev = add_eval_command(app, eval_args);
 
   PlanArgs plan_args;
   auto* pl = add_plan_command(app, plan_args);
@@ -523,17 +556,8 @@ int run_cli(int argc, char** argv) {
   train::GenerateOptions gen;
   auto* gn = add_generate_command(app, gen);
 
-  bool env_json = false;
-  std::vector<std::string> env_dirs;
-  TrainArgs env_cfg;
-  auto* en = app.add_subcommand(
-      "env", "Check the environment: LibTorch, CUDA, cuDNN, NCCL, GPUs, CPU, memory, disks");
-  en->add_flag("--json", env_json, "Print the report as JSON");
-  en->add_option("-c,--config", env_cfg.config_path,
-                 "Also check this config's output and data directories")
-      ->check(CLI::ExistingFile);
-  en->add_option("--dir", env_dirs, "Directories to check for free space and write speed");
-
+  EnvArgs env_args;
+  auto* en = add_env_command(app, env_args);
   std::string info_dir;
   auto* ck = app.add_subcommand("checkpoint", "Inspect checkpoints");
   ck->require_subcommand(1);
@@ -558,7 +582,7 @@ int run_cli(int argc, char** argv) {
   if (*show) return cmd_config_show(train_args);
   if (*mk) return cmd_make_synthetic(synth);
   if (*pd) return cmd_prepare_data(prep);
-  if (*en) return cmd_env(env_cfg, env_dirs, env_json);
+  if (*en) return cmd_env(env_args.cfg, env_args.dirs, env_args.json);
   if (*ev) return cmd_eval(eval_args);
   if (*pl) return cmd_plan(plan_args);
   if (*ih) return cmd_import_hf(imp);

@@ -140,6 +140,53 @@ std::string gib(double bytes) {
 
 }  // namespace
 
+// Whether the plan fits opt.device_bytes, the largest micro-batch that does, and what would make
+// a config that does not fit fit (each change tried alone on a copy).
+static void fit_and_advise(const Config& c, const PlanOptions& opt, MemoryPlan& p) {
+  const bool offload = c.zero_optimization.offload_optimizer.device == OffloadDevice::kCpu;
+  const bool mixed = !opt.cpu && (c.bf16.enabled || c.fp16.enabled);
+  const bool ckpt = opt.checkpointing;
+  p.fits = p.reserved <= opt.device_bytes;
+  // Memory grows with the micro-batch: double to an upper bound, then bisect.
+  // Does the plan fit once `change` has altered a copy of the config and the options?
+  auto with = [&](auto change) {
+    Config alt = c;
+    PlanOptions o = opt;
+    o.device_bytes = 0;
+    change(alt, o);
+    return plan_memory(alt, o).reserved <= opt.device_bytes;
+  };
+  auto fits_with = [&](int64_t b) {
+    return with([b](Config&, PlanOptions& o) { o.micro_batch = b; });
+  };
+  int64_t lo = 0, hi = 1;
+  while (hi <= (int64_t{1} << 20) && fits_with(hi)) lo = hi, hi *= 2;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits_with(mid) ? lo : hi) = mid;
+  }
+  p.max_micro_batch = lo;
+  if (!p.fits || p.max_micro_batch < p.micro_batch) {
+    if (!ckpt && with([](Config&, PlanOptions& o) { o.checkpointing = true; })) {
+      p.advice.push_back(
+          "activation checkpointing of every block "
+          "(activation_checkpointing.number_checkpoints = model.num_layers)");
+    }
+    if (!offload && with([](Config& a, PlanOptions&) {
+          a.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+        })) {
+      p.advice.push_back("optimizer offload (zero_optimization.offload_optimizer.device = cpu)");
+    }
+    if (!mixed && !opt.cpu && with([](Config& a, PlanOptions&) { a.bf16.enabled = true; })) {
+      p.advice.push_back("bf16 (bf16.enabled = true)");
+    }
+    if (p.max_micro_batch > 0) {
+      p.advice.push_back("train_micro_batch_size_per_gpu = " + std::to_string(p.max_micro_batch) +
+                         " with gradient_accumulation_steps raised to keep train_batch_size");
+    }
+  }
+}
+
 MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   MemoryPlan p;
   p.parameters = count_parameters(c);
@@ -199,47 +246,7 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   // the CUDA context and cuBLAS/cuDNN workspaces add about 0.5-1 GiB per process.
   p.reserved = opt.cpu ? p.peak : p.peak * 1.05 + 0.75 * kGiB;
 
-  if (opt.device_bytes > 0) {
-    p.fits = p.reserved <= opt.device_bytes;
-    // Memory grows with the micro-batch: double to an upper bound, then bisect.
-    // Does the plan fit once `change` has altered a copy of the config and the options?
-    auto with = [&](auto change) {
-      Config alt = c;
-      PlanOptions o = opt;
-      o.device_bytes = 0;
-      change(alt, o);
-      return plan_memory(alt, o).reserved <= opt.device_bytes;
-    };
-    auto fits_with = [&](int64_t b) {
-      return with([b](Config&, PlanOptions& o) { o.micro_batch = b; });
-    };
-    int64_t lo = 0, hi = 1;
-    while (hi <= (int64_t{1} << 20) && fits_with(hi)) lo = hi, hi *= 2;
-    while (hi - lo > 1) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      (fits_with(mid) ? lo : hi) = mid;
-    }
-    p.max_micro_batch = lo;
-    if (!p.fits || p.max_micro_batch < p.micro_batch) {
-      if (!ckpt && with([](Config&, PlanOptions& o) { o.checkpointing = true; })) {
-        p.advice.push_back(
-            "activation checkpointing of every block "
-            "(activation_checkpointing.number_checkpoints = model.num_layers)");
-      }
-      if (!offload && with([](Config& a, PlanOptions&) {
-            a.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
-          })) {
-        p.advice.push_back("optimizer offload (zero_optimization.offload_optimizer.device = cpu)");
-      }
-      if (!mixed && !opt.cpu && with([](Config& a, PlanOptions&) { a.bf16.enabled = true; })) {
-        p.advice.push_back("bf16 (bf16.enabled = true)");
-      }
-      if (p.max_micro_batch > 0) {
-        p.advice.push_back("train_micro_batch_size_per_gpu = " + std::to_string(p.max_micro_batch) +
-                           " with gradient_accumulation_steps raised to keep train_batch_size");
-      }
-    }
-  }
+  if (opt.device_bytes > 0) fit_and_advise(c, opt, p);
   return p;
 }
 

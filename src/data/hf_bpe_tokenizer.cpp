@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <unordered_map>
@@ -64,6 +65,68 @@ std::vector<std::string> utf8_chars(const std::string& s) {
   return out;
 }
 
+// The BPE model: vocabulary and merge ranks ("a b" strings or [a, b] pairs); returns
+// ignore_merges. Anything but plain byte-level BPE is refused.
+bool read_bpe_model(const json& model, std::unordered_map<std::string, int64_t>& vocab,
+                    std::unordered_map<std::string, int64_t>& ranks,
+                    const std::function<void(const std::string&)>& refuse) {
+  if (model.value("type", std::string()) != "BPE") refuse("model.type is not BPE");
+  if (model.value("byte_fallback", false)) refuse("model.byte_fallback is not supported");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (model.contains(k) && !model[k].is_null() && model[k] != "") {
+      refuse(std::string("model.") + k + " is not supported");
+    }
+  }
+  for (const auto& [token, id] : model.at("vocab").items()) vocab[token] = id.get<int64_t>();
+  int64_t rank = 0;
+  for (const auto& m : model.at("merges")) {
+    std::string a, b;
+    if (m.is_string()) {
+      const std::string s = m.get<std::string>();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos) refuse("merge \"" + s + "\" has no space");
+      a = s.substr(0, sp), b = s.substr(sp + 1);
+    } else {
+      a = m.at(0).get<std::string>(), b = m.at(1).get<std::string>();
+    }
+    ranks.emplace(a + '\x1f' + b, rank++);
+  }
+  return model.value("ignore_merges", false);
+}
+
+// The pre-tokenizer's split regex: ByteLevel (GPT-2's), or Sequence[Split(regex),
+// ByteLevel(no regex)]; sets add_prefix_space from the ByteLevel step.
+std::string split_pattern(const json& pre, bool& add_prefix_space,
+                          const std::function<void(const std::string&)>& refuse) {
+  std::string pattern;
+  auto byte_level = [&](const json& p) {
+    add_prefix_space = p.value("add_prefix_space", false);
+    if (p.value("use_regex", true)) pattern = kGpt2Pattern;
+  };
+  if (pre.value("type", std::string()) == "ByteLevel") {
+    byte_level(pre);
+  } else if (pre.value("type", std::string()) == "Sequence") {
+    const json& list = pre.at("pretokenizers");
+    if (list.size() != 2 || list[0].value("type", std::string()) != "Split" ||
+        list[1].value("type", std::string()) != "ByteLevel") {
+      refuse("pre_tokenizer Sequence other than [Split, ByteLevel]");
+    }
+    const json& split = list[0];
+    if (split.value("behavior", std::string()) != "Isolated" || split.value("invert", false)) {
+      refuse("Split behavior other than Isolated");
+    }
+    const json& p = split.at("pattern");
+    if (!p.contains("Regex")) refuse("Split pattern other than a Regex");
+    pattern = p["Regex"].get<std::string>();
+    byte_level(list[1]);
+    if (list[1].value("use_regex", true)) refuse("a Split followed by ByteLevel's own regex");
+  } else {
+    refuse("pre_tokenizer " + pre.value("type", std::string("?")));
+  }
+  if (pattern.empty()) refuse("a pre-tokenizer without a split regex");
+  return pattern;
+}
+
 }  // namespace
 
 struct HfBpeTokenizer::Regex {
@@ -85,60 +148,11 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
                     " (supported: byte-level BPE as GPT-2, Llama-3 and Qwen use it)");
   };
   try {
-    const json& model = j.at("model");
-    if (model.value("type", std::string()) != "BPE") refuse("model.type is not BPE");
-    if (model.value("byte_fallback", false)) refuse("model.byte_fallback is not supported");
-    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-      if (model.contains(k) && !model[k].is_null() && model[k] != "") {
-        refuse(std::string("model.") + k + " is not supported");
-      }
-    }
-    ignore_merges_ = model.value("ignore_merges", false);
-    for (const auto& [token, id] : model.at("vocab").items()) vocab_[token] = id.get<int64_t>();
-    int64_t rank = 0;
-    for (const auto& m : model.at("merges")) {
-      std::string a, b;
-      if (m.is_string()) {
-        const std::string s = m.get<std::string>();
-        const size_t sp = s.find(' ');
-        if (sp == std::string::npos) refuse("merge \"" + s + "\" has no space");
-        a = s.substr(0, sp), b = s.substr(sp + 1);
-      } else {
-        a = m.at(0).get<std::string>(), b = m.at(1).get<std::string>();
-      }
-      ranks_.emplace(a + '\x1f' + b, rank++);
-    }
+    ignore_merges_ = read_bpe_model(j.at("model"), vocab_, ranks_, refuse);
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
       refuse("normalizer " + j["normalizer"].value("type", std::string("?")) + " is not supported");
     }
-    // Pre-tokenizer: ByteLevel (GPT-2 regex), or Sequence[Split(regex), ByteLevel(no regex)].
-    const json& pre = j.at("pre_tokenizer");
-    std::string pattern;
-    auto byte_level = [&](const json& p) {
-      add_prefix_space_ = p.value("add_prefix_space", false);
-      if (p.value("use_regex", true)) pattern = kGpt2Pattern;
-    };
-    if (pre.value("type", std::string()) == "ByteLevel") {
-      byte_level(pre);
-    } else if (pre.value("type", std::string()) == "Sequence") {
-      const json& list = pre.at("pretokenizers");
-      if (list.size() != 2 || list[0].value("type", std::string()) != "Split" ||
-          list[1].value("type", std::string()) != "ByteLevel") {
-        refuse("pre_tokenizer Sequence other than [Split, ByteLevel]");
-      }
-      const json& split = list[0];
-      if (split.value("behavior", std::string()) != "Isolated" || split.value("invert", false)) {
-        refuse("Split behavior other than Isolated");
-      }
-      const json& p = split.at("pattern");
-      if (!p.contains("Regex")) refuse("Split pattern other than a Regex");
-      pattern = p["Regex"].get<std::string>();
-      byte_level(list[1]);
-      if (list[1].value("use_regex", true)) refuse("a Split followed by ByteLevel's own regex");
-    } else {
-      refuse("pre_tokenizer " + pre.value("type", std::string("?")));
-    }
-    if (pattern.empty()) refuse("a pre-tokenizer without a split regex");
+    const std::string pattern = split_pattern(j.at("pre_tokenizer"), add_prefix_space_, refuse);
     int err = 0;
     PCRE2_SIZE offset = 0;
     regex_ = std::make_shared<Regex>();

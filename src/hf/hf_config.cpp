@@ -123,6 +123,20 @@ Family parse_family(const std::string& architecture, const std::string& where) {
                   "OlmoeForCausalLM");
 }
 
+// The training window: the model's max_position_embeddings up to kImportSeqLenCap (a 32k window
+// by default would surprise a fine-tune with its memory; rotary models train and evaluate at any
+// model.seq_len the run config sets). Never silent: the import says so.
+static int64_t training_window(int64_t max_positions, std::vector<std::string>* warnings) {
+  if (max_positions > kImportSeqLenCap && warnings != nullptr) {
+    warnings->push_back(
+        "model.seq_len = " + std::to_string(kImportSeqLenCap) + " (max_position_embeddings is " +
+        std::to_string(max_positions) +
+        "; set model.seq_len in the training config for longer windows, and see "
+        "what they cost with moe-train plan); exports keep max_position_embeddings");
+  }
+  return std::min<int64_t>(max_positions, kImportSeqLenCap);
+}
+
 json architecture_from_hf(const json& c, const std::string& file, Family* family_out,
                           std::vector<std::string>* warnings) {
   if (!c.is_object()) throw UserError("hf: " + file + ": expected a JSON object");
@@ -164,18 +178,7 @@ json architecture_from_hf(const json& c, const std::string& file, Family* family
   m["tie_embeddings"] = k.boolean("tie_word_embeddings", false);
   m["rope_theta"] = rope_theta(k, family == Family::kMixtral ? 1e6 : 1e4);
   m["init_std"] = k.number("initializer_range", 0.02);
-  // The training window: the model's max_position_embeddings up to kImportSeqLenCap (a 32k
-  // window by default would surprise a fine-tune with its memory; rotary models train and
-  // evaluate at any model.seq_len the run config sets). Never silent: the import says so.
-  const int64_t max_positions = k.integer("max_position_embeddings", kImportSeqLenCap);
-  m["seq_len"] = std::min<int64_t>(max_positions, kImportSeqLenCap);
-  if (max_positions > kImportSeqLenCap && warnings != nullptr) {
-    warnings->push_back(
-        "model.seq_len = " + std::to_string(kImportSeqLenCap) + " (max_position_embeddings is " +
-        std::to_string(max_positions) +
-        "; set model.seq_len in the training config for longer windows, and see "
-        "what they cost with moe-train plan); exports keep max_position_embeddings");
-  }
+  m["seq_len"] = training_window(k.integer("max_position_embeddings", kImportSeqLenCap), warnings);
   m["dropout"] = 0.0;
   if (k.number("attention_dropout", 0.0) != 0.0 && warnings != nullptr) {
     warnings->push_back("attention_dropout is not imported (model.dropout = 0)");

@@ -38,6 +38,48 @@ void write_all(int fd, const void* p, size_t n, const std::string& path, size_t 
     n -= static_cast<size_t>(w);
   }
 }
+// One tensor's header entry, checked against the data section's size.
+SafeTensorEntry parse_entry(const std::string& path, const std::string& name, const json& v,
+                            uint64_t data_size) {
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+      !v.contains("data_offsets") || !v["dtype"].is_string() || !v["shape"].is_array() ||
+      !v["data_offsets"].is_array() || v["data_offsets"].size() != 2) {
+    bad(path, "tensor '" + name + "': needs dtype, shape and data_offsets [begin, end]");
+  }
+  SafeTensorEntry e;
+  e.dtype = v["dtype"].get<std::string>();
+  const size_t esize = safetensors_dtype_size(e.dtype);
+  if (esize == 0) bad(path, "tensor '" + name + "': unknown dtype " + e.dtype);
+  uint64_t count = 1;
+  for (const auto& d : v["shape"]) {
+    if (d.is_number_integer() && !d.is_number_unsigned()) {
+      bad(path, "tensor '" + name + "': shape holds a negative dimension " + d.dump());
+    }
+    if (!d.is_number_unsigned()) bad(path, "tensor '" + name + "': shape holds a non-integer");
+    const uint64_t dim = d.get<uint64_t>();
+    if (dim != 0 && count > (uint64_t(1) << 62) / dim)
+      bad(path, "tensor '" + name + "': shape overflows");
+    count *= dim;
+    e.shape.push_back(static_cast<int64_t>(dim));
+  }
+  const auto& off = v["data_offsets"];
+  if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+    bad(path, "tensor '" + name + "': data_offsets must be non-negative integers");
+  }
+  e.begin = off[0].get<uint64_t>();
+  e.end = off[1].get<uint64_t>();
+  if (e.begin > e.end || e.end > data_size) {
+    bad(path, "tensor '" + name + "': data_offsets [" + std::to_string(e.begin) + ", " +
+                  std::to_string(e.end) + ") outside the " + std::to_string(data_size) +
+                  "-byte data section");
+  }
+  if (count > (uint64_t(1) << 62) / esize || e.end - e.begin != count * esize) {
+    bad(path, "tensor '" + name + "': " + std::to_string(e.end - e.begin) + " bytes for " +
+                  e.dtype + " shape of " + std::to_string(count) + " elements");
+  }
+  return e;
+}
+
 }  // namespace
 
 size_t safetensors_dtype_size(const std::string& d) {
@@ -108,48 +150,37 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorView
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) bad(path, std::string("cannot open (") + std::strerror(errno) + ")");
+  struct File {  // closed on every path out, errors included
+    int fd;
+    ~File() {
+      if (fd >= 0) ::close(fd);
+    }
+  } file{::open(path.c_str(), O_RDONLY)};
+  if (file.fd < 0) bad(path, std::string("cannot open (") + std::strerror(errno) + ")");
   struct stat st {};
-  ::fstat(fd, &st);
+  ::fstat(file.fd, &st);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   auto read_exact = [&](void* p, size_t n) {
     char* c = static_cast<char*>(p);
     while (n > 0) {
-      ssize_t r = ::read(fd, c, n);
-      if (r <= 0) {
-        ::close(fd);
-        bad(path, "short read (truncated file?)");
-      }
+      ssize_t r = ::read(file.fd, c, n);
+      if (r <= 0) bad(path, "short read (truncated file?)");
       c += r;
       n -= static_cast<size_t>(r);
     }
   };
-  if (size < 8) {
-    ::close(fd);
-    bad(path, "file is " + std::to_string(size) + " bytes; too short for a header");
-  }
+  if (size < 8) bad(path, "file is " + std::to_string(size) + " bytes; too short for a header");
   unsigned char len[8];
   read_exact(len, 8);
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
   if (n > kMaxHeader || n > size - 8) {
-    ::close(fd);
     bad(path, "header length " + std::to_string(n) + " runs past the end of the " +
                   std::to_string(size) + "-byte file");
   }
   std::string h(n, '\0');
   read_exact(h.data(), n);
   const uint64_t data_size = size - 8 - n;
-  // The data section is memory-mapped, not read: pages come in as tensors are copied out and
-  // release() gives them back, so a reader holds about one tensor of a file, not the file.
-  map_size_ = static_cast<size_t>(size);
-  void* base = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (base == MAP_FAILED) bad(path, std::string("cannot map (") + std::strerror(errno) + ")");
-  map_ = static_cast<char*>(base);
-  data_ = map_ + 8 + n;
-
   json header;
   try {
     header = json::parse(h);
@@ -167,42 +198,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       }
       continue;
     }
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
-        !v.contains("data_offsets") || !v["dtype"].is_string() || !v["shape"].is_array() ||
-        !v["data_offsets"].is_array() || v["data_offsets"].size() != 2) {
-      bad(path, "tensor '" + name + "': needs dtype, shape and data_offsets [begin, end]");
-    }
-    SafeTensorEntry e;
-    e.dtype = v["dtype"].get<std::string>();
-    const size_t esize = safetensors_dtype_size(e.dtype);
-    if (esize == 0) bad(path, "tensor '" + name + "': unknown dtype " + e.dtype);
-    uint64_t count = 1;
-    for (const auto& d : v["shape"]) {
-      if (d.is_number_integer() && !d.is_number_unsigned()) {
-        bad(path, "tensor '" + name + "': shape holds a negative dimension " + d.dump());
-      }
-      if (!d.is_number_unsigned()) bad(path, "tensor '" + name + "': shape holds a non-integer");
-      const uint64_t dim = d.get<uint64_t>();
-      if (dim != 0 && count > (uint64_t(1) << 62) / dim)
-        bad(path, "tensor '" + name + "': shape overflows");
-      count *= dim;
-      e.shape.push_back(static_cast<int64_t>(dim));
-    }
-    const auto& off = v["data_offsets"];
-    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      bad(path, "tensor '" + name + "': data_offsets must be non-negative integers");
-    }
-    e.begin = off[0].get<uint64_t>();
-    e.end = off[1].get<uint64_t>();
-    if (e.begin > e.end || e.end > data_size) {
-      bad(path, "tensor '" + name + "': data_offsets [" + std::to_string(e.begin) + ", " +
-                    std::to_string(e.end) + ") outside the " + std::to_string(data_size) +
-                    "-byte data section");
-    }
-    if (count > (uint64_t(1) << 62) / esize || e.end - e.begin != count * esize) {
-      bad(path, "tensor '" + name + "': " + std::to_string(e.end - e.begin) + " bytes for " +
-                    e.dtype + " shape of " + std::to_string(count) + " elements");
-    }
+    SafeTensorEntry e = parse_entry(path, name, v, data_size);
     ranges.emplace_back(e.begin, e.end);
     entries_.emplace(name, std::move(e));
   }
@@ -210,6 +206,13 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   for (size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].first < ranges[i - 1].second) bad(path, "tensor data ranges overlap");
   }
+  // Checked: now the data section is memory-mapped, not read. Pages come in as tensors are
+  // copied out and release() gives them back, so a reader holds about one tensor of a file.
+  map_size_ = static_cast<size_t>(size);
+  void* base = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, file.fd, 0);
+  if (base == MAP_FAILED) bad(path, std::string("cannot map (") + std::strerror(errno) + ")");
+  map_ = static_cast<char*>(base);
+  data_ = map_ + 8 + n;
 }
 
 SafetensorsFile::~SafetensorsFile() {
