@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/build_info.h"
+#include "moe/env/cuda_arch.h"
 #include "moe/kernels/permute.h"
 #include "torch/headeronly/version.h"
 
@@ -82,7 +83,9 @@ json environment_report(const std::vector<std::string>& dirs) {
   const std::string archs = build_info::kCudaKernels ? build_info::kCudaArchitectures : "";
   checks.push_back(check(
       "CUDA kernels", build_info::kCudaKernels ? "ok" : "warn",
-      build_info::kCudaKernels ? "compiled for sm " + archs : "not compiled (CPU-only build)"));
+      build_info::kCudaKernels
+          ? "compiled for " + archs + " (CMake's list: -real = SASS, -virtual = PTX, bare = both)"
+          : "not compiled (CPU-only build)"));
   const auto& hooks = at::detail::getCUDAHooks();
   const bool torch_cuda = hooks.hasCUDA() || build_info::kCudaKernels;
   if (torch_cuda) {
@@ -127,11 +130,12 @@ json environment_report(const std::vector<std::string>& dirs) {
     cudaSetDevice(static_cast<int>(i));
     cudaMemGetInfo(&free_b, &total_b);
     const std::string sm = std::to_string(p.major) + std::to_string(p.minor);
-    const bool covered = (";" + archs + ";").find(";" + sm + ";") != std::string::npos;
+    const ArchCoverage cover = cuda_arch_coverage(archs, p.major, p.minor);
     std::ostringstream d;
     d << p.name << ", sm_" << sm << ", " << (total_b >> 20) << " MiB (" << (free_b >> 20)
-      << " MiB free)" << (covered ? "" : "; our kernels are not compiled for this architecture");
-    checks.push_back(check("GPU " + std::to_string(i), covered ? "ok" : "warn", d.str()));
+      << " MiB free); our kernels: "
+      << (cover.covered ? cover.how : "not runnable here (" + cover.how + ")");
+    checks.push_back(check("GPU " + std::to_string(i), cover.covered ? "ok" : "warn", d.str()));
   }
 #endif
   checks.push_back(
