@@ -216,6 +216,24 @@ class Expert(nn.Module):
         return self.w_down(self.dropout(F.silu(self.w_gate(x)) * self.w_up(x)))
 
 
+def route(block, x):
+    """Top-k routing of both MoE blocks: fp32 router (whatever the autocast dtype), softmax or
+    sigmoid scores, renormalised top-k weights, per-expert counts, and the Switch/GShard
+    load-balancing loss (E * sum_e fraction of assignments to e * mean prob of e) and z-loss."""
+    T, E, k = x.shape[0], block.num_experts, block.top_k
+    with torch.autocast(x.device.type, enabled=False):
+        logits = F.linear(x.float(), block.router.weight.float())
+    scores = torch.sigmoid(logits) if block.sigmoid else logits.softmax(dim=-1)
+    weights, selected = torch.topk(scores, k, dim=-1)
+    if block.normalize_topk and (k > 1 or block.sigmoid):
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-20)
+    tokens_per_expert = torch.bincount(selected.flatten(), minlength=E)
+    probs = scores / scores.sum(-1, keepdim=True).clamp_min(1e-20) if block.sigmoid else scores
+    aux_loss = E * (tokens_per_expert.float() / max(1, T * k) * probs.mean(0)).sum()
+    z_loss = torch.logsumexp(logits, dim=-1).square().mean()
+    return weights, selected, tokens_per_expert, aux_loss, z_loss
+
+
 class SparseMoeBlock(nn.Module):
     """Top-k routed experts, in the style of Hugging Face's MixtralSparseMoeBlock: route every
     token, then loop over the experts, each taking the tokens routed to it and adding its
@@ -233,21 +251,8 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x):  # x: [tokens, hidden]
         T, d = x.shape
-        E, k = self.num_experts, self.top_k
-        # The router runs in fp32 whatever the autocast dtype.
-        with torch.autocast(x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.router.weight.float())
-        scores = torch.sigmoid(logits) if self.sigmoid else logits.softmax(dim=-1)
-        weights, selected = torch.topk(scores, k, dim=-1)
-        if self.normalize_topk and (k > 1 or self.sigmoid):
-            weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-20)
-
-        # Switch/GShard load balancing: E * sum_e (fraction of assignments to e) * (mean prob of e).
-        tokens_per_expert = torch.bincount(selected.flatten(), minlength=E)
-        probs = scores / scores.sum(-1, keepdim=True).clamp_min(1e-20) if self.sigmoid else scores
-        aux_loss = E * (tokens_per_expert.float() / max(1, T * k) * probs.mean(0)).sum()
-        z_loss = torch.logsumexp(logits, dim=-1).square().mean()
-
+        E = self.num_experts
+        weights, selected, _, aux_loss, z_loss = route(self, x)
         out = torch.zeros(T, d, dtype=torch.float32, device=x.device)  # accumulate in fp32
         expert_mask = F.one_hot(selected, num_classes=E).permute(2, 1, 0)  # [E, k, T]
         for e, expert in enumerate(self.experts):
@@ -278,18 +283,8 @@ class GroupedMoeBlock(nn.Module):
 
     def forward(self, x):  # x: [tokens, hidden]
         T, d = x.shape
-        E, k = self.num_experts, self.top_k
-        with torch.autocast(x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.router.weight.float())
-        scores = torch.sigmoid(logits) if self.sigmoid else logits.softmax(dim=-1)
-        weights, selected = torch.topk(scores, k, dim=-1)
-        if self.normalize_topk and (k > 1 or self.sigmoid):
-            weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-20)
-        tokens_per_expert = torch.bincount(selected.flatten(), minlength=E)
-        probs = scores / scores.sum(-1, keepdim=True).clamp_min(1e-20) if self.sigmoid else scores
-        aux_loss = E * (tokens_per_expert.float() / max(1, T * k) * probs.mean(0)).sum()
-        z_loss = torch.logsumexp(logits, dim=-1).square().mean()
-
+        k = self.top_k
+        weights, selected, tokens_per_expert, aux_loss, z_loss = route(self, x)
         order = torch.argsort(selected.flatten(), stable=True)
         token = order // k
         offs = tokens_per_expert.cumsum(0).to(torch.int32)
