@@ -13,6 +13,7 @@
 #endif
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -42,7 +43,9 @@ class Heartbeat {
     so.port = static_cast<uint16_t>(env.master_port);
     so.isServer = false;
     so.waitWorkers = false;
-    so.timeout = timeout;
+    // Short: a beat stuck on a hung store host must not hold up this rank's exit for a whole
+    // distributed.timeout_s when the group is torn down.
+    so.timeout = std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5));
     store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
     thread_ = std::thread([this] { run(); });
   }
