@@ -36,7 +36,6 @@ void section(V& v, std::string_view key, S& s) {
   v.object(key, [&] { visit_fields(v, s); });
 }
 
-
 void visit_fields(auto& v, Section<OptimizerConfig> auto& o) {
   v.field("type", o.type);
   v.object("params", [&] {
