@@ -19,6 +19,10 @@
 
 #include <nlohmann/json.hpp>
 
+#ifdef MOE_HAVE_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#endif
+
 #include "moe/kernels/permute.h"
 #include "moe/kernels/router.h"
 #include "moe/moe/dispatcher.h"
@@ -36,7 +40,9 @@ struct Options {
   std::string json_path;
 };
 
-// Median milliseconds of `fn` over `reps` timed runs after 2 warm-up runs.
+// Median milliseconds of `fn` over `reps` timed runs after 2 warm-up runs. On a GPU the time
+// between two CUDA events around `fn` on the current stream (the kernels' own time, without the
+// host's launch and synchronisation latency); on the CPU the wall clock.
 double time_ms(const std::function<void()>& fn, bool cuda, int reps) {
   auto sync = [&] {
     if (cuda) torch::cuda::synchronize();
@@ -45,6 +51,17 @@ double time_ms(const std::function<void()>& fn, bool cuda, int reps) {
   sync();
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
+#ifdef MOE_HAVE_CUDA
+    if (cuda) {
+      at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);  // timing enabled
+      start.record();
+      fn();
+      stop.record();
+      stop.synchronize();
+      ms.push_back(start.elapsed_time(stop));
+      continue;
+    }
+#endif
     auto t0 = Clock::now();
     fn();
     sync();
@@ -157,12 +174,14 @@ int main(int argc, char** argv) {
                        reps),
                plan_bytes);
       }
-      // permute: read T*d (x), N*8 (index); write N*d.
-      const double permute_bytes = static_cast<double>((T * d + N * d) * elt + N * 8);
+      // Bytes really moved. permute: the gather reads one x row per assignment (N*d: each token
+      // k times), N*8 (index); writes N*d.
+      const double permute_bytes = static_cast<double>((N * d + N * d) * elt + N * 8);
       report("permute", "reference", E, k,
              time_ms([&] { (void)moe::moe::permute_tokens(x, plan); }, cuda, reps), permute_bytes);
-      // combine: read N*d (y), T*k*4 (weights), N*8 (index); write T*d.
-      const double combine_bytes = static_cast<double>((N * d + T * d) * elt + T * k * 4 + N * 8);
+      // combine: read N*d (y), T*k*4 (weights), T*k*8 (rows of each assignment); write T*d.
+      const double combine_bytes =
+          static_cast<double>((N * d + T * d) * elt + T * k * 4 + T * k * 8);
       report("combine", "reference", E, k,
              time_ms([&] { (void)moe::moe::unpermute_combine(y, plan, w, T); }, cuda, reps),
              combine_bytes);
@@ -180,6 +199,17 @@ int main(int argc, char** argv) {
                time_ms([&] { (void)moe::kernels::detail::combine_forward(y, rows_of, w); }, cuda,
                        reps),
                combine_bytes);
+        // combine backward: read the output gradient once per assignment (N*d) and y (N*d, for
+        // the weights' gradient), the weights and indices; write grad_y (N*d) and grad_w.
+        auto grad_out = torch::randn({T, d}, opts.dtype(dtype));
+        report("combine_bwd", "cuda", E, k,
+               time_ms(
+                   [&] {
+                     (void)moe::kernels::detail::combine_backward(
+                         grad_out, y, plan.source_token, plan.source_assignment, rows_of, w);
+                   },
+                   cuda, reps),
+               static_cast<double>(3 * N * d * elt + T * k * (4 + 4 + 8) + 2 * N * 8));
       }
 
       // Router forward + backward from fp32 logits: probs, top-k, weights, lse; a loss that
