@@ -5,36 +5,17 @@
 // expected values exact; what it proves is that the NCCL path is built, links and runs.
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
 
 #include <torch/torch.h>
 
 #include "moe/dist/process_group.h"
+#include "util/free_port.h"
 
 namespace moe::dist {
 namespace {
 
-int64_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return 29577;
-  }
-  const int64_t port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
+using ::moe::test::free_port;
 
 TEST(NcclGpu, WorldOfOneRunsEveryCollectiveAndTheReducer) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";

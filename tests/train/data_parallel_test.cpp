@@ -10,11 +10,6 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <mutex>
@@ -27,26 +22,14 @@
 #include "moe/train/data_parallel.h"
 #include "moe/train/loss_scaler.h"
 #include "moe/train/step_runner.h"
+#include "util/free_port.h"
 
 namespace moe::train {
 namespace {
 
 using config::GradientReduction;
 
-int64_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int64_t port = 29611;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
-}
+using ::moe::test::free_port;
 
 config::Config tiny(int64_t world, int64_t micro, int64_t accumulation, int64_t stage) {
   nlohmann::json j = {{"train_micro_batch_size_per_gpu", micro},
