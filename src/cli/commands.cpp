@@ -336,11 +336,11 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
 }
 
 struct ImportArgs {
-  std::string hf_dir, out;
+  std::string hf_dir, out, adapter;
 };
 
 int cmd_import_hf(const ImportArgs& a) {
-  const hf::ImportReport r = hf::import_hf(a.hf_dir, a.out);
+  const hf::ImportReport r = hf::import_hf(a.hf_dir, a.out, a.adapter);
   for (const auto& w : r.warnings) spdlog::warn("import-hf: {}", w);
   std::printf(
       "imported %s (%lld tensors) into %s; tokenizer files: %zu; config sections: "
@@ -358,8 +358,10 @@ struct ExportArgs {
 int cmd_export_hf(ExportArgs a) {
   a.opt.max_shard_bytes = hf::parse_size(a.max_shard_size, "export-hf: --max-shard-size");
   const hf::ExportReport r = hf::export_hf(a.checkpoint, a.out, a.opt);
-  std::printf("exported %s (%lld tensors, %lld file%s, %s) to %s; tokenizer files: %zu\n",
-              hf::architecture_name(r.family), static_cast<long long>(r.tensors),
+  std::printf("exported %s%s (%lld tensors, %lld file%s, %s) to %s; tokenizer files: %zu\n",
+              hf::architecture_name(r.family),
+              a.opt.adapter ? " PEFT adapter" : (a.opt.merge ? " (LoRA merged)" : ""),
+              static_cast<long long>(r.tensors),
               static_cast<long long>(r.shards), r.shards == 1 ? "" : "s", a.opt.dtype.c_str(),
               a.out.c_str(), r.tokenizer_files.size());
   return kExitOk;
@@ -424,6 +426,8 @@ std::pair<CLI::App*, CLI::App*> add_hf_commands(CLI::App& app, ImportArgs& imp, 
       "import-hf", "Hugging Face Mixtral / Qwen3-MoE / OLMoE directory -> moe-train checkpoint");
   ih->add_option("hf_dir", imp.hf_dir, "Directory with config.json and safetensors")->required();
   ih->add_option("--out", imp.out, "New checkpoint directory")->required();
+  ih->add_option("--adapter", imp.adapter,
+                 "A PEFT LoRA adapter directory of that model, merged into the imported weights");
   auto* eh = app.add_subcommand("export-hf",
                                 "moe-train checkpoint -> Hugging Face directory (transformers)");
   eh->add_option("checkpoint", exp.checkpoint, "Checkpoint directory")->required();
@@ -432,6 +436,11 @@ std::pair<CLI::App*, CLI::App*> add_hf_commands(CLI::App& app, ImportArgs& imp, 
                  "Largest safetensors file, e.g. 5GB (default), 500MB, 2GiB");
   eh->add_option("--dtype", exp.opt.dtype, "float32 (default), bfloat16 or float16")
       ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+  eh->add_flag("--merge", exp.opt.merge,
+              "LoRA checkpoint: fold the adapters into the base and write full weights");
+  eh->add_flag("--adapter", exp.opt.adapter,
+               "LoRA checkpoint: write the PEFT adapter (adapter_config.json + "
+               "adapter_model.safetensors) for peft.PeftModel.from_pretrained");
   eh->add_option("--architecture", exp.opt.architecture,
                  "MixtralForCausalLM, Qwen3MoeForCausalLM or OlmoeForCausalLM (default: from "
                  "the checkpoint's q/k norms)");

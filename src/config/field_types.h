@@ -126,6 +126,7 @@ std::string json_type() {
   if constexpr (std::is_same_v<T, std::string> || Choice<T>) return "string";
   if constexpr (std::is_same_v<T, std::array<double, 2>> ||
                 std::is_same_v<T, std::vector<int64_t>> ||
+                std::is_same_v<T, std::vector<std::string>> ||
                 std::is_same_v<T, std::vector<BlendSource>>)
     return "array";
   return "";
@@ -136,6 +137,7 @@ template <class T>
 std::string json_item_type() {
   if constexpr (std::is_same_v<T, std::array<double, 2>>) return "number";
   if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "integer";
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) return "string";
   if constexpr (std::is_same_v<T, std::vector<BlendSource>>) return "object";
   return "";
 }

@@ -233,6 +233,19 @@ void visit_fields(auto& v, Section<MonitorConfig> auto& m) {
   v.field("peak_tflops", m.peak_tflops, at_least(0, "0 = known GPUs only"));
 }
 
+void visit_fields(auto& v, Section<LoraConfig> auto& l) {
+  v.field("r", l.r, in(0, 4096, "0 = no LoRA"));
+  v.field("lora_alpha", l.lora_alpha, above(0));
+  v.field("lora_dropout", l.lora_dropout, in_open(0, 1));
+  v.field("target_modules", l.target_modules);  // entries: check_lora()
+  v.field("use_rslora", l.use_rslora);
+  v.field("modules_to_save", l.modules_to_save);
+  // PEFT's other keys that describe what we always do, or cannot do.
+  v.ignored("task_type");       // CAUSAL_LM is the only task here
+  v.ignored("bias");            // "none": our projections have no biases
+  v.ignored("inference_mode");  // export-hf --adapter writes it
+}
+
 void visit_fields(auto& v, Section<Config> auto& c) {
   // The batch triple's rules are cross-field: validate() resolves it.
   v.field("train_batch_size", c.train_batch_size);
@@ -273,6 +286,7 @@ void visit_fields(auto& v, Section<Config> auto& c) {
   section(v, "checkpoint", c.checkpoint);
   section(v, "monitor", c.monitor);
   section(v, "distributed", c.distributed);
+  section(v, "lora", c.lora);
   v.ignored("$schema");  // lets editors find configs/schema.json
 }
 

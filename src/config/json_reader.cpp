@@ -117,6 +117,18 @@ void ObjectReader::get(std::string_view key, std::vector<int64_t>& out) {
   }
 }
 
+void ObjectReader::get(std::string_view key, std::vector<std::string>& out) {
+  if (const auto* v = find(key)) {
+    if (!v->is_array()) type_error(key, *v, "an array of strings");
+    std::vector<std::string> values;
+    for (const auto& item : *v) {
+      if (!item.is_string()) type_error(key, *v, "an array of strings");
+      values.push_back(item.get<std::string>());
+    }
+    out = std::move(values);
+  }
+}
+
 void ObjectReader::get(std::string_view key, std::vector<BlendSource>& out) {
   const auto* v = find(key);
   if (v == nullptr) return;

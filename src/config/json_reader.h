@@ -28,6 +28,7 @@ class ObjectReader {
   void get(std::string_view key, std::string& out);
   void get(std::string_view key, std::array<double, 2>& out);
   void get(std::string_view key, std::vector<int64_t>& out);      // an array of integers
+  void get(std::string_view key, std::vector<std::string>& out);  // an array of strings
   void get(std::string_view key, std::vector<BlendSource>& out);  // data.blend's objects
   // A nested object; absent or null gives an empty reader.
   ObjectReader child(std::string_view key);

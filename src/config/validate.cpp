@@ -11,6 +11,7 @@
 
 #include "fields.h"
 #include "moe/config/config.h"
+#include "moe/config/lora.h"
 #include "moe/util/errors.h"
 
 namespace moe::config {
@@ -49,8 +50,9 @@ class RuleChecker {
   template <class T>
   void field(std::string_view key, const T& value, const Rule& rule = {}, bool = true) {
     if (rule.kind == Rule::Kind::kNone) return;
-    if constexpr (std::is_same_v<T, std::vector<BlendSource>>) {
-      return;  // its entries: check_blend()
+    if constexpr (std::is_same_v<T, std::vector<BlendSource>> ||
+                  std::is_same_v<T, std::vector<std::string>>) {
+      return;  // their entries: check_blend(), check_lora()
     } else if constexpr (std::is_same_v<T, std::array<double, 2>> ||
                          std::is_same_v<T, std::vector<int64_t>>) {
       for (size_t i = 0; i < value.size(); ++i) {
@@ -146,6 +148,42 @@ void check_blend(DataConfig& d, const Rules& rules) {
   }
 }
 
+// lora: names it knows, the experts' gate and up together, what a frozen base cannot do.
+void check_lora(const Config& c, const Rules& rules) {
+  const LoraConfig& l = c.lora;
+  auto one_of = [&](const std::vector<std::string>& names, const std::string& v) {
+    return std::find(names.begin(), names.end(), v) != names.end();
+  };
+  auto listed = [](const std::vector<std::string>& names) {
+    std::string s;
+    for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  };
+  for (size_t i = 0; i < l.target_modules.size(); ++i) {
+    rules.check(one_of(lora_target_names(), l.target_modules[i]),
+                "lora.target_modules[" + std::to_string(i) + "]", l.target_modules[i],
+                "expected one of " + listed(lora_target_names()));
+  }
+  for (size_t i = 0; i < l.modules_to_save.size(); ++i) {
+    rules.check(one_of(lora_saveable_names(), l.modules_to_save[i]),
+                "lora.modules_to_save[" + std::to_string(i) + "]", l.modules_to_save[i],
+                "expected one of " + listed(lora_saveable_names()));
+  }
+  if (!lora_enabled(c)) return;
+  rules.check(!l.target_modules.empty(), "lora.target_modules", std::string("[]"),
+              "name at least one projection to adapt (e.g. [\"q_proj\", \"v_proj\"])");
+  // The experts' gate and up are one stacked parameter: PEFT refuses one without the other.
+  for (auto [a, b] : {std::pair{"gate_proj", "up_proj"}, std::pair{"w1", "w3"}}) {
+    const bool has_a = one_of(l.target_modules, a), has_b = one_of(l.target_modules, b);
+    rules.check(has_a == has_b, "lora.target_modules", std::string(has_a ? a : b),
+                std::string("the experts hold ") + a + " and " + b +
+                    " as one stacked gate_up_proj (transformers >= 5): list both, or gate_up_proj "
+                    "for one rank-r adapter over the pair");
+  }
+  rules.check(!c.training.cuda_graph, "training.cuda_graph", "true",
+              "is not supported with LoRA (lora.r > 0) yet; set it to false");
+}
+
 void check_relations(Config& c, const Rules& rules) {
   const auto& s = c.scheduler;
   if (s.total_num_steps > 0 && s.type != SchedulerType::kWarmupLR &&
@@ -204,6 +242,7 @@ void check_relations(Config& c, const Rules& rules) {
               std::string(name(m.qk_norm_scope)), "needs model.qk_norm = true");
   rules.check(e.top_k <= e.num_experts, "moe.top_k", e.top_k,
               "must be <= moe.num_experts (" + std::to_string(e.num_experts) + ")");
+  check_lora(c, rules);
   const auto& d = c.data;
   rules.check(!d.reset_attention_at_eod || (d.eod_id >= 0 && d.eod_id < m.vocab_size),
               "data.eod_id", d.eod_id,

@@ -8,8 +8,10 @@
 #include <torch/torch.h>
 
 #include "moe/config/architecture.h"
+#include "moe/config/lora.h"
 #include "moe/hf/hf_files.h"
 #include "moe/hf/hf_tensor_map.h"
+#include "moe/hf/peft_adapter.h"
 #include "moe/hf/load_hf_weights.h"
 #include "moe/train/checkpoint.h"
 #include "moe/train/resume_policy.h"
@@ -143,13 +145,43 @@ std::string hf_source_dir(const std::string& checkpoint_dir, const config::Confi
   return own.empty() ? hf_side_source(cfg.model.init_from) : own;
 }
 
+ExportReport export_adapter(model::TransformerLM& model, const config::Config& cfg, Family family,
+                            const std::string& out_dir, const std::string& source,
+                            const std::string& checkpoint_dir) {
+  StagedDir out(
+      "export-hf", out_dir,
+      "export-hf: --out " + out_dir + " exists and is not empty (nothing is overwritten)");
+  ExportReport r;
+  r.family = family;
+  r.tensors = write_peft_adapter(model, cfg, family, out.path(),
+                                 source.empty() ? "" : fs::absolute(source).string());
+  r.shards = 1;
+  r.tokenizer_files = copy_tokenizer_files(checkpoint_dir, out.path());
+  out.commit();
+  return r;
+}
+
 }  // namespace
 
-ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir) {
+ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
+                       const std::string& adapter_dir) {
   HfModel hm = read_hf_model(hf_dir);
   HfWeights weights(hf_dir);
   model::TransformerLM model(hm.cfg, torch::Device(torch::kCPU));
-  copy_hf_weights(weights, hf_dir, hm.cfg, hm.family, model);
+  if (adapter_dir.empty()) {
+    copy_hf_weights(weights, hf_dir, hm.cfg, hm.family, model);
+  } else {  // the adapter folded in: the checkpoint holds the merged weights
+    config::Config adapted_cfg = hm.cfg;
+    adapted_cfg.lora = lora_config_from_peft(adapter_dir);
+    model::TransformerLM adapted(adapted_cfg, torch::Device(torch::kCPU));
+    copy_hf_weights(weights, hf_dir, hm.cfg, hm.family, adapted);
+    read_peft_adapter(adapter_dir, adapted, adapted_cfg, hm.family);
+    adapted->merge_lora();
+    auto mine = model->named_parameters();
+    for (auto& item : adapted->named_parameters()) {
+      if (!config::is_lora_parameter(item.key())) mine[item.key()].set_data(item.value());
+    }
+  }
 
   StagedDir out(
       "import-hf", out_dir,
@@ -191,10 +223,27 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   if (dt == kDtypes.end()) {
     throw UserError("export-hf: --dtype " + opt.dtype + ": expected float32, bfloat16 or float16");
   }
+  if (opt.merge && opt.adapter) {
+    throw UserError("export-hf: --merge and --adapter: choose one (full merged weights, or the "
+                    "PEFT adapter)");
+  }
+  if (config::lora_enabled(cfg) && !opt.merge && !opt.adapter) {
+    throw UserError("export-hf: " + checkpoint_dir + " holds LoRA adapters over a frozen base "
+                    "(lora.r = " + std::to_string(cfg.lora.r) + "): pass --merge (full weights, "
+                    "base + s B A) or --adapter (PEFT adapter_config.json + "
+                    "adapter_model.safetensors)");
+  }
+  if (!config::lora_enabled(cfg) && opt.adapter) {
+    throw UserError("export-hf --adapter: " + checkpoint_dir +
+                    " has no LoRA adapters (no lora section with r > 0): export it without "
+                    "--adapter");
+  }
   model::TransformerLM model(cfg, torch::Device(torch::kCPU));
   train::load_checkpoint(checkpoint_dir, model, nullptr, /*restore_rng=*/false);
 
   const std::string source = hf_source_dir(checkpoint_dir, cfg);
+  if (opt.adapter) return export_adapter(model, cfg, family, out_dir, source, checkpoint_dir);
+  if (model->has_lora()) model->merge_lora();
   json base;
   if (!source.empty()) {
     const fs::path p =

@@ -33,9 +33,32 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
     q_norm = register_module("q_norm", RMSNorm(q_width, opt.norm_eps));
     k_norm = register_module("k_norm", RMSNorm(k_width, opt.norm_eps));
   }
+  {
+    torch::NoGradGuard g;
+    qkv->weight.normal_(0.0, opt.init_std);
+    out->weight.normal_(0.0, opt.out_init_std);
+  }
+  const auto& t = opt.lora_targets;
+  if (opt.lora.r == 0) return;
+  const int64_t d = opt.hidden, q_out = opt.heads * opt.head_dim, kv_out = opt.kv_heads * opt.head_dim;
+  if (t.q) lora_q = register_module("lora_q", LoraAdapter(d, q_out, opt.lora));
+  if (t.k) lora_k = register_module("lora_k", LoraAdapter(d, kv_out, opt.lora));
+  if (t.v) lora_v = register_module("lora_v", LoraAdapter(d, kv_out, opt.lora));
+  if (t.o) lora_o = register_module("lora_o", LoraAdapter(q_out, d, opt.lora));
+}
+
+void CausalSelfAttentionImpl::merge_lora() {
   torch::NoGradGuard g;
-  qkv->weight.normal_(0.0, opt.init_std);
-  out->weight.normal_(0.0, opt.out_init_std);
+  const int64_t q_out = opt_.heads * opt_.head_dim, kv_out = opt_.kv_heads * opt_.head_dim;
+  auto fold = [](LoraAdapter& a, torch::Tensor w) {
+    if (!a) return;
+    w.add_(a->delta_weight().to(w.scalar_type()));
+    a->zero_update();
+  };
+  fold(lora_q, qkv->weight.narrow(0, 0, q_out));
+  fold(lora_k, qkv->weight.narrow(0, q_out, kv_out));
+  fold(lora_v, qkv->weight.narrow(0, q_out + kv_out, kv_out));
+  fold(lora_o, out->weight);
 }
 
 namespace {
@@ -74,6 +97,15 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), S = x.size(1);
   const int64_t H = opt_.heads, KV = opt_.kv_heads, hd = opt_.head_dim;
   auto proj = qkv->forward(x);  // [B, S, (H + 2 KV) hd]
+  if (lora_q || lora_k || lora_v) {  // each adapter's update on its rows of the fused output
+    auto update = [&](LoraAdapter& a, int64_t width) {
+      return a ? a->forward(x) : torch::zeros({B, S, width}, proj.options());
+    };
+    proj = proj + torch::cat({update(lora_q, H * hd), update(lora_k, KV * hd),
+                              update(lora_v, KV * hd)},
+                             -1)
+                      .to(proj.scalar_type());
+  }
   // Views of [B, S, n, hd] as [B, n, S, hd] (the strides of a plain multi-head split).
   auto q = proj.narrow(-1, 0, H * hd), k = proj.narrow(-1, H * hd, KV * hd),
        v = proj.narrow(-1, (H + KV) * hd, KV * hd);
@@ -105,7 +137,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto y = doc_mask_.defined()
                ? at::scaled_dot_product_attention(q, k, v, doc_mask_, p, /*is_causal=*/false)
                : at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
-  return out->forward(y.transpose(1, 2).reshape({B, S, H * hd}));
+  const auto heads = y.transpose(1, 2).reshape({B, S, H * hd});
+  return lora_o ? out->forward(heads) + lora_o->forward(heads) : out->forward(heads);
 }
 
 DocumentLayout document_layout(const torch::Tensor& tokens, int64_t eod) {
@@ -125,6 +158,11 @@ DocumentLayout document_layout(const torch::Tensor& tokens, int64_t eod) {
 }
 
 namespace {
+LoraSpec lora_spec(const config::Config& cfg) {
+  if (!config::lora_enabled(cfg)) return {};
+  return {cfg.lora.r, config::lora_scaling(cfg.lora), cfg.lora.lora_dropout};
+}
+
 moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device& device,
                                  const moe::LoadReduction& loads) {
   const auto& m = cfg.model;
@@ -146,25 +184,57 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   // GPT-2/Megatron: residual-output projections scaled by 1/sqrt(2L).
   o.experts.output_init_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers));
   o.kernel_path = moe::resolve_kernel_path(cfg.moe.kernels, device.is_cuda());
+  if (config::lora_enabled(cfg)) {
+    const config::LoraTargets t = config::lora_targets(cfg.lora);
+    if (t.experts_gate_up_rank > 0) {  // its own rank and alpha (config/lora.h)
+      o.experts.lora_gate_up = {t.experts_gate_up_rank,
+                                config::lora_scaling(t.experts_gate_up_alpha,
+                                                     t.experts_gate_up_rank, cfg.lora.use_rslora),
+                                cfg.lora.lora_dropout};
+    }
+    if (t.experts_down) o.experts.lora_down = lora_spec(cfg);
+  }
   return o;
 }
 }  // namespace
 
-DenseMlpImpl::DenseMlpImpl(int64_t hidden, int64_t ffn, double init_std, double out_init_std) {
+DenseMlpImpl::DenseMlpImpl(int64_t hidden, int64_t ffn, double init_std, double out_init_std,
+                           const LoraSpec& lora, const config::LoraTargets& targets) {
   auto linear = [](int64_t in, int64_t out) {
     return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
   };
   gate_proj = register_module("gate_proj", linear(hidden, ffn));
   up_proj = register_module("up_proj", linear(hidden, ffn));
   down_proj = register_module("down_proj", linear(ffn, hidden));
-  torch::NoGradGuard g;
-  gate_proj->weight.normal_(0.0, init_std);
-  up_proj->weight.normal_(0.0, init_std);
-  down_proj->weight.normal_(0.0, out_init_std);
+  {
+    torch::NoGradGuard g;
+    gate_proj->weight.normal_(0.0, init_std);
+    up_proj->weight.normal_(0.0, init_std);
+    down_proj->weight.normal_(0.0, out_init_std);
+  }
+  if (lora.r == 0) return;
+  if (!targets.dense_mlp) return;
+  lora_gate = register_module("lora_gate", LoraAdapter(hidden, ffn, lora));
+  lora_up = register_module("lora_up", LoraAdapter(hidden, ffn, lora));
+  lora_down = register_module("lora_down", LoraAdapter(ffn, hidden, lora));
 }
 
 torch::Tensor DenseMlpImpl::forward(const torch::Tensor& x) {
-  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  auto project = [](torch::nn::Linear& base, LoraAdapter& a, const torch::Tensor& in) {
+    return a ? base->forward(in) + a->forward(in) : base->forward(in);
+  };
+  const auto h = torch::silu(project(gate_proj, lora_gate, x)) * project(up_proj, lora_up, x);
+  return project(down_proj, lora_down, h);
+}
+
+void DenseMlpImpl::merge_lora() {
+  torch::NoGradGuard g;
+  for (auto [a, base] : {std::pair{lora_gate, gate_proj}, std::pair{lora_up, up_proj},
+                         std::pair{lora_down, down_proj}}) {
+    if (!a) continue;
+    base->weight.add_(a->delta_weight().to(base->weight.scalar_type()));
+    a->zero_update();
+  }
 }
 
 BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int64_t layer,
@@ -186,6 +256,8 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   a.init_std = m.init_std;
   // GPT-2/Megatron: residual-output projections scaled by 1/sqrt(2L).
   a.out_init_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers));
+  a.lora = lora_spec(cfg);
+  a.lora_targets = config::lora_targets(cfg.lora);
   attn = register_module("attn", CausalSelfAttention(a));
   moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps));
   if (config::is_moe_layer(cfg, layer)) {
@@ -193,7 +265,8 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   } else {
     mlp = register_module(
         "mlp", DenseMlp(m.hidden_size, config::dense_hidden_size(cfg), m.init_std,
-                        m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers))));
+                        m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers)),
+                        lora_spec(cfg), config::lora_targets(cfg.lora)));
   }
 }
 
@@ -249,6 +322,23 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     torch::NoGradGuard g;
     lm_head->weight.normal_(0.0, m.init_std);
   }
+  lora_ = config::lora_enabled(cfg);
+  if (!lora_) return;
+  // LoRA: the base is frozen (no gradient, so no optimizer state), except what
+  // lora.modules_to_save names.
+  for (auto& item : named_parameters()) {
+    const bool trains = config::is_lora_parameter(item.key()) ||
+                        config::saved_in_full(cfg.lora, item.key(), m.tie_embeddings);
+    item.value().requires_grad_(trains);
+  }
+}
+
+void TransformerLMImpl::merge_lora() {
+  for (auto& b : blocks) {
+    b->attn->merge_lora();
+    if (b->mlp) b->mlp->merge_lora();
+    if (!b->moe.is_empty()) b->moe->experts->merge_lora();
+  }
 }
 
 LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
@@ -265,6 +355,14 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
       x = x + (docs.positions.defined()
                    ? pos_embed->forward(docs.positions)
                    : pos_embed->forward(torch::arange(S, tokens.options())).unsqueeze(0));
+    }
+    // A 16-bit frozen base (LoRA) embeds in 16 bits; the residual stream stays fp32.
+    if (x.scalar_type() != torch::kFloat) x = x.to(torch::kFloat);
+    // A frozen embedding gives an input without a gradient; a checkpointed block's recompute
+    // then would not reach the adapters inside it (HF's enable_input_require_grads).
+    if (is_training() && torch::GradMode::is_enabled() && !x.requires_grad() &&
+        checkpoint_blocks_ > 0) {
+      x = x.detach().requires_grad_(true);
     }
   }
   out.aux_loss = torch::zeros({}, x.options().dtype(torch::kFloat));

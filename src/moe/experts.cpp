@@ -11,6 +11,27 @@ ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
   w_gate = register_parameter("w_gate", torch::randn({E, d, f}) * opt.init_std);
   w_up = register_parameter("w_up", torch::randn({E, d, f}) * opt.init_std);
   w_down = register_parameter("w_down", torch::randn({E, f, d}) * opt.output_init_std);
+  if (opt.lora_gate_up.r > 0) {
+    lora_gate_up = register_module("lora_gate_up", model::ExpertLora(E, d, 2 * f, opt.lora_gate_up));
+  }
+  if (opt.lora_down.r > 0) {
+    lora_down = register_module("lora_down", model::ExpertLora(E, f, d, opt.lora_down));
+  }
+}
+
+void ExpertsImpl::merge_lora() {
+  torch::NoGradGuard g;
+  const int64_t f = opt_.ffn_size;
+  if (lora_gate_up) {
+    const auto delta = lora_gate_up->delta_weight();
+    w_gate.add_(delta.narrow(2, 0, f).to(w_gate.scalar_type()));
+    w_up.add_(delta.narrow(2, f, f).to(w_up.scalar_type()));
+    lora_gate_up->zero_update();
+  }
+  if (lora_down) {
+    w_down.add_(lora_down->delta_weight().to(w_down.scalar_type()));
+    lora_down->zero_update();
+  }
 }
 
 bool ExpertsImpl::uses_grouped_mm(const torch::Tensor& x) const {
@@ -18,8 +39,9 @@ bool ExpertsImpl::uses_grouped_mm(const torch::Tensor& x) const {
   const bool bf16 = x.scalar_type() == torch::kBFloat16 ||
                     (at::autocast::is_autocast_enabled(at::kCUDA) &&
                      at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16);
-  // _grouped_mm wants 16-byte-aligned rows (8 bf16).
-  return bf16 && opt_.hidden_size % 8 == 0 && opt_.ffn_size % 8 == 0 &&
+  // _grouped_mm wants 16-byte-aligned rows (8 bf16): the adapters' rank too.
+  const bool lora_aligned = opt_.lora_gate_up.r % 8 == 0 && opt_.lora_down.r % 8 == 0;
+  return bf16 && opt_.hidden_size % 8 == 0 && opt_.ffn_size % 8 == 0 && lora_aligned &&
          experts_grouped_mm_supported(x.device());
 }
 
@@ -34,10 +56,18 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto offs = tokens_per_expert.to(x.device()).cumsum(0).to(torch::kInt);
     const auto xb = x.to(torch::kBFloat16);
-    auto h = torch::silu(at::_grouped_mm(xb, w_gate.to(torch::kBFloat16), offs)) *
-             at::_grouped_mm(xb, w_up.to(torch::kBFloat16), offs);
+    auto gate = at::_grouped_mm(xb, w_gate.to(torch::kBFloat16), offs);
+    auto up = at::_grouped_mm(xb, w_up.to(torch::kBFloat16), offs);
+    if (lora_gate_up) {  // (x A) B through the same offsets: W + B A is never formed
+      const auto delta = lora_gate_up->forward_grouped(xb, offs);
+      gate = gate + delta.narrow(1, 0, opt_.ffn_size);
+      up = up + delta.narrow(1, opt_.ffn_size, opt_.ffn_size);
+    }
+    auto h = torch::silu(gate) * up;
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
-    return at::_grouped_mm(h, w_down.to(torch::kBFloat16), offs);
+    auto y = at::_grouped_mm(h, w_down.to(torch::kBFloat16), offs);
+    if (lora_down) y = y + lora_down->forward_grouped(h, offs);
+    return y;
   }
   // Per-expert GEMMs over contiguous segments; counts are needed on the host to slice.
   auto counts = tokens_per_expert.to(torch::kCPU);
@@ -47,13 +77,23 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   // unbind, not w_gate[e]: the backward of E selects would build E zero-filled [E, d, f]
   // gradients and add them up; unbind's backward stacks the E slices into one.
   const auto gate = w_gate.unbind(0), up = w_up.unbind(0), down = w_down.unbind(0);
+  const auto gate_up_lora = lora_gate_up ? lora_gate_up->slices() : model::ExpertLora::Impl::Slices{};
+  const auto down_lora = lora_down ? lora_down->slices() : model::ExpertLora::Impl::Slices{};
   int64_t offset = 0;
   for (int64_t e = 0; e < opt_.num_experts; ++e) {
     if (c[e] == 0) continue;  // experts without tokens are normal
     auto seg = x.narrow(0, offset, c[e]);
-    auto h = torch::silu(seg.matmul(gate[e])) * seg.matmul(up[e]);
+    auto g = seg.matmul(gate[e]), u = seg.matmul(up[e]);
+    if (lora_gate_up) {
+      const auto delta = lora_gate_up->forward_expert(seg, gate_up_lora, e);
+      g = g + delta.narrow(1, 0, opt_.ffn_size);
+      u = u + delta.narrow(1, opt_.ffn_size, opt_.ffn_size);
+    }
+    auto h = torch::silu(g) * u;
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
-    outs.push_back(h.matmul(down[e]));
+    auto y = h.matmul(down[e]);
+    if (lora_down) y = y + lora_down->forward_expert(h, down_lora, e);
+    outs.push_back(y);
     offset += c[e];
   }
   if (outs.empty()) return torch::zeros_like(x);

@@ -22,6 +22,7 @@ MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt)
     ExpertsOptions shared = opt.experts;
     shared.num_experts = 1;
     shared.ffn_size = opt.shared_expert_hidden_size;
+    shared.lora_gate_up = shared.lora_down = {};  // LoRA adapts the routed experts only
     shared_expert = register_module("shared_expert", Experts(shared));
   }
 }

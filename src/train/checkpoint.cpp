@@ -10,7 +10,9 @@
 #include <sstream>
 #include <thread>
 
+#include "moe/config/lora.h"
 #include "moe/train/checkpoint_store.h"
+#include "moe/train/init_from.h"
 #include "moe/util/errors.h"
 #include "moe/util/fault_injection.h"
 #include "moe/util/safetensors.h"
@@ -133,9 +135,29 @@ void test_pause() {
   }
 }
 
+// The tensors a checkpoint of `model` holds: every parameter, or with LoRA what trains (the
+// adapters and lora.modules_to_save): the frozen base is referenced, not copied.
+std::vector<std::pair<std::string, at::Tensor>> checkpointed_parameters(
+    model::TransformerLM& model) {
+  if (model->has_lora()) return model::trainable_parameters(*model);
+  std::vector<std::pair<std::string, at::Tensor>> all;
+  for (auto& item : model->named_parameters()) all.emplace_back(item.key(), item.value());
+  return all;
+}
+
+// What a checkpoint without adapters gives a LoRA model: its base (model.init_from of a LoRA
+// run); the adapters keep their initial values.
+std::vector<std::pair<std::string, at::Tensor>> base_parameters(model::TransformerLM& model) {
+  std::vector<std::pair<std::string, at::Tensor>> base;
+  for (auto& item : model->named_parameters()) {
+    if (!config::is_lora_parameter(item.key())) base.emplace_back(item.key(), item.value());
+  }
+  return base;
+}
+
 void write_model_file(const std::string& dir, model::TransformerLM& model) {
   HostTensors weights;
-  for (const auto& item : model->named_parameters()) weights.add(item.key(), item.value());
+  for (const auto& [name, t] : checkpointed_parameters(model)) weights.add(name, t);
   write_safetensors((fs::path(dir) / "model.safetensors").string(), weights.views,
                     {{"format", "pt"}, {"producer", "moe-train"}});
 }
@@ -169,12 +191,40 @@ void write_state_file(const std::string& dir, model::TransformerLM& model,
   }
   j["metrics_lines"] = state.metrics_lines;
   j["config"] = state.config;
+  if (model->has_lora()) j["lora_base_fingerprint"] = model->base_fingerprint();
   for (const auto& [key, value] : extra.items()) j[key] = value;
   const std::string path = (fs::path(dir) / "state.json").string();
   std::ofstream out(path);
   out << j.dump(2) << "\n";
   out.flush();
   if (!out) throw TrainingError("checkpoint: " + path + ": write failed (disk full?)");
+}
+
+// A LoRA checkpoint goes with the base it was trained on: a model without LoRA cannot take it,
+// a model whose base is not loaded yet (eval, export-hf) loads the one the checkpoint's config
+// names, and a different base (another fingerprint) is refused by name.
+void check_lora_base(const std::string& dir, const json& state, model::TransformerLM& model) {
+  const std::string file = (fs::path(dir) / "state.json").string();
+  const config::Config written = config::from_json(state.at("config"), file);
+  if (!model->has_lora()) {
+    throw UserError("checkpoint: " + dir + ": holds LoRA adapters (lora.r = " +
+                    std::to_string(written.lora.r) +
+                    ") over a frozen base; this model has no LoRA section: use the config of the "
+                    "run that wrote it, or export-hf --merge it first");
+  }
+  if (model->base_fingerprint().empty()) load_lora_base(written, model, /*seeded=*/false);
+  const std::string recorded = state.at("lora_base_fingerprint").get<std::string>();
+  if (model->base_fingerprint() == recorded) return;
+  auto named = [](const std::string& init_from) {
+    return init_from.empty() ? std::string("a random initialisation (no model.init_from)")
+                             : "model.init_from = " + init_from;
+  };
+  throw BaseMismatchError("checkpoint: " + dir + ": its LoRA adapters were trained on " +
+                          named(written.model.init_from) + " (base fingerprint " + recorded +
+                          "); this run's base, " + named(model->lora_base_source()) +
+                          ", has fingerprint " + model->base_fingerprint() +
+                          ": a different base model; point model.init_from at the base the "
+                          "adapters were trained on, or start a new output_dir");
 }
 
 }  // namespace
@@ -270,10 +320,12 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
   // Everything is checked before anything is copied: a checkpoint of another architecture (a
   // missing, extra or reshaped tensor, an expert bias the model lacks) is an error naming the
   // first difference and leaves the model and optimizer as they were.
+  const bool adapters = j.contains("lora_base_fingerprint");
+  if (adapters) check_lora_base(dir, j, model);
   SafetensorsFile weights((fs::path(dir) / "model.safetensors").string());
-  std::vector<std::pair<std::string, at::Tensor>> params;
-  for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
-  check_tensor_set(weights, params, "the model");
+  const auto params = adapters || !model->has_lora() ? checkpointed_parameters(model)
+                                                     : base_parameters(model);
+  check_tensor_set(weights, params, adapters ? "the model's LoRA adapters" : "the model");
   std::optional<SafetensorsFile> opt;
   std::vector<std::pair<std::string, at::Tensor>> states;
   if (optimizer != nullptr) {
@@ -309,7 +361,7 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
     }
     for (auto& [buf, v] : bias_values) buf.copy_(at::tensor(v));
   }
-  for (auto& [name, t] : params) copy_into(weights, name, t);
+  for (auto [name, t] : params) copy_into(weights, name, t);
   if (optimizer != nullptr) {
     optimizer->reload_master_weights();
     for (auto& [name, t] : states) copy_into(*opt, name, t);

@@ -43,6 +43,14 @@ namespace {
 class LocalTraining final : public DataParallel {};
 
 // ---- world > 1 ----
+
+// The parameters whose gradients take part in the reduction (LoRA: the adapters only).
+std::vector<torch::Tensor> trainable(model::TransformerLM& model) {
+  std::vector<torch::Tensor> out;
+  for (auto& [name, p] : model::trainable_parameters(*model)) out.push_back(p);
+  return out;
+}
+
 class RankGroup final : public DataParallel {
  public:
   RankGroup(const config::Config& cfg, std::unique_ptr<dist::ProcessGroup> group,
@@ -60,9 +68,9 @@ class RankGroup final : public DataParallel {
     if (!mode_.shards_optimizer()) return;
     std::vector<std::string> names;
     std::vector<torch::Tensor> params;
-    for (auto& item : model->named_parameters()) {
-      names.push_back(item.key());
-      params.push_back(item.value());
+    for (auto& [name, p] : model::trainable_parameters(*model)) {
+      names.push_back(name);
+      params.push_back(p);
     }
     zero_ = std::make_unique<ZeroPartition>(*group_, mode_.zero_stage, std::move(names),
                                             std::move(params), config::reduce_bucket_bytes(cfg_),
@@ -98,7 +106,7 @@ class RankGroup final : public DataParallel {
         zero_->reduce_in_backward();
         break;
       case GradientReduction::kReducerInBackward:
-        group_->enable_gradient_sync(model->parameters(), config::reduce_bucket_bytes(cfg_));
+        group_->enable_gradient_sync(trainable(model), config::reduce_bucket_bytes(cfg_));
         break;
       case GradientReduction::kAllReduceAfterBackward:
       case GradientReduction::kNone:
@@ -125,7 +133,7 @@ class RankGroup final : public DataParallel {
   void begin_step(model::TransformerLM& model, FusedAdamW& optimizer) override {
     optimizer.zero_grad();
     if (zero_) {  // the optimizer holds our share: release every gradient
-      for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+      for (auto& p : trainable(model)) p.mutable_grad() = torch::Tensor();
     }
   }
 
@@ -159,7 +167,7 @@ class RankGroup final : public DataParallel {
       zero_->average_owned();  // summed onto the owners during the backwards
     } else if (mode_.reduction == GradientReduction::kAllReduceAfterBackward) {
       std::vector<torch::Tensor> grads;
-      for (auto& p : model->parameters()) {
+      for (auto& p : trainable(model)) {
         // A parameter without a gradient on this rank still takes part: the buckets must match.
         if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
         grads.push_back(p.grad());

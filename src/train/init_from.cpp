@@ -2,6 +2,8 @@
 
 #include <filesystem>
 
+#include <torch/torch.h>
+
 #include "moe/config/architecture.h"
 #include "moe/hf/load_hf_weights.h"
 #include "moe/train/checkpoint.h"
@@ -27,6 +29,21 @@ std::string init_weights_from(const config::Config& cfg, model::TransformerLM& m
   throw UserError("config: " + cfg.source_file + ": model.init_from = \"" + dir +
                   "\": neither a moe-train checkpoint (state.json) nor a Hugging Face model "
                   "directory (config.json)");
+}
+
+void load_lora_base(const config::Config& cfg, model::TransformerLM& model, bool seeded) {
+  if (!cfg.model.init_from.empty()) {
+    init_weights_from(cfg, model);
+  } else if (!seeded) {
+    torch::manual_seed(cfg.training.seed);  // the initialisation a fresh run would draw
+    model::TransformerLM fresh(cfg, torch::Device(torch::kCPU));
+    auto mine = model->named_parameters();
+    torch::NoGradGuard no_grad;
+    for (const auto& item : fresh->named_parameters()) {
+      if (!config::is_lora_parameter(item.key())) mine[item.key()].copy_(item.value());
+    }
+  }
+  model->set_base(model::base_fingerprint(*model), cfg.model.init_from);
 }
 
 }  // namespace moe::train

@@ -93,13 +93,12 @@ std::vector<AdamWGroup> param_groups(model::TransformerLM& model, const config::
   AdamWGroup decay, no_decay;
   decay.weight_decay =
       cfg.optimizer.type == config::OptimizerType::kAdam ? 0.0 : cfg.optimizer.weight_decay;
-  for (auto& item : model->named_parameters()) {
-    if (!dp.updates(item.key())) continue;
+  for (auto& [name, param] : model::trainable_parameters(*model)) {  // LoRA: no frozen base
+    if (!dp.updates(name)) continue;
     // Norm weights and biases (1-D) are not decayed, as in Megatron and DeepSpeed's examples.
-    AdamWGroup& g =
-        item.value().dim() >= 2 || cfg.optimizer.decay_norms_and_biases ? decay : no_decay;
-    g.names.push_back(item.key());
-    g.params.push_back(item.value());
+    AdamWGroup& g = param.dim() >= 2 || cfg.optimizer.decay_norms_and_biases ? decay : no_decay;
+    g.names.push_back(name);
+    g.params.push_back(param);
   }
   std::vector<AdamWGroup> groups{decay};
   if (!no_decay.params.empty()) groups.push_back(no_decay);
@@ -210,6 +209,7 @@ class TrainingSession {
     } catch (const c10::OutOfMemoryError& e) {
       throw TrainingError(oom_report(cfg_, in_.device, current_step_, e.what_without_backtrace()));
     }
+    check_base_unchanged();
     return summary_;
   }
 
@@ -221,6 +221,12 @@ class TrainingSession {
 
   // The checkpoint to continue from (resume_policy.h), or a fresh start.
   void resume() {
+    if (model_->has_lora()) {  // the frozen base first: a LoRA checkpoint holds adapters only
+      load_lora_base(cfg_, model_, /*seeded=*/true);
+      log_->info("LoRA: base {} (fingerprint {}); {}",
+                 cfg_.model.init_from.empty() ? "randomly initialised" : cfg_.model.init_from,
+                 model_->base_fingerprint(), lora_summary());
+    }
     const auto candidates = store_.candidates();
     ResumeDecision d = decide_resume(opt_, candidates, in_.total_steps, store_.root());
     while (d.action == ResumeDecision::Action::kLoad) {
@@ -229,6 +235,8 @@ class TrainingSession {
         summary_.resumed_from = state_.step;
         resumed_dir_ = d.dir;
         break;
+      } catch (const BaseMismatchError&) {
+        throw;  // every checkpoint here has the same base: an older one would not help
       } catch (const UserError& e) {
         if (!d.fallback) throw;
         log_->error("{}", unusable_checkpoint_message(d.dir, e.what()));
@@ -237,13 +245,46 @@ class TrainingSession {
     }
     if (d.action == ResumeDecision::Action::kFinished) log_->warn("{}", d.message);
     if (d.action == ResumeDecision::Action::kNoneLoadable) throw UserError(d.message);
-    if (summary_.resumed_from < 0 && !cfg_.model.init_from.empty()) {
+    if (summary_.resumed_from < 0 && !cfg_.model.init_from.empty() && !model_->has_lora()) {
       // A fresh run from existing weights: the optimizer's fp32 masters follow them.
       const std::string what = init_weights_from(cfg_, model_);
       optimizer_.reload_master_weights();
       log_->info("initial weights from {} ({})", cfg_.model.init_from, what);
     }
     scaler_.restore(summary_.resumed_from >= 0 ? state_.scaler : scaler_.state());
+    if (model_->has_lora() && (in_.bf16 || in_.fp16)) {
+      // Only the adapters (and modules_to_save) keep fp32 weights and Adam state; the frozen
+      // base's matrices live in the compute dtype: 2 bytes per parameter.
+      const auto dtype = in_.bf16 ? torch::kBFloat16 : torch::kHalf;
+      base_cast_ = true;
+      torch::NoGradGuard no_grad;
+      for (auto& item : model_->named_parameters()) {
+        auto& p = item.value();
+        if (!p.requires_grad() && p.dim() >= 2 && item.key().find(".router.") == std::string::npos) {
+          p.set_data(p.to(dtype));
+        }
+      }
+    }
+  }
+
+  // LoRA: frozen means frozen. The base is hashed again at the end (not when it was cast to
+  // 16 bits: those values were never the fingerprinted ones) and must be bit for bit the same.
+  void check_base_unchanged() {
+    if (!model_->has_lora() || base_cast_) return;
+    const std::string now = model::base_fingerprint(*model_);
+    if (now != model_->base_fingerprint()) {
+      throw TrainingError("LoRA: the frozen base weights changed during training (fingerprint " +
+                          model_->base_fingerprint() + " -> " + now + "): a bug, please report it");
+    }
+    log_->info("LoRA: base weights unchanged after training (fingerprint {})", now);
+  }
+
+  std::string lora_summary() const {
+    const auto n = config::lora_parameter_counts(cfg_);
+    return fmt::format("{} adapter parameters (r = {}, scaling {:.4g}), {} base parameters trained "
+                       "in full, {} frozen",
+                       n.adapter, cfg_.lora.r, config::lora_scaling(cfg_.lora), n.trainable_base,
+                       n.frozen_base);
   }
 
   // Sinks first (a Prometheus port that cannot be bound is still a user error, before any
@@ -539,6 +580,7 @@ class TrainingSession {
   int64_t first_step_ = 0, current_step_ = 0;
   Clock::time_point run_start_, lap_start_;
   std::string resumed_dir_;  // the checkpoint this run continues from; empty on a fresh start
+  bool base_cast_ = false;   // LoRA: the frozen base lives in 16 bits
 };
 
 }  // namespace

@@ -184,6 +184,24 @@ struct CheckpointConfig {
   OnFailure on_failure = OnFailure::kStop;  // a failed write (disk full): stop (exit 3) or not
 };
 
+// LoRA over a frozen base (docs/finetune.md), in PEFT's LoraConfig names. r = 0: no LoRA, every
+// parameter trains.
+struct LoraConfig {
+  int64_t r = 0;             // adapter rank
+  double lora_alpha = 8.0;   // scaling = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora)
+  double lora_dropout = 0.0; // dropout on the adapters' inputs
+  // q_proj k_proj v_proj o_proj (attention); gate_proj + up_proj, down_proj (Mixtral: w1 + w3,
+  // w2) or gate_up_proj: the experts, as PEFT reads them (config/lora.h); dense_mlp: the dense
+  // layers' MLPs; "all-linear": attention and experts.
+  std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+  bool use_rslora = false;
+  // Base modules that train in full next to the adapters (PEFT's suffix match): gate (the
+  // routers), lm_head, embed_tokens, norm (every norm), input_layernorm, post_attention_layernorm,
+  // q_norm, k_norm.
+  std::vector<std::string> modules_to_save;
+};
+
 struct TrainingConfig {
   std::string output_dir = "runs/moe-train";
   int64_t train_iters = 0;  // optimizer steps; 0 = derive from epochs
@@ -223,6 +241,7 @@ struct Config {
   CheckpointConfig checkpoint;
   MonitorConfig monitor;
   DistributedConfig distributed;
+  LoraConfig lora;
 
   // Not a key: data-parallel ranks, from the launcher (dist/launch_env.h), set before validate()
   // (DeepSpeed's batch rule: train_batch_size = micro x accumulation x world size).

@@ -23,12 +23,18 @@ struct ImportReport {
 // moe-train.json with the model/moe sections, hf_config.json, tokenizer and generation files).
 // Everything is checked before anything is written; `out_dir` must not exist or be empty, and
 // appears complete or not at all.
-ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir);
+// `adapter_dir` (optional): a PEFT LoRA adapter of that model, merged into the imported weights.
+ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
+                       const std::string& adapter_dir = "");
 
 struct ExportOptions {
   std::string architecture;                            // "" = from the checkpoint's architecture
   int64_t max_shard_bytes = 5LL * 1000 * 1000 * 1000;  // transformers' default "5GB"
   std::string dtype = "float32";                       // float32 | bfloat16 | float16
+  // A LoRA checkpoint (lora.r > 0) needs one of: `merge` folds the adapters into the base
+  // (full weights, base + s B A); `adapter` writes PEFT's adapter_config.json +
+  // adapter_model.safetensors instead of a model (peft_adapter.h).
+  bool merge = false, adapter = false;
 };
 
 struct ExportReport {

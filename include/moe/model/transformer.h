@@ -3,6 +3,8 @@
 // LM head (tied to the embedding by default).
 #pragma once
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -11,6 +13,8 @@
 #include <torch/types.h>
 
 #include "moe/config/config.h"
+#include "moe/config/lora.h"
+#include "moe/model/lora.h"
 #include "moe/moe/moe_layer.h"
 
 namespace moe::model {
@@ -36,6 +40,8 @@ struct AttentionOptions {
   double clip_qkv = 0;        // > 0: clamp q, k, v to [-clip_qkv, clip_qkv] (OLMoE)
   double norm_eps = 1e-5;
   double dropout = 0, init_std = 0.02, out_init_std = 0.02;
+  LoraSpec lora;                // adapters on the projections lora_targets names
+  config::LoraTargets lora_targets;
 };
 
 // Causal self-attention: one fused projection to [q (heads) | k (kv_heads) | v (kv_heads)] x
@@ -54,6 +60,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   }
   torch::nn::Linear qkv{nullptr}, out{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
+  LoraAdapter lora_q{nullptr}, lora_k{nullptr}, lora_v{nullptr}, lora_o{nullptr};
+  void merge_lora();  // folds the adapters into qkv / out and zeroes them
 
  private:
   AttentionOptions opt_;
@@ -79,9 +87,12 @@ TORCH_MODULE(CausalSelfAttention);
 // nn.Linear's [out, in] layout.
 class DenseMlpImpl : public torch::nn::Module {
  public:
-  DenseMlpImpl(int64_t hidden, int64_t ffn, double init_std, double out_init_std);
+  DenseMlpImpl(int64_t hidden, int64_t ffn, double init_std, double out_init_std,
+               const LoraSpec& lora = {}, const config::LoraTargets& targets = {});
   torch::Tensor forward(const torch::Tensor& x);
+  void merge_lora();
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  LoraAdapter lora_gate{nullptr}, lora_up{nullptr}, lora_down{nullptr};
 };
 TORCH_MODULE(DenseMlp);
 
@@ -136,11 +147,24 @@ class TransformerLMImpl : public torch::nn::Module {
   void after_optimizer_step(const std::vector<torch::Tensor>& tokens_per_expert);
   // Blocks [0, n) recompute their activations in the backward (activation checkpointing).
   void set_checkpoint_blocks(int64_t n) { checkpoint_blocks_ = n; }
+  // LoRA (lora.r > 0): whether the model carries adapters; its base weights' fingerprint once
+  // the base is loaded (model/lora.h), "" before.
+  bool has_lora() const { return lora_; }
+  const std::string& base_fingerprint() const { return base_fingerprint_; }
+  const std::string& lora_base_source() const { return base_source_; }  // "" = random init
+  void set_base(std::string fingerprint, std::string source) {
+    base_fingerprint_ = std::move(fingerprint);
+    base_source_ = std::move(source);
+  }
+  // Folds every adapter into its base weight (export-hf --merge): the function is unchanged.
+  void merge_lora();
 
  private:
   config::ModelConfig mcfg_;
   int64_t checkpoint_blocks_ = 0;
   int64_t eod_id_ = -1;  // >= 0: data.reset_attention_at_eod
+  bool lora_ = false;
+  std::string base_fingerprint_, base_source_;
 };
 TORCH_MODULE(TransformerLM);
 

@@ -5,6 +5,8 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include "moe/model/lora.h"
+
 namespace moe::moe {
 
 struct ExpertsOptions {
@@ -18,6 +20,8 @@ struct ExpertsOptions {
   // CUDA + bf16 activations + Hopper or newer + rows of a multiple of 8: one at::_grouped_mm per
   // projection (no host sync on the counts). Off, or elsewhere: one GEMM per expert.
   bool grouped_mm = true;
+  // LoRA (config/lora.h): one adapter per expert over [gate | up] and/or over down; r = 0: none.
+  model::LoraSpec lora_gate_up, lora_down;
 };
 
 class ExpertsImpl : public torch::nn::Module {
@@ -31,6 +35,10 @@ class ExpertsImpl : public torch::nn::Module {
   torch::Tensor w_gate;  // [E, d, f]
   torch::Tensor w_up;    // [E, d, f]
   torch::Tensor w_down;  // [E, f, d]
+  model::ExpertLora lora_gate_up{nullptr};  // [E, d, r] x [E, r, 2f]: gate's and up's update
+  model::ExpertLora lora_down{nullptr};     // [E, f, r] x [E, r, d]
+  // Folds the adapters into w_gate / w_up / w_down and zeroes them (export-hf --merge).
+  void merge_lora();
 
  private:
   ExpertsOptions opt_;

@@ -1,5 +1,6 @@
 // What a checkpoint holds and how it maps to files:
-//   model.safetensors      every parameter by name (fp32 master weights)
+//   model.safetensors      every parameter by name (fp32 master weights); with LoRA only what
+//                          trains (adapters, lora.modules_to_save), the base by fingerprint
 //   optimizer.safetensors  <name>.exp_avg, <name>.exp_avg_sq, <name>.step for every parameter
 //   state.json             step, tokens, loader position, loss scaler, RNG states, metrics line
 //                          count, the resolved config and the format version
@@ -18,9 +19,17 @@
 #include "moe/train/adamw.h"
 #include "moe/train/loss_scaler.h"
 #include "moe/train/resume_policy.h"
+#include "moe/util/errors.h"
 #include "moe/util/safetensors.h"
 
 namespace moe::train {
+
+// A LoRA checkpoint met a different base model than the one its adapters were trained on: not
+// a damaged checkpoint (an older one would not help), the run stops (exit 2).
+class BaseMismatchError : public UserError {
+ public:
+  using UserError::UserError;
+};
 
 inline constexpr int64_t kCheckpointFormatVersion = kStateFormatVersion;  // resume_policy.h
 

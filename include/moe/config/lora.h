@@ -1,0 +1,49 @@
+// What the "lora" section means for a model: which projections carry adapters, their scaling,
+// which base modules train in full. One reading shared by the model, the planner and the
+// exporters (docs/finetune.md).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "moe/config/config.h"
+
+namespace moe::config {
+
+// PEFT's reading of target_modules on Mixtral / Qwen3-MoE / OLMoE under transformers >= 5,
+// where each layer's experts hold two stacked parameters, gate_up_proj [E, 2f, d] and
+// down_proj [E, d, f]: gate_proj + up_proj (Mixtral: w1 + w3) become one adapter on gate_up_proj
+// of rank 2r and lora_alpha 2 alpha (the same scaling), down_proj (w2) one on down_proj;
+// "gate_up_proj" names the rank-r adapter of target_parameters = ["mlp.experts.gate_up_proj"].
+// The dense layers' MLPs (Qwen3-MoE's mlp_only_layers) are PEFT-invisible there; "dense_mlp"
+// adapts them (export-hf --merge only).
+struct LoraTargets {
+  bool q = false, k = false, v = false, o = false;  // attention projections
+  bool dense_mlp = false;                           // dense layers' gate/up/down
+  int64_t experts_gate_up_rank = 0;                 // 0: no adapter on the experts' gate_up
+  double experts_gate_up_alpha = 0;
+  bool experts_down = false;
+};
+
+bool lora_enabled(const Config& c);
+LoraTargets lora_targets(const LoraConfig& l);
+// lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora (PEFT's rule).
+double lora_scaling(const LoraConfig& l);
+double lora_scaling(double alpha, int64_t r, bool rslora);
+
+// Whether a parameter of ours (by name) is a LoRA adapter tensor.
+bool is_lora_parameter(const std::string& name);
+// Whether a base parameter trains in full next to the adapters (lora.modules_to_save).
+bool saved_in_full(const LoraConfig& l, const std::string& name, bool tie_embeddings);
+
+// Parameters (adapters + modules_to_save) and base parameters (frozen) of a LoRA config.
+struct LoraParameterCounts {
+  int64_t adapter = 0, trainable_base = 0, frozen_base = 0;
+};
+LoraParameterCounts lora_parameter_counts(const Config& c);
+
+// The names accepted in lora.target_modules and lora.modules_to_save.
+const std::vector<std::string>& lora_target_names();
+const std::vector<std::string>& lora_saveable_names();
+
+}  // namespace moe::config

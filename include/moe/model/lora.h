@@ -1,0 +1,74 @@
+// LoRA adapters (Hu et al. 2021) in PEFT's layout and arithmetic: y = x W + s B(A(dropout(x))),
+// s = lora_alpha / r (or / sqrt(r), rsLoRA). A is Kaiming-uniform, B zero, so a new adapter
+// leaves the model's function unchanged. The base weight is never combined with B A during
+// training: the adapter's two small GEMMs run beside the base GEMM (for experts, through the
+// same grouped-GEMM offsets), and merge_into() folds them in only for an export.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+namespace moe::model {
+
+struct LoraSpec {
+  int64_t r = 0;  // 0: no adapters
+  double scaling = 1.0;
+  double dropout = 0.0;
+};
+
+// The adapter of one linear projection (PEFT's lora.Linear): lora_A [r, in], lora_B [out, r].
+class LoraAdapterImpl : public torch::nn::Module {
+ public:
+  LoraAdapterImpl(int64_t in, int64_t out, const LoraSpec& spec);
+  torch::Tensor forward(const torch::Tensor& x);  // the update s B A x only
+  torch::Tensor delta_weight() const;             // s B A: [out, in], nn.Linear's layout
+  void zero_update();                             // B = 0: the adapter adds nothing
+  torch::Tensor lora_A, lora_B;
+
+ private:
+  LoraSpec spec_;
+};
+TORCH_MODULE(LoraAdapter);
+
+// One adapter per expert of a stacked [E, in, out] weight: lora_A [E, in, r], lora_B [E, r, out]
+// (ours: x A B per expert, the grouped-GEMM layout; export-hf --adapter writes PEFT's).
+class ExpertLoraImpl : public torch::nn::Module {
+ public:
+  ExpertLoraImpl(int64_t experts, int64_t in, int64_t out, const LoraSpec& spec);
+  // Per-expert views of A and B for a loop over experts: unbind, whose backward stacks the
+  // slices into one gradient (E selects would each build a zero-filled [E, ...] gradient).
+  struct Slices {
+    std::vector<torch::Tensor> A, B;
+  };
+  Slices slices() const { return {lora_A.unbind(0), lora_B.unbind(0)}; }
+  // The update for rows `x` that all belong to expert `e`.
+  torch::Tensor forward_expert(const torch::Tensor& x, const Slices& s, int64_t e);
+  // The update for expert-ordered rows in bf16 with group ends `offs` (at::_grouped_mm).
+  torch::Tensor forward_grouped(const torch::Tensor& x_bf16, const torch::Tensor& offs);
+  torch::Tensor delta_weight() const;  // s A B: [E, in, out]
+  void zero_update();
+  int64_t rank() const { return spec_.r; }
+  torch::Tensor lora_A, lora_B;
+
+ private:
+  torch::Tensor dropped(const torch::Tensor& x);
+  LoraSpec spec_;
+};
+TORCH_MODULE(ExpertLora);
+
+// Base weights of a LoRA model: everything that is not an adapter. A fingerprint of their
+// values (XXH3 over names, shapes and fp32 bytes, in module order), taken right after the base
+// is loaded: a LoRA checkpoint records it and refuses a different base.
+std::string base_fingerprint(const torch::nn::Module& model);
+
+// The parameters that train (all of them without LoRA): what the optimizer, the gradient
+// reduction and ZeRO's partition see. In module order, with their names.
+std::vector<std::pair<std::string, torch::Tensor>> trainable_parameters(
+    const torch::nn::Module& model);
+
+}  // namespace moe::model

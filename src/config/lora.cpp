@@ -1,0 +1,133 @@
+#include "moe/config/lora.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace moe::config {
+
+namespace {
+
+bool has(const std::vector<std::string>& list, const std::string& name) {
+  return std::find(list.begin(), list.end(), name) != list.end();
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+const std::vector<std::string>& lora_target_names() {
+  static const std::vector<std::string> names = {
+      "q_proj", "k_proj", "v_proj", "o_proj",    "gate_proj", "up_proj", "down_proj",
+      "w1",     "w3",     "w2",     "gate_up_proj", "dense_mlp", "all-linear"};
+  return names;
+}
+
+const std::vector<std::string>& lora_saveable_names() {
+  static const std::vector<std::string> names = {
+      "gate", "lm_head", "embed_tokens", "norm", "input_layernorm", "post_attention_layernorm",
+      "q_norm", "k_norm"};
+  return names;
+}
+
+bool lora_enabled(const Config& c) { return c.lora.r > 0; }
+
+LoraTargets lora_targets(const LoraConfig& l) {
+  const bool all = has(l.target_modules, "all-linear");  // PEFT's: every nn.Linear but the head
+  auto on = [&](const char* n) { return all || has(l.target_modules, n); };
+  LoraTargets t;
+  t.q = on("q_proj");
+  t.k = on("k_proj");
+  t.v = on("v_proj");
+  t.o = on("o_proj");
+  t.dense_mlp = has(l.target_modules, "dense_mlp");
+  const bool split_pair = (on("gate_proj") && on("up_proj")) || (on("w1") && on("w3"));
+  if (split_pair) {
+    t.experts_gate_up_rank = 2 * l.r;
+    t.experts_gate_up_alpha = 2 * l.lora_alpha;
+  } else if (has(l.target_modules, "gate_up_proj")) {
+    t.experts_gate_up_rank = l.r;
+    t.experts_gate_up_alpha = l.lora_alpha;
+  }
+  t.experts_down = on("down_proj") || on("w2");
+  return t;
+}
+
+double lora_scaling(double alpha, int64_t r, bool rslora) {
+  const double rank = static_cast<double>(r);
+  return rslora ? alpha / std::sqrt(rank) : alpha / rank;
+}
+
+double lora_scaling(const LoraConfig& l) { return lora_scaling(l.lora_alpha, l.r, l.use_rslora); }
+
+bool is_lora_parameter(const std::string& name) {
+  return name.find(".lora_") != std::string::npos;
+}
+
+bool saved_in_full(const LoraConfig& l, const std::string& name, bool tie_embeddings) {
+  const auto& s = l.modules_to_save;
+  if (has(s, "gate") && name.find(".moe.router.") != std::string::npos) return true;
+  if (has(s, "embed_tokens") && name.rfind("embed.", 0) == 0) return true;
+  if (has(s, "lm_head") &&
+      (name.rfind("lm_head.", 0) == 0 || (tie_embeddings && name == "embed.weight"))) {
+    return true;
+  }
+  // PEFT matches modules_to_save by suffix: "norm" is every norm (model.norm, the layernorms,
+  // q_norm, k_norm).
+  const bool any_norm = has(s, "norm");
+  if (any_norm && (name.rfind("final_norm.", 0) == 0 || ends_with(name, "_norm.weight"))) {
+    return true;
+  }
+  if (has(s, "input_layernorm") && ends_with(name, ".attn_norm.weight")) return true;
+  if (has(s, "post_attention_layernorm") && ends_with(name, ".moe_norm.weight")) return true;
+  if (has(s, "q_norm") && ends_with(name, ".attn.q_norm.weight")) return true;
+  if (has(s, "k_norm") && ends_with(name, ".attn.k_norm.weight")) return true;
+  return false;
+}
+
+LoraParameterCounts lora_parameter_counts(const Config& c) {
+  LoraParameterCounts n;
+  const int64_t total = count_parameters(c);
+  if (!lora_enabled(c)) {
+    n.trainable_base = total;
+    return n;
+  }
+  const LoraTargets t = lora_targets(c.lora);
+  const int64_t r = c.lora.r, d = c.model.hidden_size, H = c.model.num_heads;
+  const int64_t KV = key_value_heads(c), hd = head_dim(c), E = c.moe.num_experts;
+  const int64_t f = expert_hidden_size(c), fd = dense_hidden_size(c), V = c.model.vocab_size;
+  const int64_t L = c.model.num_layers;
+  int64_t per_attention = 0;
+  if (t.q) per_attention += r * (d + H * hd);
+  if (t.k) per_attention += r * (d + KV * hd);
+  if (t.v) per_attention += r * (d + KV * hd);
+  if (t.o) per_attention += r * (H * hd + d);
+  for (int64_t layer = 0; layer < L; ++layer) {
+    n.adapter += per_attention;
+    if (is_moe_layer(c, layer)) {
+      n.adapter += E * t.experts_gate_up_rank * (d + 2 * f);
+      if (t.experts_down) n.adapter += E * r * (f + d);
+    } else if (t.dense_mlp) {
+      n.adapter += 3 * r * (d + fd);
+    }
+  }
+  const auto& s = c.lora.modules_to_save;
+  if (has(s, "gate")) n.trainable_base += moe_layer_count(c) * d * E;
+  const bool embed = has(s, "embed_tokens") || (has(s, "lm_head") && c.model.tie_embeddings);
+  if (embed) n.trainable_base += V * d + (c.model.rope_theta > 0 ? 0 : c.model.seq_len * d);
+  if (has(s, "lm_head") && !c.model.tie_embeddings) n.trainable_base += V * d;
+  const bool all_norms = has(s, "norm");
+  if (all_norms) n.trainable_base += d;
+  if (all_norms || has(s, "input_layernorm")) n.trainable_base += L * d;
+  if (all_norms || has(s, "post_attention_layernorm")) n.trainable_base += L * d;
+  if (c.model.qk_norm) {
+    const bool full = c.model.qk_norm_scope == QkNormScope::kFull;
+    if (all_norms || has(s, "q_norm")) n.trainable_base += L * (full ? H * hd : hd);
+    if (all_norms || has(s, "k_norm")) n.trainable_base += L * (full ? KV * hd : hd);
+  }
+  n.frozen_base = total - n.trainable_base;
+  return n;
+}
+
+}  // namespace moe::config

@@ -1,0 +1,272 @@
+#include "moe/hf/peft_adapter.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "moe/config/lora.h"
+#include "moe/hf/hf_tensor_map.h"
+#include "moe/util/errors.h"
+#include "moe/util/safetensors.h"
+
+namespace moe::hf {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// How one of our adapter tensors is laid out in PEFT's file.
+enum class Layout {
+  kSame,     // lora.Linear's lora_A [r, in] / lora_B [out, r], a module_to_save's weight
+  kExpertA,  // ours [E, in, r]  -> PEFT's ParamWrapper lora_A.weight [E r, in] (expert-major)
+  kExpertB,  // ours [E, r, out] -> PEFT's lora_B.weight [out, r E] (expert-minor)
+};
+
+struct AdapterPiece {
+  std::string peft, ours;
+  Layout layout = Layout::kSame;
+};
+
+const char* kPrefix = "base_model.model.";
+
+// Every tensor of the adapter, in PEFT's names for transformers >= 5 (experts under "mlp.",
+// Mixtral included; gate_up_proj wrapped first, so it is the inner "base_layer" when down_proj is
+// also adapted).
+std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg, Family family) {
+  const config::LoraTargets t = config::lora_targets(cfg.lora);
+  std::vector<AdapterPiece> p;
+  auto pair = [&](const std::string& peft, const std::string& ours, bool experts) {
+    p.push_back({peft + "lora_A.weight", ours + "lora_A", experts ? Layout::kExpertA : Layout::kSame});
+    p.push_back({peft + "lora_B.weight", ours + "lora_B", experts ? Layout::kExpertB : Layout::kSame});
+  };
+  for (int64_t i = 0; i < cfg.model.num_layers; ++i) {
+    const std::string hf = std::string(kPrefix) + "model.layers." + std::to_string(i) + ".";
+    const std::string ours = "blocks." + std::to_string(i) + ".";
+    for (auto [on, proj, mine] : {std::tuple{t.q, "q_proj", "lora_q"}, std::tuple{t.k, "k_proj", "lora_k"},
+                                  std::tuple{t.v, "v_proj", "lora_v"}, std::tuple{t.o, "o_proj", "lora_o"}}) {
+      if (on) pair(hf + "self_attn." + proj + ".", ours + "attn." + mine + ".", false);
+    }
+    if (!config::is_moe_layer(cfg, i)) {
+      if (t.dense_mlp) {
+        throw UserError(
+            "export-hf --adapter: layer " + std::to_string(i) +
+            " is a dense layer with adapters (lora.target_modules has dense_mlp): PEFT cannot "
+            "target dense MLPs of this family under transformers >= 5 (it maps gate_proj / "
+            "up_proj / down_proj to the experts); use export-hf --merge");
+      }
+      continue;
+    }
+    if (t.experts_gate_up_rank > 0) {
+      pair(hf + (t.experts_down ? "mlp.experts.base_layer." : "mlp.experts."),
+           ours + "moe.experts.lora_gate_up.", true);
+    }
+    if (t.experts_down) pair(hf + "mlp.experts.", ours + "moe.experts.lora_down.", true);
+  }
+  for (const TensorPiece& piece : tensor_pieces(cfg, family)) {  // lora.modules_to_save
+    if (!config::saved_in_full(cfg.lora, piece.ours, cfg.model.tie_embeddings)) continue;
+    std::string name = piece.hf;
+    const std::string v4 = "block_sparse_moe.";  // Mixtral's router lives under mlp. in v5
+    if (auto at = name.find(v4); at != std::string::npos) name.replace(at, v4.size(), "mlp.");
+    p.push_back({kPrefix + name, piece.ours, Layout::kSame});
+  }
+  return p;
+}
+
+torch::Tensor to_peft(const torch::Tensor& t, Layout l) {
+  switch (l) {
+    case Layout::kExpertA:  // [E, in, r] -> [E r, in]
+      return t.transpose(1, 2).reshape({t.size(0) * t.size(2), t.size(1)});
+    case Layout::kExpertB:  // [E, r, out] -> [out, r E], column j E + e
+      return t.permute({2, 1, 0}).reshape({t.size(2), t.size(1) * t.size(0)});
+    case Layout::kSame:
+      break;
+  }
+  return t;
+}
+
+torch::Tensor from_peft(const torch::Tensor& t, Layout l, const torch::Tensor& like) {
+  switch (l) {
+    case Layout::kExpertA:
+      return t.reshape({like.size(0), like.size(2), like.size(1)}).transpose(1, 2);
+    case Layout::kExpertB:
+      return t.reshape({like.size(2), like.size(1), like.size(0)}).permute({2, 1, 0});
+    case Layout::kSame:
+      break;
+  }
+  return t;
+}
+
+const char* st_dtype(torch::ScalarType t) {
+  return t == torch::kBFloat16 ? "BF16" : t == torch::kHalf ? "F16" : "F32";
+}
+
+json adapter_config(const config::Config& cfg, const std::string& base) {
+  const config::LoraConfig& l = cfg.lora;
+  const config::LoraTargets t = config::lora_targets(l);
+  json modules = json::array(), params = json::array();
+  for (auto [on, name] : {std::pair{t.q, "q_proj"}, std::pair{t.k, "k_proj"},
+                          std::pair{t.v, "v_proj"}, std::pair{t.o, "o_proj"}}) {
+    if (on) modules.push_back(name);
+  }
+  json rank_pattern = json::object(), alpha_pattern = json::object();
+  if (t.experts_gate_up_rank > 0) {
+    params.push_back("mlp.experts.gate_up_proj");
+    if (t.experts_gate_up_rank != l.r) {  // gate_proj + up_proj: rank 2r, alpha 2 alpha
+      rank_pattern[".*\\.gate_up_proj"] = t.experts_gate_up_rank;
+      alpha_pattern[".*\\.gate_up_proj"] = t.experts_gate_up_alpha;
+    }
+  }
+  if (t.experts_down) params.push_back("mlp.experts.down_proj");
+  json j = {{"peft_type", "LORA"},
+            {"task_type", "CAUSAL_LM"},
+            {"base_model_name_or_path", base.empty() ? json(nullptr) : json(base)},
+            {"r", l.r},
+            {"lora_alpha", l.lora_alpha},
+            {"lora_dropout", l.lora_dropout},
+            {"use_rslora", l.use_rslora},
+            {"target_modules", modules},
+            {"target_parameters", params.empty() ? json(nullptr) : params},
+            {"rank_pattern", rank_pattern},
+            {"alpha_pattern", alpha_pattern},
+            {"modules_to_save", l.modules_to_save.empty() ? json(nullptr) : json(l.modules_to_save)},
+            {"bias", "none"},
+            {"fan_in_fan_out", false},
+            {"init_lora_weights", true},
+            {"inference_mode", true},
+            {"use_dora", false},
+            {"layers_to_transform", nullptr},
+            {"layers_pattern", nullptr},
+            {"revision", nullptr}};
+  return j;
+}
+
+}  // namespace
+
+int64_t write_peft_adapter(model::TransformerLM& model, const config::Config& cfg, Family family,
+                           const std::string& dir, const std::string& base) {
+  const config::LoraTargets t = config::lora_targets(cfg.lora);
+  if (cfg.lora.lora_dropout > 0 && (t.experts_gate_up_rank > 0 || t.experts_down)) {
+    throw UserError(
+        "export-hf --adapter: lora.lora_dropout = " + std::to_string(cfg.lora.lora_dropout) +
+        " with adapters on the experts: PEFT's adapters on stacked parameters take no dropout "
+        "(it raises on load); use export-hf --merge");
+  }
+  std::map<std::string, torch::Tensor> params;
+  for (auto& item : model->named_parameters()) params[item.key()] = item.value();
+  std::vector<torch::Tensor> keep;
+  std::vector<SafeTensorView> views;
+  for (const AdapterPiece& piece : adapter_pieces(cfg, family)) {
+    auto it = params.find(piece.ours);
+    if (it == params.end()) throw std::logic_error("peft adapter: no parameter " + piece.ours);
+    keep.push_back(to_peft(it->second.detach().to(torch::kCPU), piece.layout).contiguous());
+    const auto& k = keep.back();
+    views.push_back({piece.peft, st_dtype(k.scalar_type()), k.sizes().vec(), k.data_ptr(),
+                     static_cast<size_t>(k.nbytes())});
+  }
+  write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), views,
+                    {{"format", "pt"}, {"producer", "moe-train"}});
+  std::ofstream out(fs::path(dir) / "adapter_config.json");
+  out << adapter_config(cfg, base).dump(2) << "\n";
+  out.flush();
+  if (!out) throw TrainingError(dir + "/adapter_config.json: write failed (disk full?)");
+  return static_cast<int64_t>(views.size());
+}
+
+config::LoraConfig lora_config_from_peft(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "adapter_config.json").string();
+  if (!fs::exists(path)) throw UserError("import-hf --adapter: " + dir + ": no adapter_config.json");
+  const json j = config::load_json_file(path, "import-hf --adapter");
+  auto fail = [&](const std::string& key, const std::string& what) {
+    return UserError("import-hf --adapter: " + path + ": " + key + ": " + what);
+  };
+  try {
+    if (j.value("peft_type", std::string()) != "LORA") throw fail("peft_type", "expected \"LORA\"");
+    for (const char* key : {"use_dora", "fan_in_fan_out"}) {
+      if (j.value(key, false)) throw fail(key, "not supported (expected false)");
+    }
+    if (j.contains("layers_to_transform") && !j["layers_to_transform"].is_null()) {
+      throw fail("layers_to_transform", "not supported (expected null: every layer)");
+    }
+    config::LoraConfig l;
+    l.r = j.at("r").get<int64_t>();
+    l.lora_alpha = j.at("lora_alpha").get<double>();
+    l.lora_dropout = j.value("lora_dropout", 0.0);
+    l.use_rslora = j.value("use_rslora", false);
+    l.target_modules.clear();
+    const json modules = j.value("target_modules", json::array());
+    if (!modules.is_array()) throw fail("target_modules", "expected a list of module names");
+    for (const auto& m : modules) {
+      const std::string name = m.get<std::string>();
+      if (name != "q_proj" && name != "k_proj" && name != "v_proj" && name != "o_proj") {
+        throw fail("target_modules", "\"" + name + "\": expected q_proj, k_proj, v_proj, o_proj "
+                                     "(experts: target_parameters)");
+      }
+      l.target_modules.push_back(name);
+    }
+    const json params = j.value("target_parameters", json::array());
+    const json ranks = j.value("rank_pattern", json::object());
+    for (const auto& p : params.is_null() ? json::array() : params) {
+      const std::string name = p.get<std::string>();
+      if (name.ends_with("experts.gate_up_proj")) {
+        const bool doubled = !ranks.empty() && ranks.begin()->get<int64_t>() == 2 * l.r;
+        if (doubled) {
+          l.target_modules.insert(l.target_modules.end(), {"gate_proj", "up_proj"});
+        } else {
+          l.target_modules.push_back("gate_up_proj");
+        }
+      } else if (name.ends_with("experts.down_proj")) {
+        l.target_modules.push_back("down_proj");
+      } else {
+        throw fail("target_parameters", "\"" + name + "\": expected mlp.experts.gate_up_proj or "
+                                        "mlp.experts.down_proj");
+      }
+    }
+    if (j.contains("modules_to_save") && !j["modules_to_save"].is_null()) {
+      l.modules_to_save = j["modules_to_save"].get<std::vector<std::string>>();
+    }
+    return l;
+  } catch (const json::exception& e) {
+    throw UserError("import-hf --adapter: " + path + ": " + e.what());
+  }
+}
+
+void read_peft_adapter(const std::string& dir, model::TransformerLM& model,
+                       const config::Config& cfg, Family family) {
+  SafetensorsFile file((fs::path(dir) / "adapter_model.safetensors").string());
+  std::map<std::string, torch::Tensor> params;
+  for (auto& item : model->named_parameters()) params[item.key()] = item.value();
+  const auto pieces = adapter_pieces(cfg, family);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // destination, value
+  for (const AdapterPiece& piece : pieces) {
+    const SafeTensorEntry& e = file.entry(piece.peft);  // missing: an error naming it
+    const torch::Tensor& dst = params.at(piece.ours);
+    const auto want = to_peft(dst, piece.layout).sizes().vec();
+    if (e.shape != want || (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16")) {
+      std::ostringstream msg;
+      msg << "tensor '" << piece.peft << "' is " << e.dtype << " " << at::IntArrayRef(e.shape)
+          << "; this base with the adapter's config expects a float " << at::IntArrayRef(want);
+      throw UserError("import-hf --adapter: " + file.path() + ": " + msg.str());
+    }
+    const auto dtype = e.dtype == "BF16" ? torch::kBFloat16 : e.dtype == "F16" ? torch::kHalf
+                                                                                : torch::kFloat;
+    auto src = torch::from_blob(const_cast<char*>(file.data(e)), e.shape,
+                                torch::TensorOptions().dtype(dtype))
+                   .clone()
+                   .to(torch::kFloat);
+    copies.emplace_back(dst, from_peft(src, piece.layout, dst));
+  }
+  if (file.entries().size() != pieces.size()) {
+    throw UserError("import-hf --adapter: " + file.path() + ": " +
+                    std::to_string(file.entries().size()) + " tensors; its adapter_config.json "
+                    "describes " + std::to_string(pieces.size()));
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [dst, value] : copies) dst.copy_(value);
+}
+
+}  // namespace moe::hf

@@ -1,0 +1,227 @@
+"""LoRA over a frozen base, with transformers + PEFT as the oracle (tiny random models built
+locally from transformers' config classes; nothing is downloaded). For Mixtral, Qwen3-MoE (with
+a dense layer) and OLMoE:
+
+  import-hf; a LoRA run (r 4 on q/k/v/o and the experts' gate_proj + up_proj + down_proj, as
+  PEFT reads those names under transformers >= 5) from the imported weights; its step-0 adapter
+  exported with `export-hf --adapter` and loaded by peft.PeftModel.from_pretrained onto the
+  transformers model (float64); 20 AdamW steps there on the same batches with the same learning
+  rates and clipping: per-step losses within 1e-5 relative, final adapter tensors within 1e-5;
+  `export-hf --merge` loads in transformers with no missing/unexpected keys and its logits match
+  `moe-train eval --dump-logits` within 1e-4, and so do the PEFT adapter's through PeftModel;
+  import-hf --adapter of that adapter equals the merged export.
+
+Then, on Qwen3-MoE: the run's base stays bitwise unchanged (the trainer re-hashes it at the end),
+checkpoints hold the adapters only, 20 + 20 steps with a resume are bitwise equal to 40 straight,
+and resuming on a different base exits 2 naming it.
+
+usage: lora_test.py MOE_TRAIN_BINARY [FAMILY...]
+"""
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+import peft
+import torch
+import transformers
+from safetensors.torch import load_file
+
+BIN = sys.argv[1]
+ONLY = sys.argv[2:]
+STEPS, BATCH, SEQ = 20, 8, 32
+LOSS_RTOL, TENSOR_TOL, LOGITS_TOL = 1e-5, 1e-5, 1e-4
+COMMON = dict(vocab_size=320, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+              num_experts_per_tok=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+FAMILIES = {
+    "mixtral": (transformers.MixtralConfig, dict(num_local_experts=4, intermediate_size=48)),
+    "qwen3_moe": (transformers.Qwen3MoeConfig,
+                  dict(num_experts=4, moe_intermediate_size=32, intermediate_size=80,
+                       mlp_only_layers=[1], norm_topk_prob=True)),
+    "olmoe": (transformers.OlmoeConfig, dict(num_experts=4, intermediate_size=48, clip_qkv=8.0)),
+}
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def run(*args, ok=True):
+    r = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
+    if ok and r.returncode != 0:
+        raise SystemExit(f"FAIL: {' '.join(map(str, args))}: exit {r.returncode}\n{r.stderr[-3000:]}")
+    return r
+
+
+def checkpoint(run_dir, step):
+    return run_dir / "checkpoints" / f"step-{step:08d}"
+
+
+def config(tmp, tag, base, out, **training):
+    cfg = {
+        "train_micro_batch_size_per_gpu": BATCH,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                   "weight_decay": 0.01}},
+        "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 3}},
+        "gradient_clipping": 1.0,
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": TARGETS},
+        "model": {"seq_len": SEQ, "init_from": str(base)},
+        # the routers are frozen; their losses would still reach the adapters through the
+        # hidden states, and transformers' aux loss is another formula: compare without them
+        "moe": {"aux_loss_coeff": 0.0, "z_loss_coeff": 0.0},
+        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5"),
+                 "shuffle": False},
+        "training": {"device": "cpu", "output_dir": str(out), "train_iters": STEPS,
+                     "eval_interval": 0, "eval_iters": 2, **training},
+        "checkpoint": {"save_initial": True},
+    }
+    path = tmp / f"cfg-{tag}.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def peft_model(base_dir, adapter_dir, trainable, dtype=torch.float32):
+    # eager experts: transformers' grouped-GEMM path takes no float64
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype,
+                                                             experts_implementation="eager")
+    return peft.PeftModel.from_pretrained(base, adapter_dir, is_trainable=trainable)
+
+
+def peft_training(tmp, src, adapter0, ours):
+    """20 steps of the PEFT peer on the batches moe-train read (unshuffled windows), in float64:
+    the exact answer that moe-train's float32 run is held to (a float32 peer differs from it by
+    its own rounding, up to ~1e-5 on the adapters after 20 Adam steps)."""
+    m = peft_model(src, adapter0, trainable=True, dtype=torch.float64)
+    m.train()
+    params = [p for p in m.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01,
+                            fused=True)
+    tokens = torch.from_numpy(h5py.File(tmp / "data/train.h5")["tokens"][:].astype(np.int64))
+    windows = tokens[: (tokens.numel() // (SEQ + 1)) * (SEQ + 1)].view(-1, SEQ + 1)
+    worst = 0.0
+    for step in range(STEPS):
+        batch = windows[torch.arange(step * BATCH, (step + 1) * BATCH) % windows.shape[0]]
+        for g in opt.param_groups:
+            g["lr"] = ours[step]["lr"]
+        opt.zero_grad()
+        logits = m(input_ids=batch[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 batch[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        rel = abs(loss.item() - ours[step]["loss"]) / abs(loss.item())
+        worst = max(worst, rel)
+        assert rel <= LOSS_RTOL, (f"step {step + 1}: PEFT {loss.item():.7f} vs moe-train "
+                                  f"{ours[step]['loss']:.7f} (rel {rel:.1e})")
+    print(f"  20 steps: worst relative loss difference vs PEFT {worst:.1e}")
+    return peft.get_peft_model_state_dict(m)
+
+
+def logits_of(model, tokens):
+    with torch.no_grad():
+        return model.eval()(input_ids=tokens).logits
+
+
+def family_test(tmp, family):
+    cls, extra = FAMILIES[family]
+    print(f"{family}:")
+    torch.manual_seed(11)
+    src = tmp / f"hf-{family}"
+    transformers.AutoModelForCausalLM.from_config(cls(**COMMON, **extra)).save_pretrained(src)
+    base = tmp / f"base-{family}"
+    run("import-hf", src, "--out", base)
+    out = tmp / f"run-{family}"
+    cfg = config(tmp, family, base, out)
+    run("--config", cfg, "-q")
+    ours = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    ours = [m for m in ours if m["type"] == "train"]
+    assert len(ours) == STEPS
+
+    adapter0 = tmp / f"adapter0-{family}"
+    run("export-hf", checkpoint(out, 0), "--adapter", "--out", adapter0)
+    theirs = peft_training(tmp, src, adapter0, ours)
+
+    adapter = tmp / f"adapter-{family}"
+    run("export-hf", checkpoint(out, STEPS), "--adapter", "--out", adapter)
+    mine = load_file(adapter / "adapter_model.safetensors")
+    assert mine.keys() == theirs.keys(), f"adapter names: {sorted(mine)[:4]} vs {sorted(theirs)[:4]}"
+    worst = max((mine[k].double() - theirs[k].detach()).abs().max().item() for k in mine)
+    print(f"  final adapter: {len(mine)} tensors, max |diff| vs PEFT {worst:.1e}")
+    assert worst <= TENSOR_TOL, f"adapter tensors differ from PEFT's by {worst}"
+
+    dump = tmp / f"logits-{family}.safetensors"
+    r = json.loads(run("eval", "--config", cfg, "--checkpoint", checkpoint(out, STEPS),
+                       "--dump-logits", dump).stdout)
+    d = load_file(dump)
+    tokens, our_logits = d["tokens"][:, :-1], d["logits"]
+    merged = tmp / f"merged-{family}"
+    run("export-hf", checkpoint(out, STEPS), "--merge", "--out", merged)
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32,
+                                                                 output_loading_info=True)
+    for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        assert not info[k], f"{family}: merged export: transformers reports {k}: {info[k]}"
+    diff_merged = (logits_of(hf, tokens) - our_logits).abs().max().item()
+    diff_peft = (logits_of(peft_model(src, adapter, False), tokens) - our_logits).abs().max().item()
+    print(f"  logits vs moe-train eval (loss {r['loss']:.5f}): merged export {diff_merged:.1e}, "
+          f"PEFT adapter {diff_peft:.1e}")
+    assert diff_merged <= LOGITS_TOL and diff_peft <= LOGITS_TOL
+
+    again = tmp / f"readapted-{family}"
+    run("import-hf", src, "--adapter", adapter, "--out", again)
+    merged_ck = tmp / f"merged-ck-{family}"
+    run("import-hf", merged, "--out", merged_ck)
+    a, b = load_file(again / "model.safetensors"), load_file(merged_ck / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), \
+        "import-hf --adapter equals the merged export"
+    return base, out
+
+
+def frozen_resume_and_base(tmp, base, straight):
+    print("qwen3_moe: frozen base, adapters-only checkpoints, resume, another base:")
+    log = (straight / "train.log")
+    held = load_file(checkpoint(straight, STEPS) / "model.safetensors")
+    assert all(".lora_" in k for k in held), f"checkpoint holds base tensors: {sorted(held)[:3]}"
+    state = json.loads((checkpoint(straight, STEPS) / "state.json").read_text())
+    state0 = json.loads((checkpoint(straight, 0) / "state.json").read_text())
+    assert state["lora_base_fingerprint"] == state0["lora_base_fingerprint"]
+
+    # 40 straight vs 20 + 20 (exit_interval stops after step 20; the same command resumes).
+    full, split = tmp / "run-40", tmp / "run-20-20"
+    r = run("--config", config(tmp, "40", base, full, train_iters=40))
+    assert "base weights unchanged" in r.stderr, "the trainer re-checks the frozen base"
+    cfg = config(tmp, "20-20", base, split, train_iters=40, exit_interval=20)
+    run("--config", cfg, "-q")
+    assert not checkpoint(split, 40).exists()
+    run("--config", cfg, "-q")
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        a, b = load_file(checkpoint(full, 40) / f), load_file(checkpoint(split, 40) / f)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{f} differs"
+    print("  40 steps straight == 20 + 20 resumed, bitwise (adapters and Adam state)")
+
+    # Another base under the same output_dir: exit 2 naming both.
+    torch.manual_seed(99)
+    cls, extra = FAMILIES["qwen3_moe"]
+    other_src = tmp / "hf-other"
+    transformers.AutoModelForCausalLM.from_config(cls(**COMMON, **extra)).save_pretrained(other_src)
+    other = tmp / "base-other"
+    run("import-hf", other_src, "--out", other)
+    cfg2 = config(tmp, "other", other, split, train_iters=60)
+    r = run("--config", cfg2, ok=False)
+    assert r.returncode == 2, f"exit {r.returncode}: {r.stderr[-800:]}"
+    assert "different base model" in r.stderr and str(other) in r.stderr and str(base) in r.stderr, \
+        r.stderr[-800:]
+    print(f"  another base: exit 2: {r.stderr.strip().splitlines()[-1][:160]}...")
+
+
+with tempfile.TemporaryDirectory() as d:
+    tmp = pathlib.Path(d)
+    run("make-synthetic", "--out", tmp / "data", "--vocab", "320", "--programs", "4", "--doc-len",
+        str(SEQ + 1), "--train-docs", "400", "--valid-docs", "32")
+    runs = {}
+    for family in ONLY or FAMILIES:
+        runs[family] = family_test(tmp, family)
+    if "qwen3_moe" in runs:
+        frozen_resume_and_base(tmp, *runs["qwen3_moe"])
+    print("ok")
