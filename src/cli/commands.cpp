@@ -361,9 +361,9 @@ int cmd_export_hf(ExportArgs a) {
   std::printf("exported %s%s (%lld tensors, %lld file%s, %s) to %s; tokenizer files: %zu\n",
               hf::architecture_name(r.family),
               a.opt.adapter ? " PEFT adapter" : (a.opt.merge ? " (LoRA merged)" : ""),
-              static_cast<long long>(r.tensors),
-              static_cast<long long>(r.shards), r.shards == 1 ? "" : "s", a.opt.dtype.c_str(),
-              a.out.c_str(), r.tokenizer_files.size());
+              static_cast<long long>(r.tensors), static_cast<long long>(r.shards),
+              r.shards == 1 ? "" : "s", a.opt.dtype.c_str(), a.out.c_str(),
+              r.tokenizer_files.size());
   return kExitOk;
 }
 
@@ -437,7 +437,7 @@ std::pair<CLI::App*, CLI::App*> add_hf_commands(CLI::App& app, ImportArgs& imp, 
   eh->add_option("--dtype", exp.opt.dtype, "float32 (default), bfloat16 or float16")
       ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
   eh->add_flag("--merge", exp.opt.merge,
-              "LoRA checkpoint: fold the adapters into the base and write full weights");
+               "LoRA checkpoint: fold the adapters into the base and write full weights");
   eh->add_flag("--adapter", exp.opt.adapter,
                "LoRA checkpoint: write the PEFT adapter (adapter_config.json + "
                "adapter_model.safetensors) for peft.PeftModel.from_pretrained");

@@ -19,14 +19,14 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 const std::vector<std::string>& lora_target_names() {
   static const std::vector<std::string> names = {
-      "q_proj", "k_proj", "v_proj", "o_proj",    "gate_proj", "up_proj", "down_proj",
+      "q_proj", "k_proj", "v_proj", "o_proj",       "gate_proj", "up_proj",   "down_proj",
       "w1",     "w3",     "w2",     "gate_up_proj", "dense_mlp", "all-linear"};
   return names;
 }
 
 const std::vector<std::string>& lora_saveable_names() {
   static const std::vector<std::string> names = {
-      "gate", "lm_head", "embed_tokens", "norm", "input_layernorm", "post_attention_layernorm",
+      "gate",   "lm_head", "embed_tokens", "norm", "input_layernorm", "post_attention_layernorm",
       "q_norm", "k_norm"};
   return names;
 }
@@ -61,9 +61,7 @@ double lora_scaling(double alpha, int64_t r, bool rslora) {
 
 double lora_scaling(const LoraConfig& l) { return lora_scaling(l.lora_alpha, l.r, l.use_rslora); }
 
-bool is_lora_parameter(const std::string& name) {
-  return name.find(".lora_") != std::string::npos;
-}
+bool is_lora_parameter(const std::string& name) { return name.find(".lora_") != std::string::npos; }
 
 bool saved_in_full(const LoraConfig& l, const std::string& name, bool tie_embeddings) {
   const auto& s = l.modules_to_save;

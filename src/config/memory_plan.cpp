@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "moe/config/lora.h"
 #include "moe/util/errors.h"
 
 namespace moe::config {
@@ -35,6 +36,16 @@ Shape shape_of(const Config& c, int64_t micro_batch, bool cpu) {
   return s;
 }
 
+// LoRA: each adapter keeps x A [rows, r] for B's backward (its input x is the base GEMM's, kept
+// already); a dropout on the adapters' inputs adds the dropped copy.
+double lora_attention_saved(const Config& c, const Shape& s) {
+  if (!lora_enabled(c)) return 0;
+  const LoraTargets t = lora_targets(c.lora);
+  const double n = (t.q ? 1 : 0) + (t.k ? 1 : 0) + (t.v ? 1 : 0) + (t.o ? 1 : 0);
+  const double drop = c.lora.lora_dropout > 0 ? s.T * s.d * s.a * (n > 0 ? 2 : 0) : 0;
+  return n * s.T * static_cast<double>(c.lora.r) * s.a + drop;
+}
+
 // What autograd keeps for the backward of one block, per its own ops (src/model/transformer.cpp,
 // src/moe/*.cpp), in bytes: the block input (saved by the first RMSNorm) and every tensor a later
 // op's backward reads. Views (q, k, v of the fused projection) share their base's storage.
@@ -50,18 +61,32 @@ double attention_saved(const Config& c, const Shape& s) {
   if (gqa) b += 2 * T * s.H * s.hd * a;            // k, v repeated to every query head
   b += T * s.H * s.hd * a + T * s.H * 4;           // attention output + logsumexp
   b += T * s.H * s.hd * a;                         // its [T, H hd] copy (output projection input)
+  return b + lora_attention_saved(c, s);
+}
+
+double lora_ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
+  if (!lora_enabled(c)) return 0;
+  const LoraTargets t = lora_targets(c.lora);
+  const double r = static_cast<double>(c.lora.r);
+  if (!moe_layer) return t.dense_mlp ? 3 * s.T * r * s.a : 0;
+  const double rows = s.T * s.k;
+  // gate_up's update [rows, 2f] is added to the base outputs: one more [rows, 2f] pair kept
+  double b = rows * static_cast<double>(t.experts_gate_up_rank) * s.a;
+  if (t.experts_gate_up_rank > 0) b += 2 * rows * s.f * s.a;
+  if (t.experts_down) b += rows * r * s.a + rows * s.d * s.a;
   return b;
 }
 
 double ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
   const double T = s.T, a = s.a;
   double b = T * s.d * a + T * 4 + T * s.d * a;  // residual (RMSNorm input), rstd, normalised
-  if (!moe_layer) return b + 4 * T * s.fd * a;   // gate, silu, up, product of the dense FFN
-  b += 3 * T * s.E * 4;                          // router logits, probabilities, z-loss terms
-  b += T * s.k * (s.d * a + 3 * 8);              // dispatched rows + plan indices
-  b += 4 * T * s.k * s.f * a;                    // gate, silu(gate), up, product per row
-  b += T * s.k * s.d * a;                        // expert outputs (the combine's input)
-  if (s.fs > 0) b += 4 * T * s.fs * a;           // shared expert
+  b += lora_ffn_saved(c, s, moe_layer);
+  if (!moe_layer) return b + 4 * T * s.fd * a;  // gate, silu, up, product of the dense FFN
+  b += 3 * T * s.E * 4;                         // router logits, probabilities, z-loss terms
+  b += T * s.k * (s.d * a + 3 * 8);             // dispatched rows + plan indices
+  b += 4 * T * s.k * s.f * a;                   // gate, silu(gate), up, product per row
+  b += T * s.k * s.d * a;                       // expert outputs (the combine's input)
+  if (s.fs > 0) b += 4 * T * s.fs * a;          // shared expert
   return b;
 }
 
@@ -180,6 +205,31 @@ static void fit_and_advise(const Config& c, const PlanOptions& opt, MemoryPlan& 
     if (!mixed && !opt.cpu && with([](Config& a, PlanOptions&) { a.bf16.enabled = true; })) {
       p.advice.push_back("bf16 (bf16.enabled = true)");
     }
+    // LoRA on a frozen 16-bit base, alone or with checkpointing: what single-GPU fine-tuning of
+    // the large MoEs takes (docs/finetune.md).
+    auto lora16 = [](Config& a) {
+      a.lora.r = 16;
+      a.lora.lora_alpha = 32;
+      if (!a.fp16.enabled) a.bf16.enabled = true;
+    };
+    if (p.advice.empty() && !lora_enabled(c) && !opt.cpu) {
+      if (with([&](Config& a, PlanOptions&) { lora16(a); })) {
+        p.advice.push_back("LoRA on a frozen bf16 base (lora.r = 16 on attention and experts)");
+      } else if (with([&](Config& a, PlanOptions& o) {
+                   lora16(a);
+                   o.checkpointing = true;
+                 })) {
+        p.advice.push_back(
+            "LoRA on a frozen bf16 base (lora.r = 16 on attention and experts) with activation "
+            "checkpointing of every block");
+      }
+    }
+    if (p.advice.empty() && !ckpt && !offload && with([](Config& a, PlanOptions& o) {
+          o.checkpointing = true;
+          a.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+        })) {
+      p.advice.push_back("activation checkpointing of every block together with optimizer offload");
+    }
     if (p.max_micro_batch > 0) {
       p.advice.push_back("train_micro_batch_size_per_gpu = " + std::to_string(p.max_micro_batch) +
                          " with gradient_accumulation_steps raised to keep train_batch_size");
@@ -197,7 +247,6 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   const bool offload = c.zero_optimization.offload_optimizer.device == OffloadDevice::kCpu;
   const bool mixed = !opt.cpu && (c.bf16.enabled || c.fp16.enabled);
   // fp32 weights always (they are the master copy); fp32 gradients; Adam's two fp32 moments.
-  p.weights = 4 * P;
   // Gradients (fp32). Data parallel (docs/distributed.md): ZeRO-2 with overlap_comm reduces each
   // gradient onto its owner during the backward and releases the others as it goes, so a rank
   // holds its share (4/N bytes per parameter, accumulating as the backward proceeds) plus the
@@ -207,28 +256,36 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   const DataParallelMode dp = data_parallel_mode(c, opt.world_size);
   const bool partitioned = dp.reduction == GradientReduction::kReduceToOwnersInBackward;
   const double bucket = static_cast<double>(reduce_bucket_bytes(c));
-  const double grad_per_param = partitioned ? 4 / N : 4;
-  p.gradients = 4 * P / (dp.shards_gradients() ? N : 1);  // held at the update
+  // LoRA (config/lora.h): only the adapters and modules_to_save have gradients and Adam state;
+  // the frozen base is fp32 on a CPU, the compute dtype (2 bytes) under bf16/fp16 on a GPU.
+  const LoraParameterCounts lora = lora_parameter_counts(c);
+  const double trained = static_cast<double>(lora.adapter + lora.trainable_base);
+  const double frozen = static_cast<double>(lora.frozen_base);
+  // The backward walk spreads gradients over the layers' parameters: scale them to the share
+  // that trains.
+  const double grad_per_param = (partitioned ? 4 / N : 4) * trained / P;
+  p.gradients = 4 * trained / (dp.shards_gradients() ? N : 1);  // held at the update
   switch (dp.reduction) {
     case GradientReduction::kNone:
       p.communication = 0;
       break;
     case GradientReduction::kAllReduceAfterBackward:
-      p.communication = std::min(bucket, 4 * P);
+      p.communication = std::min(bucket, 4 * trained);
       break;
     case GradientReduction::kReduceToOwnersInBackward:
-      p.communication = std::min(3 * bucket, 4 * P * (N - 1) / N);
+      p.communication = std::min(3 * bucket, 4 * trained * (N - 1) / N);
       break;
     case GradientReduction::kReducerInBackward:
-      p.communication = 4 * P;
+      p.communication = 4 * trained;
       break;
   }
   const double state_share = dp.shards_optimizer() ? N : 1;
-  p.optimizer_states = offload ? 0 : 8 * P / state_share;
-  p.host = offload ? 16 * P / state_share : 0;  // moments + master copy + grad staging
-  // Autocast keeps the bf16/fp16 copy of every matmul weight from the forward to the end of the
-  // backward (its cache is cleared after the step).
-  p.low_precision_weights = mixed ? 2 * P : 0;
+  p.optimizer_states = offload ? 0 : 8 * trained / state_share;
+  p.host = offload ? 16 * trained / state_share : 0;  // moments + master copy + grad staging
+  p.weights = 4 * trained + (mixed ? 2 : 4) * frozen;
+  // Autocast keeps the bf16/fp16 copy of every fp32 matmul weight from the forward to the end of
+  // the backward (its cache is cleared after the step); a 16-bit frozen base needs none.
+  p.low_precision_weights = mixed ? 2 * trained : 0;
   const double fixed = p.weights + p.optimizer_states + p.low_precision_weights;
 
   const Shape s = shape_of(c, p.micro_batch, opt.cpu);
@@ -236,7 +293,10 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   const bool accumulate = c.gradient_accumulation_steps > 1;
   const Walk as_configured = walk_backward(c, s, ckpt, grad_per_param, accumulate);
   p.activations = as_configured.activations;
-  p.activations_no_checkpoint = walk_backward(c, s, false, grad_per_param, false).activations;
+  Config no_checkpoint = c;
+  no_checkpoint.activation_checkpointing.number_checkpoints = 0;
+  p.activations_no_checkpoint =
+      walk_backward(no_checkpoint, s, false, grad_per_param, false).activations;
   p.activations_checkpoint = walk_backward(c, s, true, grad_per_param, false).activations;
   p.backward_transient = as_configured.transient;
   // The optimizer step: every gradient, the clipping norms, the fused update (no temporaries).
@@ -273,7 +333,18 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
     return std::string(b);
   };
   out += std::string(opt.cpu ? "host memory" : "device memory") + " of one training step:\n";
-  row("weights (fp32)", p.weights, per(p.weights));
+  if (lora_enabled(c)) {
+    const LoraParameterCounts n = lora_parameter_counts(c);
+    std::snprintf(line, sizeof line,
+                  "LoRA r = %lld: %.4g adapter parameters, %.4g base parameters trained in full, "
+                  "%.4g frozen (%s)\n",
+                  static_cast<long long>(c.lora.r), static_cast<double>(n.adapter),
+                  static_cast<double>(n.trainable_base), static_cast<double>(n.frozen_base),
+                  !opt.cpu && (c.bf16.enabled || c.fp16.enabled) ? "16-bit" : "fp32");
+    out += line;
+  }
+  row(lora_enabled(c) ? "weights (frozen base + fp32 trained)" : "weights (fp32)", p.weights,
+      per(p.weights));
   row("gradients (fp32)", p.gradients, per(p.gradients));
   row("Adam moments (fp32)", p.optimizer_states,
       p.optimizer_states == 0 ? "offloaded to the host" : per(p.optimizer_states));
@@ -307,6 +378,11 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
                   gib(p.reserved).c_str(), static_cast<long long>(p.max_micro_batch));
     out += line;
     for (const auto& a : p.advice) out += "  would help: " + a + "\n";
+    if (!p.fits && p.advice.empty()) {
+      out +=
+          "  nothing tried fits one device (checkpointing, offload, LoRA, micro-batch 1): more "
+          "devices (data parallel with ZeRO), a shorter model.seq_len, or a smaller model\n";
+    }
   }
   return out;
 }

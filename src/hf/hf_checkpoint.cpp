@@ -11,8 +11,8 @@
 #include "moe/config/lora.h"
 #include "moe/hf/hf_files.h"
 #include "moe/hf/hf_tensor_map.h"
-#include "moe/hf/peft_adapter.h"
 #include "moe/hf/load_hf_weights.h"
+#include "moe/hf/peft_adapter.h"
 #include "moe/train/checkpoint.h"
 #include "moe/train/resume_policy.h"
 #include "moe/util/errors.h"
@@ -224,12 +224,16 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
     throw UserError("export-hf: --dtype " + opt.dtype + ": expected float32, bfloat16 or float16");
   }
   if (opt.merge && opt.adapter) {
-    throw UserError("export-hf: --merge and --adapter: choose one (full merged weights, or the "
-                    "PEFT adapter)");
+    throw UserError(
+        "export-hf: --merge and --adapter: choose one (full merged weights, or the "
+        "PEFT adapter)");
   }
   if (config::lora_enabled(cfg) && !opt.merge && !opt.adapter) {
-    throw UserError("export-hf: " + checkpoint_dir + " holds LoRA adapters over a frozen base "
-                    "(lora.r = " + std::to_string(cfg.lora.r) + "): pass --merge (full weights, "
+    throw UserError("export-hf: " + checkpoint_dir +
+                    " holds LoRA adapters over a frozen base "
+                    "(lora.r = " +
+                    std::to_string(cfg.lora.r) +
+                    "): pass --merge (full weights, "
                     "base + s B A) or --adapter (PEFT adapter_config.json + "
                     "adapter_model.safetensors)");
   }

@@ -5,8 +5,8 @@
 #include <map>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "moe/config/lora.h"
 #include "moe/hf/hf_tensor_map.h"
@@ -41,14 +41,17 @@ std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg, Family famil
   const config::LoraTargets t = config::lora_targets(cfg.lora);
   std::vector<AdapterPiece> p;
   auto pair = [&](const std::string& peft, const std::string& ours, bool experts) {
-    p.push_back({peft + "lora_A.weight", ours + "lora_A", experts ? Layout::kExpertA : Layout::kSame});
-    p.push_back({peft + "lora_B.weight", ours + "lora_B", experts ? Layout::kExpertB : Layout::kSame});
+    p.push_back(
+        {peft + "lora_A.weight", ours + "lora_A", experts ? Layout::kExpertA : Layout::kSame});
+    p.push_back(
+        {peft + "lora_B.weight", ours + "lora_B", experts ? Layout::kExpertB : Layout::kSame});
   };
   for (int64_t i = 0; i < cfg.model.num_layers; ++i) {
     const std::string hf = std::string(kPrefix) + "model.layers." + std::to_string(i) + ".";
     const std::string ours = "blocks." + std::to_string(i) + ".";
-    for (auto [on, proj, mine] : {std::tuple{t.q, "q_proj", "lora_q"}, std::tuple{t.k, "k_proj", "lora_k"},
-                                  std::tuple{t.v, "v_proj", "lora_v"}, std::tuple{t.o, "o_proj", "lora_o"}}) {
+    for (auto [on, proj, mine] :
+         {std::tuple{t.q, "q_proj", "lora_q"}, std::tuple{t.k, "k_proj", "lora_k"},
+          std::tuple{t.v, "v_proj", "lora_v"}, std::tuple{t.o, "o_proj", "lora_o"}}) {
       if (on) pair(hf + "self_attn." + proj + ".", ours + "attn." + mine + ".", false);
     }
     if (!config::is_moe_layer(cfg, i)) {
@@ -122,26 +125,27 @@ json adapter_config(const config::Config& cfg, const std::string& base) {
     }
   }
   if (t.experts_down) params.push_back("mlp.experts.down_proj");
-  json j = {{"peft_type", "LORA"},
-            {"task_type", "CAUSAL_LM"},
-            {"base_model_name_or_path", base.empty() ? json(nullptr) : json(base)},
-            {"r", l.r},
-            {"lora_alpha", l.lora_alpha},
-            {"lora_dropout", l.lora_dropout},
-            {"use_rslora", l.use_rslora},
-            {"target_modules", modules},
-            {"target_parameters", params.empty() ? json(nullptr) : params},
-            {"rank_pattern", rank_pattern},
-            {"alpha_pattern", alpha_pattern},
-            {"modules_to_save", l.modules_to_save.empty() ? json(nullptr) : json(l.modules_to_save)},
-            {"bias", "none"},
-            {"fan_in_fan_out", false},
-            {"init_lora_weights", true},
-            {"inference_mode", true},
-            {"use_dora", false},
-            {"layers_to_transform", nullptr},
-            {"layers_pattern", nullptr},
-            {"revision", nullptr}};
+  json j = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", base.empty() ? json(nullptr) : json(base)},
+      {"r", l.r},
+      {"lora_alpha", l.lora_alpha},
+      {"lora_dropout", l.lora_dropout},
+      {"use_rslora", l.use_rslora},
+      {"target_modules", modules},
+      {"target_parameters", params.empty() ? json(nullptr) : params},
+      {"rank_pattern", rank_pattern},
+      {"alpha_pattern", alpha_pattern},
+      {"modules_to_save", l.modules_to_save.empty() ? json(nullptr) : json(l.modules_to_save)},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"init_lora_weights", true},
+      {"inference_mode", true},
+      {"use_dora", false},
+      {"layers_to_transform", nullptr},
+      {"layers_pattern", nullptr},
+      {"revision", nullptr}};
   return j;
 }
 
@@ -179,7 +183,8 @@ int64_t write_peft_adapter(model::TransformerLM& model, const config::Config& cf
 
 config::LoraConfig lora_config_from_peft(const std::string& dir) {
   const std::string path = (fs::path(dir) / "adapter_config.json").string();
-  if (!fs::exists(path)) throw UserError("import-hf --adapter: " + dir + ": no adapter_config.json");
+  if (!fs::exists(path))
+    throw UserError("import-hf --adapter: " + dir + ": no adapter_config.json");
   const json j = config::load_json_file(path, "import-hf --adapter");
   auto fail = [&](const std::string& key, const std::string& what) {
     return UserError("import-hf --adapter: " + path + ": " + key + ": " + what);
@@ -203,8 +208,9 @@ config::LoraConfig lora_config_from_peft(const std::string& dir) {
     for (const auto& m : modules) {
       const std::string name = m.get<std::string>();
       if (name != "q_proj" && name != "k_proj" && name != "v_proj" && name != "o_proj") {
-        throw fail("target_modules", "\"" + name + "\": expected q_proj, k_proj, v_proj, o_proj "
-                                     "(experts: target_parameters)");
+        throw fail("target_modules", "\"" + name +
+                                         "\": expected q_proj, k_proj, v_proj, o_proj "
+                                         "(experts: target_parameters)");
       }
       l.target_modules.push_back(name);
     }
@@ -222,8 +228,9 @@ config::LoraConfig lora_config_from_peft(const std::string& dir) {
       } else if (name.ends_with("experts.down_proj")) {
         l.target_modules.push_back("down_proj");
       } else {
-        throw fail("target_parameters", "\"" + name + "\": expected mlp.experts.gate_up_proj or "
-                                        "mlp.experts.down_proj");
+        throw fail("target_parameters", "\"" + name +
+                                            "\": expected mlp.experts.gate_up_proj or "
+                                            "mlp.experts.down_proj");
       }
     }
     if (j.contains("modules_to_save") && !j["modules_to_save"].is_null()) {
@@ -252,8 +259,9 @@ void read_peft_adapter(const std::string& dir, model::TransformerLM& model,
           << "; this base with the adapter's config expects a float " << at::IntArrayRef(want);
       throw UserError("import-hf --adapter: " + file.path() + ": " + msg.str());
     }
-    const auto dtype = e.dtype == "BF16" ? torch::kBFloat16 : e.dtype == "F16" ? torch::kHalf
-                                                                                : torch::kFloat;
+    const auto dtype = e.dtype == "BF16"  ? torch::kBFloat16
+                       : e.dtype == "F16" ? torch::kHalf
+                                          : torch::kFloat;
     auto src = torch::from_blob(const_cast<char*>(file.data(e)), e.shape,
                                 torch::TensorOptions().dtype(dtype))
                    .clone()
@@ -262,8 +270,10 @@ void read_peft_adapter(const std::string& dir, model::TransformerLM& model,
   }
   if (file.entries().size() != pieces.size()) {
     throw UserError("import-hf --adapter: " + file.path() + ": " +
-                    std::to_string(file.entries().size()) + " tensors; its adapter_config.json "
-                    "describes " + std::to_string(pieces.size()));
+                    std::to_string(file.entries().size()) +
+                    " tensors; its adapter_config.json "
+                    "describes " +
+                    std::to_string(pieces.size()));
   }
   torch::NoGradGuard no_grad;
   for (auto& [dst, value] : copies) dst.copy_(value);

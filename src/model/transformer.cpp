@@ -40,7 +40,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
   }
   const auto& t = opt.lora_targets;
   if (opt.lora.r == 0) return;
-  const int64_t d = opt.hidden, q_out = opt.heads * opt.head_dim, kv_out = opt.kv_heads * opt.head_dim;
+  const int64_t d = opt.hidden, q_out = opt.heads * opt.head_dim,
+                kv_out = opt.kv_heads * opt.head_dim;
   if (t.q) lora_q = register_module("lora_q", LoraAdapter(d, q_out, opt.lora));
   if (t.k) lora_k = register_module("lora_k", LoraAdapter(d, kv_out, opt.lora));
   if (t.v) lora_v = register_module("lora_v", LoraAdapter(d, kv_out, opt.lora));
@@ -96,15 +97,15 @@ torch::Tensor apply_rotary(const torch::Tensor& x, double theta, const torch::Te
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), S = x.size(1);
   const int64_t H = opt_.heads, KV = opt_.kv_heads, hd = opt_.head_dim;
-  auto proj = qkv->forward(x);  // [B, S, (H + 2 KV) hd]
+  auto proj = qkv->forward(x);       // [B, S, (H + 2 KV) hd]
   if (lora_q || lora_k || lora_v) {  // each adapter's update on its rows of the fused output
     auto update = [&](LoraAdapter& a, int64_t width) {
       return a ? a->forward(x) : torch::zeros({B, S, width}, proj.options());
     };
-    proj = proj + torch::cat({update(lora_q, H * hd), update(lora_k, KV * hd),
-                              update(lora_v, KV * hd)},
-                             -1)
-                      .to(proj.scalar_type());
+    proj =
+        proj +
+        torch::cat({update(lora_q, H * hd), update(lora_k, KV * hd), update(lora_v, KV * hd)}, -1)
+            .to(proj.scalar_type());
   }
   // Views of [B, S, n, hd] as [B, n, S, hd] (the strides of a plain multi-head split).
   auto q = proj.narrow(-1, 0, H * hd), k = proj.narrow(-1, H * hd, KV * hd),
@@ -263,10 +264,10 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   if (config::is_moe_layer(cfg, layer)) {
     moe = register_module("moe", moe::MoeLayer(moe_options(cfg, device, loads)));
   } else {
-    mlp = register_module(
-        "mlp", DenseMlp(m.hidden_size, config::dense_hidden_size(cfg), m.init_std,
-                        m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers)),
-                        lora_spec(cfg), config::lora_targets(cfg.lora)));
+    mlp = register_module("mlp",
+                          DenseMlp(m.hidden_size, config::dense_hidden_size(cfg), m.init_std,
+                                   m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers)),
+                                   lora_spec(cfg), config::lora_targets(cfg.lora)));
   }
 }
 

@@ -12,7 +12,8 @@ ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
   w_up = register_parameter("w_up", torch::randn({E, d, f}) * opt.init_std);
   w_down = register_parameter("w_down", torch::randn({E, f, d}) * opt.output_init_std);
   if (opt.lora_gate_up.r > 0) {
-    lora_gate_up = register_module("lora_gate_up", model::ExpertLora(E, d, 2 * f, opt.lora_gate_up));
+    lora_gate_up =
+        register_module("lora_gate_up", model::ExpertLora(E, d, 2 * f, opt.lora_gate_up));
   }
   if (opt.lora_down.r > 0) {
     lora_down = register_module("lora_down", model::ExpertLora(E, f, d, opt.lora_down));
@@ -77,7 +78,8 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   // unbind, not w_gate[e]: the backward of E selects would build E zero-filled [E, d, f]
   // gradients and add them up; unbind's backward stacks the E slices into one.
   const auto gate = w_gate.unbind(0), up = w_up.unbind(0), down = w_down.unbind(0);
-  const auto gate_up_lora = lora_gate_up ? lora_gate_up->slices() : model::ExpertLora::Impl::Slices{};
+  const auto gate_up_lora =
+      lora_gate_up ? lora_gate_up->slices() : model::ExpertLora::Impl::Slices{};
   const auto down_lora = lora_down ? lora_down->slices() : model::ExpertLora::Impl::Slices{};
   int64_t offset = 0;
   for (int64_t e = 0; e < opt_.num_experts; ++e) {

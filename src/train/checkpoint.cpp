@@ -207,8 +207,8 @@ void check_lora_base(const std::string& dir, const json& state, model::Transform
   const std::string file = (fs::path(dir) / "state.json").string();
   const config::Config written = config::from_json(state.at("config"), file);
   if (!model->has_lora()) {
-    throw UserError("checkpoint: " + dir + ": holds LoRA adapters (lora.r = " +
-                    std::to_string(written.lora.r) +
+    throw UserError("checkpoint: " + dir +
+                    ": holds LoRA adapters (lora.r = " + std::to_string(written.lora.r) +
                     ") over a frozen base; this model has no LoRA section: use the config of the "
                     "run that wrote it, or export-hf --merge it first");
   }
@@ -323,8 +323,8 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
   const bool adapters = j.contains("lora_base_fingerprint");
   if (adapters) check_lora_base(dir, j, model);
   SafetensorsFile weights((fs::path(dir) / "model.safetensors").string());
-  const auto params = adapters || !model->has_lora() ? checkpointed_parameters(model)
-                                                     : base_parameters(model);
+  const auto params =
+      adapters || !model->has_lora() ? checkpointed_parameters(model) : base_parameters(model);
   check_tensor_set(weights, params, adapters ? "the model's LoRA adapters" : "the model");
   std::optional<SafetensorsFile> opt;
   std::vector<std::pair<std::string, at::Tensor>> states;

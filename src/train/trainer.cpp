@@ -260,7 +260,8 @@ class TrainingSession {
       torch::NoGradGuard no_grad;
       for (auto& item : model_->named_parameters()) {
         auto& p = item.value();
-        if (!p.requires_grad() && p.dim() >= 2 && item.key().find(".router.") == std::string::npos) {
+        if (!p.requires_grad() && p.dim() >= 2 &&
+            item.key().find(".router.") == std::string::npos) {
           p.set_data(p.to(dtype));
         }
       }
@@ -281,10 +282,10 @@ class TrainingSession {
 
   std::string lora_summary() const {
     const auto n = config::lora_parameter_counts(cfg_);
-    return fmt::format("{} adapter parameters (r = {}, scaling {:.4g}), {} base parameters trained "
-                       "in full, {} frozen",
-                       n.adapter, cfg_.lora.r, config::lora_scaling(cfg_.lora), n.trainable_base,
-                       n.frozen_base);
+    return fmt::format(
+        "{} adapter parameters (r = {}, scaling {:.4g}), {} base parameters trained "
+        "in full, {} frozen",
+        n.adapter, cfg_.lora.r, config::lora_scaling(cfg_.lora), n.trainable_base, n.frozen_base);
   }
 
   // Sinks first (a Prometheus port that cannot be bound is still a user error, before any

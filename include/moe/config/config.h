@@ -187,9 +187,9 @@ struct CheckpointConfig {
 // LoRA over a frozen base (docs/finetune.md), in PEFT's LoraConfig names. r = 0: no LoRA, every
 // parameter trains.
 struct LoraConfig {
-  int64_t r = 0;             // adapter rank
-  double lora_alpha = 8.0;   // scaling = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora)
-  double lora_dropout = 0.0; // dropout on the adapters' inputs
+  int64_t r = 0;              // adapter rank
+  double lora_alpha = 8.0;    // scaling = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora)
+  double lora_dropout = 0.0;  // dropout on the adapters' inputs
   // q_proj k_proj v_proj o_proj (attention); gate_proj + up_proj, down_proj (Mixtral: w1 + w3,
   // w2) or gate_up_proj: the experts, as PEFT reads them (config/lora.h); dense_mlp: the dense
   // layers' MLPs; "all-linear": attention and experts.

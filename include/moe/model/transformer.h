@@ -40,7 +40,7 @@ struct AttentionOptions {
   double clip_qkv = 0;        // > 0: clamp q, k, v to [-clip_qkv, clip_qkv] (OLMoE)
   double norm_eps = 1e-5;
   double dropout = 0, init_std = 0.02, out_init_std = 0.02;
-  LoraSpec lora;                // adapters on the projections lora_targets names
+  LoraSpec lora;  // adapters on the projections lora_targets names
   config::LoraTargets lora_targets;
 };
 

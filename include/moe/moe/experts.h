@@ -32,9 +32,9 @@ class ExpertsImpl : public torch::nn::Module {
   // Whether forward(x) takes the grouped-GEMM path.
   bool uses_grouped_mm(const torch::Tensor& x) const;
 
-  torch::Tensor w_gate;  // [E, d, f]
-  torch::Tensor w_up;    // [E, d, f]
-  torch::Tensor w_down;  // [E, f, d]
+  torch::Tensor w_gate;                     // [E, d, f]
+  torch::Tensor w_up;                       // [E, d, f]
+  torch::Tensor w_down;                     // [E, f, d]
   model::ExpertLora lora_gate_up{nullptr};  // [E, d, r] x [E, r, 2f]: gate's and up's update
   model::ExpertLora lora_down{nullptr};     // [E, f, r] x [E, r, d]
   // Folds the adapters into w_gate / w_up / w_down and zeroes them (export-hf --merge).
