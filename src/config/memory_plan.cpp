@@ -36,14 +36,27 @@ Shape shape_of(const Config& c, int64_t micro_batch, bool cpu) {
   return s;
 }
 
-// LoRA: each adapter keeps x A [rows, r] for B's backward (its input x is the base GEMM's, kept
-// already); a dropout on the adapters' inputs adds the dropped copy.
+// LoRA: autograd keeps a GEMM's input only for its weight's gradient, so a frozen projection
+// keeps nothing of its own; each adapter keeps its input (the base GEMM's, once) and x A
+// [rows, r] for B's gradient. Dropout on the adapters' inputs adds the dropped copy.
 double lora_attention_saved(const Config& c, const Shape& s) {
   if (!lora_enabled(c)) return 0;
   const LoraTargets t = lora_targets(c.lora);
-  const double n = (t.q ? 1 : 0) + (t.k ? 1 : 0) + (t.v ? 1 : 0) + (t.o ? 1 : 0);
-  const double drop = c.lora.lora_dropout > 0 ? s.T * s.d * s.a * (n > 0 ? 2 : 0) : 0;
-  return n * s.T * static_cast<double>(c.lora.r) * s.a + drop;
+  const double r = static_cast<double>(c.lora.r);
+  const double qkv = (t.q ? 1 : 0) + (t.k ? 1 : 0) + (t.v ? 1 : 0);
+  double b = (qkv + (t.o ? 1 : 0)) * s.T * r * s.a;
+  if (!t.o) b -= s.T * s.H * s.hd * s.a;  // the output projection's input is not kept
+  if (c.lora.lora_dropout > 0) b += s.T * (s.d * (qkv > 0 ? 1 : 0) + (t.o ? s.H * s.hd : 0)) * s.a;
+  return b;
+}
+
+double lora_ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
+  if (!lora_enabled(c)) return 0;
+  const LoraTargets t = lora_targets(c.lora);
+  const double r = static_cast<double>(c.lora.r);
+  if (!moe_layer) return t.dense_mlp ? 3 * s.T * r * s.a : 0;
+  const double rows = s.T * s.k;
+  return rows * (static_cast<double>(t.experts_gate_up_rank) + (t.experts_down ? r : 0)) * s.a;
 }
 
 // What autograd keeps for the backward of one block, per its own ops (src/model/transformer.cpp,
@@ -62,19 +75,6 @@ double attention_saved(const Config& c, const Shape& s) {
   b += T * s.H * s.hd * a + T * s.H * 4;           // attention output + logsumexp
   b += T * s.H * s.hd * a;                         // its [T, H hd] copy (output projection input)
   return b + lora_attention_saved(c, s);
-}
-
-double lora_ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
-  if (!lora_enabled(c)) return 0;
-  const LoraTargets t = lora_targets(c.lora);
-  const double r = static_cast<double>(c.lora.r);
-  if (!moe_layer) return t.dense_mlp ? 3 * s.T * r * s.a : 0;
-  const double rows = s.T * s.k;
-  // gate_up's update [rows, 2f] is added to the base outputs: one more [rows, 2f] pair kept
-  double b = rows * static_cast<double>(t.experts_gate_up_rank) * s.a;
-  if (t.experts_gate_up_rank > 0) b += 2 * rows * s.f * s.a;
-  if (t.experts_down) b += rows * r * s.a + rows * s.d * s.a;
-  return b;
 }
 
 double ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
@@ -125,7 +125,11 @@ Walk walk_backward(const Config& c, const Shape& s, bool checkpoint_all,
     kept[l] = static_cast<double>(l) < ckpt_layers ? s.T * s.d * s.a : full[l];  // input only
     acts += kept[l];
   }
-  const double head = head_saved(s);
+  // A frozen head (LoRA) does not keep its input for a weight gradient.
+  const bool tied = c.model.tie_embeddings;
+  const bool frozen_head =
+      lora_enabled(c) && !saved_in_full(c.lora, tied ? "embed.weight" : "lm_head.weight", tied);
+  const double head = head_saved(s) - (frozen_head ? s.T * s.d * s.a : 0);
   Walk w;
   w.activations = acts + head;
   // The head's own gradients (untied head, final norm) come first in the backward.

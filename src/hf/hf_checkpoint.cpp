@@ -13,6 +13,7 @@
 #include "moe/hf/hf_tensor_map.h"
 #include "moe/hf/load_hf_weights.h"
 #include "moe/hf/peft_adapter.h"
+#include "moe/model/parameter_layout.h"
 #include "moe/train/checkpoint.h"
 #include "moe/train/resume_policy.h"
 #include "moe/util/errors.h"
@@ -53,11 +54,10 @@ bool ignorable(const std::string& name, const config::Config& cfg) {
   return cfg.model.tie_embeddings && name == "lm_head.weight";
 }
 
-// Checks every tensor (presence, dtype, shape, nothing unexpected), then copies them into the
-// model as fp32 training weights.
-void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                     Family family, model::TransformerLM& model) {
-  const auto params = parameter_map(model);
+// Checks every tensor (presence, dtype, shape, nothing unexpected) against `params` (our
+// parameters by name; meta tensors do: only shapes are read).
+void check_hf_tensors(const HfWeights& w, const std::string& dir, const config::Config& cfg,
+                      Family family, const std::map<std::string, torch::Tensor>& params) {
   const auto pieces = tensor_pieces(cfg, family);
   std::set<std::string> expected;
   for (const auto& p : pieces) {
@@ -84,17 +84,60 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
                       architecture_name(family) + " with this config.json)");
     }
   }
+}
+
+// Copies one HF tensor into its part of our parameter (fp32), releasing the mapped source.
+void copy_piece(const HfWeights& w, const TensorPiece& p,
+                const std::map<std::string, torch::Tensor>& params) {
+  const HfTensorRef& ref = w.tensors().at(p.hf);
+  const SafeTensorEntry& e = *ref.entry;
+  // clone(): safetensors data offsets need not be aligned for the element type.
+  auto src = torch::from_blob(const_cast<char*>(ref.file->data(e)), e.shape,
+                              torch::TensorOptions().dtype(source_dtype(e.dtype)))
+                 .clone();
+  ref.file->release(e);  // the mapped pages go: one source tensor in memory at a time
   torch::NoGradGuard no_grad;
-  for (const auto& p : pieces) {
-    const HfTensorRef& ref = w.tensors().at(p.hf);
-    const SafeTensorEntry& e = *ref.entry;
-    // clone(): safetensors data offsets need not be aligned for the element type.
-    auto src = torch::from_blob(const_cast<char*>(ref.file->data(e)), e.shape,
-                                torch::TensorOptions().dtype(source_dtype(e.dtype)))
-                   .clone();
-    ref.file->release(e);  // the mapped pages go: one source tensor in memory at a time
-    piece_view(p, params).copy_(src.to(torch::kFloat));
+  piece_view(p, params).copy_(src.to(torch::kFloat));
+}
+
+// Checks every tensor, then copies them into the model as fp32 training weights.
+void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
+                     Family family, model::TransformerLM& model) {
+  const auto params = parameter_map(model);
+  check_hf_tensors(w, dir, cfg, family, params);
+  for (const auto& p : tensor_pieces(cfg, family)) copy_piece(w, p, params);
+}
+
+// import-hf without building the model: each of our parameters (model/parameter_layout.h) is
+// assembled from its HF tensors and appended to model.safetensors, then freed. Host memory:
+// one parameter and one source tensor, not the model.
+void stream_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
+                       Family family, const std::string& out_file) {
+  const auto layout = model::parameter_layout(cfg);
+  std::map<std::string, torch::Tensor> shapes;
+  for (const auto& l : layout) {
+    shapes[l.name] = torch::empty(l.shape, torch::TensorOptions().device(torch::kMeta));
   }
+  check_hf_tensors(w, dir, cfg, family, shapes);
+  std::map<std::string, std::vector<TensorPiece>> pieces_of;
+  for (auto& p : tensor_pieces(cfg, family)) pieces_of[p.ours].push_back(p);
+  std::vector<SafeTensorView> views;
+  for (const auto& l : layout) {
+    if (pieces_of.count(l.name) == 0) {
+      throw std::logic_error("import-hf: no Hugging Face tensor fills " + l.name);
+    }
+    int64_t n = 1;
+    for (const int64_t s : l.shape) n *= s;
+    views.push_back({l.name, "F32", l.shape, nullptr, static_cast<size_t>(n) * 4});
+  }
+  SafetensorsWriter out(out_file, views, {{"format", "pt"}, {"producer", "moe-train"}});
+  for (const auto& l : layout) {
+    const std::map<std::string, torch::Tensor> one{{l.name, torch::empty(l.shape)}};
+    for (const TensorPiece& p : pieces_of.at(l.name)) copy_piece(w, p, one);
+    const torch::Tensor& t = one.at(l.name);
+    out.append(t.data_ptr(), static_cast<size_t>(t.nbytes()));
+  }
+  out.finish();
 }
 
 struct HfModel {
@@ -167,9 +210,19 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
                        const std::string& adapter_dir) {
   HfModel hm = read_hf_model(hf_dir);
   HfWeights weights(hf_dir);
-  model::TransformerLM model(hm.cfg, torch::Device(torch::kCPU));
+  train::TrainingState state;
+  state.config = config::to_json(hm.cfg);
+  const json imported = {
+      {"imported_from",
+       {{"dir", fs::absolute(hf_dir).string()}, {"architecture", architecture_name(hm.family)}}}};
+  // Removed again, with whatever is in it, if anything below throws (a bad tensor included).
+  StagedDir out(
+      "import-hf", out_dir,
+      "import-hf: --out " + out_dir + " exists and is not empty (nothing is overwritten)");
   if (adapter_dir.empty()) {
-    copy_hf_weights(weights, hf_dir, hm.cfg, hm.family, model);
+    stream_hf_weights(weights, hf_dir, hm.cfg, hm.family,
+                      (fs::path(out.path()) / "model.safetensors").string());
+    train::write_weights_state(out.path(), state, imported);
   } else {  // the adapter folded in: the checkpoint holds the merged weights
     config::Config adapted_cfg = hm.cfg;
     adapted_cfg.lora = lora_config_from_peft(adapter_dir);
@@ -177,21 +230,13 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
     copy_hf_weights(weights, hf_dir, hm.cfg, hm.family, adapted);
     read_peft_adapter(adapter_dir, adapted, adapted_cfg, hm.family);
     adapted->merge_lora();
+    model::TransformerLM model(hm.cfg, torch::Device(torch::kCPU));
     auto mine = model->named_parameters();
     for (auto& item : adapted->named_parameters()) {
       if (!config::is_lora_parameter(item.key())) mine[item.key()].set_data(item.value());
     }
+    train::save_weights_checkpoint(out.path(), model, state, imported);
   }
-
-  StagedDir out(
-      "import-hf", out_dir,
-      "import-hf: --out " + out_dir + " exists and is not empty (nothing is overwritten)");
-  train::TrainingState state;
-  state.config = config::to_json(hm.cfg);
-  train::save_weights_checkpoint(
-      out.path(), model, state,
-      {{"imported_from",
-        {{"dir", fs::absolute(hf_dir).string()}, {"architecture", architecture_name(hm.family)}}}});
   write_json(fs::path(out.path()) / "hf_config.json", hm.hf_config);
   write_json(fs::path(out.path()) / "moe-train.json", hm.sections);
   const fs::path gen = fs::path(hf_dir) / "generation_config.json";

@@ -73,7 +73,8 @@ void ExpertLoraImpl::zero_update() {
 std::string base_fingerprint(const torch::nn::Module& model) {
   ContentHash h;
   for (const auto& item : model.named_parameters()) {
-    if (config::is_lora_parameter(item.key())) continue;
+    // what trains (adapters, lora.modules_to_save) is the checkpoint's, not the base's
+    if (item.value().requires_grad()) continue;
     const auto t = item.value().detach().to(torch::kCPU, torch::kFloat).contiguous();
     h.update(item.key());
     for (const int64_t s : t.sizes()) h.update(&s, sizeof s);

@@ -163,7 +163,8 @@ void write_model_file(const std::string& dir, model::TransformerLM& model) {
 }
 
 // state.json; `with_rng`: the RNG states (a resumable checkpoint; an imported one has none).
-void write_state_file(const std::string& dir, model::TransformerLM& model,
+// `model` (optional): its expert biases and LoRA base fingerprint.
+void write_state_file(const std::string& dir, model::TransformerLM* model,
                       const TrainingState& state, bool with_rng, const json& extra) {
   json j;
   j["format_version"] = kCheckpointFormatVersion;
@@ -182,7 +183,8 @@ void write_state_file(const std::string& dir, model::TransformerLM& model,
     }
   }
   // Expert biases (aux-loss-free balancing) are buffers, not weights: the state carries them.
-  for (const auto& b : model->named_buffers()) {
+  for (const auto& b : model != nullptr ? (*model)->named_buffers()
+                                        : torch::OrderedDict<std::string, at::Tensor>()) {
     if (b.key().size() >= 11 && b.key().compare(b.key().size() - 11, 11, "expert_bias") == 0) {
       auto v = b.value().to(at::kCPU, at::kFloat).contiguous();
       j["expert_biases"][b.key()] =
@@ -191,7 +193,9 @@ void write_state_file(const std::string& dir, model::TransformerLM& model,
   }
   j["metrics_lines"] = state.metrics_lines;
   j["config"] = state.config;
-  if (model->has_lora()) j["lora_base_fingerprint"] = model->base_fingerprint();
+  if (model != nullptr && (*model)->has_lora()) {
+    j["lora_base_fingerprint"] = (*model)->base_fingerprint();
+  }
   for (const auto& [key, value] : extra.items()) j[key] = value;
   const std::string path = (fs::path(dir) / "state.json").string();
   std::ofstream out(path);
@@ -232,7 +236,11 @@ void check_lora_base(const std::string& dir, const json& state, model::Transform
 void save_weights_checkpoint(const std::string& dir, model::TransformerLM& model,
                              const TrainingState& state, const json& extra) {
   write_model_file(dir, model);
-  write_state_file(dir, model, state, /*with_rng=*/false, extra);
+  write_state_file(dir, &model, state, /*with_rng=*/false, extra);
+}
+
+void write_weights_state(const std::string& dir, const TrainingState& state, const json& extra) {
+  write_state_file(dir, nullptr, state, /*with_rng=*/false, extra);
 }
 
 OptimizerStream local_optimizer_stream(FusedAdamW& optimizer) {
@@ -301,7 +309,7 @@ void save_checkpoint(const std::string& dir, model::TransformerLM& model,
   }
   write_optimizer_file((fs::path(dir) / "optimizer.safetensors").string(), optimizer);
   test_pause();
-  write_state_file(dir, model, state, /*with_rng=*/true, json::object());
+  write_state_file(dir, &model, state, /*with_rng=*/true, json::object());
 }
 
 TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& model,

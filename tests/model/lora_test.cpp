@@ -126,7 +126,7 @@ TEST(Lora, BaseIsFrozenAndCountsMatchThePlanner) {
   EXPECT_EQ(gu->lora_B.sizes(), (std::vector<int64_t>{4, 8, 24}));
 }
 
-TEST(Lora, BaseFingerprintSeesEveryBaseValueAndNoAdapter) {
+TEST(Lora, BaseFingerprintSeesEveryFrozenValueAndNothingThatTrains) {
   torch::manual_seed(7);
   TransformerLM m(lora_config(kAll));
   const std::string f = base_fingerprint(*m);
@@ -136,6 +136,9 @@ TEST(Lora, BaseFingerprintSeesEveryBaseValueAndNoAdapter) {
   auto w = m->blocks[2]->moe->experts->w_down;
   w.view(-1)[5] += 1e-6f;
   EXPECT_NE(base_fingerprint(*m), f);
+  const std::string g2 = base_fingerprint(*m);
+  m->blocks[0]->moe->router->weight.view(-1)[0] += 1.0f;  // modules_to_save "gate": it trains
+  EXPECT_EQ(base_fingerprint(*m), g2) << "what modules_to_save trains is not the base";
 }
 
 TEST(Lora, ConfigRefusesWhatCannotBeExpressed) {

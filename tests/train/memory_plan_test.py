@@ -1,7 +1,7 @@
 """`moe-train plan` against measured memory: for several model sizes and options, the planner's
 peak of tensors (from the config alone) is within 15% of the peak of live CPU tensor bytes of a
 real 3-step training run (MOE_HOST_MEMORY_REPORT=1 counts every CPU tensor allocation), for one
-process and for 2 data-parallel ranks under torchrun (DDP overlap, ZeRO-2 in the backward, ZeRO-1
+process (LoRA runs over a frozen base among them) and for 2 data-parallel ranks under torchrun (DDP overlap, ZeRO-2 in the backward, ZeRO-1
 after the backward). Also:
 the plan prints in well under a second, and the verdict / advice logic answers for a GPU.
 
@@ -32,6 +32,15 @@ CASES = {
     "checkpointed-dense-layers": ("bench-cpu-small.json", ["activation_checkpointing.number_checkpoints=4",
                                                            "moe.mlp_only_layers=[0]", "model.rope_theta=10000",
                                                            "model.dense_hidden_size=1024"]),
+    # LoRA over a frozen base (fp32 on a CPU): adapters, their Adam state and their activations
+    "lora-r8-all-targets": ("bench-cpu-small.json", ["lora.r=8"]),
+    "lora-r16-checkpointed": ("bench-cpu-small.json", ["lora.r=16", "lora.target_modules=[\"q_proj\",\"v_proj\",\"gate_up_proj\",\"down_proj\"]",
+                                                       "activation_checkpointing.number_checkpoints=4",
+                                                       "model.rope_theta=10000"]),
+    "lora-r4-dense-accumulation": ("bench-cpu-small.json", ["lora.r=4", "lora.target_modules=[\"all-linear\",\"dense_mlp\"]",
+                                                            "lora.modules_to_save=[\"gate\",\"norm\"]",
+                                                            "moe.mlp_only_layers=[0]", "train_batch_size=8",
+                                                            "train_micro_batch_size_per_gpu=4"]),
 }
 
 

@@ -61,9 +61,10 @@ class ExpertLoraImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ExpertLora);
 
-// Base weights of a LoRA model: everything that is not an adapter. A fingerprint of their
-// values (XXH3 over names, shapes and fp32 bytes, in module order), taken right after the base
-// is loaded: a LoRA checkpoint records it and refuses a different base.
+// The frozen base of a LoRA model: every parameter that does not train (not an adapter, not in
+// lora.modules_to_save). A fingerprint of their values (XXH3 over names, shapes and fp32 bytes,
+// in module order), taken right after the base is loaded: a LoRA checkpoint records it and
+// refuses a different base.
 std::string base_fingerprint(const torch::nn::Module& model);
 
 // The parameters that train (all of them without LoRA): what the optimizer, the gradient

@@ -65,6 +65,11 @@ void save_checkpoint(const std::string& dir, model::TransformerLM& model,
 void save_weights_checkpoint(const std::string& dir, model::TransformerLM& model,
                              const TrainingState& state, const nlohmann::json& extra);
 
+// state.json of a weights-only checkpoint whose model.safetensors was written by its own means
+// (import-hf streams it tensor by tensor): no RNG states, no expert biases.
+void write_weights_state(const std::string& dir, const TrainingState& state,
+                         const nlohmann::json& extra);
+
 // Loads `dir` into the model and optimizer (whose shapes must match; optimizer may be null).
 // Throws UserError naming the file and the problem for anything missing, damaged or
 // mismatched. `restore_rng`: continue the saved RNG streams (a resume), when the state has them.

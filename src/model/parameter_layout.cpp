@@ -1,0 +1,82 @@
+#include "moe/model/parameter_layout.h"
+
+#include "moe/config/lora.h"
+
+namespace moe::model {
+
+namespace {
+
+// A LoRA adapter's two tensors (model/lora.h): lora_A [r, in], lora_B [out, r]; experts'
+// stacked: lora_A [E, in, r], lora_B [E, r, out].
+void adapter(std::vector<ParameterShape>& out, const std::string& prefix, int64_t in, int64_t out_w,
+             int64_t r, int64_t experts = 0) {
+  if (experts > 0) {
+    out.push_back({prefix + ".lora_A", {experts, in, r}});
+    out.push_back({prefix + ".lora_B", {experts, r, out_w}});
+  } else {
+    out.push_back({prefix + ".lora_A", {r, in}});
+    out.push_back({prefix + ".lora_B", {out_w, r}});
+  }
+}
+
+}  // namespace
+
+std::vector<ParameterShape> parameter_layout(const config::Config& c) {
+  const auto& m = c.model;
+  const int64_t d = m.hidden_size, H = m.num_heads, KV = config::key_value_heads(c);
+  const int64_t hd = config::head_dim(c), E = c.moe.num_experts;
+  const int64_t f = config::expert_hidden_size(c), fd = config::dense_hidden_size(c);
+  const bool lora = config::lora_enabled(c);
+  const config::LoraTargets t = config::lora_targets(c.lora);
+  const int64_t r = c.lora.r;
+  std::vector<ParameterShape> p;
+  p.push_back({"embed.weight", {m.vocab_size, d}});
+  if (m.rope_theta <= 0) p.push_back({"pos_embed.weight", {m.seq_len, d}});
+  for (int64_t i = 0; i < m.num_layers; ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    p.push_back({b + "attn_norm.weight", {d}});
+    p.push_back({b + "attn.qkv.weight", {(H + 2 * KV) * hd, d}});
+    p.push_back({b + "attn.out.weight", {d, H * hd}});
+    if (m.qk_norm) {
+      const bool full = m.qk_norm_scope == config::QkNormScope::kFull;
+      p.push_back({b + "attn.q_norm.weight", {full ? H * hd : hd}});
+      p.push_back({b + "attn.k_norm.weight", {full ? KV * hd : hd}});
+    }
+    if (lora) {
+      if (t.q) adapter(p, b + "attn.lora_q", d, H * hd, r);
+      if (t.k) adapter(p, b + "attn.lora_k", d, KV * hd, r);
+      if (t.v) adapter(p, b + "attn.lora_v", d, KV * hd, r);
+      if (t.o) adapter(p, b + "attn.lora_o", H * hd, d, r);
+    }
+    p.push_back({b + "moe_norm.weight", {d}});
+    if (!config::is_moe_layer(c, i)) {
+      p.push_back({b + "mlp.gate_proj.weight", {fd, d}});
+      p.push_back({b + "mlp.up_proj.weight", {fd, d}});
+      p.push_back({b + "mlp.down_proj.weight", {d, fd}});
+      if (lora && t.dense_mlp) {
+        adapter(p, b + "mlp.lora_gate", d, fd, r);
+        adapter(p, b + "mlp.lora_up", d, fd, r);
+        adapter(p, b + "mlp.lora_down", fd, d, r);
+      }
+      continue;
+    }
+    p.push_back({b + "moe.router.weight", {E, d}});
+    p.push_back({b + "moe.experts.w_gate", {E, d, f}});
+    p.push_back({b + "moe.experts.w_up", {E, d, f}});
+    p.push_back({b + "moe.experts.w_down", {E, f, d}});
+    if (lora && t.experts_gate_up_rank > 0) {
+      adapter(p, b + "moe.experts.lora_gate_up", d, 2 * f, t.experts_gate_up_rank, E);
+    }
+    if (lora && t.experts_down) adapter(p, b + "moe.experts.lora_down", f, d, r, E);
+    if (const int64_t fs = c.moe.shared_expert_hidden_size; fs > 0) {
+      p.push_back({b + "moe.shared_expert.w_gate", {1, d, fs}});
+      p.push_back({b + "moe.shared_expert.w_up", {1, d, fs}});
+      p.push_back({b + "moe.shared_expert.w_down", {1, fs, d}});
+    }
+  }
+  p.push_back({"final_norm.weight", {d}});
+  if (!m.tie_embeddings) p.push_back({"lm_head.weight", {m.vocab_size, d}});
+  return p;
+}
+
+}  // namespace moe::model

@@ -1,0 +1,78 @@
+// parameter_layout (src/model/parameter_layout.cpp) is the model's named_parameters() without
+// building it: names, order and shapes, for every architecture switch and LoRA target.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include "moe/config/config.h"
+#include "moe/model/parameter_layout.h"
+#include "moe/model/transformer.h"
+
+namespace moe::model {
+namespace {
+
+config::Config make(nlohmann::json model, nlohmann::json moe, nlohmann::json lora) {
+  nlohmann::json j = {{"train_batch_size", 2},
+                      {"model",
+                       {{"vocab_size", 40},
+                        {"seq_len", 10},
+                        {"hidden_size", 16},
+                        {"num_layers", 3},
+                        {"num_heads", 4}}},
+                      {"moe", {{"num_experts", 4}, {"top_k", 2}, {"expert_hidden_size", 12}}},
+                      {"lora", lora},
+                      {"data", {{"train_path", "unused.h5"}}}};
+  j["model"].update(model);
+  j["moe"].update(moe);
+  config::Config c = config::from_json(j, "test.json");
+  config::validate(c);
+  return c;
+}
+
+void expect_layout_is_the_models(const config::Config& c) {
+  TransformerLM m(c);
+  const auto layout = parameter_layout(c);
+  const auto params = m->named_parameters();
+  ASSERT_EQ(layout.size(), params.size());
+  size_t i = 0;
+  for (const auto& item : params) {
+    EXPECT_EQ(layout[i].name, item.key());
+    EXPECT_EQ(layout[i].shape, item.value().sizes().vec()) << item.key();
+    ++i;
+  }
+}
+
+TEST(ParameterLayout, LearnedPositionsTiedHead) {
+  expect_layout_is_the_models(make(nlohmann::json::object(), nlohmann::json::object(), {{"r", 0}}));
+}
+
+TEST(ParameterLayout, RotaryGqaQkNormDenseLayersSharedExpert) {
+  expect_layout_is_the_models(make({{"rope_theta", 10000.0},
+                                    {"num_key_value_heads", 2},
+                                    {"qk_norm", true},
+                                    {"tie_embeddings", false},
+                                    {"dense_hidden_size", 20}},
+                                   {{"mlp_only_layers", {1}}, {"shared_expert_hidden_size", 8}},
+                                   {{"r", 0}}));
+  expect_layout_is_the_models(
+      make({{"rope_theta", 10000.0}, {"qk_norm", true}, {"qk_norm_scope", "full"}, {"head_dim", 8}},
+           nlohmann::json::object(), {{"r", 0}}));
+}
+
+TEST(ParameterLayout, EveryLoraTarget) {
+  const nlohmann::json dense = {
+      {"rope_theta", 10000.0}, {"num_key_value_heads", 2}, {"dense_hidden_size", 20}};
+  expect_layout_is_the_models(make(dense, {{"mlp_only_layers", {0}}},
+                                   {{"r", 4},
+                                    {"target_modules",
+                                     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                      "up_proj", "down_proj", "dense_mlp"}}}));
+  expect_layout_is_the_models(make(dense, nlohmann::json::object(),
+                                   {{"r", 2}, {"target_modules", {"v_proj", "gate_up_proj"}}}));
+  expect_layout_is_the_models(
+      make(dense, {{"shared_expert_hidden_size", 8}}, {{"r", 3}, {"target_modules", {"w2"}}}));
+}
+
+}  // namespace
+}  // namespace moe::model
