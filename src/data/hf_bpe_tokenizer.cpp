@@ -199,11 +199,47 @@ std::string HfBpeTokenizer::name() const {
   return "hf-bpe:" + (slash == std::string::npos ? path_ : path_.substr(slash + 1));
 }
 
+namespace {
+
+// Whether the code point at `at` (a lead byte) is white space to the pre-tokenizers' \s (PCRE2
+// with UCP: Unicode White_Space), decoding multi-byte sequences.
+bool space_at(const std::string& s, size_t at) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char c = b(at);
+  if (c < 0x80) return c == ' ' || (c >= '\t' && c <= '\r');
+  uint32_t cp = 0;
+  size_t n = 0;
+  if ((c & 0xE0) == 0xC0)
+    cp = c & 0x1F, n = 1;
+  else if ((c & 0xF0) == 0xE0)
+    cp = c & 0x0F, n = 2;
+  else if ((c & 0xF8) == 0xF0)
+    cp = c & 0x07, n = 3;
+  if (n == 0 || at + n >= s.size()) return false;  // not a lead byte, or cut short
+  for (size_t i = 1; i <= n; ++i) cp = (cp << 6) | (b(at + i) & 0x3F);
+  return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
+         cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+// The lead byte of the code point that ends just before `at`.
+size_t previous_char(const std::string& s, size_t at) {
+  size_t i = at - 1;
+  while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+  return i;
+}
+
+}  // namespace
+
 size_t HfBpeTokenizer::last_cut(const std::string& chunk) const {
-  // After a newline that a non-space follows: no pre-tokenizer piece spans such a point.
+  // After a newline between two non-space characters ("x\ny"): the families' pre-tokenizers
+  // end a piece after such a newline (Llama-3 glues "x" punctuation and newlines; GPT-2 and
+  // Qwen keep newlines apart) and start one at "y", and none looks behind. A newline next to
+  // other white space ("x \n", "\r\n", "\n  y") is not a cut: \s+(?!\S) would glue it
+  // differently at the end of a chunk than in the whole text.
   for (size_t nl = chunk.rfind('\n'); nl != std::string::npos && nl > 0;
        nl = chunk.rfind('\n', nl - 1)) {
-    if (nl + 1 < chunk.size() && !std::isspace(static_cast<unsigned char>(chunk[nl + 1]))) {
+    if (nl + 1 < chunk.size() && !space_at(chunk, nl + 1) &&
+        !space_at(chunk, previous_char(chunk, nl))) {
       return nl + 1;
     }
   }
@@ -266,11 +302,20 @@ void HfBpeTokenizer::encode_segment(
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(regex_->code, nullptr);
   size_t pos = 0;
   while (pos < s.size()) {
+    // PCRE2_NO_UTF_CHECK: encode() validated the text once; without it every call re-validates
+    // the rest of the subject, which made long documents quadratic.
     const int rc = pcre2_match(regex_->code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos,
-                               0, md, nullptr);
-    if (rc < 0) {  // no more matches: the rest is one piece
+                               PCRE2_NO_UTF_CHECK, md, nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) {  // no more matches: the rest is one piece
       bpe(s.substr(pos), out, cache);
       break;
+    }
+    if (rc < 0) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof msg);
+      pcre2_match_data_free(md);
+      throw std::runtime_error("tokenizer: " + path_ + ": pre-tokenizer regex failed: " +
+                               reinterpret_cast<const char*>(msg));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     if (ov[0] > pos) bpe(s.substr(pos, ov[0] - pos), out, cache);  // a gap: its own piece
@@ -288,6 +333,9 @@ void HfBpeTokenizer::encode_segment(
 }
 
 void HfBpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out) const {
+  if (const size_t bad = first_invalid_utf8(text); bad != std::string_view::npos) {
+    throw InvalidUtf8Error(bad);
+  }
   std::unordered_map<std::string, std::vector<uint32_t>> cache;
   size_t start = 0, i = 0;
   while (i < text.size()) {

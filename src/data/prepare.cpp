@@ -170,8 +170,18 @@ void tokenize_range(const std::string& path, uint64_t begin, uint64_t end, const
         return ids;
       }));
     }
+    uint64_t chunk_start = pos - carry.size();
+    for (const auto& c : chunks) chunk_start -= c.size();  // file offset of chunks[0]
     for (size_t i = 0; i < parts.size(); ++i) {
-      writer.append(parts[i].get());
+      try {
+        writer.append(parts[i].get());
+      } catch (const InvalidUtf8Error& e) {
+        for (size_t j = i + 1; j < parts.size(); ++j) parts[j].wait();
+        throw UserError("prepare-data: " + path + ": invalid UTF-8 at byte offset " +
+                        std::to_string(chunk_start + e.offset) + " (the " + tok.name() +
+                        " tokenizer needs UTF-8 text; nothing was written)");
+      }
+      chunk_start += chunks[i].size();
       done += chunks[i].size();
     }
     if (progress) progress(std::min(done, total), total);

@@ -223,6 +223,7 @@ class TrainingSession {
   void resume() {
     if (model_->has_lora()) {  // the frozen base first: a LoRA checkpoint holds adapters only
       load_lora_base(cfg_, model_, /*seeded=*/true);
+      optimizer_.reload_master_weights();  // offload: modules_to_save start from the base
       log_->info("LoRA: base {} (fingerprint {}); {}",
                  cfg_.model.init_from.empty() ? "randomly initialised" : cfg_.model.init_from,
                  model_->base_fingerprint(), lora_summary());

@@ -113,20 +113,39 @@ with tempfile.TemporaryDirectory() as d:
         print(f"{kind}: {merges} merges, {len(SPECIAL)} special tokens: {len(want)} ids on "
               f"{len(held_out.encode()) / 1e6:.2f} MB identical to tokenizers "
               f"(prepare-data {secs:.2f} s for the whole command; tokenizers.encode {ref_s:.2f} s)")
-    # A file of several chunks, tokenized on 2 threads: the chunk cuts change nothing.
-    tok = Tokenizer.from_file(str(tmp / "gpt2.json"))
-    want = np.array(tok.encode(big, add_special_tokens=False).ids, dtype=np.int64)
-    r = subprocess.run([BIN, "prepare-data", tmp / "big.txt", "--out", tmp / "ds-big", "--tokenizer", "hf",
-                        "--tokenizer-file", tmp / "gpt2.json", "--threads", "2"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    m = json.loads((tmp / "ds-big/manifest.json").read_text())
-    got = []
-    for sh in m["splits"]["train"]:
-        with h5py.File(tmp / "ds-big" / sh["file"], "r") as f:
-            got.append(np.asarray(f["tokens"][:], dtype=np.int64))
-    got = np.concatenate(got)
-    assert np.array_equal(got, want), (len(got), len(want))
-    print(f"gpt2 on {len(big.encode()) / 1e6:.1f} MB in 8 MiB chunks on 2 threads: {len(want)} ids identical")
+    # Files of several chunks, tokenized on 2 threads: the chunk cuts change nothing. The second
+    # has white space around every newline (a trailing space, CRLF, indentation, U+3000), where
+    # GPT-2's \s+(?!\S) would glue differently at a chunk's end than inside the text.
+    rnd = random.Random(5)
+    spaced = "".join(line + rnd.choice([" \n", "\r\n", "\n  ", "\u3000\n", "\n\u3000", "\n"])
+                     for line in corpus(4, 10_000_000).split("\n"))
+    (tmp / "spaced.txt").write_bytes(spaced.encode())
+    for name, text, kinds in (("big", big, ("gpt2",)), ("spaced", spaced, ("gpt2", "llama3"))):
+        for kind in kinds:
+            tok = Tokenizer.from_file(str(tmp / f"{kind}.json"))
+            want = np.array(tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+            out = tmp / f"ds-{name}-{kind}"
+            r = subprocess.run([BIN, "prepare-data", tmp / f"{name}.txt", "--out", out, "--tokenizer", "hf",
+                                "--tokenizer-file", tmp / f"{kind}.json", "--threads", "2"],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            m = json.loads((out / "manifest.json").read_text())
+            got = []
+            for sh in m["splits"]["train"]:
+                with h5py.File(out / sh["file"], "r") as f:
+                    got.append(np.asarray(f["tokens"][:], dtype=np.int64))
+            got = np.concatenate(got)
+            assert np.array_equal(got, want), (name, kind, len(got), len(want))
+            print(f"{kind} on {name} text, {len(text.encode()) / 1e6:.1f} MB in 8 MiB chunks on 2 threads: "
+                  f"{len(want)} ids identical")
+    # Invalid UTF-8: exit 2 naming the file and the byte offset, nothing written.
+    bad = tmp / "bad.txt"
+    bad.write_bytes(("ok text\n" * 1000).encode() + b"\xff 1234567890\n")
+    r = subprocess.run([BIN, "prepare-data", bad, "--out", tmp / "bad-out", "--tokenizer", "hf",
+                        "--tokenizer-file", tmp / "gpt2.json"], capture_output=True, text=True)
+    assert r.returncode == 2 and f"{bad}: invalid UTF-8 at byte offset 8000" in r.stderr, r.stderr
+    assert not (tmp / "bad-out").exists()
+    print(f"invalid UTF-8: {r.stderr.strip()[:140]}")
     # Unsupported files are refused by name.
     j = json.loads((tmp / "gpt2.json").read_text())
     j["normalizer"] = {"type": "NFKC"}

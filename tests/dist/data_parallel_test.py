@@ -6,6 +6,8 @@ with torchrun's variables:
     with accumulation micro-steps (ZeRO 0 and 2), with the reduction after the backward
     (zero_optimization.overlap_comm false) and with small buckets (reduce_bucket_size and
     allgather_bucket_size of 20000 elements);
+  - LoRA over a frozen base (adapters and routers training), ZeRO stages 0 and 2: the same
+    trajectory as one process, checkpoints holding what trains only;
   - resume across world sizes: 2 processes to step 20 then 1 to 40, and 1 then 2, end with the
     losses of a straight 40-step run to <= 1e-5 relative; checkpoints hold the single-process
     tensor names and shapes;
@@ -145,6 +147,20 @@ with tempfile.TemporaryDirectory() as d:
         w = worst(train_losses(out), train_losses(tmp / "dp1"))
         print(f"  ZeRO {stage}, buckets of 20000 elements: {w:.1e}")
         assert w <= RTOL, w
+
+    # LoRA over a frozen base: the reduction, ZeRO's partition and the checkpoint see the
+    # adapters (and modules_to_save) only; the same trajectory as one process.
+    lora = ["lora.r=4", 'lora.modules_to_save=["gate"]']
+    single(cfg, f"training.output_dir={tmp / 'lora1'}", *lora)
+    for stage in (0, 2):
+        out = tmp / f"lora2-{stage}"
+        torchrun(cfg, 2, f"training.output_dir={out}", f"zero_optimization.stage={stage}", *lora)
+        w = worst(train_losses(out), train_losses(tmp / "lora1"))
+        print(f"  LoRA r 4 (routers trained too), ZeRO {stage}: {w:.1e}")
+        assert w <= RTOL, (stage, w)
+        ck = json.loads(subprocess.run([BIN, "checkpoint", "info", out / "checkpoints/step-00000030"],
+                                       capture_output=True, text=True, check=True).stdout)
+        assert all(".lora_" in n or ".router." in n for n in ck["model"]), sorted(ck["model"])[:4]
 
     t0 = time.time()
     straight = tmp / "straight"

@@ -21,6 +21,8 @@ class HfBpeTokenizer : public Tokenizer {
   int64_t eos_id() const override { return eos_; }
   bool cut_anywhere() const override { return false; }
   size_t last_cut(const std::string& chunk) const override;
+  // InvalidUtf8Error for text that is not UTF-8 (the pre-tokenizer's regex works on code
+  // points; validated once per call, the regex then skips its own per-match check).
   void encode(std::string_view text, std::vector<uint32_t>& out) const override;
 
  private:

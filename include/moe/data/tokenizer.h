@@ -4,11 +4,25 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace moe::data {
+
+// Text that is not valid UTF-8 where a tokenizer needs it: `offset` is the first bad byte within
+// the text given to encode() (prepare-data adds the file and the text's own offset).
+class InvalidUtf8Error : public std::runtime_error {
+ public:
+  explicit InvalidUtf8Error(size_t offset)
+      : std::runtime_error("invalid UTF-8 at byte " + std::to_string(offset)), offset(offset) {}
+  size_t offset;
+};
+
+// The byte offset of the first invalid UTF-8 sequence of `text`, npos when it is valid
+// (overlong forms, surrogates and code points above U+10FFFF are invalid, as in Python).
+size_t first_invalid_utf8(std::string_view text);
 
 class Tokenizer {
  public:
