@@ -1,4 +1,4 @@
-// Hugging Face tokenizer.json, byte-level BPE (GPT-2, Llama-3, Qwen2/3 style): added tokens split
+// Hugging Face tokenizer.json, byte-level BPE (GPT-2, Llama-3 style): added tokens split
 // out first, the pre-tokenizer's split regex (PCRE2 with Unicode properties: Debian's libpcre2),
 // GPT-2's byte-to-unicode mapping, then the ranked merges. Anything else the file asks for
 // (normalizers, byte fallback, other models or pre-tokenizers) is refused by name.
@@ -145,7 +145,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
   }
   auto refuse = [&](const std::string& what) {
     throw UserError("tokenizer: " + path + ": " + what +
-                    " (supported: byte-level BPE as GPT-2, Llama-3 and Qwen use it)");
+                    " (supported: byte-level BPE as GPT-2 and Llama-3 use it)");
   };
   try {
     ignore_merges_ = read_bpe_model(j.at("model"), vocab_, ranks_, refuse);

@@ -70,12 +70,18 @@ void ExpertLoraImpl::zero_update() {
   lora_B.zero_();
 }
 
-std::string base_fingerprint(const torch::nn::Module& model) {
+bool held_in_16_bits(const std::string& name, const torch::Tensor& param) {
+  return !param.requires_grad() && param.dim() >= 2 && name.find(".router.") == std::string::npos;
+}
+
+std::string base_fingerprint(const torch::nn::Module& model, torch::ScalarType held) {
   ContentHash h;
   for (const auto& item : model.named_parameters()) {
     // what trains (adapters, lora.modules_to_save) is the checkpoint's, not the base's
     if (item.value().requires_grad()) continue;
-    const auto t = item.value().detach().to(torch::kCPU, torch::kFloat).contiguous();
+    auto t = item.value().detach();
+    if (held_in_16_bits(item.key(), t)) t = t.to(held);  // a no-op where it is held so
+    t = t.to(torch::kCPU, torch::kFloat).contiguous();
     h.update(item.key());
     for (const int64_t s : t.sizes()) h.update(&s, sizeof s);
     h.update(t.data_ptr(), static_cast<size_t>(t.nbytes()));

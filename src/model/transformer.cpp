@@ -310,9 +310,16 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     embed->weight.normal_(0.0, m.init_std);
     if (pos_embed) pos_embed->weight.normal_(0.0, m.init_std);
   }
+  lora_ = config::lora_enabled(cfg);
+  base_dtype_ = lora_ ? lora_base_dtype(cfg, device) : torch::kFloat;
+  // On a GPU each block goes to the device as soon as it is built (its frozen LoRA base in the
+  // compute dtype): the host never holds the whole model, the device never its fp32 base.
+  const bool to_device = device.is_cuda();
   auto list = register_module("blocks", torch::nn::ModuleList());  // names blocks.0, blocks.1...
   for (int64_t i = 0; i < m.num_layers; ++i) {
     blocks.push_back(Block(cfg, device, i, loads));
+    if (lora_) freeze_for_lora(*blocks.back(), cfg, "blocks." + std::to_string(i) + ".");
+    if (to_device) blocks.back()->to(device);
     list->push_back(blocks.back());
   }
   final_norm = register_module("final_norm", RMSNorm(m.hidden_size, m.norm_eps));
@@ -323,15 +330,30 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     torch::NoGradGuard g;
     lm_head->weight.normal_(0.0, m.init_std);
   }
-  lora_ = config::lora_enabled(cfg);
-  if (!lora_) return;
+  if (lora_) freeze_for_lora(*this, cfg, "");
+  if (to_device) this->to(device);  // the rest: embeddings, final norm, head
+}
+
+void TransformerLMImpl::freeze_for_lora(torch::nn::Module& part, const config::Config& cfg,
+                                        const std::string& prefix) {
   // LoRA: the base is frozen (no gradient, so no optimizer state), except what
-  // lora.modules_to_save names.
-  for (auto& item : named_parameters()) {
-    const bool trains = config::is_lora_parameter(item.key()) ||
-                        config::saved_in_full(cfg.lora, item.key(), m.tie_embeddings);
-    item.value().requires_grad_(trains);
+  // lora.modules_to_save names; its matrices live in base_dtype_.
+  torch::NoGradGuard no_grad;
+  for (auto& item : part.named_parameters()) {
+    const std::string name = prefix + item.key();
+    const bool trains = config::is_lora_parameter(name) ||
+                        config::saved_in_full(cfg.lora, name, cfg.model.tie_embeddings);
+    auto& p = item.value();
+    p.requires_grad_(trains);
+    if (held_in_16_bits(name, p) && p.scalar_type() != base_dtype_) p.set_data(p.to(base_dtype_));
   }
+}
+
+torch::ScalarType lora_base_dtype(const config::Config& cfg, const torch::Device& device) {
+  if (!device.is_cuda()) return torch::kFloat;
+  if (cfg.bf16.enabled) return torch::kBFloat16;
+  if (cfg.fp16.enabled) return torch::kHalf;
+  return torch::kFloat;
 }
 
 void TransformerLMImpl::merge_lora() {

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "moe/config/lora.h"
+#include "moe/model/lora.h"
 #include "moe/train/checkpoint_store.h"
 #include "moe/train/init_from.h"
 #include "moe/util/errors.h"
@@ -59,10 +60,28 @@ struct HostTensors {
   }
 };
 
+// A float tensor of the file may fill a float parameter of another width: a LoRA run's 16-bit
+// base loads from fp32 checkpoints.
+bool converts(const std::string& file_dtype, const at::Tensor& dst) {
+  const bool float_file = file_dtype == "F32" || file_dtype == "BF16" || file_dtype == "F16";
+  const bool sixteen = dst.scalar_type() == at::kBFloat16 || dst.scalar_type() == at::kHalf;
+  return float_file && sixteen && !dst.requires_grad();
+}
+
+at::ScalarType scalar_type_of(const std::string& dtype) {
+  if (dtype == "BF16") return at::kBFloat16;
+  if (dtype == "F16") return at::kHalf;
+  if (dtype == "F64") return at::kDouble;
+  return at::kFloat;
+}
+
 void copy_into(const SafetensorsFile& f, const std::string& name, at::Tensor& dst) {
   const SafeTensorEntry& e = f.entry(name);
-  at::Tensor host = at::empty(dst.sizes(), dst.options().device(at::kCPU));
-  if (e.dtype != dtype_name(dst.scalar_type()) || e.shape != dst.sizes().vec()) {
+  const bool convert = e.dtype != dtype_name(dst.scalar_type()) && converts(e.dtype, dst);
+  at::Tensor host = at::empty(
+      dst.sizes(),
+      dst.options().device(at::kCPU).dtype(convert ? scalar_type_of(e.dtype) : dst.scalar_type()));
+  if ((e.dtype != dtype_name(dst.scalar_type()) && !convert) || e.shape != dst.sizes().vec()) {
     std::ostringstream msg;
     msg << "tensor '" << name << "' is " << e.dtype << " " << at::IntArrayRef(e.shape)
         << "; the model expects " << dtype_name(dst.scalar_type()) << " " << dst.sizes();
@@ -82,7 +101,8 @@ void check_tensor_set(const SafetensorsFile& f,
   for (const auto& [name, t] : expected) {
     names.insert(name);
     const SafeTensorEntry& e = f.entry(name);  // missing: an error naming it
-    if (e.dtype != dtype_name(t.scalar_type()) || e.shape != t.sizes().vec()) {
+    const bool dtype_ok = e.dtype == dtype_name(t.scalar_type()) || converts(e.dtype, t);
+    if (!dtype_ok || e.shape != t.sizes().vec()) {
       std::ostringstream msg;
       msg << "tensor '" << name << "' is " << e.dtype << " " << at::IntArrayRef(e.shape) << "; "
           << owner << " expects " << dtype_name(t.scalar_type()) << " " << t.sizes();
@@ -195,6 +215,7 @@ void write_state_file(const std::string& dir, model::TransformerLM* model,
   j["config"] = state.config;
   if (model != nullptr && (*model)->has_lora()) {
     j["lora_base_fingerprint"] = (*model)->base_fingerprint();
+    j["lora_base_dtype"] = c10::toString((*model)->base_dtype());
   }
   for (const auto& [key, value] : extra.items()) j[key] = value;
   const std::string path = (fs::path(dir) / "state.json").string();
@@ -218,7 +239,16 @@ void check_lora_base(const std::string& dir, const json& state, model::Transform
   }
   if (model->base_fingerprint().empty()) load_lora_base(written, model, /*seeded=*/false);
   const std::string recorded = state.at("lora_base_fingerprint").get<std::string>();
-  if (model->base_fingerprint() == recorded) return;
+  // The base as the run that wrote the checkpoint held it (a GPU run's bf16 matrices are
+  // checked on a CPU by rounding the fp32 values the same way).
+  const std::string held = state.value("lora_base_dtype", std::string("Float"));
+  torch::ScalarType dtype = torch::kFloat;
+  for (auto t : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    if (held == c10::toString(t)) dtype = t;
+  }
+  const std::string mine = dtype == model->base_dtype() ? model->base_fingerprint()
+                                                        : model::base_fingerprint(*model, dtype);
+  if (mine == recorded) return;
   auto named = [](const std::string& init_from) {
     return init_from.empty() ? std::string("a random initialisation (no model.init_from)")
                              : "model.init_from = " + init_from;
@@ -226,7 +256,7 @@ void check_lora_base(const std::string& dir, const json& state, model::Transform
   throw BaseMismatchError("checkpoint: " + dir + ": its LoRA adapters were trained on " +
                           named(written.model.init_from) + " (base fingerprint " + recorded +
                           "); this run's base, " + named(model->lora_base_source()) +
-                          ", has fingerprint " + model->base_fingerprint() +
+                          ", has fingerprint " + mine +
                           ": a different base model; point model.init_from at the base the "
                           "adapters were trained on, or start a new output_dir");
 }

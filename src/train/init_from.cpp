@@ -43,7 +43,7 @@ void load_lora_base(const config::Config& cfg, model::TransformerLM& model, bool
       if (!config::is_lora_parameter(item.key())) mine[item.key()].copy_(item.value());
     }
   }
-  model->set_base(model::base_fingerprint(*model), cfg.model.init_from);
+  model->set_base(model::base_fingerprint(*model, model->base_dtype()), cfg.model.init_from);
 }
 
 }  // namespace moe::train

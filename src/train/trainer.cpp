@@ -224,9 +224,9 @@ class TrainingSession {
     if (model_->has_lora()) {  // the frozen base first: a LoRA checkpoint holds adapters only
       load_lora_base(cfg_, model_, /*seeded=*/true);
       optimizer_.reload_master_weights();  // offload: modules_to_save start from the base
-      log_->info("LoRA: base {} (fingerprint {}); {}",
+      log_->info("LoRA: base {} in {} (fingerprint {}); {}",
                  cfg_.model.init_from.empty() ? "randomly initialised" : cfg_.model.init_from,
-                 model_->base_fingerprint(), lora_summary());
+                 c10::toString(model_->base_dtype()), model_->base_fingerprint(), lora_summary());
     }
     const auto candidates = store_.candidates();
     ResumeDecision d = decide_resume(opt_, candidates, in_.total_steps, store_.root());
@@ -253,27 +253,13 @@ class TrainingSession {
       log_->info("initial weights from {} ({})", cfg_.model.init_from, what);
     }
     scaler_.restore(summary_.resumed_from >= 0 ? state_.scaler : scaler_.state());
-    if (model_->has_lora() && (in_.bf16 || in_.fp16)) {
-      // Only the adapters (and modules_to_save) keep fp32 weights and Adam state; the frozen
-      // base's matrices live in the compute dtype: 2 bytes per parameter.
-      const auto dtype = in_.bf16 ? torch::kBFloat16 : torch::kHalf;
-      base_cast_ = true;
-      torch::NoGradGuard no_grad;
-      for (auto& item : model_->named_parameters()) {
-        auto& p = item.value();
-        if (!p.requires_grad() && p.dim() >= 2 &&
-            item.key().find(".router.") == std::string::npos) {
-          p.set_data(p.to(dtype));
-        }
-      }
-    }
   }
 
-  // LoRA: frozen means frozen. The base is hashed again at the end (not when it was cast to
-  // 16 bits: those values were never the fingerprinted ones) and must be bit for bit the same.
+  // LoRA: frozen means frozen. The base is hashed again at the end and must be bit for bit
+  // what was loaded.
   void check_base_unchanged() {
-    if (!model_->has_lora() || base_cast_) return;
-    const std::string now = model::base_fingerprint(*model_);
+    if (!model_->has_lora()) return;
+    const std::string now = model::base_fingerprint(*model_, model_->base_dtype());
     if (now != model_->base_fingerprint()) {
       throw TrainingError("LoRA: the frozen base weights changed during training (fingerprint " +
                           model_->base_fingerprint() + " -> " + now + "): a bug, please report it");
@@ -582,7 +568,6 @@ class TrainingSession {
   int64_t first_step_ = 0, current_step_ = 0;
   Clock::time_point run_start_, lap_start_;
   std::string resumed_dir_;  // the checkpoint this run continues from; empty on a fresh start
-  bool base_cast_ = false;   // LoRA: the frozen base lives in 16 bits
 };
 
 }  // namespace

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -12,7 +15,9 @@
 #include "moe/config/lora.h"
 #include "moe/model/lora.h"
 #include "moe/model/transformer.h"
+#include "moe/train/checkpoint.h"
 #include "moe/util/errors.h"
+#include "moe/util/remove_tree.h"
 
 namespace moe::model {
 namespace {
@@ -139,6 +144,52 @@ TEST(Lora, BaseFingerprintSeesEveryFrozenValueAndNothingThatTrains) {
   const std::string g2 = base_fingerprint(*m);
   m->blocks[0]->moe->router->weight.view(-1)[0] += 1.0f;  // modules_to_save "gate": it trains
   EXPECT_EQ(base_fingerprint(*m), g2) << "what modules_to_save trains is not the base";
+}
+
+// A GPU run holds its frozen matrices in bf16; a CPU export of its checkpoint holds them in fp32
+// and must reach the same fingerprint by rounding them the same way, and an fp32 checkpoint must
+// load into a 16-bit base.
+TEST(Lora, SixteenBitBaseFingerprintAndLoad) {
+  torch::manual_seed(9);
+  const config::Config c = lora_config(kAll);
+  TransformerLM fp32(c), bf16(c);
+  {
+    torch::NoGradGuard g;
+    auto dst = bf16->named_parameters();
+    for (auto& item : fp32->named_parameters()) {
+      auto& p = dst[item.key()];
+      p.copy_(item.value());
+      if (held_in_16_bits(item.key(), p)) p.set_data(p.to(torch::kBFloat16));
+    }
+  }
+  EXPECT_EQ(bf16->blocks[0]->attn->qkv->weight.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(bf16->blocks[0]->moe->router->weight.scalar_type(), torch::kFloat)
+      << "routers stay fp32";
+  EXPECT_EQ(base_fingerprint(*fp32, torch::kBFloat16), base_fingerprint(*bf16, torch::kBFloat16));
+  EXPECT_NE(base_fingerprint(*fp32, torch::kFloat), base_fingerprint(*fp32, torch::kBFloat16));
+  EXPECT_EQ(lora_base_dtype(c, torch::Device(torch::kCPU)), torch::kFloat);
+
+  // An fp32 weights checkpoint (an import) loads into the 16-bit base, rounded as .to(bf16).
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("moe-lora-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  train::TrainingState state;
+  state.config = config::to_json(lora_config({{"r", 0}}));
+  TransformerLM plain(lora_config({{"r", 0}}));
+  {
+    torch::NoGradGuard g;
+    auto src = fp32->named_parameters();
+    for (auto& item : plain->named_parameters()) item.value().copy_(src[item.key()]);
+  }
+  train::save_weights_checkpoint(dir.string(), plain, state, nlohmann::json::object());
+  {
+    torch::NoGradGuard g;
+    bf16->blocks[1]->attn->qkv->weight.zero_();
+  }
+  train::load_checkpoint(dir.string(), bf16, nullptr, false);
+  EXPECT_TRUE(torch::equal(bf16->blocks[1]->attn->qkv->weight,
+                           fp32->blocks[1]->attn->qkv->weight.to(torch::kBFloat16)));
+  ::moe::remove_tree(dir);
 }
 
 TEST(Lora, ConfigRefusesWhatCannotBeExpressed) {

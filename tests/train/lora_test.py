@@ -16,6 +16,9 @@ checkpoints hold the adapters only, 20 + 20 steps with a resume are bitwise equa
 activation checkpointing of every block gives the same losses, capacity routing trains, and
 resuming on a different base exits 2 naming it.
 
+Also: `plan` says Qwen3-30B-A3B and Mixtral-8x7B (published configs, configs/published) fit one
+141 GiB GPU with configs/finetune-lora.json.
+
 usage: lora_test.py MOE_TRAIN_BINARY [FAMILY...]
 """
 import json
@@ -235,6 +238,22 @@ def frozen_resume_and_base(tmp, base, straight):
     print(f"  another base: exit 2: {r.stderr.strip().splitlines()[-1][:160]}...")
 
 
+def published_models_fit():
+    """configs/finetune-lora.json (r 16 on attention and experts, bf16 base, 2048 tokens, every
+    block checkpointed) on the published Qwen3-30B-A3B and Mixtral-8x7B architectures: the plan
+    says they fit one 141 GiB GPU."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for name in ("Qwen3-30B-A3B", "Mixtral-8x7B-v0.1"):
+        r = run("plan", "--config", root / "configs/finetune-lora.json", "--set",
+                f"model.init_from={root / 'configs/published' / name}", "--gpu-memory", "141GiB", "--json")
+        p = json.loads(r.stdout)
+        assert p["fits"] and p["parameters"] > 3e10, p
+        print(f"{name}: {p['parameters'] / 1e9:.1f} B parameters, LoRA r 16: plan "
+              f"{p['reserved_bytes'] / 2**30:.1f} GiB reserved on 141 GiB, largest micro-batch "
+              f"{p['max_micro_batch']}")
+
+
+published_models_fit()
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
     run("make-synthetic", "--out", tmp / "data", "--vocab", "320", "--programs", "4", "--doc-len",

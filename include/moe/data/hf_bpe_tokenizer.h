@@ -1,5 +1,6 @@
 // prepare-data --tokenizer hf --tokenizer-file tokenizer.json: byte-level BPE as Hugging Face's
-// `tokenizers` defines it (GPT-2, Llama-3, Qwen2/3), ids identical to that package's
+// `tokenizers` defines it (GPT-2, Llama-3; not yet the NFC normalizer of Qwen2/3 and OLMoE),
+// ids identical to that package's
 // encode(text, add_special_tokens=False) (tests/data/hf_tokenizer_test.py).
 #pragma once
 

@@ -65,7 +65,15 @@ TORCH_MODULE(ExpertLora);
 // lora.modules_to_save). A fingerprint of their values (XXH3 over names, shapes and fp32 bytes,
 // in module order), taken right after the base is loaded: a LoRA checkpoint records it and
 // refuses a different base.
-std::string base_fingerprint(const torch::nn::Module& model);
+// `held`: the dtype the frozen base matrices are held in (base_dtype()); the fingerprint hashes
+// each frozen value as that dtype holds it, so a CPU export (fp32 base) checks a checkpoint of a
+// GPU run (bf16 base) by rounding its fp32 values the same way.
+std::string base_fingerprint(const torch::nn::Module& model,
+                             torch::ScalarType held = torch::kFloat);
+
+// Whether a frozen base parameter lives in the 16-bit compute dtype under LoRA on a GPU: the
+// matrices (projections, experts, embeddings, head); norms and routers stay fp32.
+bool held_in_16_bits(const std::string& name, const torch::Tensor& param);
 
 // The parameters that train (all of them without LoRA): what the optimizer, the gradient
 // reduction and ZeRO's partition see. In module order, with their names.

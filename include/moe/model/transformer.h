@@ -150,6 +150,9 @@ class TransformerLMImpl : public torch::nn::Module {
   // LoRA (lora.r > 0): whether the model carries adapters; its base weights' fingerprint once
   // the base is loaded (model/lora.h), "" before.
   bool has_lora() const { return lora_; }
+  // The dtype the frozen base matrices are held in: bf16/fp16 on a GPU under bf16/fp16, else
+  // fp32 (lora_base_dtype()).
+  torch::ScalarType base_dtype() const { return base_dtype_; }
   const std::string& base_fingerprint() const { return base_fingerprint_; }
   const std::string& lora_base_source() const { return base_source_; }  // "" = random init
   void set_base(std::string fingerprint, std::string source) {
@@ -160,12 +163,22 @@ class TransformerLMImpl : public torch::nn::Module {
   void merge_lora();
 
  private:
+  // Freezes the base parameters of `part` (names under `prefix`) and casts its matrices to
+  // base_dtype_.
+  void freeze_for_lora(torch::nn::Module& part, const config::Config& cfg,
+                       const std::string& prefix);
+
   config::ModelConfig mcfg_;
   int64_t checkpoint_blocks_ = 0;
   int64_t eod_id_ = -1;  // >= 0: data.reset_attention_at_eod
   bool lora_ = false;
   std::string base_fingerprint_, base_source_;
+  torch::ScalarType base_dtype_ = torch::kFloat;
 };
 TORCH_MODULE(TransformerLM);
+
+// The dtype a LoRA run holds its frozen base in on `device`: the compute dtype of a GPU run
+// under bf16 or fp16 (2 bytes per parameter), else fp32 (CPU runs compute in fp32).
+torch::ScalarType lora_base_dtype(const config::Config& cfg, const torch::Device& device);
 
 }  // namespace moe::model
