@@ -6,6 +6,7 @@
 #include <cmath>
 #include <utility>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 namespace moe::model {
@@ -347,6 +348,24 @@ void TransformerLMImpl::freeze_for_lora(torch::nn::Module& part, const config::C
     p.requires_grad_(trains);
     if (held_in_16_bits(name, p) && p.scalar_type() != base_dtype_) p.set_data(p.to(base_dtype_));
   }
+}
+
+BaseDtypeAutocast::BaseDtypeAutocast(const TransformerLM& model) {
+  const auto dtype = model->base_dtype();
+  on_ = dtype != torch::kFloat && !model->parameters().empty() &&
+        model->parameters().front().is_cuda();
+  if (!on_) return;
+  was_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
+  was_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+  at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+}
+
+BaseDtypeAutocast::~BaseDtypeAutocast() {
+  if (!on_) return;
+  at::autocast::set_autocast_enabled(at::kCUDA, was_enabled_);
+  at::autocast::set_autocast_dtype(at::kCUDA, was_dtype_);
+  if (!was_enabled_) at::autocast::clear_cache();
 }
 
 torch::ScalarType lora_base_dtype(const config::Config& cfg, const torch::Device& device) {

@@ -12,6 +12,7 @@ namespace moe::train {
 EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardInfo>& shards,
                     const config::Config& cfg, const torch::Device& device, EvalDump* dump) {
   torch::NoGradGuard no_grad;
+  model::BaseDtypeAutocast autocast(model);
   const bool was_training = model->is_training();
   model->eval();
   const int64_t B = cfg.train_micro_batch_size_per_gpu;
@@ -69,6 +70,7 @@ std::vector<int64_t> generate(model::TransformerLM& model, const std::vector<int
                               int64_t seq_len, const SamplingOptions& opt,
                               const torch::Device& device) {
   torch::NoGradGuard no_grad;
+  model::BaseDtypeAutocast autocast(model);
   model->eval();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
   std::vector<int64_t> tokens = prompt;

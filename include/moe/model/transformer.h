@@ -177,6 +177,21 @@ class TransformerLMImpl : public torch::nn::Module {
 };
 TORCH_MODULE(TransformerLM);
 
+// Forward passes outside the trainer's step (validation, eval, generate) of a model whose frozen
+// LoRA base is 16-bit on a GPU: CUDA autocast to that dtype while alive (fp32 activations would
+// not multiply with bf16 weights). A no-op otherwise.
+class BaseDtypeAutocast {
+ public:
+  explicit BaseDtypeAutocast(const TransformerLM& model);
+  ~BaseDtypeAutocast();
+  BaseDtypeAutocast(const BaseDtypeAutocast&) = delete;
+  BaseDtypeAutocast& operator=(const BaseDtypeAutocast&) = delete;
+
+ private:
+  bool on_ = false, was_enabled_ = false;
+  at::ScalarType was_dtype_ = at::kHalf;
+};
+
 // The dtype a LoRA run holds its frozen base in on `device`: the compute dtype of a GPU run
 // under bf16 or fp16 (2 bytes per parameter), else fp32 (CPU runs compute in fp32).
 torch::ScalarType lora_base_dtype(const config::Config& cfg, const torch::Device& device);
