@@ -55,6 +55,16 @@ def corpus(seed, size):
     return "".join(out)
 
 
+def train_ids(out):
+    """Every id of a prepare-data output's training split, in order."""
+    m = json.loads((out / "manifest.json").read_text())
+    parts = []
+    for sh in m["splits"]["train"]:
+        with h5py.File(out / sh["file"], "r") as f:
+            parts.append(np.asarray(f["tokens"][:], dtype=np.int64))
+    return np.concatenate(parts)
+
+
 def trained(kind, train_text, path):
     tok = Tokenizer(models.BPE())
     if kind == "gpt2":
@@ -96,12 +106,7 @@ with tempfile.TemporaryDirectory() as d:
                            capture_output=True, text=True)
         secs = time.perf_counter() - t0
         assert r.returncode == 0, r.stderr
-        m = json.loads((out / "manifest.json").read_text())
-        got = []
-        for sh in m["splits"]["train"]:
-            with h5py.File(out / sh["file"], "r") as f:
-                got.append(np.asarray(f["tokens"][:], dtype=np.int64))
-        got = np.concatenate(got)
+        got = train_ids(out)
         if len(got) != len(want) or not np.array_equal(got, want):
             n = min(len(got), len(want))
             first = int(np.argmax(got[:n] != want[:n])) if np.any(got[:n] != want[:n]) else n
@@ -129,12 +134,7 @@ with tempfile.TemporaryDirectory() as d:
                                 "--tokenizer-file", tmp / f"{kind}.json", "--threads", "2"],
                                capture_output=True, text=True)
             assert r.returncode == 0, r.stderr
-            m = json.loads((out / "manifest.json").read_text())
-            got = []
-            for sh in m["splits"]["train"]:
-                with h5py.File(out / sh["file"], "r") as f:
-                    got.append(np.asarray(f["tokens"][:], dtype=np.int64))
-            got = np.concatenate(got)
+            got = train_ids(out)
             assert np.array_equal(got, want), (name, kind, len(got), len(want))
             print(f"{kind} on {name} text, {len(text.encode()) / 1e6:.1f} MB in 8 MiB chunks on 2 threads: "
                   f"{len(want)} ids identical")

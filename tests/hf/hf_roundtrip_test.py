@@ -20,20 +20,11 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
+from tiny_families import COMMON, FAMILIES  # noqa: E402
+
 BIN = sys.argv[1]
 ONLY = sys.argv[2:]
 LOGITS_TOL, LOSS_RTOL = 1e-4, 1e-5
-COMMON = dict(vocab_size=320, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
-              num_experts_per_tok=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-FAMILIES = {
-    "mixtral": (transformers.MixtralConfig, dict(num_local_experts=4, intermediate_size=48)),
-    # layer 1 dense (mlp_only_layers), renormalised top-k
-    "qwen3_moe": (transformers.Qwen3MoeConfig,
-                  dict(num_experts=4, moe_intermediate_size=32, intermediate_size=80,
-                       mlp_only_layers=[1], norm_topk_prob=True)),
-    "olmoe": (transformers.OlmoeConfig, dict(num_experts=4, intermediate_size=48, clip_qkv=8.0)),
-}
 
 
 def run(*args, ok=True):
