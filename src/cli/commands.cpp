@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/build_info.h"
+#include "moe/cli/schema_command.h"
 #include "moe/config/config.h"
 #include "moe/config/memory_plan.h"
 #include "moe/data/prepare.h"
@@ -544,6 +545,8 @@ int run_cli(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   app.add_flag("-q,--quiet", log_args.quiet, "Only warnings and errors on the console");
   auto [train, show] = add_train_commands(app, train_args);
+  SchemaArgs schema_args;
+  auto* schema = add_schema_command(*app.get_subcommand("config"), schema_args);
 
   SynthArgs synth;
   auto* mk = add_synthetic_command(app, synth);
@@ -589,6 +592,7 @@ int run_cli(int argc, char** argv) {
 
   if (*train) return cmd_train(train_args);
   if (*show) return cmd_config_show(train_args);
+  if (*schema) return cmd_config_schema(schema_args);
   if (*mk) return cmd_make_synthetic(synth);
   if (*pd) return cmd_prepare_data(prep);
   if (*en) return cmd_env(env_args.cfg, env_args.dirs, env_args.json);

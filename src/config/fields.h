@@ -24,6 +24,7 @@
 #include "field_types.h"
 #include "moe/config/config.h"
 #include "moe/config/deepspeed_keys.h"
+#include "moe/config/lora.h"
 
 namespace moe::config {
 
@@ -237,9 +238,9 @@ void visit_fields(auto& v, Section<LoraConfig> auto& l) {
   v.field("r", l.r, in(0, 4096, "0 = no LoRA"));
   v.field("lora_alpha", l.lora_alpha, above(0));
   v.field("lora_dropout", l.lora_dropout, in_open(0, 1));
-  v.field("target_modules", l.target_modules);  // entries: check_lora()
+  v.field("target_modules", l.target_modules, one_of(kLoraTargetNames));
   v.field("use_rslora", l.use_rslora);
-  v.field("modules_to_save", l.modules_to_save);
+  v.field("modules_to_save", l.modules_to_save, one_of(kLoraSaveableNames));
   // PEFT's other keys that describe what we always do, or cannot do.
   v.ignored("task_type");       // CAUSAL_LM is the only task here
   v.ignored("bias");            // "none": our projections have no biases

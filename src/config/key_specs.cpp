@@ -33,6 +33,10 @@ class KeyLister {
       k.exclusive_minimum = rule.lo_open;
       k.exclusive_maximum = rule.hi_open;
     }
+    // An unsigned member reads only non-negative integers.
+    if constexpr (std::is_unsigned_v<T> && !std::is_same_v<T, bool>) {
+      if (!k.minimum) k.minimum = 0;
+    }
     k.not_empty = rule.kind == Rule::Kind::kNotEmpty;
     specs_.push_back(std::move(k));
   }
@@ -40,6 +44,7 @@ class KeyLister {
   template <class F>
   void object(std::string_view key, F&& visit) {
     KeySpec k;
+    k.kind = KeySpec::Kind::kObject;
     k.path = paths_.of(key);
     k.type = "object";
     specs_.push_back(std::move(k));
@@ -48,15 +53,19 @@ class KeyLister {
     paths_.pop();
   }
 
-  void ignored(std::string_view key) {
+  void ignored(std::string_view key, KeySpec::Kind kind = KeySpec::Kind::kIgnored) {
     KeySpec k;
+    k.kind = kind;
     k.path = paths_.of(key);
     specs_.push_back(std::move(k));
   }
-  void multi_gpu(std::string_view key) { ignored(key); }
-  void no_effect(std::string_view key, std::string_view) { ignored(key); }
+  void multi_gpu(std::string_view key) { ignored(key, KeySpec::Kind::kMultiGpu); }
+  void no_effect(std::string_view key, std::string_view reason) {
+    ignored(key, KeySpec::Kind::kNoEffect);
+    specs_.back().no_effect = reason;
+  }
   void refused(std::string_view key, std::string_view reason) {
-    ignored(key);
+    ignored(key, KeySpec::Kind::kRefused);
     specs_.back().refused = reason;
   }
 

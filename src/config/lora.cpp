@@ -17,20 +17,6 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 }  // namespace
 
-const std::vector<std::string>& lora_target_names() {
-  static const std::vector<std::string> names = {
-      "q_proj", "k_proj", "v_proj", "o_proj",       "gate_proj", "up_proj",   "down_proj",
-      "w1",     "w3",     "w2",     "gate_up_proj", "dense_mlp", "all-linear"};
-  return names;
-}
-
-const std::vector<std::string>& lora_saveable_names() {
-  static const std::vector<std::string> names = {
-      "gate",   "lm_head", "embed_tokens", "norm", "input_layernorm", "post_attention_layernorm",
-      "q_norm", "k_norm"};
-  return names;
-}
-
 bool lora_enabled(const Config& c) { return c.lora.r > 0; }
 
 LoraTargets lora_targets(const LoraConfig& l) {

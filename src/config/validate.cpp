@@ -50,11 +50,11 @@ class RuleChecker {
   template <class T>
   void field(std::string_view key, const T& value, const Rule& rule = {}, bool = true) {
     if (rule.kind == Rule::Kind::kNone) return;
-    if constexpr (std::is_same_v<T, std::vector<BlendSource>> ||
-                  std::is_same_v<T, std::vector<std::string>>) {
-      return;  // their entries: check_blend(), check_lora()
+    if constexpr (std::is_same_v<T, std::vector<BlendSource>>) {
+      return;  // its entries: check_blend()
     } else if constexpr (std::is_same_v<T, std::array<double, 2>> ||
-                         std::is_same_v<T, std::vector<int64_t>>) {
+                         std::is_same_v<T, std::vector<int64_t>> ||
+                         std::is_same_v<T, std::vector<std::string>>) {
       for (size_t i = 0; i < value.size(); ++i) {
         rules_.check(rule.allows(value[i]), paths_.of(key) + "[" + std::to_string(i) + "]",
                      value[i], rule.describe());
@@ -154,21 +154,6 @@ void check_lora(const Config& c, const Rules& rules) {
   auto one_of = [&](const std::vector<std::string>& names, const std::string& v) {
     return std::find(names.begin(), names.end(), v) != names.end();
   };
-  auto listed = [](const std::vector<std::string>& names) {
-    std::string s;
-    for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
-    return s;
-  };
-  for (size_t i = 0; i < l.target_modules.size(); ++i) {
-    rules.check(one_of(lora_target_names(), l.target_modules[i]),
-                "lora.target_modules[" + std::to_string(i) + "]", l.target_modules[i],
-                "expected one of " + listed(lora_target_names()));
-  }
-  for (size_t i = 0; i < l.modules_to_save.size(); ++i) {
-    rules.check(one_of(lora_saveable_names(), l.modules_to_save[i]),
-                "lora.modules_to_save[" + std::to_string(i) + "]", l.modules_to_save[i],
-                "expected one of " + listed(lora_saveable_names()));
-  }
   if (!lora_enabled(c)) return;
   rules.check(!l.target_modules.empty(), "lora.target_modules", std::string("[]"),
               "name at least one projection to adapt (e.g. [\"q_proj\", \"v_proj\"])");
@@ -182,6 +167,27 @@ void check_lora(const Config& c, const Rules& rules) {
   }
   rules.check(!c.training.cuda_graph, "training.cuda_graph", "true",
               "is not supported with LoRA (lora.r > 0) yet; set it to false");
+}
+
+// DeepSpeed's activation-checkpointing switches that change nothing here: said when asked for.
+void warn_inert_checkpointing_keys(Config& c) {
+  const auto& a = c.activation_checkpointing;
+  const std::pair<bool, const char*> inert[] = {
+      {a.partition_activations,
+       "partition_activations = true has no effect: it splits checkpoints across model-parallel "
+       "ranks, and there is no model parallelism here"},
+      {a.cpu_checkpointing,
+       "cpu_checkpointing = true has no effect: checkpointed blocks keep their inputs on the "
+       "device (use zero_optimization.offload_optimizer to free device memory)"},
+      {a.contiguous_memory_optimization,
+       "contiguous_memory_optimization = true has no effect: it is for partitioned checkpoints"},
+      {a.synchronize_checkpoint_boundary,
+       "synchronize_checkpoint_boundary = true has no effect: it is a profiling aid"},
+      {a.profile, "profile = true has no effect: use flops_profiler or wall_clock_breakdown"},
+  };
+  for (const auto& [on, what] : inert) {
+    if (on) c.warnings.push_back(std::string("activation_checkpointing.") + what);
+  }
 }
 
 void check_relations(Config& c, const Rules& rules) {
@@ -243,6 +249,7 @@ void check_relations(Config& c, const Rules& rules) {
   rules.check(e.top_k <= e.num_experts, "moe.top_k", e.top_k,
               "must be <= moe.num_experts (" + std::to_string(e.num_experts) + ")");
   check_lora(c, rules);
+  warn_inert_checkpointing_keys(c);
   const auto& d = c.data;
   rules.check(!d.reset_attention_at_eod || (d.eod_id >= 0 && d.eod_id < m.vocab_size),
               "data.eod_id", d.eod_id,

@@ -276,6 +276,18 @@ TEST(Config, MultiGpuKeysWarn) {
                 "changes nothing"}));
 }
 
+// DeepSpeed's activation-checkpointing switches are read; asking for one says it does nothing.
+TEST(Config, InertCheckpointingSwitchesWarnWhenTrue) {
+  json j = minimal();
+  j["activation_checkpointing"] = {{"cpu_checkpointing", false}, {"profile", false}};
+  EXPECT_TRUE(build(j).warnings.empty());
+  j["activation_checkpointing"]["cpu_checkpointing"] = true;
+  const auto w = build(j).warnings;
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].rfind("activation_checkpointing.cpu_checkpointing = true has no effect", 0), 0u)
+      << w[0];
+}
+
 TEST(Config, RulesWithNotesAndEmptyStrings) {
   json j = minimal();
   j["moe"] = {{"router_bias_update_rate", 1}};

@@ -6,11 +6,14 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "moe/config/config_schema.h"
 #include "moe/config/key_specs.h"
+#include "moe/util/errors.h"
 
 namespace moe::config {
 namespace {
@@ -61,11 +64,12 @@ std::string mismatch(const KeySpec& k, const json& s) {
   if (k.type == "object" && s.value("additionalProperties", true)) {
     return "needs additionalProperties: false (unknown keys are errors)";
   }
-  const json want_enum = k.choices.empty() ? json() : json(k.choices);
-  if (s.value("enum", json()) != want_enum) {
-    return "enum " + s.value("enum", json()).dump() + ", the code takes " + want_enum.dump();
-  }
+  // A list's closed set is its items' enum.
   const json& b = k.type == "array" ? s.value("items", json::object()) : s;
+  const json want_enum = k.choices.empty() ? json() : json(k.choices);
+  if (b.value("enum", json()) != want_enum) {
+    return "enum " + b.value("enum", json()).dump() + ", the code takes " + want_enum.dump();
+  }
   if (k.type == "array" && b.value("type", "") != k.item_type) {
     return "needs " + k.item_type + " items";
   }
@@ -111,6 +115,50 @@ TEST(ConfigSchema, EverySchemaKeyIsInTheFieldLists) {
     EXPECT_TRUE(known.count(path)) << path << ": in configs/schema.json, not in the field lists "
                                    << "(src/config/fields.h)";
   }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The committed documents are what `moe-train config schema` generates from the code.
+TEST(ConfigSchema, CommittedSchemaIsGenerated) {
+  EXPECT_EQ(read_file(MOE_SOURCE_DIR "/configs/schema.json"), config_schema().dump(2) + "\n")
+      << "run: moe-train config schema --out configs/schema.json --docs docs/config.md";
+}
+
+TEST(ConfigSchema, CommittedDocTablesAreGenerated) {
+  const std::string doc = read_file(MOE_SOURCE_DIR "/docs/config.md");
+  EXPECT_EQ(doc, with_generated_tables(doc, config_key_tables(), "docs/config.md"))
+      << "run: moe-train config schema --out configs/schema.json --docs docs/config.md";
+}
+
+// Every key the field lists read has its own description, and every description names a key.
+TEST(ConfigSchema, EveryKeyIsDescribedOnce) {
+  std::set<std::string> described, keys;
+  for (const KeyDescription& d : key_descriptions()) {
+    EXPECT_TRUE(described.insert(std::string(d.path)).second) << d.path << " described twice";
+    EXPECT_FALSE(d.text.empty()) << d.path << ": empty description";
+  }
+  for (const KeySpec& k : key_specs()) {
+    keys.insert(k.path);
+    const bool own = k.kind == KeySpec::Kind::kField || k.kind == KeySpec::Kind::kObject;
+    if (own) {
+      EXPECT_TRUE(described.count(k.path)) << k.path << ": no description";
+    }
+  }
+  for (const std::string& d : described) {
+    const std::string key = d.substr(0, d.find("[]."));  // a list entry's key: its list
+    EXPECT_TRUE(keys.count(key)) << d << ": described, but not a key of the field lists";
+  }
+}
+
+// A document without the markers is an error naming it, not a silent append.
+TEST(ConfigSchema, DocWithoutMarkersIsRefused) {
+  EXPECT_THROW(with_generated_tables("# no markers\n", "| t |\n", "x.md"), UserError);
 }
 
 }  // namespace

@@ -73,7 +73,8 @@ struct ZeroConfig {
 };
 
 struct ActivationCheckpointingConfig {
-  bool partition_activations = false;  // multi-GPU only: accepted, ignored with a warning
+  // DeepSpeed's switches other than number_checkpoints: read, and true warns (no effect here).
+  bool partition_activations = false;
   bool cpu_checkpointing = false;
   bool contiguous_memory_optimization = false;
   int64_t number_checkpoints = 0;  // 0 = no activation checkpointing

@@ -11,6 +11,10 @@
 namespace moe::config {
 
 struct KeySpec {
+  // How the field lists take the key: read into a member, a nested object, accepted with no
+  // meaning, accepted with the multi-GPU warning, accepted with a no-effect warning, refused.
+  enum class Kind { kField, kObject, kIgnored, kMultiGpu, kNoEffect, kRefused };
+  Kind kind = Kind::kField;
   std::string path;  // "optimizer.params.lr"
   // The JSON Schema type: integer, number, boolean, string, array (two numbers), object, or ""
   // for keys accepted and ignored (any value).
@@ -25,6 +29,7 @@ struct KeySpec {
   // Why the key is refused (it is accepted only disabled: false or "enabled": false); "" when
   // it is accepted.
   std::string refused;
+  std::string no_effect;  // kNoEffect: why the key changes nothing here
 };
 
 // Depth first, in field-list order: an object's entry precedes its keys.

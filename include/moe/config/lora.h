@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moe/config/config.h"
@@ -42,8 +43,12 @@ struct LoraParameterCounts {
 };
 LoraParameterCounts lora_parameter_counts(const Config& c);
 
-// The names accepted in lora.target_modules and lora.modules_to_save.
-const std::vector<std::string>& lora_target_names();
-const std::vector<std::string>& lora_saveable_names();
+// The names accepted in lora.target_modules and lora.modules_to_save (the field lists' rules).
+inline constexpr std::string_view kLoraTargetNames[] = {
+    "q_proj", "k_proj", "v_proj", "o_proj",       "gate_proj", "up_proj",   "down_proj",
+    "w1",     "w3",     "w2",     "gate_up_proj", "dense_mlp", "all-linear"};
+inline constexpr std::string_view kLoraSaveableNames[] = {
+    "gate",   "lm_head", "embed_tokens", "norm", "input_layernorm", "post_attention_layernorm",
+    "q_norm", "k_norm"};
 
 }  // namespace moe::config
