@@ -155,9 +155,9 @@ int main(int argc, char** argv) {
     for (int64_t k : topks) {
       torch::manual_seed(E * 100 + k);
       auto logits = torch::randn({T, E}, opts);
-      auto routed = moe::moe::score_and_select_reference(logits, torch::Tensor(), k, false, true);
+      auto routed = moe::moe::score_and_select(logits, torch::Tensor(), k, false, true);
       auto keep = torch::ones({T, k}, opts.dtype(torch::kBool));
-      moe::moe::DispatchPlan plan = moe::moe::plan_dispatch(routed.topk_idx, keep, E);
+      moe::moe::DispatchPlan plan = moe::moe::dispatch_plan(routed.topk_idx, keep, E);
       const int64_t N = plan.source_token.numel();
       auto x = torch::randn({T, d}, opts.dtype(dtype));
       auto y = torch::randn({N, d}, opts.dtype(dtype));
@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
       // dispatch plan (dropless): read T*k*8 (expert ids); write 2*N*8 (rows) + E*8 (counts).
       const double plan_bytes = static_cast<double>(T * k * 8 + 2 * N * 8 + E * 8);
       report("plan", "reference", E, k,
-             time_ms([&] { (void)moe::moe::plan_dispatch(routed.topk_idx, keep, E); }, cuda, reps),
+             time_ms([&] { (void)moe::moe::dispatch_plan(routed.topk_idx, keep, E); }, cuda, reps),
              plan_bytes);
       if (kernels) {
         report("plan", "cuda", E, k,
@@ -178,13 +178,12 @@ int main(int argc, char** argv) {
       // k times), N*8 (index); writes N*d.
       const double permute_bytes = static_cast<double>((N * d + N * d) * elt + N * 8);
       report("permute", "reference", E, k,
-             time_ms([&] { (void)moe::moe::permute_tokens(x, plan); }, cuda, reps), permute_bytes);
+             time_ms([&] { (void)moe::moe::permute(x, plan); }, cuda, reps), permute_bytes);
       // combine: read N*d (y), T*k*4 (weights), T*k*8 (rows of each assignment); write T*d.
       const double combine_bytes =
           static_cast<double>((N * d + T * d) * elt + T * k * 4 + T * k * 8);
       report("combine", "reference", E, k,
-             time_ms([&] { (void)moe::moe::unpermute_combine(y, plan, w, T); }, cuda, reps),
-             combine_bytes);
+             time_ms([&] { (void)moe::moe::combine(y, plan, w, T); }, cuda, reps), combine_bytes);
       if (kernels) {
         auto rows_of = moe::kernels::detail::assignment_rows(plan.source_assignment, T * k);
         report("permute", "cuda", E, k,
@@ -223,10 +222,10 @@ int main(int argc, char** argv) {
         auto l = logits.detach().requires_grad_(true);
         torch::Tensor probs, weight, lse;
         if (fused) {
-          auto f = moe::kernels::fused_router(l, torch::Tensor(), k, false, true);
+          auto f = moe::kernels::score_and_select(l, torch::Tensor(), k, false, true);
           probs = f.probs, weight = f.topk_weight, lse = f.lse;
         } else {
-          auto s = moe::moe::score_and_select_reference(l, torch::Tensor(), k, false, true);
+          auto s = moe::moe::score_and_select(l, torch::Tensor(), k, false, true);
           probs = s.probs, weight = s.topk_weight, lse = s.lse;
         }
         auto loss = (weight * gw).sum() + (probs.mean(0) * ge).sum() + lse.square().mean();

@@ -1,3 +1,5 @@
+// Host-side argument checks of the CUDA kernels (kernel_args.h): index ranges and grid limits,
+// switched on in debug builds, by MOE_KERNEL_ARG_CHECKS=1 or by set_argument_checks().
 #include "moe/kernels/kernel_args.h"
 
 #include <ATen/ATen.h>

@@ -1,6 +1,9 @@
-// Permute / unpermute-combine kernels. Layout of this file: kernels, then checked launchers,
-// then tensor-level wrappers. Deterministic by construction: no atomics; every output element
-// is written by exactly one thread, which sums its inputs in a fixed order (j = 0..k-1).
+// The permute family's kernels and raw launches (detail::dispatch_plan, permute_forward/backward,
+// combine_forward/backward; autograd ops in permute_ops.cpp).
+//
+// Layout of this file: kernels, then checked launchers, then tensor-level wrappers.
+// Deterministic by construction: no atomics; every output element is written by exactly one
+// thread, which sums its inputs in a fixed order (j = 0..k-1).
 //
 // Byte counts that bound each kernel (N = kept assignments, T tokens, d hidden, b bytes/elem):
 //   plan (dropless, A = T*k): read 2*A*8 + tiles*E*8, write 2*A*8 (+ tiles*E*4 counts)
@@ -16,16 +19,9 @@
 
 #include <array>
 
+#include "device_helpers.cuh"
 #include "moe/kernels/kernel_args.h"
 #include "moe/kernels/permute.h"
-
-// Device-side argument asserts in debug builds; release kernels skip an out-of-range index
-// instead of touching memory outside their tensors (see moe/kernels/kernel_args.h).
-#ifndef NDEBUG
-#define MOE_DEVICE_ASSERT(cond) CUDA_KERNEL_ASSERT(cond)
-#else
-#define MOE_DEVICE_ASSERT(cond) ((void)0)
-#endif
 
 namespace moe::kernels {
 namespace {

@@ -1,5 +1,6 @@
-// Autograd wrappers around the permute kernels (src/kernels/permute.cu). In a CPU-only build
-// the ops report that the kernels are absent; resolve_kernel_path() never selects them there.
+// The permute family's autograd ops (dispatch_plan, permute, combine) around the raw launches of
+// src/kernels/permute.cu. In a CPU-only build the ops report that the kernels are absent;
+// resolve_kernel_path() never selects them there.
 #include <torch/autograd.h>
 #include <torch/types.h>
 
@@ -13,7 +14,7 @@ bool cuda_kernels_compiled() { return true; }
 
 namespace {
 
-class PermuteRows : public torch::autograd::Function<PermuteRows> {
+class Permute : public torch::autograd::Function<Permute> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& source_token,
@@ -31,7 +32,7 @@ class PermuteRows : public torch::autograd::Function<PermuteRows> {
   }
 };
 
-class UnpermuteCombine : public torch::autograd::Function<UnpermuteCombine> {
+class Combine : public torch::autograd::Function<Combine> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& y,
                                const torch::Tensor& weights, const torch::Tensor& source_token,
@@ -54,40 +55,40 @@ class UnpermuteCombine : public torch::autograd::Function<UnpermuteCombine> {
 
 }  // namespace
 
-std::array<at::Tensor, 3> plan_dispatch_dropless(const at::Tensor& topk_idx, int64_t num_experts) {
+std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_experts) {
   return detail::dispatch_plan(topk_idx, num_experts);
 }
 
-at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& source_token,
-                        const at::Tensor& source_assignment, int64_t top_k) {
+at::Tensor permute(const at::Tensor& x, const at::Tensor& source_token,
+                   const at::Tensor& source_assignment, int64_t top_k) {
   // The backward sums, per token, the gradients of its destination rows: it needs the inverse map.
   auto rows = detail::assignment_rows(source_assignment, x.size(0) * top_k);
-  return PermuteRows::apply(x, source_token, rows, top_k);
+  return Permute::apply(x, source_token, rows, top_k);
 }
 
-at::Tensor unpermute_combine(const at::Tensor& y, const at::Tensor& source_token,
-                             const at::Tensor& source_assignment, const at::Tensor& weights,
-                             int64_t num_tokens) {
+at::Tensor combine(const at::Tensor& y, const at::Tensor& source_token,
+                   const at::Tensor& source_assignment, const at::Tensor& weights,
+                   int64_t num_tokens) {
   TORCH_CHECK(weights.dim() == 2 && weights.size(0) == num_tokens, "moe kernels: weights must be [",
               num_tokens, ", k], got ", weights.sizes());
   auto rows = detail::assignment_rows(source_assignment, weights.numel());
-  return UnpermuteCombine::apply(y, weights, source_token, source_assignment, rows);
+  return Combine::apply(y, weights, source_token, source_assignment, rows);
 }
 
 #else
 
 bool cuda_kernels_compiled() { return false; }
 
-std::array<at::Tensor, 3> plan_dispatch_dropless(const at::Tensor&, int64_t) {
+std::array<at::Tensor, 3> dispatch_plan(const at::Tensor&, int64_t) {
   TORCH_CHECK(false, "moe-train was built without CUDA kernels");
 }
 
-at::Tensor permute_rows(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t) {
+at::Tensor permute(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t) {
   TORCH_CHECK(false, "moe-train was built without CUDA kernels");
 }
 
-at::Tensor unpermute_combine(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             const at::Tensor&, int64_t) {
+at::Tensor combine(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                   int64_t) {
   TORCH_CHECK(false, "moe-train was built without CUDA kernels");
 }
 

@@ -1,6 +1,9 @@
-// Fused router: logits -> scores -> top-k -> gate weights -> counts and logsumexp, and its
-// backward. Layout: kernels, then checked launchers, then tensor-level wrappers (autograd in
-// router_ops.cpp). One warp per token; lane l holds experts l, l + 32, ... in registers (E <= 256).
+// The router family's kernels and raw launches (detail::score_and_select_forward/backward;
+// autograd op in router_ops.cpp): logits -> scores -> top-k -> gate weights -> counts and
+// logsumexp, and its backward.
+//
+// Layout: kernels, then checked launchers, then tensor-level wrappers. One warp per token; lane l
+// holds experts l, l + 32, ... in registers (E <= 256).
 //
 // Bytes that bound it (T tokens, E experts, k slots, fp32 logits):
 //   forward:  read T*E*4 (+ E*4 bias), write T*E*4 (probs) + T*k*12 (ids, weights) + T*4 (lse)
@@ -17,14 +20,9 @@
 #include <cfloat>
 #include <climits>
 
+#include "device_helpers.cuh"
 #include "moe/kernels/kernel_args.h"
 #include "moe/kernels/router.h"
-
-#ifndef NDEBUG
-#define MOE_DEVICE_ASSERT(cond) CUDA_KERNEL_ASSERT(cond)
-#else
-#define MOE_DEVICE_ASSERT(cond) ((void)0)
-#endif
 
 namespace moe::kernels {
 namespace {
@@ -225,8 +223,9 @@ int64_t grid_for(int64_t T) {
 
 namespace detail {
 
-FusedRouterOutput router_forward(const at::Tensor& logits_in, const at::Tensor& bias, int64_t top_k,
-                                 bool sigmoid_scores, bool normalize_topk, bool poison) {
+ScoreAndSelectOutput score_and_select_forward(const at::Tensor& logits_in, const at::Tensor& bias,
+                                              int64_t top_k, bool sigmoid_scores,
+                                              bool normalize_topk, bool poison) {
   check_logits(logits_in);
   const at::Tensor logits = logits_in.contiguous();
   const int64_t T = logits.size(0), E = logits.size(1);
@@ -242,7 +241,7 @@ FusedRouterOutput router_forward(const at::Tensor& logits_in, const at::Tensor& 
   }
   const c10::cuda::CUDAGuard guard(logits.device());
   auto f32 = logits.options();
-  FusedRouterOutput out;
+  ScoreAndSelectOutput out;
   out.probs = at::empty({T, E}, f32);
   out.topk_idx = at::empty({T, top_k}, f32.dtype(at::kLong));
   out.topk_weight = at::empty({T, top_k}, f32);
@@ -276,11 +275,11 @@ FusedRouterOutput router_forward(const at::Tensor& logits_in, const at::Tensor& 
   return out;
 }
 
-at::Tensor router_backward(const at::Tensor& logits, const at::Tensor& probs,
-                           const at::Tensor& topk_idx, const at::Tensor& topk_weight,
-                           const at::Tensor& lse, const at::Tensor& grad_probs,
-                           const at::Tensor& grad_weight, const at::Tensor& grad_lse,
-                           bool sigmoid_scores, bool normalize_topk) {
+at::Tensor score_and_select_backward(const at::Tensor& logits, const at::Tensor& probs,
+                                     const at::Tensor& topk_idx, const at::Tensor& topk_weight,
+                                     const at::Tensor& lse, const at::Tensor& grad_probs,
+                                     const at::Tensor& grad_weight, const at::Tensor& grad_lse,
+                                     bool sigmoid_scores, bool normalize_topk) {
   // logits: needed (and checked) for sigmoid scores only; softmax takes everything from probs.
   check_logits(probs);
   if (sigmoid_scores) check_logits(logits);

@@ -1,5 +1,6 @@
-// Autograd wrapper around the fused router kernels (src/kernels/router.cu). In a CPU-only build
-// the op reports that the kernels are absent; the router never selects it there.
+// The router family's autograd op, score_and_select, around the raw launches of
+// src/kernels/router.cu. In a CPU-only build the op reports that the kernels are absent; the
+// router never selects it there.
 #include <optional>
 
 #include <torch/autograd.h>
@@ -13,7 +14,7 @@ namespace moe::kernels {
 
 namespace {
 
-class FusedRouter : public torch::autograd::Function<FusedRouter> {
+class ScoreAndSelect : public torch::autograd::Function<ScoreAndSelect> {
  public:
   // Outputs: probs, topk_weight, lse (differentiable), topk_idx, counts (not).
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
@@ -21,8 +22,8 @@ class FusedRouter : public torch::autograd::Function<FusedRouter> {
                                                 const std::optional<torch::Tensor>& bias,
                                                 int64_t top_k, bool sigmoid_scores,
                                                 bool normalize_topk) {
-    FusedRouterOutput o = detail::router_forward(logits, bias.value_or(torch::Tensor()), top_k,
-                                                 sigmoid_scores, normalize_topk);
+    ScoreAndSelectOutput o = detail::score_and_select_forward(
+        logits, bias.value_or(torch::Tensor()), top_k, sigmoid_scores, normalize_topk);
     // The softmax backward needs only the probs; sigmoid also needs the logits (z-loss term).
     ctx->save_for_backward(
         {sigmoid_scores ? logits : torch::Tensor(), o.probs, o.topk_idx, o.topk_weight, o.lse});
@@ -35,39 +36,40 @@ class FusedRouter : public torch::autograd::Function<FusedRouter> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto s = ctx->get_saved_variables();
-    auto g = detail::router_backward(s[0], s[1], s[2], s[3], s[4], grads[0], grads[1], grads[2],
-                                     ctx->saved_data["sigmoid"].toBool(),
-                                     ctx->saved_data["normalize"].toBool());
+    auto g = detail::score_and_select_backward(s[0], s[1], s[2], s[3], s[4], grads[0], grads[1],
+                                               grads[2], ctx->saved_data["sigmoid"].toBool(),
+                                               ctx->saved_data["normalize"].toBool());
     return {g, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-FusedRouterOutput fused_router(const at::Tensor& logits, const at::Tensor& bias, int64_t top_k,
-                               bool sigmoid_scores, bool normalize_topk) {
+ScoreAndSelectOutput score_and_select(const at::Tensor& logits, const at::Tensor& bias,
+                                      int64_t top_k, bool sigmoid_scores, bool normalize_topk) {
   // No bias is passed as nullopt, not as an undefined tensor: Function::apply records every
   // tensor argument's device and dtype, which an undefined tensor has not ("tensor does not
   // have a device" on the first GPU run). The bias takes no gradient either way.
   std::optional<at::Tensor> maybe_bias;
   if (bias.defined()) maybe_bias = bias;
-  auto outs = FusedRouter::apply(logits, maybe_bias, top_k, sigmoid_scores, normalize_topk);
+  auto outs = ScoreAndSelect::apply(logits, maybe_bias, top_k, sigmoid_scores, normalize_topk);
   return {outs[0], outs[3], outs[1], outs[2], outs[4]};
 }
 
 #else
 
-FusedRouterOutput fused_router(const at::Tensor&, const at::Tensor&, int64_t, bool, bool) {
+ScoreAndSelectOutput score_and_select(const at::Tensor&, const at::Tensor&, int64_t, bool, bool) {
   TORCH_CHECK(false, "moe-train was built without CUDA kernels");
 }
 
 namespace detail {
-FusedRouterOutput router_forward(const at::Tensor&, const at::Tensor&, int64_t, bool, bool, bool) {
+ScoreAndSelectOutput score_and_select_forward(const at::Tensor&, const at::Tensor&, int64_t, bool,
+                                              bool, bool) {
   TORCH_CHECK(false, "moe-train was built without CUDA kernels");
 }
-at::Tensor router_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const at::Tensor&, const at::Tensor&, bool, bool) {
+at::Tensor score_and_select_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const at::Tensor&, const at::Tensor&, bool, bool) {
   TORCH_CHECK(false, "moe-train was built without CUDA kernels");
 }
 }  // namespace detail

@@ -1,3 +1,5 @@
+// The dispatcher (dispatcher.h): the ATen reference dispatch_plan / permute / combine, and the
+// Dispatcher that picks them or the CUDA kernels of the same names.
 #include "moe/moe/dispatcher.h"
 
 #include <ATen/ATen.h>
@@ -7,7 +9,7 @@
 
 namespace moe::moe {
 
-DispatchPlan plan_dispatch(const torch::Tensor& topk_idx, const torch::Tensor& keep,
+DispatchPlan dispatch_plan(const torch::Tensor& topk_idx, const torch::Tensor& keep,
                            int64_t num_experts) {
   DispatchPlan p;
   const int64_t k = topk_idx.size(1);
@@ -21,7 +23,7 @@ DispatchPlan plan_dispatch(const torch::Tensor& topk_idx, const torch::Tensor& k
   return p;
 }
 
-DispatchPlan plan_dispatch_all_kept(const torch::Tensor& topk_idx,
+DispatchPlan dispatch_plan_all_kept(const torch::Tensor& topk_idx,
                                     const torch::Tensor& tokens_per_expert) {
   DispatchPlan p;
   const int64_t k = topk_idx.size(1);
@@ -32,12 +34,12 @@ DispatchPlan plan_dispatch_all_kept(const torch::Tensor& topk_idx,
   return p;
 }
 
-torch::Tensor permute_tokens(const torch::Tensor& x, const DispatchPlan& plan) {
+torch::Tensor permute(const torch::Tensor& x, const DispatchPlan& plan) {
   return x.index_select(0, plan.source_token);
 }
 
-torch::Tensor unpermute_combine(const torch::Tensor& y, const DispatchPlan& plan,
-                                const torch::Tensor& weights, int64_t num_tokens) {
+torch::Tensor combine(const torch::Tensor& y, const DispatchPlan& plan,
+                      const torch::Tensor& weights, int64_t num_tokens) {
   // Accumulate in fp32 (or wider: double inputs stay double for gradient checks).
   const auto acc = at::promote_types(y.scalar_type(), at::kFloat);
   auto w = weights.reshape(-1).index_select(0, plan.source_assignment).to(acc);
@@ -49,26 +51,25 @@ torch::Tensor unpermute_combine(const torch::Tensor& y, const DispatchPlan& plan
 DispatchPlan Dispatcher::plan(const torch::Tensor& topk_idx, const torch::Tensor& keep,
                               bool all_kept, const torch::Tensor& tokens_per_expert) const {
   if (all_kept && path_ == KernelPath::kCuda) {  // counts -> prefix sum -> rows, our kernel
-    auto [source_token, source_assignment, counts] =
-        kernels::plan_dispatch_dropless(topk_idx, num_experts_);
+    auto [source_token, source_assignment, counts] = kernels::dispatch_plan(topk_idx, num_experts_);
     return {source_token, source_assignment, counts};
   }
-  if (all_kept) return plan_dispatch_all_kept(topk_idx, tokens_per_expert);
-  return plan_dispatch(topk_idx, keep, num_experts_);
+  if (all_kept) return dispatch_plan_all_kept(topk_idx, tokens_per_expert);
+  return dispatch_plan(topk_idx, keep, num_experts_);
 }
 
 torch::Tensor Dispatcher::permute(const torch::Tensor& x, const DispatchPlan& plan) const {
-  if (path_ == KernelPath::kReference) return permute_tokens(x, plan);
+  // Qualified: the member permute() would otherwise hide the reference of the same name.
+  if (path_ == KernelPath::kReference) return ::moe::moe::permute(x, plan);
   TORCH_CHECK(x.is_cuda(), "moe layer: built for the CUDA kernels, given activations on ",
               x.device());
-  return kernels::permute_rows(x, plan.source_token, plan.source_assignment, top_k_);
+  return kernels::permute(x, plan.source_token, plan.source_assignment, top_k_);
 }
 
 torch::Tensor Dispatcher::combine(const torch::Tensor& y, const DispatchPlan& plan,
                                   const torch::Tensor& weights, int64_t num_tokens) const {
-  if (path_ == KernelPath::kReference) return unpermute_combine(y, plan, weights, num_tokens);
-  return kernels::unpermute_combine(y, plan.source_token, plan.source_assignment, weights,
-                                    num_tokens);
+  if (path_ == KernelPath::kReference) return ::moe::moe::combine(y, plan, weights, num_tokens);
+  return kernels::combine(y, plan.source_token, plan.source_assignment, weights, num_tokens);
 }
 
 KernelPath resolve_kernel_path(config::MoeKernels setting, bool on_cuda) {

@@ -1,3 +1,5 @@
+// The router (router.h): the ATen reference score_and_select, the choice between it and the CUDA
+// kernel of the same name, capacity dropping and the router losses.
 #include "moe/moe/router.h"
 
 #include <torch/nn/init.h>
@@ -23,8 +25,8 @@ void RouterImpl::update_expert_bias(const torch::Tensor& tokens_per_expert) {
   expert_bias.add_(torch::sign(load.mean() - load), opt_.router_bias_update_rate);
 }
 
-RouterScores score_and_select_reference(const torch::Tensor& logits, const torch::Tensor& bias,
-                                        int64_t k, bool sigmoid_scores, bool normalize_topk) {
+RouterScores score_and_select(const torch::Tensor& logits, const torch::Tensor& bias, int64_t k,
+                              bool sigmoid_scores, bool normalize_topk) {
   RouterScores s;
   s.probs = sigmoid_scores ? torch::sigmoid(logits) : torch::softmax(logits, -1);
   auto keys = bias.defined() ? s.probs.detach() + bias : s.probs.detach();
@@ -44,7 +46,7 @@ RouterScores score_and_select_reference(const torch::Tensor& logits, const torch
 namespace {
 RouterScores score_and_select_fused(const torch::Tensor& logits, const torch::Tensor& bias,
                                     int64_t k, bool sigmoid_scores, bool normalize_topk) {
-  auto f = kernels::fused_router(logits, bias, k, sigmoid_scores, normalize_topk);
+  auto f = kernels::score_and_select(logits, bias, k, sigmoid_scores, normalize_topk);
   return {f.probs, f.topk_idx, f.topk_weight, f.lse, f.tokens_per_expert};
 }
 }  // namespace
@@ -84,7 +86,7 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
   // The bias takes part only when it is in use: a zero bias changes no selection.
   const torch::Tensor bias = opt_.router_bias_update_rate > 0 ? expert_bias : torch::Tensor();
   const bool sigmoid = opt_.score_function == config::ScoreFunction::kSigmoid;
-  const auto select = opt_.fused_kernel ? score_and_select_fused : score_and_select_reference;
+  const auto select = opt_.fused_kernel ? score_and_select_fused : score_and_select;
   const RouterScores s = select(r.logits, bias, k, sigmoid, opt_.normalize_topk);
   const torch::Tensor &scores = s.probs, &top_idx = s.topk_idx, &lse = s.lse;
   torch::Tensor w = s.topk_weight, counts = s.tokens_per_expert;

@@ -1,16 +1,17 @@
-// Our CUDA permute / combine / dispatch-plan kernels against their double-precision oracles
-// (label `gpu`; skipped without a device). The comparisons and their tolerances live in
-// kernel_checks.cpp and are exercised on the CPU, with an emulation of these kernels, by
-// kernel_emulation_test.cpp. Every launch here poisons its outputs first (NaN / -1), so an
-// element a kernel never writes fails its check.
+// The permute family's CUDA kernels (dispatch_plan, permute, combine) against their
+// double-precision oracles (label `gpu`; skipped without a device).
+//
+// The comparisons and their tolerances live in permute_checks.cpp and are exercised on the CPU,
+// with an emulation of these kernels, by permute_emulation_test.cpp. Every launch here poisons
+// its outputs first (NaN / -1), so an element a kernel never writes fails its check.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <functional>
 
-#include "kernel_checks.h"
 #include "moe/kernels/kernel_args.h"
 #include "moe/kernels/permute.h"
+#include "permute_checks.h"
 
 namespace moe::kernel_checks {
 namespace {
@@ -18,12 +19,6 @@ namespace {
 namespace kd = ::moe::kernels::detail;
 
 bool gpu_ready() { return torch::cuda::is_available() && kernels::cuda_kernels_compiled(); }
-
-std::string failures(const std::vector<Verdict>& vs) {
-  std::string m;
-  all_ok(vs, &m);
-  return m;
-}
 
 PermuteOutputs run_kernels(const PermuteInputs& in) {
   PermuteOutputs out;
@@ -54,11 +49,10 @@ TEST_P(PermuteGpu, ForwardAndBackwardMatchReference) {
   // The autograd ops run the same kernels: bitwise the raw results.
   auto x = in.x.clone().requires_grad_(true);
   auto w = in.weights.clone().requires_grad_(true);
-  auto permuted = kernels::permute_rows(x, in.source_token, in.source_assignment, in.k);
+  auto permuted = kernels::permute(x, in.source_token, in.source_assignment, in.k);
   EXPECT_TRUE(torch::equal(permuted, out.permuted));
   auto y = in.y.clone().requires_grad_(true);
-  auto combined =
-      kernels::unpermute_combine(y, in.source_token, in.source_assignment, w, in.tokens);
+  auto combined = kernels::combine(y, in.source_token, in.source_assignment, w, in.tokens);
   EXPECT_TRUE(torch::equal(combined, out.combined));
   combined.backward(in.grad_out);
   EXPECT_TRUE(torch::equal(y.grad(), out.grad_y));

@@ -1,23 +1,24 @@
-// Our fused CUDA router against its double-precision oracle (label `gpu`; skipped without a
-// device), and one bf16 training step of configs/tiny.json through both kernel paths.
+// The router family's CUDA kernel (score_and_select) against its double-precision oracle (label
+// `gpu`; skipped without a device), and one bf16 training step of configs/tiny.json through both
+// kernel paths.
 //
-// The comparison (kernel_checks.cpp check_router) takes the kernel's scores within a relative
-// error derived from its fp32 arithmetic, and its top-k as correct when it is a valid ranking of
-// the exact keys (scores + bias) up to the tie gap those errors allow; no token may disagree
-// beyond that gap. It is exercised on the CPU against an emulation of this kernel by
-// kernel_emulation_test.cpp (full grid, plus mutations that must fail).
+// The comparison (router_checks.cpp check_score_and_select) takes the kernel's scores within a
+// relative error derived from its fp32 arithmetic, and its top-k as correct when it is a valid
+// ranking of the exact keys (scores + bias) up to the tie gap those errors allow; no token may
+// disagree beyond that gap. It is exercised on the CPU against an emulation of this kernel by
+// router_emulation_test.cpp (full grid, plus mutations that must fail).
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
 
-#include "kernel_checks.h"
 #include "moe/config/config.h"
 #include "moe/kernels/permute.h"
 #include "moe/kernels/router.h"
 #include "moe/model/transformer.h"
 #include "moe/moe/router.h"
+#include "router_checks.h"
 
 namespace moe::kernels {
 namespace {
@@ -33,24 +34,24 @@ class RouterGpu : public ::testing::TestWithParam<RouterCase> {
 };
 
 TEST_P(RouterGpu, ForwardBackwardMatchReference) {
-  const kernel_checks::RouterInputs in =
-      kernel_checks::make_router_inputs(GetParam(), torch::Device(torch::kCUDA));
-  FusedRouterOutput f = detail::router_forward(in.logits, in.bias, in.k, in.sigmoid, in.normalize,
-                                               /*poison=*/true);
-  kernel_checks::RouterOutputs out{f.probs, f.topk_idx,          f.topk_weight,
-                                   f.lse,   f.tokens_per_expert, {}};
-  out.grad_logits = detail::router_backward(in.sigmoid ? in.logits : torch::Tensor(), f.probs,
-                                            f.topk_idx, f.topk_weight, f.lse, in.grad_probs,
-                                            in.grad_weight, in.grad_lse, in.sigmoid, in.normalize);
+  const kernel_checks::ScoreAndSelectInputs in =
+      kernel_checks::make_score_and_select_inputs(GetParam(), torch::Device(torch::kCUDA));
+  ScoreAndSelectOutput f = detail::score_and_select_forward(in.logits, in.bias, in.k, in.sigmoid,
+                                                            in.normalize, /*poison=*/true);
+  kernel_checks::ScoreAndSelectOutputs out{f.probs, f.topk_idx,          f.topk_weight,
+                                           f.lse,   f.tokens_per_expert, {}};
+  out.grad_logits = detail::score_and_select_backward(
+      in.sigmoid ? in.logits : torch::Tensor(), f.probs, f.topk_idx, f.topk_weight, f.lse,
+      in.grad_probs, in.grad_weight, in.grad_lse, in.sigmoid, in.normalize);
   int64_t ties = 0;
-  const auto vs = kernel_checks::check_router(in, out, &ties);
+  const auto vs = kernel_checks::check_score_and_select(in, out, &ties);
   std::string why;
   EXPECT_TRUE(kernel_checks::all_ok(vs, &why)) << why;
   RecordProperty("ties", static_cast<int>(ties));
 
   // The autograd op runs the same kernels: bitwise the raw results, gradient included.
   auto logits = in.logits.clone().requires_grad_(true);
-  FusedRouterOutput a = fused_router(logits, in.bias, in.k, in.sigmoid, in.normalize);
+  ScoreAndSelectOutput a = score_and_select(logits, in.bias, in.k, in.sigmoid, in.normalize);
   EXPECT_TRUE(torch::equal(a.probs, f.probs));
   EXPECT_TRUE(torch::equal(a.topk_idx, f.topk_idx));
   EXPECT_TRUE(torch::equal(a.topk_weight, f.topk_weight));
@@ -61,8 +62,8 @@ TEST_P(RouterGpu, ForwardBackwardMatchReference) {
   EXPECT_TRUE(torch::equal(logits.grad(), out.grad_logits));
 
   // Run to run (integer count atomics only).
-  FusedRouterOutput again =
-      detail::router_forward(in.logits, in.bias, in.k, in.sigmoid, in.normalize, true);
+  ScoreAndSelectOutput again =
+      detail::score_and_select_forward(in.logits, in.bias, in.k, in.sigmoid, in.normalize, true);
   EXPECT_TRUE(torch::equal(again.probs, f.probs));
   EXPECT_TRUE(torch::equal(again.topk_idx, f.topk_idx));
   EXPECT_TRUE(torch::equal(again.tokens_per_expert, f.tokens_per_expert));
@@ -79,8 +80,8 @@ TEST(RouterGpuRules, TiesAndNanRankAsTheReference) {
   logits[2] = torch::full({8}, NAN);
   logits[3] = torch::tensor({0.5f, NAN, 2.f, NAN, 2.f, -1.f, 0.f, 0.f});
   for (bool sigmoid : {false, true}) {
-    auto got = detail::router_forward(logits.cuda(), {}, 3, sigmoid, true, true);
-    auto ref = moe::score_and_select_reference(logits, {}, 3, sigmoid, true);
+    auto got = detail::score_and_select_forward(logits.cuda(), {}, 3, sigmoid, true, true);
+    auto ref = moe::score_and_select(logits, {}, 3, sigmoid, true);
     EXPECT_TRUE(torch::equal(got.topk_idx.cpu(), ref.topk_idx)) << got.topk_idx << ref.topk_idx;
   }
 }
@@ -88,9 +89,12 @@ TEST(RouterGpuRules, TiesAndNanRankAsTheReference) {
 TEST(RouterGpuArgs, RejectsBadShapesWithValues) {
   if (!torch::cuda::is_available() || !cuda_kernels_compiled()) GTEST_SKIP() << "no CUDA device";
   auto dev = torch::TensorOptions(torch::Device(torch::kCUDA));
-  EXPECT_THROW(detail::router_forward(torch::randn({4, 300}, dev), {}, 2, false, true), c10::Error);
-  EXPECT_THROW(detail::router_forward(torch::randn({4, 8}, dev), {}, 9, false, true), c10::Error);
-  EXPECT_THROW(detail::router_forward(torch::randn({4, 8}), {}, 2, false, true), c10::Error);
+  EXPECT_THROW(detail::score_and_select_forward(torch::randn({4, 300}, dev), {}, 2, false, true),
+               c10::Error);
+  EXPECT_THROW(detail::score_and_select_forward(torch::randn({4, 8}, dev), {}, 9, false, true),
+               c10::Error);
+  EXPECT_THROW(detail::score_and_select_forward(torch::randn({4, 8}), {}, 2, false, true),
+               c10::Error);
 }
 
 // The acceptance check of the MoE issue: one bf16 step of configs/tiny.json with

@@ -1,7 +1,7 @@
 // The grouped-GEMM experts (at::_grouped_mm, CUDA bf16, sm_90) against double-precision oracles
 // (label `gpu`; skipped without a device or below sm_90). The comparisons live in
-// tests/kernels/kernel_checks.cpp and are exercised on the CPU, with an emulation of the bf16
-// GEMMs, by tests/kernels/kernel_emulation_test.cpp.
+// tests/kernels/experts_checks.cpp and are exercised on the CPU, with an emulation of the bf16
+// GEMMs, by tests/kernels/experts_emulation_test.cpp.
 //   - one grouped GEMM and both of its gradients: within 1 bf16 ulp (+ the fp32 accumulation
 //     bound) of the exact product of the bf16 operands; an expert without rows gets an exactly
 //     zero weight gradient (the symptom of pytorch/pytorch#172439 on sm_100);
@@ -12,7 +12,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
-#include "../kernels/kernel_checks.h"
+#include "../kernels/experts_checks.h"
 #include "moe/moe/experts.h"
 
 namespace moe::moe {
@@ -23,12 +23,6 @@ namespace kc = ::moe::kernel_checks;
 bool grouped_ready() {
   return torch::cuda::is_available() &&
          experts_grouped_mm_supported(torch::Device(torch::kCUDA, 0));
-}
-
-std::string failures(const std::vector<kc::Verdict>& vs) {
-  std::string m;
-  kc::all_ok(vs, &m);
-  return m;
 }
 
 kc::GroupedGemmOutputs run_grouped_gemm(const kc::GroupedGemmInputs& in) {
@@ -46,7 +40,7 @@ TEST(ExpertsGpu, GroupedGemmMatchesOracle) {
   for (int64_t E : {1, 8, 64}) {
     const auto in = kc::make_grouped_gemm_inputs(E, 1, torch::Device(torch::kCUDA));
     const auto vs = kc::check_grouped_gemm(in, run_grouped_gemm(in));
-    EXPECT_TRUE(kc::all_ok(vs, nullptr)) << "E=" << E << "\n" << failures(vs);
+    EXPECT_TRUE(kc::all_ok(vs, nullptr)) << "E=" << E << "\n" << kc::failures(vs);
   }
 }
 
@@ -62,7 +56,7 @@ TEST(ExpertsGpu, GroupedGemmEmptyExpertsGetZeroGradients) {
   in.a = in.a.narrow(0, 0, N).contiguous();
   in.grad_c = in.grad_c.narrow(0, 0, N).contiguous();
   const auto vs = kc::check_grouped_gemm(in, run_grouped_gemm(in));
-  EXPECT_TRUE(kc::all_ok(vs, nullptr)) << failures(vs);
+  EXPECT_TRUE(kc::all_ok(vs, nullptr)) << kc::failures(vs);
 }
 
 TEST(ExpertsGpu, ModuleMatchesOracleOnBothPaths) {
@@ -97,7 +91,7 @@ TEST(ExpertsGpu, ModuleMatchesOracleOnBothPaths) {
       y.backward(in.grad_y.to(y.scalar_type()));  // the engine would round it to bf16 too
       const auto vs = kc::check_experts(in, {y.detach(), x.grad(), experts->w_gate.grad(),
                                              experts->w_up.grad(), experts->w_down.grad()});
-      EXPECT_TRUE(kc::all_ok(vs, nullptr)) << failures(vs);
+      EXPECT_TRUE(kc::all_ok(vs, nullptr)) << kc::failures(vs);
     }
   }
 }

@@ -73,7 +73,7 @@ TEST(Dispatcher, StablePermutationAndZeroTokenExperts) {
   // T = 3, k = 2, E = 4; expert 3 receives nothing.
   auto idx = torch::tensor({{2, 0}, {0, 2}, {1, 0}}, torch::kLong);
   auto keep = torch::ones({3, 2}, torch::kBool);
-  DispatchPlan p = plan_dispatch(idx, keep, 4);
+  DispatchPlan p = dispatch_plan(idx, keep, 4);
   EXPECT_TRUE(torch::equal(p.tokens_per_expert, torch::tensor({3, 1, 2, 0}, torch::kLong)));
   // expert 0: assignments 1 (t0), 2 (t1), 5 (t2); expert 1: 4 (t2); expert 2: 0 (t0), 3 (t1)
   EXPECT_TRUE(torch::equal(p.source_assignment, torch::tensor({1, 2, 5, 4, 0, 3}, torch::kLong)));
@@ -88,9 +88,9 @@ TEST(Dispatcher, CombineMatchesNaiveLoop) {
   auto keep = torch::rand({T, k}) > 0.2;
   auto w = torch::rand({T, k});
   auto x = torch::randn({T, d});
-  DispatchPlan p = plan_dispatch(idx, keep, E);
-  auto y = permute_tokens(x, p) * 2.0;  // a stand-in expert: y = 2x
-  auto out = unpermute_combine(y, p, w * keep, T);
+  DispatchPlan p = dispatch_plan(idx, keep, E);
+  auto y = permute(x, p) * 2.0;  // a stand-in expert: y = 2x
+  auto out = combine(y, p, w * keep, T);
   for (int64_t t = 0; t < T; ++t) {
     auto expect = torch::zeros({d});
     for (int64_t j = 0; j < k; ++j) {
@@ -105,13 +105,13 @@ TEST(Dispatcher, GradcheckInDouble) {
   const int64_t T = 5, k = 2, E = 3, d = 4;
   auto idx = torch::tensor({{0, 1}, {2, 0}, {1, 2}, {0, 2}, {1, 0}}, torch::kLong);
   auto keep = torch::ones({T, k}, torch::kBool);
-  DispatchPlan p = plan_dispatch(idx, keep, E);
+  DispatchPlan p = dispatch_plan(idx, keep, E);
   auto x = torch::randn({T, d}, torch::kDouble).requires_grad_(true);
   auto w = torch::rand({T, k}, torch::kDouble).requires_grad_(true);
   auto W = torch::randn({d, d}, torch::kDouble);
   // The library functions themselves, composed with a linear stand-in expert.
   auto f = [&](const torch::Tensor& xx, const torch::Tensor& ww) {
-    return unpermute_combine(permute_tokens(xx, p).matmul(W), p, ww, T);
+    return combine(permute(xx, p).matmul(W), p, ww, T);
   };
   auto out = f(x, w);
   ASSERT_EQ(out.scalar_type(), torch::kDouble);

@@ -1,5 +1,5 @@
 // Router features beyond plain top-k: the aux-loss-free expert bias (selection only, updated from
-// loads), the shared expert, and the scores/selection contract the fused CUDA kernel follows.
+// loads), the shared expert, and the score_and_select contract the CUDA kernel follows.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -16,8 +16,8 @@ namespace {
 TEST(ExpertBias, ChangesSelectionNotWeights) {
   auto logits = torch::tensor({{2.0, 1.0, 0.5, 0.0}}, torch::kFloat);
   auto bias = torch::tensor({0.0, 0.0, 0.0, 1.0}, torch::kFloat);
-  auto plain = score_and_select_reference(logits, torch::Tensor(), 2, false, true);
-  auto biased = score_and_select_reference(logits, bias, 2, false, true);
+  auto plain = score_and_select(logits, torch::Tensor(), 2, false, true);
+  auto biased = score_and_select(logits, bias, 2, false, true);
   EXPECT_TRUE(torch::equal(plain.topk_idx, torch::tensor({{0, 1}}, torch::kLong)));
   EXPECT_TRUE(torch::equal(biased.topk_idx, torch::tensor({{3, 0}}, torch::kLong)));
   // Weights come from the unbiased probabilities of the chosen experts, renormalised.
@@ -26,7 +26,7 @@ TEST(ExpertBias, ChangesSelectionNotWeights) {
   expect = expect / expect.sum(-1, true);
   EXPECT_TRUE(torch::allclose(biased.topk_weight, expect, 1e-6, 1e-7));
   // Ties after the bias still go to the lower id.
-  auto tie = score_and_select_reference(torch::zeros({1, 4}), torch::zeros({4}), 1, false, true);
+  auto tie = score_and_select(torch::zeros({1, 4}), torch::zeros({4}), 1, false, true);
   EXPECT_EQ(tie.topk_idx.item<int64_t>(), 0);
   // lse is the z-loss input: logsumexp of the logits.
   EXPECT_TRUE(torch::allclose(plain.lse, torch::logsumexp(logits, -1)));

@@ -1,5 +1,6 @@
-// Our CUDA permute / unpermute-combine kernels as autograd-aware tensor ops. The ATen reference
-// with the same contract is in moe/moe/dispatcher.h; tests compare the two on a GPU.
+// The permute family of our CUDA kernels (src/kernels/permute.cu, permute_ops.cpp): dispatch_plan,
+// permute and combine as autograd-aware tensor ops, and their raw launches (detail::). The ATen
+// references of the same names and contracts are in moe/moe/dispatcher.h; tests compare the two.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,20 +14,20 @@ bool cuda_kernels_compiled();
 
 // out[r] = x[source_token[r]]. x [T, d] CUDA; source_token, source_assignment [N] int64 (the
 // plan of moe/moe/dispatcher.h); top_k routes per token. Differentiable in x.
-at::Tensor permute_rows(const at::Tensor& x, const at::Tensor& source_token,
-                        const at::Tensor& source_assignment, int64_t top_k);
+at::Tensor permute(const at::Tensor& x, const at::Tensor& source_token,
+                   const at::Tensor& source_assignment, int64_t top_k);
 
 // out[t] = sum_j weights[t, j] * y[row(t * k + j)], fp32 accumulation, out in y's dtype.
 // row() inverts source_assignment; dropped assignments contribute nothing.
 // Differentiable in y and weights.
-at::Tensor unpermute_combine(const at::Tensor& y, const at::Tensor& source_token,
-                             const at::Tensor& source_assignment, const at::Tensor& weights,
-                             int64_t num_tokens);
+at::Tensor combine(const at::Tensor& y, const at::Tensor& source_token,
+                   const at::Tensor& source_assignment, const at::Tensor& weights,
+                   int64_t num_tokens);
 
 // The dropless dispatch plan (every assignment kept) of topk_idx [T, k] int64 CUDA:
-// {source_token, source_assignment, tokens_per_expert}, equal to moe::plan_dispatch's (stable
+// {source_token, source_assignment, tokens_per_expert}, equal to moe::dispatch_plan's (stable
 // rows), from counts -> prefix sum -> rows without sorting and without host syncs.
-std::array<at::Tensor, 3> plan_dispatch_dropless(const at::Tensor& topk_idx, int64_t num_experts);
+std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_experts);
 
 namespace detail {  // raw launches (no autograd), exposed for tests and benchmarks
 // poison: fill the outputs with NaN / -1 before the launch, so tests see every element a
@@ -34,7 +35,7 @@ namespace detail {  // raw launches (no autograd), exposed for tests and benchma
 // (moe/kernels/kernel_args.h).
 //
 // The dropless dispatch plan (every assignment kept): {source_token, source_assignment,
-// tokens_per_expert}, equal to moe::plan_dispatch's, from counts -> prefix sum -> stable rows
+// tokens_per_expert}, equal to moe::dispatch_plan's, from counts -> prefix sum -> stable rows
 // without sorting and without host syncs.
 std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_experts,
                                         bool poison = false);

@@ -1,7 +1,8 @@
-// Dispatcher: permute token rows into expert-contiguous order (stable: within an expert, token
-// order is kept) and combine expert outputs back with the gate weights, accumulating in fp32.
-// Two implementations of one contract: the ATen reference (CPU path, test oracle) and our CUDA
-// kernels (src/kernels/permute.cu), chosen per call.
+// The dispatcher: the ATen reference dispatch_plan / permute / combine (CPU path, test oracle) and
+// the Dispatcher that runs them or our CUDA kernels of the same names (moe/kernels/permute.h).
+//
+// permute moves token rows into expert-contiguous order (stable: within an expert, token order is
+// kept); combine adds the expert outputs back with the gate weights, accumulating in fp32.
 #pragma once
 
 #include <torch/types.h>
@@ -17,21 +18,21 @@ struct DispatchPlan {
 };
 
 // Plans the permutation of kept assignments. topk_idx, keep: [T, k].
-DispatchPlan plan_dispatch(const torch::Tensor& topk_idx, const torch::Tensor& keep,
+DispatchPlan dispatch_plan(const torch::Tensor& topk_idx, const torch::Tensor& keep,
                            int64_t num_experts);
 
 // The same plan when every assignment is kept (dropless): N = T * k, fixed shapes and no host
 // sync (the counts come from the router), which CUDA-graph capture needs.
-DispatchPlan plan_dispatch_all_kept(const torch::Tensor& topk_idx,
+DispatchPlan dispatch_plan_all_kept(const torch::Tensor& topk_idx,
                                     const torch::Tensor& tokens_per_expert);
 
 // x [T, d] -> [N, d] rows in expert order.
-torch::Tensor permute_tokens(const torch::Tensor& x, const DispatchPlan& plan);
+torch::Tensor permute(const torch::Tensor& x, const DispatchPlan& plan);
 
 // y [N, d] expert outputs, weights [T, k] fp32 -> out [T, d] in y's dtype;
 // out[t] = sum over t's kept assignments a of weights[a] * y[row(a)], summed in fp32.
-torch::Tensor unpermute_combine(const torch::Tensor& y, const DispatchPlan& plan,
-                                const torch::Tensor& weights, int64_t num_tokens);
+torch::Tensor combine(const torch::Tensor& y, const DispatchPlan& plan,
+                      const torch::Tensor& weights, int64_t num_tokens);
 
 enum class KernelPath { kReference, kCuda };
 // moe.kernels for a model that runs on CUDA (on_cuda) or the CPU: "auto" -> cuda on CUDA when the

@@ -39,19 +39,20 @@ struct Routing {
   bool all_kept = true;             // no capacity limit applied (dropless, or capacity >= T * k)
 };
 
-// Scores and selection from fp32 logits [T, E]: the part of the router that the fused CUDA
-// kernel (moe/kernels/router.h) replaces, with the same contract.
+// Scores and selection from fp32 logits [T, E], the ATen reference: the part of the router that
+// the CUDA kernel of the same name, moe::kernels::score_and_select (moe/kernels/router.h),
+// replaces, with the same contract.
 //   probs  [T, E] softmax(logits), or sigmoid(logits)
 //   topk   the k highest probs + bias (bias: undefined or [E], selection only; ties -> lower id)
 //   weight probs at the chosen ids, divided by their sum when normalize && (k > 1 || sigmoid)
 //   lse    [T] logsumexp(logits) (the z-loss is mean(lse^2))
 //   tokens_per_expert  [E] int64 bincount of topk_idx
-// The one result type of both implementations (the fused kernel's is converted in router.cpp).
+// The one result type of both implementations (the kernel's is converted in router.cpp).
 struct RouterScores {
   torch::Tensor probs, topk_idx, topk_weight, lse, tokens_per_expert;
 };
-RouterScores score_and_select_reference(const torch::Tensor& logits, const torch::Tensor& bias,
-                                        int64_t k, bool sigmoid_scores, bool normalize_topk);
+RouterScores score_and_select(const torch::Tensor& logits, const torch::Tensor& bias, int64_t k,
+                              bool sigmoid_scores, bool normalize_topk);
 
 class RouterImpl : public torch::nn::Module {
  public:

@@ -1,11 +1,11 @@
-// CPU emulations of our CUDA kernels' numerics: the same order of operations, the same rounding
-// points (fp32 registers, fma where nvcc contracts a * b + c, one rounding to the output dtype),
-// the same tie and NaN rules, the same warp-shuffle reduction trees. They stand in for the
-// kernels in CI (no GPU), where they are run through the GPU tests' own comparisons
-// (kernel_checks.h). Transcendentals use the host's expf/logf, not CUDA's: the emulation shows the
-// tolerances admit the kernels' arithmetic, it does not predict their last bit.
+// CPU emulations of the permute family's kernels (src/kernels/permute.cu: dispatch_plan,
+// permute, combine), run through the GPU tests' own comparisons (permute_checks.h) in CI.
 //
-// Each function names the kernel it emulates (src/kernels/*.cu). CPU tensors in and out.
+// Like every emulation here (router_emulation.h, experts_emulation.h): the same order of
+// operations, the same rounding points (fp32 registers, fma where nvcc contracts a * b + c, one
+// rounding to the output dtype), the same tie and out-of-range rules. They show the tolerances
+// admit the kernels' arithmetic; they do not predict their last bit. Each function names the
+// kernel it emulates. CPU tensors in and out.
 #pragma once
 
 #include <torch/types.h>
@@ -13,7 +13,7 @@
 #include <array>
 #include <utility>
 
-#include "kernel_checks.h"
+#include "permute_checks.h"
 
 namespace moe::kernel_emulation {
 
@@ -36,15 +36,5 @@ std::pair<torch::Tensor, torch::Tensor> combine_backward(const torch::Tensor& gr
                                                          const torch::Tensor& weights);
 // All six for one set of inputs, as the GPU test runs the kernels.
 kernel_checks::PermuteOutputs permute_all(const kernel_checks::PermuteInputs& in);
-
-// router.cu router_forward_kernel and router_backward_kernel (outputs incl. grad_logits).
-kernel_checks::RouterOutputs router(const kernel_checks::RouterInputs& in);
-
-// at::_grouped_mm on bf16 operands as cuBLAS-class kernels compute it: fp32 accumulation (here
-// MKL's fp32 GEMM, another summation order), one rounding to bf16; and its two gradients.
-kernel_checks::GroupedGemmOutputs grouped_gemm(const kernel_checks::GroupedGemmInputs& in);
-// The bf16 experts path (experts.cpp, grouped GEMMs under bf16): fp32 arithmetic, bf16 rounding
-// where that path rounds; gradients by autograd through the same graph.
-kernel_checks::ExpertsOutputs experts(const kernel_checks::ExpertsInputs& in);
 
 }  // namespace moe::kernel_emulation

@@ -1,11 +1,12 @@
-#include "kernel_emulation.h"
+// CPU emulations of the permute family's kernels (permute_emulation.h): the dispatch plan's tile
+// walk, the row gather, and the fp32 sums of the permute backward and the combine.
+#include "permute_emulation.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -19,17 +20,6 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kThreads = 256;        // permute.cu kThreads (the combine backward's block)
 constexpr int64_t kPlanTile = 1024;  // permute.cu kPlanTile
-
-// __shfl_xor_sync butterfly sum over 32 lanes: each level adds lane l and lane l ^ o; fp32 add is
-// commutative, so every lane ends with the same value, as on the GPU.
-float warp_sum(float (&lane)[kWarp]) {
-  for (int o = kWarp / 2; o > 0; o /= 2) {
-    float next[kWarp];
-    for (int l = 0; l < kWarp; ++l) next[l] = lane[l] + lane[l ^ o];
-    std::memcpy(lane, next, sizeof next);
-  }
-  return lane[0];
-}
 
 }  // namespace
 
@@ -227,170 +217,6 @@ PermuteOutputs permute_all(const PermuteInputs& in) {
   out.grad_y = gy;
   out.grad_w = gw;
   return out;
-}
-
-RouterOutputs router(const RouterInputs& in) {
-  auto logits = in.logits.contiguous();
-  const int64_t T = logits.size(0), E = logits.size(1), k = in.k;
-  const bool normalize = in.normalize && (k > 1 || in.sigmoid);
-  const float* lp = logits.data_ptr<float>();
-  auto bias = in.bias.defined() ? in.bias.contiguous() : torch::Tensor();
-  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
-  RouterOutputs out;
-  out.probs = torch::full({T, E}, NAN);
-  out.topk_idx = torch::full({T, k}, -1, torch::kLong);
-  out.topk_weight = torch::full({T, k}, NAN);
-  out.lse = torch::full({T}, NAN);
-  float* probs = out.probs.data_ptr<float>();
-  int64_t* idx = out.topk_idx.data_ptr<int64_t>();
-  float* tw = out.topk_weight.data_ptr<float>();
-  float* lse = out.lse.data_ptr<float>();
-
-  // router_forward_kernel, one token per "warp": lane l holds experts l, l + 32, ...
-  at::parallel_for(0, T, 64, [&](int64_t b, int64_t end) {
-    std::vector<float> p(static_cast<size_t>(E));
-    std::vector<char> taken(static_cast<size_t>(E));
-    for (int64_t t = b; t < end; ++t) {
-      const float* v = lp + t * E;
-      float m = -FLT_MAX;
-      for (int64_t e = 0; e < E; ++e) m = std::fmax(m, v[e]);
-      float lane[kWarp];
-      for (int l = 0; l < kWarp; ++l) {
-        float s = 0.f;
-        for (int64_t e = l; e < E; e += kWarp) s += std::exp(v[e] - m);
-        lane[l] = s;
-      }
-      const float s = warp_sum(lane);
-      lse[t] = m + std::log(s);
-      for (int64_t e = 0; e < E; ++e) {
-        p[static_cast<size_t>(e)] =
-            in.sigmoid ? 1.f / (1.f + std::exp(-v[e])) : std::exp(v[e] - m) / s;
-        probs[t * E + e] = p[static_cast<size_t>(e)];
-      }
-      // k rounds of arg-max over keys = scores (+ bias); NaN keys rank lowest; ties -> lower id.
-      std::fill(taken.begin(), taken.end(), 0);
-      float w[8];
-      float wsum = 0.f;
-      for (int64_t j = 0; j < k; ++j) {
-        int64_t best = -1;
-        float best_key = -INFINITY;
-        for (int64_t e = 0; e < E; ++e) {
-          if (taken[static_cast<size_t>(e)]) continue;
-          float key = bp ? p[static_cast<size_t>(e)] + bp[e] : p[static_cast<size_t>(e)];
-          if (std::isnan(key)) key = -INFINITY;
-          if (best < 0 || key > best_key) best = e, best_key = key;
-        }
-        taken[static_cast<size_t>(best)] = 1;
-        w[j] = p[static_cast<size_t>(best)];
-        wsum += w[j];
-        idx[t * k + j] = best;
-      }
-      const float denom = std::fmax(wsum, 1e-20f);
-      for (int64_t j = 0; j < k; ++j) tw[t * k + j] = normalize ? w[j] / denom : w[j];
-    }
-  });
-  out.tokens_per_expert = torch::bincount(out.topk_idx.reshape(-1), {}, E);
-
-  // router_backward_kernel from these outputs and the upstream gradients.
-  auto gp_t = in.grad_probs.defined() ? in.grad_probs.contiguous() : torch::Tensor();
-  auto gw_t = in.grad_weight.defined() ? in.grad_weight.contiguous() : torch::Tensor();
-  auto gl_t = in.grad_lse.defined() ? in.grad_lse.contiguous() : torch::Tensor();
-  const float* gpp = gp_t.defined() ? gp_t.data_ptr<float>() : nullptr;
-  const float* gwp = gw_t.defined() ? gw_t.data_ptr<float>() : nullptr;
-  const float* glp = gl_t.defined() ? gl_t.data_ptr<float>() : nullptr;
-  out.grad_logits = torch::empty({T, E});
-  float* gout = out.grad_logits.data_ptr<float>();
-  at::parallel_for(0, T, 64, [&](int64_t b, int64_t end) {
-    std::vector<float> g(static_cast<size_t>(E)), gl(static_cast<size_t>(E));
-    for (int64_t t = b; t < end; ++t) {
-      const float* p = probs + t * E;
-      for (int64_t e = 0; e < E; ++e) g[static_cast<size_t>(e)] = gpp ? gpp[t * E + e] : 0.f;
-      if (gwp) {
-        float dot = 0.f, S = 0.f;
-        for (int64_t j = 0; j < k; ++j) {
-          dot = std::fma(gwp[t * k + j], tw[t * k + j], dot);
-          S += p[idx[t * k + j]];
-        }
-        S = std::fmax(S, 1e-20f);
-        for (int64_t j = 0; j < k; ++j) {
-          const float gw = gwp[t * k + j];
-          g[static_cast<size_t>(idx[t * k + j])] += normalize ? (gw - dot) / S : gw;
-        }
-      }
-      if (in.sigmoid) {
-        for (int64_t e = 0; e < E; ++e) {
-          gl[static_cast<size_t>(e)] = g[static_cast<size_t>(e)] * p[e] * (1.f - p[e]);
-        }
-      } else {
-        float lane[kWarp];
-        for (int l = 0; l < kWarp; ++l) {
-          float d = 0.f;
-          for (int64_t e = l; e < E; e += kWarp) d = std::fma(g[static_cast<size_t>(e)], p[e], d);
-          lane[l] = d;
-        }
-        const float dot = warp_sum(lane);
-        for (int64_t e = 0; e < E; ++e) {
-          gl[static_cast<size_t>(e)] = p[e] * (g[static_cast<size_t>(e)] - dot);
-        }
-      }
-      const float gz = glp ? glp[t] : 0.f, l = lse[t];
-      for (int64_t e = 0; e < E; ++e) {
-        const float soft = in.sigmoid ? std::exp(lp[t * E + e] - l) : p[e];
-        gout[t * E + e] = std::fma(gz, soft, gl[static_cast<size_t>(e)]);
-      }
-    }
-  });
-  return out;
-}
-
-GroupedGemmOutputs grouped_gemm(const GroupedGemmInputs& in) {
-  const int64_t E = in.b.size(0), N = in.a.size(0);
-  auto counts = in.counts.to(torch::kCPU);
-  std::vector<torch::Tensor> c, ga;
-  auto gb = torch::zeros_like(in.b);
-  int64_t off = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = counts[e].item<int64_t>();
-    if (n == 0) continue;
-    auto a = in.a.narrow(0, off, n).to(torch::kFloat);
-    auto g = in.grad_c.narrow(0, off, n).to(torch::kFloat);
-    auto b = in.b[e].to(torch::kFloat);
-    c.push_back(a.mm(b).to(torch::kBFloat16));
-    ga.push_back(g.mm(b.t()).to(torch::kBFloat16));
-    gb[e] = a.t().mm(g).to(torch::kBFloat16);
-    off += n;
-  }
-  auto cat = [&](std::vector<torch::Tensor>& v, int64_t cols) {
-    return v.empty() ? torch::zeros({N, cols}, in.a.options()) : torch::cat(v, 0);
-  };
-  return {cat(c, in.b.size(2)), cat(ga, in.b.size(1)), gb};
-}
-
-ExpertsOutputs experts(const ExpertsInputs& in) {
-  auto round_bf16 = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat); };
-  auto x = in.x.detach().requires_grad_(true);
-  auto wg = in.w_gate.detach().requires_grad_(true);
-  auto wu = in.w_up.detach().requires_grad_(true);
-  auto wd = in.w_down.detach().requires_grad_(true);
-  auto xb = round_bf16(x), gb = round_bf16(wg), ub = round_bf16(wu), db = round_bf16(wd);
-  auto counts = in.counts.to(torch::kCPU);
-  std::vector<torch::Tensor> ys;
-  int64_t off = 0;
-  for (int64_t e = 0; e < counts.numel(); ++e) {
-    const int64_t n = counts[e].item<int64_t>();
-    if (n == 0) continue;
-    auto xs = xb.narrow(0, off, n);
-    // round_bf16(xs): the identity forward; backward, each GEMM's partial of grad_x is rounded
-    // to bf16 before autograd adds the two, as in the bf16 path.
-    auto g = round_bf16(round_bf16(xs).mm(gb[e]));
-    auto up = round_bf16(round_bf16(xs).mm(ub[e]));
-    auto h = round_bf16(round_bf16(torch::silu(g)) * up);
-    ys.push_back(round_bf16(h.mm(db[e])));
-    off += n;
-  }
-  auto y = torch::cat(ys, 0);
-  auto grads = torch::autograd::grad({y}, {x, wg, wu, wd}, {in.grad_y});
-  return {y.detach(), grads[0], grads[1], grads[2], grads[3]};
 }
 
 }  // namespace moe::kernel_emulation
