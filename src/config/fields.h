@@ -39,6 +39,8 @@ void section(V& v, std::string_view key, S& s) {
 
 void visit_fields(auto& v, Section<OptimizerConfig> auto& o) {
   v.field("type", o.type);
+  v.field("exp_avg_dtype", o.exp_avg_dtype);
+  v.field("exp_avg_sq_dtype", o.exp_avg_sq_dtype);
   v.object("params", [&] {
     v.field("lr", o.lr, above(0));
     v.field("betas", o.betas, in_open(0, 1));

@@ -15,6 +15,8 @@ constexpr KeyDescription kDescriptions[] = {
     {"gradient_accumulation_steps", "micro-batches per optimizer step", R"({"minimum": 1, "default": null})"},
     {"optimizer", "the optimizer"},
     {"optimizer.type", "`AdamW` or `Adam` (Adam = AdamW with weight decay 0)"},
+    {"optimizer.exp_avg_dtype", "storage of Adam's first moment: `fp32` (the fused update), `bf16` (2 bytes), or `8bit` (1 byte + one fp32 scale per 256 values: bitsandbytes' blockwise dynamic quantisation; parameters under 4096 values keep fp32, as bitsandbytes does). Megatron's `--exp-avg-dtype` (docs/memory.md)"},
+    {"optimizer.exp_avg_sq_dtype", "storage of Adam's second moment, as `exp_avg_dtype` (8-bit uses the unsigned dynamic map)"},
     {"optimizer.params", "the optimizer's hyper-parameters"},
     {"optimizer.params.lr", "peak learning rate (the schedule scales it)"},
     {"optimizer.params.betas", "Adam's beta1 and beta2"},

@@ -6,11 +6,24 @@
 #include <cstdio>
 
 #include "moe/config/lora.h"
+#include "moe/model/parameter_layout.h"
 #include "moe/util/errors.h"
 
 namespace moe::config {
 
 namespace {
+
+// Values of the largest parameter the optimizer updates (a LoRA run: the largest adapter).
+double largest_trained_parameter(const Config& c) {
+  double largest = 0;
+  for (const auto& p : model::parameter_layout(c)) {
+    if (lora_enabled(c) && p.name.find("lora_") == std::string::npos) continue;
+    double n = 1;
+    for (int64_t d : p.shape) n *= static_cast<double>(d);
+    largest = std::max(largest, n);
+  }
+  return largest;
+}
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -284,8 +297,17 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
       break;
   }
   const double state_share = dp.shards_optimizer() ? N : 1;
-  p.optimizer_states = offload ? 0 : 8 * trained / state_share;
-  p.host = offload ? 16 * trained / state_share : 0;  // moments + master copy + grad staging
+  const double moments = moment_bytes_per_parameter(c);
+  p.optimizer_states = offload ? 0 : moments * trained / state_share;
+  // Moments + fp32 master copy + fp32 gradient staging.
+  p.host = offload ? (moments + 8) * trained / state_share : 0;
+  // The reference update (bf16 / 8-bit moments) reads one parameter's moments into fp32 and
+  // quantises them back: ~16 B per value of the largest parameter (fp32 m, v, the denominator
+  // and a square root), 32 B with 8-bit moments (the padded copy, scaled rows and bucket
+  // indices of the quantisation).
+  const bool eight = c.optimizer.exp_avg_dtype == StateDtype::k8Bit ||
+                     c.optimizer.exp_avg_sq_dtype == StateDtype::k8Bit;
+  p.update_transient = moments == 8 ? 0 : (eight ? 32.0 : 16.0) * largest_trained_parameter(c);
   p.weights = 4 * trained + (mixed ? 2 : 4) * frozen;
   // Autocast keeps the bf16/fp16 copy of every fp32 matmul weight from the forward to the end of
   // the backward (its cache is cleared after the step); a 16-bit frozen base needs none.
@@ -303,8 +325,11 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
       walk_backward(no_checkpoint, s, false, grad_per_param, false).activations;
   p.activations_checkpoint = walk_backward(c, s, true, grad_per_param, false).activations;
   p.backward_transient = as_configured.transient;
-  // The optimizer step: every gradient, the clipping norms, the fused update (no temporaries).
-  const double step_peak = p.gradients + 8 * static_cast<double>(c.model.num_layers) * 64;
+  // The optimizer step: every gradient, the clipping norms, the fused update (no temporaries)
+  // or the reference update's fp32 copies (on the host under offload).
+  const double step_peak = p.gradients + 8 * static_cast<double>(c.model.num_layers) * 64 +
+                           (offload ? 0 : p.update_transient);
+  if (offload) p.host += p.update_transient;
   p.peak = fixed + std::max(as_configured.peak_dynamic + p.communication, step_peak);
   // The caching allocator rounds and fragments (~5% measured by PyTorch users on LLM training);
   // the CUDA context and cuBLAS/cuDNN workspaces add about 0.5-1 GiB per process.
@@ -312,6 +337,20 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
 
   if (opt.device_bytes > 0) fit_and_advise(c, opt, p);
   return p;
+}
+
+double moment_bytes_per_parameter(const Config& c) {
+  auto bytes = [](StateDtype d) {
+    switch (d) {
+      case StateDtype::kBf16:
+        return 2.0;
+      case StateDtype::k8Bit:
+        return 1.0 + 4.0 / 256;
+      default:
+        return 4.0;
+    }
+  };
+  return bytes(c.optimizer.exp_avg_dtype) + bytes(c.optimizer.exp_avg_sq_dtype);
 }
 
 std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPlan& p) {
@@ -350,7 +389,9 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
   row(lora_enabled(c) ? "weights (frozen base + fp32 trained)" : "weights (fp32)", p.weights,
       per(p.weights));
   row("gradients (fp32)", p.gradients, per(p.gradients));
-  row("Adam moments (fp32)", p.optimizer_states,
+  const std::string moment_names = std::string(name(c.optimizer.exp_avg_dtype)) + "/" +
+                                   std::string(name(c.optimizer.exp_avg_sq_dtype));
+  row(("Adam moments (" + moment_names + ")").c_str(), p.optimizer_states,
       p.optimizer_states == 0 ? "offloaded to the host" : per(p.optimizer_states));
   if (p.low_precision_weights > 0) {
     row("bf16/fp16 weight copies (autocast)", p.low_precision_weights,
@@ -363,6 +404,9 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
   row("  without checkpointing", p.activations_no_checkpoint, "");
   row("  every block checkpointed", p.activations_checkpoint, "");
   row("backward transients", p.backward_transient, "largest short-lived buffers");
+  if (p.update_transient > 0) {
+    row("update transients", p.update_transient, "fp32 copies of the largest parameter's moments");
+  }
   if (p.communication > 0) {
     const GradientReduction r = data_parallel_mode(c, opt.world_size).reduction;
     row("gradient communication", p.communication,

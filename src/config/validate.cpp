@@ -207,6 +207,13 @@ void check_relations(Config& c, const Rules& rules) {
   } else if (stage > 0) {
     rules.check(stage < 3, "zero_optimization.stage", stage,
                 "stage 3 (parameter partitioning) is not supported; use 0, 1 or 2");
+    // The ZeRO checkpoint gathers fp32 moments from their owners (train/zero.cpp).
+    const auto& o = c.optimizer;
+    rules.check(o.exp_avg_dtype == StateDtype::kFp32 && o.exp_avg_sq_dtype == StateDtype::kFp32,
+                "optimizer.exp_avg_dtype",
+                std::string(name(o.exp_avg_dtype)) + " / " + std::string(name(o.exp_avg_sq_dtype)),
+                "ZeRO stage 1-2 with several ranks keeps fp32 moments for now; use "
+                "zero_optimization.stage 0 or fp32 moments");
   }
   // What data parallelism cannot keep independent of the world size (docs/distributed.md):
   // dropout masks come from each rank's own RNG stream, and a capacity limit is applied to each

@@ -5,7 +5,11 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cmath>
 #include <stdexcept>
+#include <type_traits>
+
+#include "moe/train/blockwise_quant.h"
 
 namespace moe::train {
 
@@ -15,20 +19,68 @@ at::Tensor host_buffer(const at::Tensor& like, bool pinned) {
   return at::empty(like.sizes(), at::TensorOptions().dtype(at::kFloat).pinned_memory(pinned));
 }
 
+const at::Tensor& moment(const AdamWState& st, int which) {
+  return which == 0 ? st.exp_avg : st.exp_avg_sq;
+}
+const at::Tensor& moment_absmax(const AdamWState& st, int which) {
+  return which == 0 ? st.exp_avg_absmax : st.exp_avg_sq_absmax;
+}
+
 }  // namespace
 
+at::Tensor moment_fp32(const AdamWState& st, int which) {
+  const at::Tensor& t = moment(st, which);
+  const at::Tensor& absmax = moment_absmax(st, which);
+  if (absmax.defined()) {
+    return dequantize_blockwise(t, absmax, dynamic_map(which == 0, t.device()));
+  }
+  return t.to(at::kFloat);  // an fp32 moment is returned as it is (updated in place)
+}
+
+void set_moment(AdamWState& st, int which, const at::Tensor& value) {
+  at::Tensor t = moment(st, which);
+  at::Tensor absmax = moment_absmax(st, which);
+  if (absmax.defined()) {
+    quantize_blockwise(value, dynamic_map(which == 0, t.device()), t, absmax);
+  } else if (!t.is_same(value)) {
+    t.copy_(value);  // bf16: round to nearest even
+  }
+}
+
+AdamWState FusedAdamW::make_state(const at::Tensor& like) const {
+  AdamWState st;
+  auto make = [&](config::StateDtype d, at::Tensor& m, at::Tensor& absmax) {
+    if (d == config::StateDtype::k8Bit && like.numel() >= kMin8BitNumel) {
+      // absmax 0 makes every code read as 0, as bitsandbytes starts its states.
+      m = at::zeros(like.sizes(), like.options().dtype(at::kByte));
+      absmax = at::zeros({quant_blocks(like.numel())}, like.options().dtype(at::kFloat));
+    } else if (d == config::StateDtype::kBf16) {
+      m = at::zeros(like.sizes(), like.options().dtype(at::kBFloat16));
+    } else {
+      m = at::zeros_like(like, at::MemoryFormat::Preserve);
+    }
+  };
+  make(precision_.exp_avg, st.exp_avg, st.exp_avg_absmax);
+  make(precision_.exp_avg_sq, st.exp_avg_sq, st.exp_avg_sq_absmax);
+  st.step = at::zeros({}, like.options().dtype(at::kFloat));
+  return st;
+}
+
 FusedAdamW::FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta2, double eps,
-                       OffloadOptions offload)
-    : groups_(std::move(groups)), beta1_(beta1), beta2_(beta2), eps_(eps), offload_(offload) {
+                       OffloadOptions offload, MomentPrecision precision)
+    : groups_(std::move(groups)),
+      beta1_(beta1),
+      beta2_(beta2),
+      eps_(eps),
+      offload_(offload),
+      precision_(precision) {
   for (const auto& g : groups_) {
     auto& st = state_.emplace_back();
     auto& master = master_.emplace_back();
     auto& host_grad = host_grad_.emplace_back();
     for (const auto& p : g.params) {
       if (!offload_.enabled) {
-        st.push_back({at::zeros_like(p, at::MemoryFormat::Preserve),
-                      at::zeros_like(p, at::MemoryFormat::Preserve),
-                      at::zeros({}, p.options().dtype(at::kFloat))});
+        st.push_back(make_state(p));
         continue;
       }
       if (p.scalar_type() != at::kFloat) {
@@ -40,8 +92,7 @@ FusedAdamW::FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta
       master.push_back(host_buffer(p, pinned));
       master.back().copy_(p.detach());
       host_grad.push_back(host_buffer(p, pinned));
-      st.push_back({at::zeros_like(master.back()), at::zeros_like(master.back()),
-                    at::zeros({}, at::TensorOptions().dtype(at::kFloat))});
+      st.push_back(make_state(master.back()));
     }
   }
 }
@@ -81,6 +132,20 @@ FusedAdamW::Lists FusedAdamW::with_grads(size_t g) {
 template <typename Lr>
 void FusedAdamW::update_groups(const Lr& lr, const std::optional<torch::Tensor>& grad_scale,
                                const std::optional<torch::Tensor>& found_inf) {
+  if constexpr (std::is_same_v<Lr, double>) {
+    if (!precision_.fp32()) {  // bf16 / 8-bit moments: the reference update, host-side decisions
+      if (found_inf && found_inf->item<float>() != 0) return;
+      const double scale = grad_scale ? grad_scale->item<double>() : 1.0;
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+          at::Tensor& p = groups_[g].params[i];
+          if (!p.grad().defined()) continue;
+          update_reference(p, p.grad(), state_[g][i], lr, groups_[g].weight_decay, scale);
+        }
+      }
+      return;
+    }
+  }
   for (size_t g = 0; g < groups_.size(); ++g) {
     Lists l = with_grads(g);
     if (l.params.empty()) continue;
@@ -128,6 +193,15 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
   }
 
   auto update = [&](const Bucket& b) {
+    if (!precision_.fp32()) {
+      if (inf_h && inf_h->item<float>() != 0) return;
+      const double scale = scale_h ? scale_h->item<double>() : 1.0;
+      for (size_t i : b.index) {
+        update_reference(master_[b.group][i], host_grad_[b.group][i], state_[b.group][i], lr,
+                         groups_[b.group].weight_decay, scale);
+      }
+      return;
+    }
     std::vector<at::Tensor> masters, grads, m, v, steps;
     for (size_t i : b.index) {
       masters.push_back(master_[b.group][i]);
@@ -189,8 +263,30 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
   // master buffers are not rewritten before their copies to the device have finished.
 }
 
+// The AdamW step in fp32 as bitsandbytes' CPU Adam takes it (its 8-bit blockwise update): the
+// moments first, then decoupled weight decay and the bias-corrected step.
+void FusedAdamW::update_reference(at::Tensor& param, const at::Tensor& grad, AdamWState& st,
+                                  double lr, double weight_decay, double grad_scale) {
+  at::Tensor g = grad.to(at::kFloat);
+  if (grad_scale != 1.0) g = g / grad_scale;
+  st.step.add_(1);
+  const double t = st.step.item<double>();
+  at::Tensor m = moment_fp32(st, 0);
+  at::Tensor v = moment_fp32(st, 1);
+  m.mul_(beta1_).add_(g, 1.0 - beta1_);
+  v.mul_(beta2_).addcmul_(g, g, 1.0 - beta2_);
+  const double correction1 = 1.0 - std::pow(beta1_, t);
+  const double correction2 = std::sqrt(1.0 - std::pow(beta2_, t));
+  const at::Tensor denom = (v.sqrt() / correction2).add_(eps_);
+  if (weight_decay > 0.0) param.mul_(1.0 - lr * weight_decay);
+  param.addcdiv_(m, denom, -lr / correction1);
+  set_moment(st, 0, m);
+  set_moment(st, 1, v);
+}
+
 void FusedAdamW::step_capturable(const torch::Tensor& lr, const torch::Tensor& found_inf) {
   TORCH_CHECK(!offload_.enabled, "optimizer: the capturable step does not support offload");
+  TORCH_CHECK(precision_.fp32(), "optimizer: the capturable step needs fp32 moments");
   at::NoGradGuard no_grad;
   update_groups(lr, std::nullopt, found_inf);
 }

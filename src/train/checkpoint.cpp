@@ -12,6 +12,7 @@
 
 #include "moe/config/lora.h"
 #include "moe/model/lora.h"
+#include "moe/train/blockwise_quant.h"
 #include "moe/train/checkpoint_store.h"
 #include "moe/train/init_from.h"
 #include "moe/util/errors.h"
@@ -96,8 +97,9 @@ void copy_into(const SafetensorsFile& f, const std::string& name, at::Tensor& ds
 // `f` holds exactly the tensors of `expected`, each with the dtype and shape of its tensor.
 void check_tensor_set(const SafetensorsFile& f,
                       const std::vector<std::pair<std::string, at::Tensor>>& expected,
-                      const char* owner, bool extra_allowed = false) {
-  std::set<std::string> names;
+                      const char* owner, bool extra_allowed = false,
+                      const std::set<std::string>& also_expected = {}) {
+  std::set<std::string> names = also_expected;
   for (const auto& [name, t] : expected) {
     names.insert(name);
     const SafeTensorEntry& e = f.entry(name);  // missing: an error naming it
@@ -120,6 +122,60 @@ void check_tensor_set(const SafetensorsFile& f,
                     " (" + std::to_string(extra) +
                     " unexpected tensors: a checkpoint of another architecture?)");
   }
+}
+
+// One Adam moment from the file into the state's own storage. The same storage is copied as it
+// is (a bitwise resume); another one (a checkpoint written with another optimizer.exp_avg_dtype)
+// goes through fp32: 8-bit codes are dequantised, then cast or quantised for this run. With
+// `check_only`, only checks (everything is checked before anything is copied). Adds the names it
+// reads to `read`.
+void load_moment(const SafetensorsFile& f, const std::string& name, AdamWState& st, int which,
+                 bool check_only, std::set<std::string>& read) {
+  at::Tensor& dst = which == 0 ? st.exp_avg : st.exp_avg_sq;
+  at::Tensor& dst_absmax = which == 0 ? st.exp_avg_absmax : st.exp_avg_sq_absmax;
+  const SafeTensorEntry& e = f.entry(name);  // missing: an error naming it
+  const bool codes = e.dtype == "U8";
+  const bool floats = e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16";
+  const std::vector<int64_t> blocks = {quant_blocks(dst.numel())};
+  const std::string absmax_name = name + ".absmax";
+  bool ok = (codes || floats) && e.shape == dst.sizes().vec();
+  if (ok && codes) {
+    const SafeTensorEntry& a = f.entry(absmax_name);
+    ok = a.dtype == "F32" && a.shape == blocks;
+  }
+  if (!ok) {
+    std::ostringstream msg;
+    msg << "tensor '" << name << "' is " << e.dtype << " " << at::IntArrayRef(e.shape)
+        << "; the optimizer expects an Adam moment of shape " << dst.sizes()
+        << " (F32, BF16, or U8 codes with an F32 '.absmax' of " << blocks[0] << " blocks)";
+    throw UserError("checkpoint: " + f.path() + ": " + msg.str());
+  }
+  read.insert(name);
+  if (codes) read.insert(absmax_name);
+  if (check_only) return;
+  if (codes && dst_absmax.defined()) {
+    copy_into(f, name, dst);
+    copy_into(f, absmax_name, dst_absmax);
+    return;
+  }
+  if (!codes && !dst_absmax.defined() && e.dtype == dtype_name(dst.scalar_type())) {
+    copy_into(f, name, dst);
+    return;
+  }
+  at::Tensor value;
+  if (codes) {
+    at::Tensor c = at::empty(dst.sizes(), at::kByte);
+    at::Tensor a = at::empty(blocks, at::kFloat);
+    copy_into(f, name, c);
+    copy_into(f, absmax_name, a);
+    value = dequantize_blockwise(c, a, dynamic_map(which == 0, c.device()));
+  } else {
+    at::Tensor t = at::empty(dst.sizes(), scalar_type_of(e.dtype));
+    copy_into(f, name, t);
+    value = t.to(at::kFloat);
+  }
+  at::NoGradGuard g;
+  set_moment(st, which, value.to(dst.device()));
 }
 
 std::string to_hex(const at::Tensor& bytes) {
@@ -282,8 +338,10 @@ OptimizerStream local_optimizer_stream(FusedAdamW& optimizer) {
     tensors.push_back(t);
   };
   for (auto& [name, st] : optimizer.named_state()) {
-    add(name + ".exp_avg", st->exp_avg);
+    add(name + ".exp_avg", st->exp_avg);  // 8-bit moments: the codes, then their scales
+    if (st->exp_avg_absmax.defined()) add(name + ".exp_avg.absmax", st->exp_avg_absmax);
     add(name + ".exp_avg_sq", st->exp_avg_sq);
+    if (st->exp_avg_sq_absmax.defined()) add(name + ".exp_avg_sq.absmax", st->exp_avg_sq_absmax);
     add(name + ".step", st->step);
   }
   s.each = [tensors](const OptimizerStream::Sink& sink) {
@@ -368,12 +426,14 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
   std::vector<std::pair<std::string, at::Tensor>> states;
   if (optimizer != nullptr) {
     opt.emplace((fs::path(dir) / "optimizer.safetensors").string());
+    std::set<std::string> read;
     for (auto& [name, st] : optimizer->named_state()) {
-      states.emplace_back(name + ".exp_avg", st->exp_avg);
-      states.emplace_back(name + ".exp_avg_sq", st->exp_avg_sq);
+      load_moment(*opt, name + ".exp_avg", *st, 0, /*check_only=*/true, read);
+      load_moment(*opt, name + ".exp_avg_sq", *st, 1, /*check_only=*/true, read);
       states.emplace_back(name + ".step", st->step);
     }
-    check_tensor_set(*opt, states, "the optimizer", optimizer_share);
+    // The moments' tensors (any storage) count as expected: the set check sees the rest.
+    check_tensor_set(*opt, states, "the optimizer", optimizer_share, read);
   }
   auto buffers = model->named_buffers();
   std::vector<std::pair<at::Tensor, std::vector<float>>> bias_values;
@@ -403,6 +463,11 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
   if (optimizer != nullptr) {
     optimizer->reload_master_weights();
     for (auto& [name, t] : states) copy_into(*opt, name, t);
+    std::set<std::string> read;
+    for (auto& [name, st] : optimizer->named_state()) {
+      load_moment(*opt, name + ".exp_avg", *st, 0, /*check_only=*/false, read);
+      load_moment(*opt, name + ".exp_avg_sq", *st, 1, /*check_only=*/false, read);
+    }
   }
   // Restore RNGs last: nothing above draws random numbers, and dropout must continue exactly.
   // Weights-only checkpoints (import-hf) carry none.

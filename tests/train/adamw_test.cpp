@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "moe/train/adamw.h"
+#include "moe/train/blockwise_quant.h"
 
 namespace moe::train {
 namespace {
@@ -169,6 +170,103 @@ TEST(Offload, RejectsNonFp32WorkingWeights) {
   OffloadOptions off;
   off.enabled = true;
   EXPECT_THROW(FusedAdamW({g}, 0.9, 0.95, 1e-8, off), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace moe::train
+
+namespace moe::train {
+namespace {
+
+// Groups with parameters above and below bitsandbytes' 4096-value floor for 8-bit moments.
+std::vector<AdamWGroup> large_groups(uint64_t seed) {
+  torch::manual_seed(seed);
+  AdamWGroup decay{{"big", "small"}, {torch::randn({80, 70}), torch::randn({17, 9})}, 0.1};
+  AdamWGroup no_decay{{"norm"}, {torch::randn({5000})}, 0.0};
+  return {decay, no_decay};
+}
+
+void set_large_grads(std::vector<AdamWGroup>& groups, int step, double scale = 1.0) {
+  torch::manual_seed(2000 + step);
+  for (auto& g : groups) {
+    for (auto& p : g.params) p.mutable_grad() = torch::randn_like(p) * scale;
+  }
+}
+
+MomentPrecision eight_bit() { return {config::StateDtype::k8Bit, config::StateDtype::k8Bit}; }
+
+// The reference update on host masters (offload) is the same update as on the weights.
+TEST(MomentPrecision, OffloadedBitwiseEqualToOnDeviceWith8BitAndBf16Moments) {
+  for (MomentPrecision precision :
+       {eight_bit(), MomentPrecision{config::StateDtype::kBf16, config::StateDtype::k8Bit}}) {
+    auto ga = large_groups(7), gb = clone_groups(ga);
+    FusedAdamW a(ga, 0.9, 0.99, 1e-8, {}, precision);
+    FusedAdamW b(gb, 0.9, 0.99, 1e-8, {.enabled = true, .bucket_bytes = 4096}, precision);
+    for (int step = 0; step < 4; ++step) {
+      set_large_grads(ga, step);
+      set_large_grads(gb, step);
+      a.step(1e-2);
+      b.step(1e-2);
+    }
+    expect_bitwise_equal(a, ga, b, gb);
+  }
+}
+
+// 8-bit storage where bitsandbytes uses it: codes + block scales for >= 4096 values only.
+TEST(MomentPrecision, EightBitStorageAboveTheFloorOnly) {
+  auto g = large_groups(8);
+  FusedAdamW opt(g, 0.9, 0.99, 1e-8, {}, eight_bit());
+  for (auto& [name, st] : opt.named_state()) {
+    const bool big = name != "small";
+    EXPECT_EQ(st->exp_avg.scalar_type(), big ? torch::kByte : torch::kFloat) << name;
+    EXPECT_EQ(st->exp_avg_absmax.defined(), big) << name;
+    if (big) {
+      EXPECT_EQ(st->exp_avg_sq_absmax.numel(), quant_blocks(st->exp_avg_sq.numel())) << name;
+    }
+  }
+}
+
+// fp16 loss scaling: an overflowed step changes nothing; a scaled gradient with its scale is the
+// unscaled gradient.
+TEST(MomentPrecision, FoundInfSkipsAndGradScaleUnscales) {
+  auto ga = large_groups(9), gb = clone_groups(ga);
+  FusedAdamW a(ga, 0.9, 0.99, 1e-8, {}, eight_bit());
+  FusedAdamW b(gb, 0.9, 0.99, 1e-8, {}, eight_bit());
+  set_large_grads(ga, 0);
+  set_large_grads(gb, 0, 1024.0);
+  a.step(1e-2);
+  b.step(1e-2, torch::full({}, 1024.0f), torch::zeros({}));
+  expect_bitwise_equal(a, ga, b, gb);
+  auto before = clone_groups(gb);
+  set_large_grads(gb, 1);
+  b.step(1e-2, torch::full({}, 1.0f), torch::ones({}));
+  for (size_t i = 0; i < gb.size(); ++i) {
+    for (size_t k = 0; k < gb[i].params.size(); ++k) {
+      EXPECT_TRUE(torch::equal(gb[i].params[k], before[i].params[k]));
+    }
+  }
+  EXPECT_EQ(b.named_state()[0].second->step.item<float>(), 1.0f);
+}
+
+// The dynamic map is sorted with 1.0 on top, and quantising takes the nearest code: the error
+// of a value, relative to its block's absmax, is at most half the widest gap of the map.
+TEST(MomentPrecision, QuantisationRoundTrip) {
+  torch::manual_seed(3);
+  const auto x = torch::randn({3 * 256 + 11});
+  auto codes = torch::empty(x.sizes(), torch::kByte);
+  auto absmax = torch::empty({quant_blocks(x.numel())});
+  const auto map = dynamic_map(true, torch::kCPU);
+  quantize_blockwise(x, map, codes, absmax);
+  const auto back = dequantize_blockwise(codes, absmax, map);
+  const auto rel = (back - x).abs() / absmax.repeat_interleave(256).slice(0, 0, x.numel());
+  // Nearest code: within half the widest gap of the map, or below its lowest code (-1 maps to
+  // -0.9925).
+  const float half_gap = ((map.slice(0, 1) - map.slice(0, 0, 255)).max() / 2).item<float>();
+  const float bound = std::max(half_gap, 1.0f + map[0].item<float>());
+  EXPECT_LE(rel.max().item<float>(), bound * (1 + 1e-6f));
+  EXPECT_EQ(map.size(0), 256);
+  EXPECT_EQ(map[255].item<float>(), 1.0f);
+  EXPECT_TRUE(torch::all(map.slice(0, 1) >= map.slice(0, 0, 255)).item<bool>());
 }
 
 }  // namespace

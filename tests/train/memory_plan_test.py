@@ -41,6 +41,21 @@ CASES = {
                                                             "lora.modules_to_save=[\"gate\",\"norm\"]",
                                                             "moe.mlp_only_layers=[0]", "train_batch_size=8",
                                                             "train_micro_batch_size_per_gpu=4"]),
+    # Adam moments in bf16 / 8-bit (optimizer.exp_avg_dtype / exp_avg_sq_dtype), three shapes each
+    "moments-bf16-tiny": ("tiny.json", ["optimizer.exp_avg_dtype=bf16", "optimizer.exp_avg_sq_dtype=bf16"]),
+    "moments-bf16-small": ("bench-cpu-small.json", ["optimizer.exp_avg_dtype=bf16",
+                                                    "optimizer.exp_avg_sq_dtype=bf16"]),
+    "moments-bf16-wide-experts": ("bench-cpu-small.json", ["optimizer.exp_avg_dtype=bf16",
+                                                           "optimizer.exp_avg_sq_dtype=bf16",
+                                                           "model.hidden_size=384", "model.num_heads=6",
+                                                           "moe.num_experts=16", "moe.top_k=4"]),
+    "moments-8bit-tiny": ("tiny.json", ["optimizer.exp_avg_dtype=8bit", "optimizer.exp_avg_sq_dtype=8bit"]),
+    "moments-8bit-small": ("bench-cpu-small.json", ["optimizer.exp_avg_dtype=8bit",
+                                                    "optimizer.exp_avg_sq_dtype=8bit"]),
+    "moments-bf16-8bit-wide-experts": ("bench-cpu-small.json", ["optimizer.exp_avg_dtype=bf16",
+                                                                "optimizer.exp_avg_sq_dtype=8bit",
+                                                                "model.hidden_size=384", "model.num_heads=6",
+                                                                "moe.num_experts=16", "moe.top_k=4"]),
 }
 
 

@@ -29,9 +29,15 @@ enum class OnFailure { kStop, kContinue };         // checkpoint.on_failure
 enum class QkNormScope { kHead, kFull };
 enum class MoeKernels { kAuto, kCuda, kReference };  // moe.kernels
 enum class DistBackend { kAuto, kGloo, kNccl };      // distributed.backend
+// optimizer.exp_avg_dtype / exp_avg_sq_dtype: how Adam's moments are stored.
+enum class StateDtype { kFp32, kBf16, k8Bit };
 
 template <class E>
 struct ChoiceNames;  // kNames[i] is the JSON name of the enumerator with value i
+template <>
+struct ChoiceNames<StateDtype> {
+  static constexpr std::array<std::string_view, 3> kNames = {"fp32", "bf16", "8bit"};
+};
 template <>
 struct ChoiceNames<OptimizerType> {
   static constexpr std::array<std::string_view, 2> kNames = {"AdamW", "Adam"};

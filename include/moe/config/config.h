@@ -25,6 +25,10 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.01;
   bool decay_norms_and_biases = false;  // ours: DeepSpeed/Megatron skip them by default
+  // Ours, after Megatron's precision-aware optimizer (--exp-avg-dtype / --exp-avg-sq-dtype):
+  // fp32 (the fused update), bf16, or 8-bit blockwise as bitsandbytes' 8-bit Adam.
+  StateDtype exp_avg_dtype = StateDtype::kFp32;
+  StateDtype exp_avg_sq_dtype = StateDtype::kFp32;
 };
 
 // One struct for every scheduler type; which params are legal depends on `type`.

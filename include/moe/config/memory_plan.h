@@ -22,6 +22,11 @@ struct PlanOptions {
   bool checkpointing = false;  // force activation checkpointing of every block
 };
 
+// Bytes per parameter of Adam's two moments under optimizer.exp_avg_dtype / exp_avg_sq_dtype:
+// 4 (fp32), 2 (bf16) or 1 + 4/256 (8-bit codes and one fp32 scale per 256-value block) each.
+// Parameters under 4096 values keep fp32 moments under 8-bit; the planner counts them as 8-bit.
+double moment_bytes_per_parameter(const Config& c);
+
 struct MemoryPlan {
   int64_t parameters = 0, active_parameters = 0;
   int64_t micro_batch = 0;
@@ -31,6 +36,7 @@ struct MemoryPlan {
   double activations_no_checkpoint = 0;  // ... without activation checkpointing
   double activations_checkpoint = 0;     // ... with every block checkpointed
   double backward_transient = 0;         // the largest short-lived buffers of the backward
+  double update_transient = 0;  // bf16 / 8-bit moments: fp32 copies for the largest parameter
   // Data parallel: gradient communication buffers alive in the backward (DDP's buckets, or
   // ZeRO-2's filling and in-flight buckets, or the after-backward all-reduce's one bucket).
   double communication = 0;

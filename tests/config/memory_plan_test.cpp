@@ -1,0 +1,41 @@
+// The planner's bytes per trained parameter for each optimizer-state tier (docs/memory.md's
+// table): Adam's moments at 4 / 2 / 1 + 4/256 bytes each, on the device or, offloaded, on the
+// host with the master copy and gradient staging.
+#include <gtest/gtest.h>
+
+#include "config_test_util.h"
+#include "moe/config/memory_plan.h"
+
+namespace moe::config {
+namespace {
+
+TEST(MemoryPlanTiers, MomentBytesPerParameterFollowTheFormula) {
+  Config c = test_util::build(test_util::minimal());
+  struct Tier {
+    StateDtype m, v;
+    double bytes;
+  };
+  const double eight = 1.0 + 4.0 / 256;
+  for (const Tier& t : {Tier{StateDtype::kFp32, StateDtype::kFp32, 8.0},
+                        Tier{StateDtype::kBf16, StateDtype::kBf16, 4.0},
+                        Tier{StateDtype::kBf16, StateDtype::k8Bit, 2.0 + eight},
+                        Tier{StateDtype::k8Bit, StateDtype::k8Bit, 2 * eight}}) {
+    c.optimizer.exp_avg_dtype = t.m;
+    c.optimizer.exp_avg_sq_dtype = t.v;
+    EXPECT_DOUBLE_EQ(moment_bytes_per_parameter(c), t.bytes);
+    PlanOptions cpu{.cpu = true};
+    const MemoryPlan p = plan_memory(c, cpu);
+    const double params = static_cast<double>(p.parameters);
+    EXPECT_DOUBLE_EQ(p.optimizer_states, t.bytes * params);
+    EXPECT_DOUBLE_EQ(p.weights + p.gradients + p.optimizer_states, (8 + t.bytes) * params);
+    EXPECT_EQ(p.update_transient > 0, t.bytes != 8.0);
+    c.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+    const MemoryPlan off = plan_memory(c, cpu);
+    EXPECT_EQ(off.optimizer_states, 0);
+    EXPECT_DOUBLE_EQ(off.host, (t.bytes + 8) * params + off.update_transient);
+    c.zero_optimization.offload_optimizer.device = OffloadDevice::kNone;
+  }
+}
+
+}  // namespace
+}  // namespace moe::config

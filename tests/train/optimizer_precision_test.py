@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Adam moments in bf16 and 8-bit (optimizer.exp_avg_dtype / exp_avg_sq_dtype):
+1. the 8-bit update against bitsandbytes' 8-bit AdamW (the oracle, test-only) on the same
+   tensors: the same dynamic maps, codes, scales and weights after 20 steps;
+2. the bf16 update against the same formula written in PyTorch with bf16 moments;
+3. each tier trains the demo (configs/tiny.json, 300 steps) to validation accuracy >= 0.90 and a
+   final validation loss within 2% of the fp32 run's;
+4. 20 + 20 steps resumed = 40 straight, bitwise (model and optimizer files), for each tier;
+5. a checkpoint of one tier resumes under another (8-bit -> fp32, fp32 -> 8-bit).
+
+usage: optimizer_precision_test.py MOE_TRAIN ADAMW_REPLAY SOURCE_DIR
+"""
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import load_file, save_file
+
+BIN, REPLAY, SRC = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+HP = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
+STEPS = 20
+
+
+def inputs(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    param = torch.randn(n, generator=g) * 0.1
+    # Gradients of changing scale, and a block of zeros (absmax 0) in every step.
+    grads = [torch.randn(n, generator=g) * (0.5 + k / 10) for k in range(STEPS)]
+    for gr in grads:
+        gr[256:512] = 0
+    return param, grads
+
+
+def replay(tmp, param, grads, m_dtype, v_dtype):
+    src, out = tmp / "in.safetensors", tmp / "out.safetensors"
+    tensors = {"param": param.contiguous()}
+    tensors.update({f"grad.{k}": gr.contiguous() for k, gr in enumerate(grads)})
+    save_file(tensors, str(src), metadata={k: repr(v) for k, v in HP.items()})
+    r = subprocess.run([REPLAY, src, out, m_dtype, v_dtype], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return load_file(str(out))
+
+
+def bnb_8bit(param, grads, nearest):
+    """bitsandbytes' 8-bit AdamW on the CPU. nearest: its quantiser swapped for the one of its
+    pure-PyTorch "default" backend (backends/default/ops.py: clamp(x * (1 / absmax), -1, 1), then
+    the nearest code by midpoints), which ours follows; otherwise its C library's, whose
+    approximate binary search (BinSearch) takes a neighbouring code for about 0.15% of values
+    near a midpoint."""
+    import bitsandbytes as bnb
+    import bitsandbytes.backends.cpu.ops as cpu_ops
+
+    def default_quantizer(a, code, absmax_out, out_uint8, blocksize):
+        flat = a.reshape(-1).float()
+        n = flat.numel()
+        blocks = -(n // -blocksize)
+        padded = torch.cat([flat, flat.new_zeros(blocks * blocksize - n)]).view(blocks, blocksize)
+        absmax = padded.abs().max(dim=-1)[0]
+        scaled = torch.clamp(padded * (1.0 / absmax.clamp(min=1e-38).view(-1, 1)), -1, 1)
+        q = torch.bucketize(scaled.reshape(-1), (code[:-1] + code[1:]) / 2, out_int32=True)
+        out_uint8.copy_(q[:n].to(torch.uint8).view(out_uint8.shape))
+        absmax_out.copy_(absmax)
+
+    saved = cpu_ops._quant_blockwise_fp32_direct
+    if nearest:
+        cpu_ops._quant_blockwise_fp32_direct = default_quantizer
+    try:
+        p = torch.nn.Parameter(param.clone())
+        opt = bnb.optim.AdamW8bit([p], lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]),
+                                  eps=HP["eps"], weight_decay=HP["weight_decay"], min_8bit_size=4096)
+        for gr in grads:
+            p.grad = gr.clone()
+            opt.step()
+    finally:
+        cpu_ops._quant_blockwise_fp32_direct = saved
+    return p.detach(), opt.state[p], bnb.__version__
+
+
+def compare_8bit(ours, theirs):
+    p, st = theirs
+    same1 = (st["state1"] == ours["exp_avg.raw"]).float().mean().item()
+    same2 = (st["state2"] == ours["exp_avg_sq.raw"]).float().mean().item()
+    a1 = ((st["absmax1"] - ours["exp_avg.absmax"]).abs().max() / st["absmax1"].abs().max()).item()
+    a2 = ((st["absmax2"] - ours["exp_avg_sq.absmax"]).abs().max() / st["absmax2"].abs().max()).item()
+    dp = (p - ours["param"]).abs().max().item()
+    return same1, same2, a1, a2, dp
+
+
+def oracle_8bit(tmp):
+    n = 3 * 4096 + 77  # a partial last block
+    param, grads = inputs(n, 1)
+    ours = replay(tmp, param, grads, "8bit", "8bit")
+    p, st, version = bnb_8bit(param, grads, nearest=True)
+    check(torch.equal(st["qmap1"], ours["map.signed"]) and
+          torch.equal(st["qmap2"], ours["map.unsigned"]),
+          "the signed and unsigned dynamic maps equal bitsandbytes' create_dynamic_map")
+    same1, same2, a1, a2, dp = compare_8bit(ours, (p, st))
+    print(f"     8-bit vs bitsandbytes {version} AdamW8bit with its default-backend quantiser, {n} "
+          f"values, {STEPS} steps: codes equal {same1:.6f} / {same2:.6f}, absmax rel "
+          f"{a1:.1e} / {a2:.1e}, weights max abs {dp:.1e}")
+    check(same1 == 1.0 and same2 == 1.0, "codes equal bitsandbytes' after 20 steps")
+    check(a1 == 0 and a2 == 0, "block scales equal bitsandbytes'")
+    check(dp <= 1e-7, f"weights within 1e-7 of bitsandbytes' ({dp:.1e})")
+
+    # Against its C library's quantiser: a code flips near midpoints and the runs drift apart by
+    # a fraction of one step's size (docs/memory.md, "8-bit moments").
+    p, st, _ = bnb_8bit(param, grads, nearest=False)
+    same1, same2, a1, a2, dp = compare_8bit(ours, (p, st))
+    print(f"     ... with its C library's quantiser: codes equal {same1:.4f} / {same2:.4f}, "
+          f"weights max abs {dp:.1e} (lr {HP['lr']})")
+    check(same1 >= 0.95 and same2 >= 0.95 and dp <= HP["lr"],
+          "against bitsandbytes' C quantiser: >= 95% of codes equal, weights within one lr")
+
+    small = replay(tmp, param[:1000].clone(), [gr[:1000].clone() for gr in grads], "8bit", "8bit")
+    check(small["exp_avg.raw"].dtype == torch.float32 and "exp_avg.absmax" not in small,
+          "a parameter under 4096 values keeps fp32 moments (bitsandbytes' min_8bit_size)")
+
+
+def formula_bf16(tmp):
+    param, grads = inputs(5000, 2)
+    ours = replay(tmp, param, grads, "bf16", "bf16")
+    p = param.clone()
+    m = torch.zeros_like(p, dtype=torch.bfloat16)
+    v = torch.zeros_like(p, dtype=torch.bfloat16)
+    b1, b2 = HP["beta1"], HP["beta2"]
+    for t, g in enumerate(grads, start=1):
+        mf, vf = m.float(), v.float()
+        mf.mul_(b1).add_(g, alpha=1 - b1)
+        vf.mul_(b2).addcmul_(g, g, value=1 - b2)
+        denom = (vf.sqrt() / (1 - b2 ** t) ** 0.5).add_(HP["eps"])
+        p.mul_(1 - HP["lr"] * HP["weight_decay"])
+        p.addcdiv_(mf, denom, value=-HP["lr"] / (1 - b1 ** t))
+        m, v = mf.to(torch.bfloat16), vf.to(torch.bfloat16)
+    check(ours["exp_avg.raw"].dtype == torch.bfloat16, "bf16 moments are stored as bf16")
+    check(torch.equal(ours["param"], p) and torch.equal(ours["exp_avg.raw"], m) and
+          torch.equal(ours["exp_avg_sq.raw"], v),
+          "bf16 tier: weights and moments equal the formula in PyTorch, bitwise")
+
+
+def train(tmp, name, sets):
+    args = [BIN, "--config", SRC / "configs/tiny.json", "-q",
+            "--set", f"data.train_path={tmp / 'data/train.h5'}",
+            "--set", f"data.valid_path={tmp / 'data/valid.h5'}",
+            "--set", f"training.output_dir={tmp / name}"]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    r = subprocess.run(args, capture_output=True, text=True)
+    return r
+
+
+def evals(run):
+    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if m["type"] == "eval"]
+
+
+TIERS = {"fp32": ("fp32", "fp32"), "bf16": ("bf16", "bf16"), "8bit": ("8bit", "8bit"),
+         "bf16-m+8bit-v": ("bf16", "8bit")}
+
+
+def tiers_train(tmp):
+    results = {}
+    for tier, (m, v) in TIERS.items():
+        r = train(tmp, f"demo-{tier}", {"training.train_iters": 300, "training.eval_interval": 0,
+                                         "optimizer.exp_avg_dtype": m,
+                                         "optimizer.exp_avg_sq_dtype": v})
+        check(r.returncode == 0, f"{tier}: trains (exit {r.returncode}) {r.stderr[-300:]}")
+        if r.returncode == 0:
+            e = evals(tmp / f"demo-{tier}")[-1]
+            results[tier] = e
+    base = results.get("fp32")
+    for tier, e in results.items():
+        rel = (e["loss"] - base["loss"]) / base["loss"] if base else float("nan")
+        print(f"     {tier:>14}: step {e['step']} validation loss {e['loss']:.4f} "
+              f"({rel:+.2%} vs fp32), accuracy {e['accuracy']:.4f}")
+        check(e["accuracy"] >= 0.90, f"{tier}: validation accuracy {e['accuracy']:.4f} >= 0.90")
+        check(abs(rel) <= 0.02, f"{tier}: final validation loss within 2% of fp32's ({rel:+.2%})")
+
+
+def tiers_resume(tmp):
+    for tier, (m, v) in TIERS.items():
+        if tier == "fp32":
+            continue  # tests/train/checkpoint_test.py holds the fp32 resume
+        sets = {"training.train_iters": 40, "training.eval_interval": 0,
+                "checkpoint.save_interval": 20, "optimizer.exp_avg_dtype": m,
+                "optimizer.exp_avg_sq_dtype": v}
+        straight = train(tmp, f"straight-{tier}", sets)
+        first = train(tmp, f"resumed-{tier}", dict(sets, **{"training.exit_interval": 20}))
+        second = train(tmp, f"resumed-{tier}", sets)
+        ok = straight.returncode == first.returncode == second.returncode == 0
+        same = ok
+        for f in ("model.safetensors", "optimizer.safetensors"):
+            a = tmp / f"straight-{tier}/checkpoints/step-00000040/{f}"
+            b = tmp / f"resumed-{tier}/checkpoints/step-00000040/{f}"
+            same = same and a.exists() and a.read_bytes() == b.read_bytes()
+        check(same, f"{tier}: 20 + 20 resumed = 40 straight, model and optimizer bitwise")
+
+    # A checkpoint of one tier resumes under another: through fp32, then the run's own storage.
+    for src_tier, dst_tier in (("8bit", "fp32"), ("fp32", "8bit")):
+        sets = {"training.train_iters": 40, "training.eval_interval": 0,
+                "checkpoint.save_interval": 20}
+        (m, v) = TIERS[src_tier]
+        first = train(tmp, f"cross-{src_tier}", dict(sets, **{"training.exit_interval": 20,
+                                                               "optimizer.exp_avg_dtype": m,
+                                                               "optimizer.exp_avg_sq_dtype": v}))
+        (m, v) = TIERS[dst_tier]
+        second = train(tmp, f"cross-{src_tier}", dict(sets, **{"optimizer.exp_avg_dtype": m,
+                                                                "optimizer.exp_avg_sq_dtype": v}))
+        opt = load_file(str(tmp / f"cross-{src_tier}/checkpoints/step-00000040/optimizer.safetensors"))
+        want = torch.uint8 if dst_tier == "8bit" else torch.float32
+        dtypes = {t.dtype for k, t in opt.items() if k.endswith(".exp_avg") and t.numel() >= 4096}
+        check(first.returncode == 0 and second.returncode == 0 and dtypes == {want},
+              f"a {src_tier} checkpoint resumes with {dst_tier} moments (exit {second.returncode}; "
+              f"saved {dtypes}) {second.stderr[-300:]}")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as d:
+        tmp = pathlib.Path(d)
+        oracle_8bit(tmp)
+        formula_bf16(tmp)
+        if "--oracle-only" in sys.argv:
+            return 1 if failures else 0
+        r = subprocess.run([BIN, "make-synthetic", "--out", tmp / "data", "--vocab", "64",
+                            "--programs", "4", "--doc-len", "65", "--train-docs", "4000",
+                            "--valid-docs", "256"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        tiers_resume(tmp)
+        tiers_train(tmp)
+    if failures:
+        print(f"{len(failures)} checks failed")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
