@@ -272,11 +272,46 @@ int cmd_eval(const EvalArgs& a) {
 
 struct PlanArgs {
   TrainArgs cfg;
-  std::string gpu_memory;
+  std::string gpu_memory, host_memory;
   int64_t world_size = 1;
   std::string device = "auto";
-  bool json = false;
+  bool json = false, largest = false;
 };
+
+// plan --largest: for each memory tier (with activation checkpointing), the deepest model of the
+// config's family (its width, experts, heads) that fits --gpu-memory (and --host-memory).
+int print_largest_models(const config::Config& cfg, const config::PlanOptions& o, bool json) {
+  nlohmann::json rows = nlohmann::json::array();
+  if (!json) {
+    std::printf(
+        "largest model of this family (by layers) on %.0f GiB%s, every block checkpointed:\n",
+        o.device_bytes / (1024.0 * 1024 * 1024),
+        o.host_bytes > 0
+            ? (" + " + std::to_string(static_cast<int64_t>(o.host_bytes / (1024.0 * 1024 * 1024))) +
+               " GiB host")
+                  .c_str()
+            : "");
+  }
+  for (const config::MemoryTier& t : config::memory_tiers()) {
+    if (!t.checkpointing) continue;
+    config::Config c = cfg;
+    config::PlanOptions to = o;
+    config::apply_tier(t, c, to);
+    const config::LargestModel m = config::largest_fitting_model(c, to);
+    rows.push_back({{"tier", t.name},
+                    {"num_layers", m.num_layers},
+                    {"parameters", m.parameters},
+                    {"reserved_bytes", m.reserved},
+                    {"host_bytes", m.host}});
+    if (!json) {
+      std::printf("  %-62s %5lld layers  %8.2f B parameters  (device %.1f GiB, host %.1f GiB)\n",
+                  t.name.c_str(), static_cast<long long>(m.num_layers), m.parameters / 1e9,
+                  m.reserved / (1024.0 * 1024 * 1024), m.host / (1024.0 * 1024 * 1024));
+    }
+  }
+  if (json) std::cout << rows.dump(2) << "\n";
+  return kExitOk;
+}
 
 // moe-train plan: the memory of one training step from the config alone (memory_plan.h).
 int cmd_plan(const PlanArgs& a) {
@@ -290,6 +325,12 @@ int cmd_plan(const PlanArgs& a) {
           (a.device == "auto" && cfg.training.device == config::TrainingDevice::kCpu);
   if (!a.gpu_memory.empty())
     o.device_bytes = config::parse_memory_size(a.gpu_memory, "plan: --gpu-memory");
+  if (!a.host_memory.empty())
+    o.host_bytes = config::parse_memory_size(a.host_memory, "plan: --host-memory");
+  if (a.largest) {
+    if (o.device_bytes <= 0) throw UserError("plan: --largest needs --gpu-memory");
+    return print_largest_models(cfg, o, a.json);
+  }
   const config::MemoryPlan p = config::plan_memory(cfg, o);
   if (!a.json) {
     std::cout << config::format_plan(cfg, o, p);
@@ -304,6 +345,7 @@ int cmd_plan(const PlanArgs& a) {
                       {"gradients_bytes", p.gradients},
                       {"optimizer_states_bytes", p.optimizer_states},
                       {"low_precision_weights_bytes", p.low_precision_weights},
+                      {"master_weights_bytes", p.master_weights},
                       {"activations_bytes", p.activations},
                       {"activations_no_checkpoint_bytes", p.activations_no_checkpoint},
                       {"activations_checkpoint_bytes", p.activations_checkpoint},
@@ -317,7 +359,9 @@ int cmd_plan(const PlanArgs& a) {
     j["fits"] = p.fits;
     j["max_micro_batch"] = p.max_micro_batch;
     j["advice"] = p.advice;
+    j["cheapest_tier"] = p.cheapest_tier;
   }
+  if (o.host_bytes > 0) j["host_memory_bytes"] = o.host_bytes;
   std::cout << j.dump(2) << "\n";
   return kExitOk;
 }
@@ -332,6 +376,11 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   pl->add_option("--device", a.device, "gpu or cpu (default: training.device, auto = gpu)")
       ->check(CLI::IsMember({"auto", "gpu", "cpu"}));
+  pl->add_option("--host-memory", a.host_memory,
+                 "Host memory for offloaded states in the verdict, e.g. 128GiB");
+  pl->add_flag("--largest", a.largest,
+               "For each memory tier, the largest model of this family (by layers) that fits "
+               "--gpu-memory (and --host-memory)");
   pl->add_flag("--json", a.json, "Print the figures as JSON (bytes)");
   return pl;
 }

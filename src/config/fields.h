@@ -41,6 +41,7 @@ void visit_fields(auto& v, Section<OptimizerConfig> auto& o) {
   v.field("type", o.type);
   v.field("exp_avg_dtype", o.exp_avg_dtype);
   v.field("exp_avg_sq_dtype", o.exp_avg_sq_dtype);
+  v.field("main_params_dtype", o.main_params_dtype);
   v.object("params", [&] {
     v.field("lr", o.lr, above(0));
     v.field("betas", o.betas, in_open(0, 1));
@@ -211,6 +212,7 @@ void visit_fields(auto& v, Section<TrainingConfig> auto& t) {
   v.field("max_bad_steps", t.max_bad_steps, at_least(1));
   v.field("exit_duration_minutes", t.exit_duration_minutes, at_least(0, "0 = off"));
   v.field("cuda_graph", t.cuda_graph);
+  v.field("param_dtype", t.param_dtype);
 }
 
 void visit_fields(auto& v, Section<CheckpointConfig> auto& k) {

@@ -45,7 +45,10 @@ Shape shape_of(const Config& c, int64_t micro_batch, bool cpu) {
   s.fd = static_cast<double>(dense_hidden_size(c));
   s.V = static_cast<double>(c.model.vocab_size);
   s.fs = static_cast<double>(c.moe.shared_expert_hidden_size);
-  s.a = (!cpu && (c.bf16.enabled || c.fp16.enabled)) ? 2.0 : 4.0;
+  s.a =
+      ((!cpu && (c.bf16.enabled || c.fp16.enabled)) || c.training.param_dtype != ParamDtype::kFp32)
+          ? 2.0
+          : 4.0;
   return s;
 }
 
@@ -182,13 +185,96 @@ std::string gib(double bytes) {
 
 }  // namespace
 
+std::vector<MemoryTier> memory_tiers() {
+  static const char* kWeights[] = {"fp32 weights", "bf16 weights + fp32 master",
+                                   "bf16 weights + bf16 master (Kahan)"};
+  static const char* kWeightSettings[] = {
+      "", "bf16.enabled=true training.param_dtype=bf16 ",
+      "bf16.enabled=true training.param_dtype=bf16 optimizer.main_params_dtype=bf16 "};
+  static const char* kMoments[] = {"fp32 moments", "bf16 moments", "8-bit moments"};
+  static const char* kMomentSettings[] = {
+      "", "optimizer.exp_avg_dtype=bf16 optimizer.exp_avg_sq_dtype=bf16 ",
+      "optimizer.exp_avg_dtype=8bit optimizer.exp_avg_sq_dtype=8bit "};
+  std::vector<MemoryTier> tiers;
+  for (int ck = 0; ck < 2; ++ck) {
+    for (int off = 0; off < 2; ++off) {
+      for (int m = 0; m < 3; ++m) {
+        for (int w = 0; w < 3; ++w) {
+          if (w == 2 && off == 1) continue;  // offload keeps an fp32 master on the host
+          MemoryTier t;
+          t.weights = w;
+          t.moments = m;
+          t.offload = off == 1;
+          t.checkpointing = ck == 1;
+          t.cost = (w == 1 ? 1 : w == 2 ? 2 : 0) + m + 3 * off + ck;
+          t.name = std::string(kWeights[w]) + ", " + kMoments[m] + (off ? ", offload" : "") +
+                   (ck ? ", checkpointing" : "");
+          t.settings = std::string(kWeightSettings[w]) + kMomentSettings[m] +
+                       (off ? "zero_optimization.offload_optimizer.device=cpu " : "") +
+                       (ck ? "activation_checkpointing.number_checkpoints=NUM_LAYERS " : "");
+          if (!t.settings.empty()) t.settings.pop_back();
+          tiers.push_back(t);
+        }
+      }
+    }
+  }
+  std::stable_sort(tiers.begin(), tiers.end(),
+                   [](const MemoryTier& a, const MemoryTier& b) { return a.cost < b.cost; });
+  return tiers;
+}
+
+void apply_tier(const MemoryTier& t, Config& c, PlanOptions& o) {
+  const ParamDtype sixteen = c.fp16.enabled ? ParamDtype::kFp16 : ParamDtype::kBf16;
+  if (t.weights > 0 && !c.fp16.enabled) c.bf16.enabled = true;
+  c.training.param_dtype = t.weights > 0 ? sixteen : ParamDtype::kFp32;
+  c.optimizer.main_params_dtype = t.weights == 2 ? ParamDtype::kBf16 : ParamDtype::kFp32;
+  const StateDtype m = t.moments == 0   ? StateDtype::kFp32
+                       : t.moments == 1 ? StateDtype::kBf16
+                                        : StateDtype::k8Bit;
+  c.optimizer.exp_avg_dtype = c.optimizer.exp_avg_sq_dtype = m;
+  c.zero_optimization.offload_optimizer.device =
+      t.offload ? OffloadDevice::kCpu : OffloadDevice::kNone;
+  o.checkpointing = t.checkpointing;
+}
+
+namespace {
+bool fits_memory(const MemoryPlan& p, const PlanOptions& opt) {
+  return p.reserved <= opt.device_bytes && (opt.host_bytes <= 0 || p.host <= opt.host_bytes);
+}
+}  // namespace
+
+LargestModel largest_fitting_model(const Config& c, const PlanOptions& opt) {
+  LargestModel best;
+  auto plan_with = [&](int64_t layers) {
+    Config alt = c;
+    alt.model.num_layers = layers;
+    alt.moe.mlp_only_layers.clear();  // a layer list of the original depth would not apply
+    PlanOptions o = opt;
+    o.device_bytes = 0;
+    return plan_memory(alt, o);
+  };
+  int64_t lo = 0, hi = 1;
+  while (hi <= 65536 && fits_memory(plan_with(hi), opt)) lo = hi, hi *= 2;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits_memory(plan_with(mid), opt) ? lo : hi) = mid;
+  }
+  if (lo == 0) return best;
+  const MemoryPlan p = plan_with(lo);
+  best.num_layers = lo;
+  best.parameters = p.parameters;
+  best.reserved = p.reserved;
+  best.host = p.host;
+  return best;
+}
+
 // Whether the plan fits opt.device_bytes, the largest micro-batch that does, and what would make
 // a config that does not fit fit (each change tried alone on a copy).
 static void fit_and_advise(const Config& c, const PlanOptions& opt, MemoryPlan& p) {
   const bool offload = c.zero_optimization.offload_optimizer.device == OffloadDevice::kCpu;
   const bool mixed = !opt.cpu && (c.bf16.enabled || c.fp16.enabled);
   const bool ckpt = opt.checkpointing;
-  p.fits = p.reserved <= opt.device_bytes;
+  p.fits = fits_memory(p, opt);
   // Memory grows with the micro-batch: double to an upper bound, then bisect.
   // Does the plan fit once `change` has altered a copy of the config and the options?
   auto with = [&](auto change) {
@@ -196,8 +282,20 @@ static void fit_and_advise(const Config& c, const PlanOptions& opt, MemoryPlan& 
     PlanOptions o = opt;
     o.device_bytes = 0;
     change(alt, o);
-    return plan_memory(alt, o).reserved <= opt.device_bytes;
+    return fits_memory(plan_memory(alt, o), opt);
   };
+  // The cheapest tier that fits as configured otherwise (LoRA runs keep their own rules).
+  if (!lora_enabled(c) && opt.world_size <= 1) {
+    for (const MemoryTier& t : memory_tiers()) {
+      if (with([&](Config& a, PlanOptions& o) { apply_tier(t, a, o); })) {
+        std::string settings = t.settings;
+        const auto at = settings.find("NUM_LAYERS");
+        if (at != std::string::npos) settings.replace(at, 10, std::to_string(c.model.num_layers));
+        p.cheapest_tier = t.name + (settings.empty() ? "" : " (" + settings + ")");
+        break;
+      }
+    }
+  }
   auto fits_with = [&](int64_t b) {
     return with([b](Config&, PlanOptions& o) { o.micro_batch = b; });
   };
@@ -280,8 +378,15 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   const double frozen = static_cast<double>(lora.frozen_base);
   // The backward walk spreads gradients over the layers' parameters: scale them to the share
   // that trains.
-  const double grad_per_param = (partitioned ? 4 / N : 4) * trained / P;
-  p.gradients = 4 * trained / (dp.shards_gradients() ? N : 1);  // held at the update
+  // 16-bit working weights (training.param_dtype): 16-bit gradients, summed in fp32 over
+  // micro-batches (and widened before fp16's unscaling); fp32 masters in the optimizer.
+  const bool w16 = c.training.param_dtype != ParamDtype::kFp32;
+  const bool accumulate = c.gradient_accumulation_steps > 1;
+  const bool fp32_sums = w16 && (accumulate || c.fp16.enabled);
+  const bool kahan = w16 && c.optimizer.main_params_dtype == ParamDtype::kBf16;
+  const double grad_bytes = !w16 ? 4 : accumulate ? 6 : 2;  // during a backward
+  const double grad_per_param = (partitioned ? grad_bytes / N : grad_bytes) * trained / P;
+  p.gradients = (!w16 || fp32_sums ? 4 : 2) * trained / (dp.shards_gradients() ? N : 1);
   switch (dp.reduction) {
     case GradientReduction::kNone:
       p.communication = 0;
@@ -299,24 +404,33 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   const double state_share = dp.shards_optimizer() ? N : 1;
   const double moments = moment_bytes_per_parameter(c);
   p.optimizer_states = offload ? 0 : moments * trained / state_share;
-  // Moments + fp32 master copy + fp32 gradient staging.
-  p.host = offload ? (moments + 8) * trained / state_share : 0;
+  // Moments + fp32 master copy + gradient staging (in the gradients' dtype).
+  p.host = offload ? (moments + 4 + (!w16 || fp32_sums ? 4 : 2)) * trained / state_share : 0;
+  p.master_weights = !w16 || offload ? 0 : (kahan ? 2 : 4) * trained;
   // The reference update (bf16 / 8-bit moments) reads one parameter's moments into fp32 and
   // quantises them back: ~16 B per value of the largest parameter (fp32 m, v, the denominator
   // and a square root), 32 B with 8-bit moments (the padded copy, scaled rows and bucket
   // indices of the quantisation).
   const bool eight = c.optimizer.exp_avg_dtype == StateDtype::k8Bit ||
                      c.optimizer.exp_avg_sq_dtype == StateDtype::k8Bit;
-  p.update_transient = moments == 8 ? 0 : (eight ? 32.0 : 16.0) * largest_trained_parameter(c);
-  p.weights = 4 * trained + (mixed ? 2 : 4) * frozen;
+  const double largest = largest_trained_parameter(c);
+  p.update_transient = moments == 8 ? 0 : (eight ? 32.0 : 16.0) * largest;
+  // 16-bit weights on the device: a bucket (64 MiB of fp32, plus the parameter that fills it)
+  // of widened gradients; a bf16 master adds its fp32 views and the Kahan temporaries of one
+  // parameter (old, sum, rounded, difference: ~14 B per value).
+  if (w16 && !offload) {
+    const double bucket16 = std::min(4 * trained, 64.0 * (1 << 20) + 4 * largest);
+    p.update_transient +=
+        kahan ? std::min(8 * trained, 64.0 * (1 << 20) + 8 * largest) + 14 * largest : bucket16;
+  }
+  p.weights = (w16 ? 2 : 4) * trained + (mixed || w16 ? 2 : 4) * frozen;
   // Autocast keeps the bf16/fp16 copy of every fp32 matmul weight from the forward to the end of
-  // the backward (its cache is cleared after the step); a 16-bit frozen base needs none.
-  p.low_precision_weights = mixed ? 2 * trained : 0;
-  const double fixed = p.weights + p.optimizer_states + p.low_precision_weights;
+  // the backward (its cache is cleared after the step); 16-bit weights need none.
+  p.low_precision_weights = mixed && !w16 ? 2 * trained : 0;
+  const double fixed = p.weights + p.optimizer_states + p.low_precision_weights + p.master_weights;
 
   const Shape s = shape_of(c, p.micro_batch, opt.cpu);
   const bool ckpt = opt.checkpointing;
-  const bool accumulate = c.gradient_accumulation_steps > 1;
   const Walk as_configured = walk_backward(c, s, ckpt, grad_per_param, accumulate);
   p.activations = as_configured.activations;
   Config no_checkpoint = c;
@@ -386,9 +500,20 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
                   !opt.cpu && (c.bf16.enabled || c.fp16.enabled) ? "16-bit" : "fp32");
     out += line;
   }
-  row(lora_enabled(c) ? "weights (frozen base + fp32 trained)" : "weights (fp32)", p.weights,
-      per(p.weights));
-  row("gradients (fp32)", p.gradients, per(p.gradients));
+  const bool w16 = c.training.param_dtype != ParamDtype::kFp32;
+  const std::string weight_dtype(name(c.training.param_dtype));
+  row(lora_enabled(c) ? "weights (frozen base + fp32 trained)"
+                      : ("weights (" + weight_dtype + ")").c_str(),
+      p.weights, per(p.weights));
+  row(p.gradients > 2.5 * static_cast<double>(p.parameters) || !w16
+          ? "gradients (fp32)"
+          : ("gradients (" + weight_dtype + ")").c_str(),
+      p.gradients, per(p.gradients));
+  if (p.master_weights > 0) {
+    row(c.optimizer.main_params_dtype == ParamDtype::kBf16 ? "bf16 master compensation (Kahan)"
+                                                           : "fp32 master weights",
+        p.master_weights, per(p.master_weights));
+  }
   const std::string moment_names = std::string(name(c.optimizer.exp_avg_dtype)) + "/" +
                                    std::string(name(c.optimizer.exp_avg_sq_dtype));
   row(("Adam moments (" + moment_names + ")").c_str(), p.optimizer_states,
@@ -426,6 +551,7 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
                   gib(p.reserved).c_str(), static_cast<long long>(p.max_micro_batch));
     out += line;
     for (const auto& a : p.advice) out += "  would help: " + a + "\n";
+    if (!p.cheapest_tier.empty()) out += "  cheapest tier that fits: " + p.cheapest_tier + "\n";
     if (!p.fits && p.advice.empty()) {
       out +=
           "  nothing tried fits one device (checkpointing, offload, LoRA, micro-batch 1): more "

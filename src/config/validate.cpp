@@ -190,6 +190,37 @@ void warn_inert_checkpointing_keys(Config& c) {
   }
 }
 
+// training.param_dtype / optimizer.main_params_dtype: 16-bit working weights are the compute
+// dtype of an enabled bf16/fp16 section; a bf16 master is those weights themselves.
+void check_weight_precision(const Config& c, const Rules& rules) {
+  const ParamDtype w = c.training.param_dtype, master = c.optimizer.main_params_dtype;
+  if (w == ParamDtype::kBf16) {
+    rules.check(c.bf16.enabled, "training.param_dtype", "bf16", "needs bf16.enabled = true");
+  }
+  if (w == ParamDtype::kFp16) {
+    rules.check(c.fp16.enabled, "training.param_dtype", "fp16", "needs fp16.enabled = true");
+  }
+  if (w != ParamDtype::kFp32) {
+    rules.check(!lora_enabled(c), "training.param_dtype", name(w).data(),
+                "LoRA keeps its frozen base in the compute dtype already and trains fp32 "
+                "adapters; leave training.param_dtype at fp32 with lora.r > 0");
+    rules.check(c.world_size <= 1, "training.param_dtype", name(w).data(),
+                "16-bit working weights train in one process for now; use fp32 with several "
+                "data-parallel ranks");
+  }
+  rules.check(master != ParamDtype::kFp16, "optimizer.main_params_dtype", "fp16",
+              "expected fp32 or bf16");
+  if (master == ParamDtype::kBf16) {
+    rules.check(w == ParamDtype::kBf16, "optimizer.main_params_dtype", "bf16",
+                "a bf16 master is the bf16 working weights themselves: needs "
+                "training.param_dtype = bf16");
+    rules.check(c.zero_optimization.offload_optimizer.device == OffloadDevice::kNone,
+                "optimizer.main_params_dtype", "bf16",
+                "offload keeps an fp32 master on the host; use main_params_dtype fp32 with "
+                "zero_optimization.offload_optimizer");
+  }
+}
+
 void check_relations(Config& c, const Rules& rules) {
   const auto& s = c.scheduler;
   if (s.total_num_steps > 0 && s.type != SchedulerType::kWarmupLR &&
@@ -200,6 +231,7 @@ void check_relations(Config& c, const Rules& rules) {
   }
   rules.check(!(c.fp16.enabled && c.bf16.enabled), "fp16.enabled", "true",
               "fp16 and bf16 cannot both be enabled");
+  check_weight_precision(c, rules);
   const int64_t stage = c.zero_optimization.stage;
   if (stage > 0 && c.world_size <= 1) {
     c.warnings.push_back("zero_optimization.stage = " + std::to_string(stage) +

@@ -168,4 +168,19 @@ json environment_report(const std::vector<std::string>& dirs) {
   return {{"checks", checks}};
 }
 
+bool cpu_has_native_bf16() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line);
+    std::string w;
+    while (words >> w) {
+      if (w == "avx512_bf16" || w == "amx_bf16") return true;
+    }
+    return false;  // the first CPU's flags are every CPU's
+  }
+  return false;
+}
+
 }  // namespace moe::env

@@ -287,7 +287,11 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
                     " has no LoRA adapters (no lora section with r > 0): export it without "
                     "--adapter");
   }
-  model::TransformerLM model(cfg, torch::Device(torch::kCPU));
+  // model.safetensors holds fp32 masters whatever training.param_dtype was: export them as
+  // written, not rounded to the run's 16-bit working weights.
+  config::Config fp32_cfg = cfg;
+  fp32_cfg.training.param_dtype = config::ParamDtype::kFp32;
+  model::TransformerLM model(fp32_cfg, torch::Device(torch::kCPU));
   train::load_checkpoint(checkpoint_dir, model, nullptr, /*restore_rng=*/false);
 
   const std::string source = hf_source_dir(checkpoint_dir, cfg);

@@ -70,8 +70,12 @@ void ExpertLoraImpl::zero_update() {
   lora_B.zero_();
 }
 
+bool is_16bit_matrix(const std::string& name, const torch::Tensor& param) {
+  return param.dim() >= 2 && name.find(".router.") == std::string::npos;
+}
+
 bool held_in_16_bits(const std::string& name, const torch::Tensor& param) {
-  return !param.requires_grad() && param.dim() >= 2 && name.find(".router.") == std::string::npos;
+  return !param.requires_grad() && is_16bit_matrix(name, param);
 }
 
 std::string base_fingerprint(const torch::nn::Module& model, torch::ScalarType held) {

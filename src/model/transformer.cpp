@@ -312,14 +312,16 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     if (pos_embed) pos_embed->weight.normal_(0.0, m.init_std);
   }
   lora_ = config::lora_enabled(cfg);
-  base_dtype_ = lora_ ? lora_base_dtype(cfg, device) : torch::kFloat;
+  base_dtype_ = lora_ ? lora_base_dtype(cfg, device) : param_dtype(cfg);
   // On a GPU each block goes to the device as soon as it is built (its frozen LoRA base in the
   // compute dtype): the host never holds the whole model, the device never its fp32 base.
   const bool to_device = device.is_cuda();
   auto list = register_module("blocks", torch::nn::ModuleList());  // names blocks.0, blocks.1...
   for (int64_t i = 0; i < m.num_layers; ++i) {
     blocks.push_back(Block(cfg, device, i, loads));
-    if (lora_) freeze_for_lora(*blocks.back(), cfg, "blocks." + std::to_string(i) + ".");
+    const std::string prefix = "blocks." + std::to_string(i) + ".";
+    if (lora_) freeze_for_lora(*blocks.back(), cfg, prefix);
+    if (!lora_) hold_matrices_in_16_bits(*blocks.back(), prefix);
     if (to_device) blocks.back()->to(device);
     list->push_back(blocks.back());
   }
@@ -332,7 +334,20 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     lm_head->weight.normal_(0.0, m.init_std);
   }
   if (lora_) freeze_for_lora(*this, cfg, "");
+  if (!lora_) hold_matrices_in_16_bits(*this, "");
   if (to_device) this->to(device);  // the rest: embeddings, final norm, head
+}
+
+void TransformerLMImpl::hold_matrices_in_16_bits(torch::nn::Module& part,
+                                                 const std::string& prefix) {
+  if (base_dtype_ == torch::kFloat) return;
+  torch::NoGradGuard no_grad;
+  for (auto& item : part.named_parameters()) {
+    auto& p = item.value();
+    if (is_16bit_matrix(prefix + item.key(), p) && p.scalar_type() != base_dtype_) {
+      p.set_data(p.to(base_dtype_));
+    }
+  }
 }
 
 void TransformerLMImpl::freeze_for_lora(torch::nn::Module& part, const config::Config& cfg,
@@ -352,20 +367,32 @@ void TransformerLMImpl::freeze_for_lora(torch::nn::Module& part, const config::C
 
 BaseDtypeAutocast::BaseDtypeAutocast(const TransformerLM& model) {
   const auto dtype = model->base_dtype();
-  on_ = dtype != torch::kFloat && !model->parameters().empty() &&
-        model->parameters().front().is_cuda();
+  on_ = dtype != torch::kFloat && !model->parameters().empty();
   if (!on_) return;
-  was_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
-  was_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
-  at::autocast::set_autocast_enabled(at::kCUDA, true);
-  at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+  device_type_ = model->parameters().front().device().type();
+  was_enabled_ = at::autocast::is_autocast_enabled(device_type_);
+  was_dtype_ = at::autocast::get_autocast_dtype(device_type_);
+  at::autocast::set_autocast_enabled(device_type_, true);
+  at::autocast::set_autocast_dtype(device_type_, dtype);
 }
 
 BaseDtypeAutocast::~BaseDtypeAutocast() {
   if (!on_) return;
-  at::autocast::set_autocast_enabled(at::kCUDA, was_enabled_);
-  at::autocast::set_autocast_dtype(at::kCUDA, was_dtype_);
+  at::autocast::set_autocast_enabled(device_type_, was_enabled_);
+  at::autocast::set_autocast_dtype(device_type_, was_dtype_);
   if (!was_enabled_) at::autocast::clear_cache();
+}
+
+torch::ScalarType param_dtype(const config::Config& cfg) {
+  switch (cfg.training.param_dtype) {
+    case config::ParamDtype::kBf16:
+      return torch::kBFloat16;
+    case config::ParamDtype::kFp16:
+      return torch::kHalf;
+    case config::ParamDtype::kFp32:
+      break;
+  }
+  return torch::kFloat;
 }
 
 torch::ScalarType lora_base_dtype(const config::Config& cfg, const torch::Device& device) {

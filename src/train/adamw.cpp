@@ -15,9 +15,11 @@ namespace moe::train {
 
 namespace {
 
-at::Tensor host_buffer(const at::Tensor& like, bool pinned) {
-  return at::empty(like.sizes(), at::TensorOptions().dtype(at::kFloat).pinned_memory(pinned));
+at::Tensor host_buffer(const at::Tensor& like, at::ScalarType dtype, bool pinned) {
+  return at::empty(like.sizes(), at::TensorOptions().dtype(dtype).pinned_memory(pinned));
 }
+
+bool held_in_16_bits(const at::Tensor& p) { return p.scalar_type() != at::kFloat; }
 
 const at::Tensor& moment(const AdamWState& st, int which) {
   return which == 0 ? st.exp_avg : st.exp_avg_sq;
@@ -56,8 +58,8 @@ AdamWState FusedAdamW::make_state(const at::Tensor& like) const {
       absmax = at::zeros({quant_blocks(like.numel())}, like.options().dtype(at::kFloat));
     } else if (d == config::StateDtype::kBf16) {
       m = at::zeros(like.sizes(), like.options().dtype(at::kBFloat16));
-    } else {
-      m = at::zeros_like(like, at::MemoryFormat::Preserve);
+    } else {  // fp32 moments, also of a 16-bit parameter
+      m = at::zeros(like.sizes(), like.options().dtype(at::kFloat));
     }
   };
   make(precision_.exp_avg, st.exp_avg, st.exp_avg_absmax);
@@ -67,32 +69,42 @@ AdamWState FusedAdamW::make_state(const at::Tensor& like) const {
 }
 
 FusedAdamW::FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta2, double eps,
-                       OffloadOptions offload, MomentPrecision precision)
+                       OffloadOptions offload, MomentPrecision precision,
+                       MainParamsDtype main_params)
     : groups_(std::move(groups)),
       beta1_(beta1),
       beta2_(beta2),
       eps_(eps),
       offload_(offload),
-      precision_(precision) {
+      precision_(precision),
+      main_params_(main_params) {
+  at::NoGradGuard no_grad;
   for (const auto& g : groups_) {
     auto& st = state_.emplace_back();
     auto& master = master_.emplace_back();
     auto& host_grad = host_grad_.emplace_back();
-    for (const auto& p : g.params) {
-      if (!offload_.enabled) {
-        st.push_back(make_state(p));
-        continue;
+    auto& compensation = compensation_.emplace_back();
+    grad_sum_.emplace_back(g.params.size());
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const at::Tensor p = g.params[i].detach();
+      const bool sixteen = held_in_16_bits(p);
+      sixteen_bit_ += sixteen ? 1 : 0;
+      if (sixteen && main_params_ == MainParamsDtype::kBf16 && p.scalar_type() != at::kBFloat16) {
+        throw std::invalid_argument("optimizer: a bf16 master needs bf16 weights; " + g.names[i] +
+                                    " is " + std::string(c10::toString(p.scalar_type())));
       }
-      if (p.scalar_type() != at::kFloat) {
-        throw std::invalid_argument("optimizer offload: parameter " + g.names[master.size()] +
-                                    " is " + std::string(c10::toString(p.scalar_type())) +
-                                    "; fp32 working weights are expected");
+      const bool kahan = sixteen && main_params_ == MainParamsDtype::kBf16;
+      compensation.push_back(kahan ? at::zeros_like(p) : at::Tensor());
+      if (offload_.enabled) {  // the fp32 master on the host; gradients staged in their dtype
+        const bool pinned = offload_.pin_memory && p.is_cuda();
+        master.push_back(host_buffer(p, at::kFloat, pinned));
+        master.back().copy_(p);
+        host_grad.push_back(host_buffer(p, p.scalar_type(), pinned));
+      } else {
+        master.push_back(sixteen && !kahan ? p.to(at::kFloat) : at::Tensor());
+        host_grad.emplace_back();
       }
-      const bool pinned = offload_.pin_memory && p.is_cuda();
-      master.push_back(host_buffer(p, pinned));
-      master.back().copy_(p.detach());
-      host_grad.push_back(host_buffer(p, pinned));
-      st.push_back(make_state(master.back()));
+      st.push_back(make_state(master.back().defined() ? master.back() : p));
     }
   }
 }
@@ -116,7 +128,7 @@ FusedAdamW::Lists FusedAdamW::with_grads(size_t g) {
   Lists l;
   for (size_t i = 0; i < groups_[g].params.size(); ++i) {
     const auto& p = groups_[g].params[i];
-    if (!p.grad().defined()) continue;
+    if (!p.grad().defined() || held_in_16_bits(p)) continue;  // 16-bit: update_16bit
     l.params.push_back(p);
     l.grads.push_back(p.grad());
     l.m.push_back(state_[g][i].exp_avg);
@@ -139,12 +151,15 @@ void FusedAdamW::update_groups(const Lr& lr, const std::optional<torch::Tensor>&
       for (size_t g = 0; g < groups_.size(); ++g) {
         for (size_t i = 0; i < groups_[g].params.size(); ++i) {
           at::Tensor& p = groups_[g].params[i];
-          if (!p.grad().defined()) continue;
+          if (!p.grad().defined() || held_in_16_bits(p)) continue;
           update_reference(p, p.grad(), state_[g][i], lr, groups_[g].weight_decay, scale);
         }
       }
-      return;
     }
+    for (size_t g = 0; g < groups_.size() && sixteen_bit_ > 0; ++g) {
+      update_16bit(g, lr, grad_scale, found_inf);
+    }
+    if (!precision_.fp32()) return;
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
     Lists l = with_grads(g);
@@ -193,36 +208,38 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
   }
 
   auto update = [&](const Bucket& b) {
-    if (!precision_.fp32()) {
-      if (inf_h && inf_h->item<float>() != 0) return;
-      const double scale = scale_h ? scale_h->item<double>() : 1.0;
-      for (size_t i : b.index) {
-        update_reference(master_[b.group][i], host_grad_[b.group][i], state_[b.group][i], lr,
-                         groups_[b.group].weight_decay, scale);
-      }
-      return;
-    }
-    std::vector<at::Tensor> masters, grads, m, v, steps;
+    std::vector<at::Tensor> masters, grads;
+    std::vector<AdamWState*> states;
     for (size_t i : b.index) {
       masters.push_back(master_[b.group][i]);
-      grads.push_back(host_grad_[b.group][i]);
-      m.push_back(state_[b.group][i].exp_avg);
-      v.push_back(state_[b.group][i].exp_avg_sq);
-      steps.push_back(state_[b.group][i].step);
+      grads.push_back(host_grad_[b.group][i].to(at::kFloat));  // 16-bit staging: widened here
+      states.push_back(&state_[b.group][i]);
     }
-    at::_foreach_add_(steps, 1);
-    at::_fused_adamw_(masters, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, beta1_, beta2_,
-                      groups_[b.group].weight_decay, eps_, /*amsgrad=*/false,
-                      /*maximize=*/false, scale_h, inf_h);
-    if (inf_h) at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), *inf_h));
+    adam_fp32(masters, grads, states, lr, groups_[b.group].weight_decay, scale_h, inf_h);
   };
   auto copy_grads = [&](const Bucket& b, bool non_blocking) {
     for (size_t i : b.index) {
-      host_grad_[b.group][i].copy_(groups_[b.group].params[i].grad(), non_blocking);
+      const at::Tensor& grad = groups_[b.group].params[i].grad();
+      at::Tensor& staged = host_grad_[b.group][i];
+      if (staged.scalar_type() != grad.scalar_type()) {  // fp32 sums of a 16-bit parameter
+        staged = host_buffer(grad, grad.scalar_type(), staged.is_pinned());
+      }
+      staged.copy_(grad, non_blocking);
     }
   };
+  // 16-bit weights travel back in 16 bits: rounded on the host into the staging buffer (its
+  // gradient is consumed), then copied; fp32 weights go back from the master itself.
   auto copy_weights_back = [&](const Bucket& b, bool non_blocking) {
-    for (size_t i : b.index) groups_[b.group].params[i].copy_(master_[b.group][i], non_blocking);
+    for (size_t i : b.index) {
+      at::Tensor& p = groups_[b.group].params[i];
+      at::Tensor& staged = host_grad_[b.group][i];
+      if (held_in_16_bits(p) && staged.scalar_type() == p.scalar_type()) {
+        staged.copy_(master_[b.group][i]);
+        p.copy_(staged, non_blocking);
+      } else {
+        p.copy_(master_[b.group][i], non_blocking);
+      }
+    }
   };
 
   if (!on_cuda) {  // a CPU run: the same path with host-to-host copies (what the tests exercise)
@@ -284,19 +301,164 @@ void FusedAdamW::update_reference(at::Tensor& param, const at::Tensor& grad, Ada
   set_moment(st, 1, v);
 }
 
+// Adam on fp32 tensors `w` (masters or fp32 views of bf16 weights) with fp32 gradients `g`.
+void FusedAdamW::adam_fp32(std::vector<at::Tensor>& w, std::vector<at::Tensor>& g,
+                           std::vector<AdamWState*>& st, double lr, double weight_decay,
+                           const std::optional<at::Tensor>& grad_scale,
+                           const std::optional<at::Tensor>& found_inf) {
+  if (w.empty()) return;
+  if (!precision_.fp32()) {
+    if (found_inf && found_inf->item<float>() != 0) return;
+    const double scale = grad_scale ? grad_scale->item<double>() : 1.0;
+    for (size_t k = 0; k < w.size(); ++k) {
+      update_reference(w[k], g[k], *st[k], lr, weight_decay, scale);
+    }
+    return;
+  }
+  std::vector<at::Tensor> m, v, steps;
+  for (AdamWState* s : st) {
+    m.push_back(s->exp_avg);
+    v.push_back(s->exp_avg_sq);
+    steps.push_back(s->step);
+  }
+  at::_foreach_add_(steps, 1);
+  at::_fused_adamw_(w, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, beta1_, beta2_, weight_decay,
+                    eps_, /*amsgrad=*/false, /*maximize=*/false, grad_scale, found_inf);
+  if (found_inf) at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), *found_inf));
+}
+
+// 16-bit parameters of group g, about bucket_bytes of fp32 at a time: each gradient widened to
+// fp32, the master (or an fp32 view of a bf16 master) stepped, the weight rounded from it.
+void FusedAdamW::update_16bit(size_t g, double lr, const std::optional<at::Tensor>& grad_scale,
+                              const std::optional<at::Tensor>& found_inf) {
+  std::vector<at::Tensor> w, grads;
+  std::vector<AdamWState*> states;
+  std::vector<size_t> index;
+  int64_t bytes = 0;
+  auto flush = [&] {
+    adam_fp32(w, grads, states, lr, groups_[g].weight_decay, grad_scale, found_inf);
+    for (size_t k = 0; k < index.size(); ++k) {
+      at::Tensor p = groups_[g].params[index[k]].detach();
+      at::Tensor& comp = compensation_[g][index[k]];
+      if (!comp.defined()) {
+        p.copy_(w[k]);  // round to nearest even from the fp32 master
+        continue;
+      }
+      // Kahan: the step taken (fp32) plus the carried error, added in fp32, rounded to bf16;
+      // what the rounding lost is carried to the next step.
+      const at::Tensor old = p.to(at::kFloat);
+      at::Tensor y = (w[k] - old).add_(comp.to(at::kFloat));
+      const at::Tensor updated = (old + y).to(p.scalar_type());
+      comp.copy_(y.sub_(updated.to(at::kFloat) - old));
+      p.copy_(updated);
+    }
+    w.clear();
+    grads.clear();
+    states.clear();
+    index.clear();
+    bytes = 0;
+  };
+  for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+    const at::Tensor& p = groups_[g].params[i];
+    if (!held_in_16_bits(p) || !p.grad().defined()) continue;
+    const at::Tensor& master = master_[g][i];
+    w.push_back(master.defined() ? master : p.detach().to(at::kFloat));
+    grads.push_back(p.grad().to(at::kFloat));
+    states.push_back(&state_[g][i]);
+    index.push_back(i);
+    bytes += p.numel() * static_cast<int64_t>(sizeof(float)) * (master.defined() ? 1 : 2);
+    if (bytes >= offload_.bucket_bytes) flush();
+  }
+  flush();
+}
+
+void FusedAdamW::accumulate_micro_batch(bool last) {
+  if (sixteen_bit_ == 0) return;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      at::Tensor& p = groups_[g].params[i];
+      if (!held_in_16_bits(p)) continue;
+      at::Tensor& sum = grad_sum_[g][i];
+      if (p.grad().defined()) {
+        if (sum.defined()) {
+          sum.add_(p.grad());
+        } else {
+          sum = p.grad().to(at::kFloat);
+        }
+        p.mutable_grad() = at::Tensor();
+      }
+      if (last && sum.defined()) {  // the fp32 sum is the gradient from here on
+        p.mutable_grad() = sum;
+        sum = at::Tensor();
+      }
+    }
+  }
+}
+
+std::pair<size_t, size_t> FusedAdamW::locate(const std::string& name) const {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].names.size(); ++i) {
+      if (groups_[g].names[i] == name) return {g, i};
+    }
+  }
+  throw std::out_of_range("optimizer: no parameter " + name);
+}
+
+at::Tensor FusedAdamW::master_weight_host(const std::string& name) const {
+  const auto [g, i] = locate(name);
+  const at::Tensor p = groups_[g].params[i].detach();
+  if (!held_in_16_bits(p)) return at::Tensor();
+  if (master_[g][i].defined()) return master_[g][i].to(at::kCPU);
+  // A bf16 master: the weight plus its compensation, added in fp32 (exact for all but the
+  // smallest compensations, and load_master_weight recovers the weight either way).
+  return p.to(at::kCPU, at::kFloat) + compensation_[g][i].to(at::kCPU, at::kFloat);
+}
+
+void FusedAdamW::load_master_weight(const std::string& name, const at::Tensor& value,
+                                    const std::optional<at::Tensor>& compensation) {
+  at::NoGradGuard no_grad;
+  const auto [g, i] = locate(name);
+  at::Tensor p = groups_[g].params[i].detach();
+  if (!held_in_16_bits(p)) return;
+  if (master_[g][i].defined()) {
+    master_[g][i].copy_(value);
+    p.copy_(master_[g][i]);
+    return;
+  }
+  // bf16 master: value = weight + compensation in fp32, so value - compensation rounds back to
+  // the weight exactly; an fp32 checkpoint (no compensation) gives the rounded value and the
+  // rounding error as the compensation.
+  const at::Tensor v = value.to(p.device(), at::kFloat);
+  const at::Tensor c = compensation ? compensation->to(p.device(), at::kFloat)
+                                    : v - v.to(p.scalar_type()).to(at::kFloat);
+  p.copy_(v - c);
+  compensation_[g][i].copy_(c);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FusedAdamW::named_compensation() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      if (compensation_[g][i].defined()) out.emplace_back(groups_[g].names[i], compensation_[g][i]);
+    }
+  }
+  return out;
+}
+
 void FusedAdamW::step_capturable(const torch::Tensor& lr, const torch::Tensor& found_inf) {
   TORCH_CHECK(!offload_.enabled, "optimizer: the capturable step does not support offload");
+  TORCH_CHECK(sixteen_bit_ == 0, "optimizer: the capturable step needs fp32 working weights");
   TORCH_CHECK(precision_.fp32(), "optimizer: the capturable step needs fp32 moments");
   at::NoGradGuard no_grad;
   update_groups(lr, std::nullopt, found_inf);
 }
 
 void FusedAdamW::reload_master_weights() {
-  if (!offload_.enabled) return;
   at::NoGradGuard no_grad;
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
-      master_[g][i].copy_(groups_[g].params[i].detach());
+      if (master_[g][i].defined()) master_[g][i].copy_(groups_[g].params[i].detach());
+      if (compensation_[g][i].defined()) compensation_[g][i].zero_();
     }
   }
 }
@@ -304,6 +466,9 @@ void FusedAdamW::reload_master_weights() {
 void FusedAdamW::zero_grad() {
   for (auto& g : groups_) {
     for (auto& p : g.params) p.mutable_grad() = at::Tensor();
+  }
+  for (auto& sums : grad_sum_) {
+    for (auto& s : sums) s = at::Tensor();
   }
 }
 

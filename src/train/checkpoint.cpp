@@ -66,7 +66,7 @@ struct HostTensors {
 bool converts(const std::string& file_dtype, const at::Tensor& dst) {
   const bool float_file = file_dtype == "F32" || file_dtype == "BF16" || file_dtype == "F16";
   const bool sixteen = dst.scalar_type() == at::kBFloat16 || dst.scalar_type() == at::kHalf;
-  return float_file && sixteen && !dst.requires_grad();
+  return float_file && sixteen;
 }
 
 at::ScalarType scalar_type_of(const std::string& dtype) {
@@ -231,9 +231,15 @@ std::vector<std::pair<std::string, at::Tensor>> base_parameters(model::Transform
   return base;
 }
 
-void write_model_file(const std::string& dir, model::TransformerLM& model) {
+// `master_weight` (optional): the fp32 master of a 16-bit weight, written in its place so that a
+// checkpoint of any tier loads into any other.
+void write_model_file(const std::string& dir, model::TransformerLM& model,
+                      const std::function<at::Tensor(const std::string&)>& master_weight = {}) {
   HostTensors weights;
-  for (const auto& [name, t] : checkpointed_parameters(model)) weights.add(name, t);
+  for (const auto& [name, t] : checkpointed_parameters(model)) {
+    const at::Tensor master = master_weight ? master_weight(name) : at::Tensor();
+    weights.add(name, master.defined() ? master : t);
+  }
   write_safetensors((fs::path(dir) / "model.safetensors").string(), weights.views,
                     {{"format", "pt"}, {"producer", "moe-train"}});
 }
@@ -317,6 +323,25 @@ void check_lora_base(const std::string& dir, const json& state, model::Transform
                           "adapters were trained on, or start a new output_dir");
 }
 
+// 16-bit working weights: their masters from the file's values (fp32 when a 16-bit tier wrote
+// them, the weight itself when the default tier did), the weights rounded from those.
+void load_master_weights(const SafetensorsFile& weights, const SafetensorsFile& opt,
+                         const std::vector<std::pair<std::string, at::Tensor>>& params,
+                         FusedAdamW& optimizer) {
+  if (!optimizer.has_16bit_params()) return;
+  auto read = [](const SafetensorsFile& f, const std::string& name, const at::Tensor& like) {
+    at::Tensor t = at::empty(like.sizes(), scalar_type_of(f.entry(name).dtype));
+    copy_into(f, name, t);
+    return t.to(at::kFloat);
+  };
+  for (const auto& [name, t] : params) {
+    if (t.scalar_type() == at::kFloat) continue;
+    std::optional<at::Tensor> compensation;
+    if (opt.has(name + ".compensation")) compensation = read(opt, name + ".compensation", t);
+    optimizer.load_master_weight(name, read(weights, name, t), compensation);
+  }
+}
+
 }  // namespace
 
 void save_weights_checkpoint(const std::string& dir, model::TransformerLM& model,
@@ -343,6 +368,12 @@ OptimizerStream local_optimizer_stream(FusedAdamW& optimizer) {
     add(name + ".exp_avg_sq", st->exp_avg_sq);
     if (st->exp_avg_sq_absmax.defined()) add(name + ".exp_avg_sq.absmax", st->exp_avg_sq_absmax);
     add(name + ".step", st->step);
+  }
+  for (auto& [name, c] : optimizer.named_compensation()) add(name + ".compensation", c);
+  if (optimizer.has_16bit_params()) {
+    s.master_weight = [&optimizer](const std::string& name) {
+      return optimizer.master_weight_host(name);
+    };
   }
   s.each = [tensors](const OptimizerStream::Sink& sink) {
     for (const auto& t : tensors) sink(t);
@@ -387,7 +418,7 @@ void write_optimizer_file(const std::string& path, const OptimizerStream& optimi
 void save_checkpoint(const std::string& dir, model::TransformerLM& model,
                      const OptimizerStream& optimizer, const TrainingState& state) {
   try {
-    write_model_file(dir, model);
+    write_model_file(dir, model, optimizer.master_weight);
     // Test hook (tests/train/checkpoint_test.py): die half-way through a checkpoint write.
     if (state.step == fault_injection().abort_in_checkpoint_step) std::abort();
     test_pause();
@@ -431,6 +462,8 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
       load_moment(*opt, name + ".exp_avg", *st, 0, /*check_only=*/true, read);
       load_moment(*opt, name + ".exp_avg_sq", *st, 1, /*check_only=*/true, read);
       states.emplace_back(name + ".step", st->step);
+      // A bf16 master's compensation: read when this run keeps one, else ignored.
+      if (opt->has(name + ".compensation")) read.insert(name + ".compensation");
     }
     // The moments' tensors (any storage) count as expected: the set check sees the rest.
     check_tensor_set(*opt, states, "the optimizer", optimizer_share, read);
@@ -462,6 +495,7 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
   for (auto [name, t] : params) copy_into(weights, name, t);
   if (optimizer != nullptr) {
     optimizer->reload_master_weights();
+    load_master_weights(weights, *opt, params, *optimizer);
     for (auto& [name, t] : states) copy_into(*opt, name, t);
     std::set<std::string> read;
     for (auto& [name, st] : optimizer->named_state()) {

@@ -31,6 +31,8 @@ std::string cuda_graph_ineligible_reason(const config::Config& cfg, const torch:
     return "activation checkpointing is on (its recompute restores RNG state on the host)";
   if (cfg.zero_optimization.offload_optimizer.device == config::OffloadDevice::kCpu)
     return "optimizer offload is on (the update runs on the host)";
+  if (cfg.training.param_dtype != config::ParamDtype::kFp32)
+    return "training.param_dtype is not fp32 (the capturable update steps fp32 weights)";
   if (cfg.optimizer.exp_avg_dtype != config::StateDtype::kFp32 ||
       cfg.optimizer.exp_avg_sq_dtype != config::StateDtype::kFp32)
     return "Adam's moments are not fp32 (only the fused fp32 update is capturable)";

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -27,7 +28,11 @@ MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& bat
                            const config::Config& cfg) {
   const int64_t S = batch.size(1) - 1;
   profile::ForwardPhase phase;  // the flops profiler times forward passes only
-  model::LmOutput out = model->forward(batch.narrow(1, 0, S));
+  model::LmOutput out;
+  {
+    model::BaseDtypeAutocast autocast(model);  // 16-bit matrices: autocast on their device
+    out = model->forward(batch.narrow(1, 0, S));
+  }
   MicroLosses l;
   {
     profile::Scope scope("head");  // the loss belongs to the head
@@ -111,6 +116,11 @@ class EagerStepRunner : public StepRunner {
       const double scale = opt_.fp16 ? scaler_.scale() : 1.0;
       dp.backward(l.total * (scale / static_cast<double>(opt_.micro_batches)),
                   micro + 1 == opt_.micro_batches);
+      // 16-bit gradients are summed over micro-batches in fp32 (and widened before fp16's
+      // unscaling, which would flush small ones to zero in fp16).
+      if (opt_.micro_batches > 1 || opt_.fp16) {
+        optimizer_.accumulate_micro_batch(micro + 1 == opt_.micro_batches);
+      }
       sync();
       r.forward_s += std::chrono::duration<double>(tb - tf).count();
       r.backward_s += seconds_since(tb);
@@ -238,7 +248,13 @@ std::vector<torch::Tensor> defined_grads(const std::vector<torch::Tensor>& param
 }
 
 torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& grads, double max_norm) {
-  auto norm = at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2)), 2);
+  // 16-bit gradients' norms are taken in fp32 (fp32 ones exactly as before: no dtype argument).
+  const bool all_fp32 = std::all_of(grads.begin(), grads.end(), [](const torch::Tensor& g) {
+    return g.scalar_type() == torch::kFloat;
+  });
+  auto norm = at::linalg_vector_norm(
+      at::stack(all_fp32 ? at::_foreach_norm(grads, 2) : at::_foreach_norm(grads, 2, at::kFloat)),
+      2);
   if (std::isfinite(max_norm)) {
     auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
     coef = at::where(norm.isfinite(), coef, at::ones_like(coef));

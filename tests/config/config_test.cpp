@@ -288,6 +288,39 @@ TEST(Config, InertCheckpointingSwitchesWarnWhenTrue) {
       << w[0];
 }
 
+// training.param_dtype / optimizer.main_params_dtype: what each needs, named in one line.
+TEST(Config, SixteenBitWeightRules) {
+  json j = minimal();
+  j["training"]["param_dtype"] = "bf16";
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: training.param_dtype = bf16: needs bf16.enabled = true");
+  j["bf16"] = {{"enabled", true}};
+  EXPECT_EQ(build(j).training.param_dtype, ParamDtype::kBf16);
+  j["optimizer"] = {{"main_params_dtype", "bf16"}};
+  EXPECT_EQ(build(j).optimizer.main_params_dtype, ParamDtype::kBf16);
+  j["zero_optimization"] = {{"offload_optimizer", {{"device", "cpu"}}}};
+  EXPECT_NE(error_of([&] {
+              build(j);
+            }).find("optimizer.main_params_dtype = bf16: offload keeps an fp32 master"),
+            std::string::npos);
+  j = minimal();
+  j["optimizer"] = {{"main_params_dtype", "bf16"}};
+  EXPECT_NE(error_of([&] { build(j); }).find("needs training.param_dtype = bf16"),
+            std::string::npos);
+  j["optimizer"] = {{"main_params_dtype", "fp16"}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: optimizer.main_params_dtype = fp16: expected fp32 or bf16");
+  j = minimal();
+  j["fp16"] = {{"enabled", true}};
+  j["training"]["param_dtype"] = "bf16";
+  EXPECT_NE(error_of([&] { build(j); }).find("needs bf16.enabled = true"), std::string::npos);
+  j["training"]["param_dtype"] = "fp16";
+  EXPECT_EQ(build(j).training.param_dtype, ParamDtype::kFp16);
+  j["lora"] = {{"r", 8}, {"target_modules", {"q_proj"}}};
+  EXPECT_NE(error_of([&] { build(j); }).find("training.param_dtype = fp16: LoRA keeps"),
+            std::string::npos);
+}
+
 TEST(Config, RulesWithNotesAndEmptyStrings) {
   json j = minimal();
   j["moe"] = {{"router_bias_update_rate", 1}};

@@ -37,5 +37,41 @@ TEST(MemoryPlanTiers, MomentBytesPerParameterFollowTheFormula) {
   }
 }
 
+// Device bytes per trained parameter of each working-weight tier (docs/memory.md's table):
+// weights + gradients + master + moments.
+TEST(MemoryPlanTiers, WorkingWeightBytesPerParameterFollowTheFormula) {
+  Config c = test_util::build(test_util::minimal());
+  c.bf16.enabled = true;
+  struct Tier {
+    ParamDtype weights, master;
+    int64_t accumulation;
+    bool offload;
+    double device_bytes, host_bytes;  // per parameter, fp32 moments
+  };
+  for (const Tier& t : {
+           Tier{ParamDtype::kFp32, ParamDtype::kFp32, 1, false, 4 + 4 + 8, 0},
+           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 1, false, 2 + 2 + 4 + 8, 0},
+           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 4, false, 2 + 4 + 4 + 8, 0},
+           Tier{ParamDtype::kBf16, ParamDtype::kBf16, 1, false, 2 + 2 + 2 + 8, 0},
+           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 1, true, 2 + 2, 8 + 4 + 2},
+           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 4, true, 2 + 4, 8 + 4 + 4},
+           Tier{ParamDtype::kFp32, ParamDtype::kFp32, 1, true, 4 + 4, 8 + 4 + 4},
+       }) {
+    c.training.param_dtype = t.weights;
+    c.optimizer.main_params_dtype = t.master;
+    c.gradient_accumulation_steps = t.accumulation;
+    c.zero_optimization.offload_optimizer.device =
+        t.offload ? OffloadDevice::kCpu : OffloadDevice::kNone;
+    const MemoryPlan p = plan_memory(c, PlanOptions{.cpu = true});
+    const double params = static_cast<double>(p.parameters);
+    EXPECT_DOUBLE_EQ(p.weights + p.gradients + p.master_weights + p.optimizer_states,
+                     t.device_bytes * params)
+        << name(t.weights) << " weights, " << name(t.master) << " master, accumulation "
+        << t.accumulation << (t.offload ? ", offload" : "");
+    EXPECT_DOUBLE_EQ(p.host - (t.offload ? p.update_transient : 0), t.host_bytes * params);
+    EXPECT_EQ(p.low_precision_weights, 0);  // a CPU plan: no autocast copies
+  }
+}
+
 }  // namespace
 }  // namespace moe::config

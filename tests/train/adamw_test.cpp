@@ -3,6 +3,8 @@
 // load (reload_master_weights) is what the next offloaded update starts from.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <torch/torch.h>
 
 #include "moe/train/adamw.h"
@@ -165,11 +167,107 @@ TEST(CapturableStep, BitwiseEqualToHostLrStepAndSkipsOnFoundInf) {
   expect_bitwise_equal(host_lr, ga, tensor_lr, gb);
 }
 
-TEST(Offload, RejectsNonFp32WorkingWeights) {
-  AdamWGroup g{{"half"}, {torch::randn({4, 4}).to(torch::kBFloat16)}, 0.0};
+// ---- 16-bit working weights (training.param_dtype) ----
+
+// A bf16 weight with an fp32 master steps exactly as an fp32 weight would (the master is that
+// fp32 weight, bitwise) and holds the master rounded to bf16; offloaded, the same bitwise.
+TEST(SixteenBitWeights, Fp32MasterStepsAsFp32AndRoundsIntoTheWeight) {
+  torch::manual_seed(5);
+  const auto init = torch::randn({64, 65}).to(torch::kBFloat16);
+  AdamWGroup ref{{"w"}, {init.to(torch::kFloat)}, 0.1};
+  AdamWGroup dev{{"w"}, {init.clone()}, 0.1};
+  AdamWGroup host{{"w"}, {init.clone()}, 0.1};
   OffloadOptions off;
   off.enabled = true;
-  EXPECT_THROW(FusedAdamW({g}, 0.9, 0.95, 1e-8, off), std::invalid_argument);
+  off.bucket_bytes = 1024;
+  FusedAdamW a({ref}, 0.9, 0.95, 1e-8), b({dev}, 0.9, 0.95, 1e-8), c({host}, 0.9, 0.95, 1e-8, off);
+  EXPECT_TRUE(b.has_16bit_params());
+  for (int step = 0; step < 6; ++step) {
+    const auto g = (torch::randn({64, 65}) * 0.3).to(torch::kBFloat16);
+    ref.params[0].mutable_grad() = g.to(torch::kFloat);
+    dev.params[0].mutable_grad() = g.clone();
+    host.params[0].mutable_grad() = g.clone();
+    a.step(1e-2);
+    b.step(1e-2);
+    c.step(1e-2);
+  }
+  EXPECT_EQ(dev.params[0].scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(b.master_weight_host("w"), ref.params[0]));
+  EXPECT_TRUE(torch::equal(dev.params[0], ref.params[0].to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(c.master_weight_host("w"), ref.params[0]));
+  EXPECT_TRUE(torch::equal(host.params[0], dev.params[0]));
+}
+
+// Updates far below bf16's resolution: a plain bf16 weight never moves (each step rounds back);
+// with the Kahan compensation the weight + compensation follows the fp32 trajectory.
+TEST(SixteenBitWeights, KahanCompensationKeepsUpdatesBelowBf16Resolution) {
+  AdamWGroup ref{{"w"}, {torch::ones({4096})}, 0.0};
+  AdamWGroup kahan{{"w"}, {torch::ones({4096}, torch::kBFloat16)}, 0.0};
+  FusedAdamW a({ref}, 0.9, 0.95, 1e-8);
+  FusedAdamW b({kahan}, 0.9, 0.95, 1e-8, {}, {}, MainParamsDtype::kBf16);
+  for (int step = 0; step < 200; ++step) {
+    ref.params[0].mutable_grad() = torch::ones({4096});
+    kahan.params[0].mutable_grad() = torch::ones({4096}, torch::kBFloat16);
+    a.step(1e-4);  // about -1e-4 per step; bf16's spacing at 1 is 2^-8 below, 2^-7 above
+    b.step(1e-4);
+  }
+  const double fp32 = ref.params[0][0].item<double>();
+  EXPECT_NEAR(fp32, 0.98, 1e-3);
+  const auto value = b.master_weight_host("w");
+  // The compensation is itself bf16: what it drops per step adds up to well under the 0.02 a
+  // plain bf16 weight would miss here.
+  EXPECT_LT((value - ref.params[0]).abs().max().item<double>(), 5e-4);
+  EXPECT_LT(kahan.params[0][0].item<double>(), 0.99);  // the weight itself moved, too
+  ASSERT_EQ(b.named_compensation().size(), 1u);
+}
+
+// A bf16 master's checkpoint value (weight + compensation in fp32) and its compensation give the
+// weight and compensation back bitwise; without a compensation (an fp32 checkpoint), the value
+// rounded and its rounding error.
+TEST(SixteenBitWeights, Bf16MasterCheckpointValuesRoundTrip) {
+  torch::manual_seed(7);
+  AdamWGroup g{{"w"}, {torch::randn({300}).to(torch::kBFloat16)}, 0.01};
+  FusedAdamW a({g}, 0.9, 0.95, 1e-8, {}, {}, MainParamsDtype::kBf16);
+  for (int step = 0; step < 5; ++step) {
+    g.params[0].mutable_grad() = torch::randn({300}).to(torch::kBFloat16);
+    a.step(3e-3);
+  }
+  const auto value = a.master_weight_host("w");
+  const auto comp = a.named_compensation().at(0).second.clone();
+  EXPECT_GT(comp.abs().max().item<double>(), 0.0);
+  AdamWGroup h{{"w"}, {torch::zeros({300}, torch::kBFloat16)}, 0.01};
+  FusedAdamW b({h}, 0.9, 0.95, 1e-8, {}, {}, MainParamsDtype::kBf16);
+  b.load_master_weight("w", value, comp.to(torch::kFloat));
+  EXPECT_TRUE(torch::equal(h.params[0], g.params[0]));
+  EXPECT_TRUE(torch::equal(b.named_compensation().at(0).second, comp));
+  const auto fp32 = torch::randn({300});
+  b.load_master_weight("w", fp32, std::nullopt);
+  EXPECT_TRUE(torch::equal(h.params[0], fp32.to(torch::kBFloat16)));
+  const auto sum =
+      h.params[0].to(torch::kFloat) + b.named_compensation().at(0).second.to(torch::kFloat);
+  // |error| <= |value| * 2^-16: the rounding error is under half a bf16 spacing (2^-8 |v|) and
+  // the compensation keeps it to bf16's 8 bits.
+  EXPECT_TRUE(((sum - fp32).abs() <= fp32.abs() * std::ldexp(1.0, -16)).all().item<bool>());
+}
+
+// Micro-batch gradients of 16-bit weights are summed in fp32; the sum is the gradient after
+// the last micro-batch. fp32 parameters are left to autograd's own accumulation.
+TEST(SixteenBitWeights, MicroBatchGradientsSumInFp32) {
+  AdamWGroup g{{"w", "norm"}, {torch::zeros({1000}, torch::kBFloat16), torch::zeros({8})}, 0.0};
+  FusedAdamW a({g}, 0.9, 0.95, 1e-8);
+  const auto g1 = torch::full({1000}, 256.0, torch::kBFloat16);
+  const auto g2 = torch::full({1000}, 1.0, torch::kBFloat16);
+  g.params[0].mutable_grad() = g1;
+  a.accumulate_micro_batch(false);
+  EXPECT_FALSE(g.params[0].grad().defined());  // released: autograd starts a new one
+  g.params[0].mutable_grad() = g2;
+  g.params[1].mutable_grad() = torch::ones({8});
+  a.accumulate_micro_batch(true);
+  ASSERT_EQ(g.params[0].grad().scalar_type(), torch::kFloat);
+  EXPECT_EQ(g.params[0].grad()[0].item<double>(), 257.0);  // bf16 would round 257 to 256
+  EXPECT_EQ(g.params[1].grad().scalar_type(), torch::kFloat);
+  a.zero_grad();
+  EXPECT_FALSE(g.params[0].grad().defined());
 }
 
 }  // namespace

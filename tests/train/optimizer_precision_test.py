@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Adam moments in bf16 and 8-bit (optimizer.exp_avg_dtype / exp_avg_sq_dtype):
+"""Adam moments in bf16 and 8-bit (optimizer.exp_avg_dtype / exp_avg_sq_dtype), and 16-bit
+working weights (training.param_dtype bf16: fp32 master in the optimizer, or
+optimizer.main_params_dtype bf16 with a Kahan compensation, or the fp32 master offloaded):
 1. the 8-bit update against bitsandbytes' 8-bit AdamW (the oracle, test-only) on the same
    tensors: the same dynamic maps, codes, scales and weights after 20 steps;
 2. the bf16 update against the same formula written in PyTorch with bf16 moments;
 3. each tier trains the demo (configs/tiny.json, 300 steps) to validation accuracy >= 0.90 and a
    final validation loss within 2% of the fp32 run's;
 4. 20 + 20 steps resumed = 40 straight, bitwise (model and optimizer files), for each tier;
-5. a checkpoint of one tier resumes under another (8-bit -> fp32, fp32 -> 8-bit).
+5. a checkpoint of one tier resumes under another (8-bit -> fp32, fp32 -> 8-bit, each 16-bit
+   weight tier -> fp32 weights: model.safetensors holds the fp32 master, and fp32 -> 16-bit).
 
-usage: optimizer_precision_test.py MOE_TRAIN ADAMW_REPLAY SOURCE_DIR
+usage: optimizer_precision_test.py MOE_TRAIN ADAMW_REPLAY SOURCE_DIR [--group moments|weights]
+(moments: 1, 2 and the moment tiers of 3-5; weights: the 16-bit weight tiers of 3-5; both by
+default. ctest runs the two groups as two entries.)
 """
 import json
 import pathlib
@@ -165,16 +170,33 @@ def evals(run):
     return [m for m in lines if m["type"] == "eval"]
 
 
-TIERS = {"fp32": ("fp32", "fp32"), "bf16": ("bf16", "bf16"), "8bit": ("8bit", "8bit"),
-         "bf16-m+8bit-v": ("bf16", "8bit")}
+def moments(m, v):
+    return {"optimizer.exp_avg_dtype": m, "optimizer.exp_avg_sq_dtype": v}
+
+
+W16 = {"bf16.enabled": "true", "training.param_dtype": "bf16"}
+TIERS = {"fp32": moments("fp32", "fp32"), "bf16": moments("bf16", "bf16"),
+         "8bit": moments("8bit", "8bit"), "bf16-m+8bit-v": moments("bf16", "8bit"),
+         "w16": W16, "w16-kahan": dict(W16, **{"optimizer.main_params_dtype": "bf16"}),
+         "w16-offload": dict(W16, **{"zero_optimization.offload_optimizer.device": "cpu"})}
+# Resumed and crossed only (each of its parts trains the demo above).
+COMBINED = {"w16-8bit": dict(W16, **moments("8bit", "8bit"))}
+GROUP = sys.argv[sys.argv.index("--group") + 1] if "--group" in sys.argv else "all"
+
+
+def in_group(*tiers):
+    """Whether a check over these tiers belongs to this run's group (fp32 is in both)."""
+    weights = any(t.startswith("w16") for t in tiers)
+    return GROUP == "all" or (GROUP == "weights") == weights
 
 
 def tiers_train(tmp):
     results = {}
-    for tier, (m, v) in TIERS.items():
-        r = train(tmp, f"demo-{tier}", {"training.train_iters": 300, "training.eval_interval": 0,
-                                         "optimizer.exp_avg_dtype": m,
-                                         "optimizer.exp_avg_sq_dtype": v})
+    for tier, sets in TIERS.items():
+        if tier != "fp32" and not in_group(tier):
+            continue
+        r = train(tmp, f"demo-{tier}", dict(sets, **{"training.train_iters": 300,
+                                                     "training.eval_interval": 0}))
         check(r.returncode == 0, f"{tier}: trains (exit {r.returncode}) {r.stderr[-300:]}")
         if r.returncode == 0:
             e = evals(tmp / f"demo-{tier}")[-1]
@@ -189,12 +211,11 @@ def tiers_train(tmp):
 
 
 def tiers_resume(tmp):
-    for tier, (m, v) in TIERS.items():
-        if tier == "fp32":
+    for tier, tier_sets in dict(TIERS, **COMBINED).items():
+        if tier == "fp32" or not in_group(tier):
             continue  # tests/train/checkpoint_test.py holds the fp32 resume
-        sets = {"training.train_iters": 40, "training.eval_interval": 0,
-                "checkpoint.save_interval": 20, "optimizer.exp_avg_dtype": m,
-                "optimizer.exp_avg_sq_dtype": v}
+        sets = dict(tier_sets, **{"training.train_iters": 40, "training.eval_interval": 0,
+                                  "checkpoint.save_interval": 20})
         straight = train(tmp, f"straight-{tier}", sets)
         first = train(tmp, f"resumed-{tier}", dict(sets, **{"training.exit_interval": 20}))
         second = train(tmp, f"resumed-{tier}", sets)
@@ -205,31 +226,46 @@ def tiers_resume(tmp):
             b = tmp / f"resumed-{tier}/checkpoints/step-00000040/{f}"
             same = same and a.exists() and a.read_bytes() == b.read_bytes()
         check(same, f"{tier}: 20 + 20 resumed = 40 straight, model and optimizer bitwise")
+        if same and tier.startswith("w16"):
+            model = load_file(str(tmp / f"straight-{tier}/checkpoints/step-00000040/model.safetensors"))
+            check(all(t.dtype == torch.float32 for t in model.values()) and
+                  any((t.to(torch.bfloat16).float() != t).any() for t in model.values()),
+                  f"{tier}: model.safetensors holds the fp32 master (not bf16-rounded values)")
 
     # A checkpoint of one tier resumes under another: through fp32, then the run's own storage.
-    for src_tier, dst_tier in (("8bit", "fp32"), ("fp32", "8bit")):
+    for src_tier, dst_tier in (("8bit", "fp32"), ("fp32", "8bit"), ("w16", "fp32"),
+                               ("w16-kahan", "fp32"), ("w16-offload", "fp32"),
+                               ("fp32", "w16-kahan"), ("w16-8bit", "w16")):
+        if not in_group(src_tier, dst_tier):
+            continue
         sets = {"training.train_iters": 40, "training.eval_interval": 0,
                 "checkpoint.save_interval": 20}
-        (m, v) = TIERS[src_tier]
-        first = train(tmp, f"cross-{src_tier}", dict(sets, **{"training.exit_interval": 20,
-                                                               "optimizer.exp_avg_dtype": m,
-                                                               "optimizer.exp_avg_sq_dtype": v}))
-        (m, v) = TIERS[dst_tier]
-        second = train(tmp, f"cross-{src_tier}", dict(sets, **{"optimizer.exp_avg_dtype": m,
-                                                                "optimizer.exp_avg_sq_dtype": v}))
-        opt = load_file(str(tmp / f"cross-{src_tier}/checkpoints/step-00000040/optimizer.safetensors"))
-        want = torch.uint8 if dst_tier == "8bit" else torch.float32
+        run = f"cross-{src_tier}-{dst_tier}"
+        every = dict(TIERS, **COMBINED)
+        first = train(tmp, run, dict(sets, **every[src_tier], **{"training.exit_interval": 20}))
+        second = train(tmp, run, dict(sets, **every[dst_tier]))
+        out = tmp / f"{run}/checkpoints/step-00000040"
+        opt = load_file(str(out / "optimizer.safetensors")) if second.returncode == 0 else {}
+        want = torch.uint8 if dst_tier.endswith("8bit") else torch.float32
         dtypes = {t.dtype for k, t in opt.items() if k.endswith(".exp_avg") and t.numel() >= 4096}
-        check(first.returncode == 0 and second.returncode == 0 and dtypes == {want},
-              f"a {src_tier} checkpoint resumes with {dst_tier} moments (exit {second.returncode}; "
-              f"saved {dtypes}) {second.stderr[-300:]}")
+        comp = any(k.endswith(".compensation") for k in opt)
+        check(first.returncode == 0 and second.returncode == 0 and dtypes == {want} and
+              comp == (dst_tier == "w16-kahan"),
+              f"a {src_tier} checkpoint resumes as {dst_tier} (exit {second.returncode}; "
+              f"moments {dtypes}, compensation {comp}) {second.stderr[-300:]}")
+        if second.returncode == 0:
+            losses = [json.loads(l) for l in (tmp / run / "metrics.jsonl").read_text().splitlines()]
+            last = [m for m in losses if m["type"] == "train"][-1]
+            check(last["loss"] < 3.0, f"{src_tier} -> {dst_tier}: training continues "
+                                      f"(loss {last['loss']:.3f} at step {last['step']})")
 
 
 def main():
     with tempfile.TemporaryDirectory() as d:
         tmp = pathlib.Path(d)
-        oracle_8bit(tmp)
-        formula_bf16(tmp)
+        if GROUP != "weights":
+            oracle_8bit(tmp)
+            formula_bf16(tmp)
         if "--oracle-only" in sys.argv:
             return 1 if failures else 0
         r = subprocess.run([BIN, "make-synthetic", "--out", tmp / "data", "--vocab", "64",

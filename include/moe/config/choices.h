@@ -31,12 +31,18 @@ enum class MoeKernels { kAuto, kCuda, kReference };  // moe.kernels
 enum class DistBackend { kAuto, kGloo, kNccl };      // distributed.backend
 // optimizer.exp_avg_dtype / exp_avg_sq_dtype: how Adam's moments are stored.
 enum class StateDtype { kFp32, kBf16, k8Bit };
+// training.param_dtype (the working weights) and optimizer.main_params_dtype (the master).
+enum class ParamDtype { kFp32, kBf16, kFp16 };
 
 template <class E>
 struct ChoiceNames;  // kNames[i] is the JSON name of the enumerator with value i
 template <>
 struct ChoiceNames<StateDtype> {
   static constexpr std::array<std::string_view, 3> kNames = {"fp32", "bf16", "8bit"};
+};
+template <>
+struct ChoiceNames<ParamDtype> {
+  static constexpr std::array<std::string_view, 3> kNames = {"fp32", "bf16", "fp16"};
 };
 template <>
 struct ChoiceNames<OptimizerType> {

@@ -29,6 +29,9 @@ struct OptimizerConfig {
   // fp32 (the fused update), bf16, or 8-bit blockwise as bitsandbytes' 8-bit Adam.
   StateDtype exp_avg_dtype = StateDtype::kFp32;
   StateDtype exp_avg_sq_dtype = StateDtype::kFp32;
+  // Megatron's --main-params-dtype: the master weights of 16-bit working weights (fp32 in the
+  // optimizer, or bf16 in the weights themselves plus a bf16 Kahan compensation).
+  ParamDtype main_params_dtype = ParamDtype::kFp32;
 };
 
 // One struct for every scheduler type; which params are legal depends on `type`.
@@ -218,6 +221,9 @@ struct TrainingConfig {
   int64_t max_bad_steps = 3;  // bf16/fp32: stop (exit 3) at this many non-finite steps in a row
   int64_t exit_interval = 0;  // Megatron's: checkpoint and exit 0 after steps divisible by it
   bool cuda_graph = false;    // capture the whole step in a CUDA graph (when eligible)
+  // The working weights' dtype: fp32 (autocast computes in bf16/fp16 from fp32 weights), or the
+  // compute dtype itself (16-bit matrices, the fp32 master in the optimizer: DeepSpeed's bf16).
+  ParamDtype param_dtype = ParamDtype::kFp32;
   double exit_duration_minutes = 0.0;  // checkpoint and exit 0 once this much time has passed
 };
 

@@ -17,6 +17,7 @@ namespace moe::config {
 struct PlanOptions {
   int64_t world_size = 1;      // data-parallel ranks (ZeRO divides states by it)
   double device_bytes = 0;     // memory of one device; 0 = no verdict
+  double host_bytes = 0;       // host memory for offloaded states; 0 = not checked
   bool cpu = false;            // planning a CPU run (no CUDA context, no allocator rounding)
   int64_t micro_batch = 0;     // 0 = the config's train_micro_batch_size_per_gpu
   bool checkpointing = false;  // force activation checkpointing of every block
@@ -32,6 +33,8 @@ struct MemoryPlan {
   int64_t micro_batch = 0;
   // Bytes on the device.
   double weights = 0, gradients = 0, optimizer_states = 0, low_precision_weights = 0;
+  // 16-bit working weights: fp32 masters on the device (or a bf16 master's compensation).
+  double master_weights = 0;
   double activations = 0;                // kept for the backward, one micro-batch, as configured
   double activations_no_checkpoint = 0;  // ... without activation checkpointing
   double activations_checkpoint = 0;     // ... with every block checkpointed
@@ -47,7 +50,33 @@ struct MemoryPlan {
   bool fits = true;
   int64_t max_micro_batch = 0;      // the largest that fits as configured (0 = none)
   std::vector<std::string> advice;  // what would make it fit (or fit larger batches)
+  // The cheapest tier (precision of weights, master and moments; offload; checkpointing) that
+  // fits the device (and host), as config settings; empty when none does.
+  std::string cheapest_tier;
 };
+
+// One combination of the memory tiers, with the settings that select it.
+struct MemoryTier {
+  std::string name;      // e.g. "bf16 weights + 8-bit moments + offload"
+  std::string settings;  // the config keys that select it, "key=value ..."
+  int cost = 0;          // ranks speed and precision given up: checkpointing 1, bf16 weights 1,
+                         // bf16 moments 1, 8-bit moments 2, bf16 master 2, offload 3
+  int weights = 0;       // 0 fp32, 1 bf16 + fp32 master, 2 bf16 + bf16 master (Kahan)
+  int moments = 0;       // 0 fp32, 1 bf16, 2 8-bit
+  bool offload = false, checkpointing = false;
+};
+// Every combination, cheapest first (ties: in enumeration order).
+std::vector<MemoryTier> memory_tiers();
+// `c` with tier t applied (device plans: 16-bit tiers enable bf16 unless fp16 is on).
+void apply_tier(const MemoryTier& t, Config& c, PlanOptions& o);
+
+// The largest model of c's family (its width, experts and heads) that fits, by the number of
+// layers: 0 layers when even one does not fit.
+struct LargestModel {
+  int64_t num_layers = 0, parameters = 0;
+  double reserved = 0, host = 0;
+};
+LargestModel largest_fitting_model(const Config& c, const PlanOptions& opt);
 
 MemoryPlan plan_memory(const Config& cfg, const PlanOptions& opt);
 

@@ -15,4 +15,8 @@ namespace moe::env {
 // a missing directory is reported as a warning).
 nlohmann::json environment_report(const std::vector<std::string>& dirs);
 
+// Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX-BF16, from
+// /proc/cpuinfo): without either, LibTorch's CPU bf16 GEMM is a slow fallback.
+bool cpu_has_native_bf16();
+
 }  // namespace moe::env

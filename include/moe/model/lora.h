@@ -71,8 +71,10 @@ TORCH_MODULE(ExpertLora);
 std::string base_fingerprint(const torch::nn::Module& model,
                              torch::ScalarType held = torch::kFloat);
 
-// Whether a frozen base parameter lives in the 16-bit compute dtype under LoRA on a GPU: the
-// matrices (projections, experts, embeddings, head); norms and routers stay fp32.
+// The parameters a 16-bit model holds in its compute dtype: the matrices (projections, experts,
+// embeddings, head); norms and routers stay fp32.
+bool is_16bit_matrix(const std::string& name, const torch::Tensor& param);
+// Whether a frozen base parameter lives in the 16-bit compute dtype under LoRA on a GPU.
 bool held_in_16_bits(const std::string& name, const torch::Tensor& param);
 
 // The parameters that train (all of them without LoRA): what the optimizer, the gradient

@@ -150,8 +150,8 @@ class TransformerLMImpl : public torch::nn::Module {
   // LoRA (lora.r > 0): whether the model carries adapters; its base weights' fingerprint once
   // the base is loaded (model/lora.h), "" before.
   bool has_lora() const { return lora_; }
-  // The dtype the frozen base matrices are held in: bf16/fp16 on a GPU under bf16/fp16, else
-  // fp32 (lora_base_dtype()).
+  // The dtype the model's matrices are held in: a LoRA base's (bf16/fp16 on a GPU under
+  // bf16/fp16: lora_base_dtype()), or training.param_dtype's; else fp32.
   torch::ScalarType base_dtype() const { return base_dtype_; }
   const std::string& base_fingerprint() const { return base_fingerprint_; }
   const std::string& lora_base_source() const { return base_source_; }  // "" = random init
@@ -167,6 +167,8 @@ class TransformerLMImpl : public torch::nn::Module {
   // base_dtype_.
   void freeze_for_lora(torch::nn::Module& part, const config::Config& cfg,
                        const std::string& prefix);
+  // training.param_dtype: casts the matrices of `part` (trained) to base_dtype_.
+  void hold_matrices_in_16_bits(torch::nn::Module& part, const std::string& prefix);
 
   config::ModelConfig mcfg_;
   int64_t checkpoint_blocks_ = 0;
@@ -177,9 +179,10 @@ class TransformerLMImpl : public torch::nn::Module {
 };
 TORCH_MODULE(TransformerLM);
 
-// Forward passes outside the trainer's step (validation, eval, generate) of a model whose frozen
-// LoRA base is 16-bit on a GPU: CUDA autocast to that dtype while alive (fp32 activations would
-// not multiply with bf16 weights). A no-op otherwise.
+// Forward passes of a model whose matrices are 16-bit (a LoRA base on a GPU, or
+// training.param_dtype): autocast to that dtype on the model's device type (CUDA, or the CPU
+// for a 16-bit CPU run) while alive; fp32 activations would not multiply with bf16 weights, and
+// fp32-listed ops (softmax, norms' reductions) stay fp32. A no-op otherwise.
 class BaseDtypeAutocast {
  public:
   explicit BaseDtypeAutocast(const TransformerLM& model);
@@ -189,11 +192,14 @@ class BaseDtypeAutocast {
 
  private:
   bool on_ = false, was_enabled_ = false;
+  at::DeviceType device_type_ = at::kCUDA;
   at::ScalarType was_dtype_ = at::kHalf;
 };
 
 // The dtype a LoRA run holds its frozen base in on `device`: the compute dtype of a GPU run
 // under bf16 or fp16 (2 bytes per parameter), else fp32 (CPU runs compute in fp32).
 torch::ScalarType lora_base_dtype(const config::Config& cfg, const torch::Device& device);
+// training.param_dtype as a scalar type.
+torch::ScalarType param_dtype(const config::Config& cfg);
 
 }  // namespace moe::model

@@ -17,6 +17,13 @@
 // AdamW step is taken in fp32 exactly as bitsandbytes' CPU Adam writes it, and the moments are
 // stored back rounded to bf16 or quantised blockwise (blockwise_quant.h). 8-bit applies to
 // parameters of >= 4096 values; smaller ones keep fp32 moments, as bitsandbytes does.
+//
+// 16-bit working weights (training.param_dtype bf16/fp16): a parameter held in 16 bits gets an
+// fp32 master here (on its device, or on the host under offload); the update reads its gradient
+// in fp32 (a 16-bit gradient is widened one bucket at a time), steps the master, and rounds it
+// back into the weight. With optimizer.main_params_dtype = bf16 there is no master: the bf16
+// weight is stepped through an fp32 view and the rounding error is carried in a bf16 Kahan
+// compensation buffer (docs/memory.md says why Kahan and not stochastic rounding).
 #pragma once
 
 #include <cstdint>
@@ -57,6 +64,10 @@ struct MomentPrecision {
 };
 inline constexpr int64_t kMin8BitNumel = 4096;  // bitsandbytes' min_8bit_size
 
+// The master weights of 16-bit parameters: fp32 copies, or (kBf16) the weights themselves with a
+// Kahan compensation.
+using MainParamsDtype = config::ParamDtype;
+
 struct OffloadOptions {
   bool enabled = false;
   bool pin_memory = true;             // page-locked host buffers (CUDA only): async copies
@@ -66,7 +77,8 @@ struct OffloadOptions {
 class FusedAdamW {
  public:
   FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta2, double eps,
-             OffloadOptions offload = {}, MomentPrecision precision = {});
+             OffloadOptions offload = {}, MomentPrecision precision = {},
+             MainParamsDtype main_params = MainParamsDtype::kFp32);
   // One update at learning rate `lr`. Parameters without a gradient are left alone.
   void step(double lr, const std::optional<torch::Tensor>& grad_scale = std::nullopt,
             const std::optional<torch::Tensor>& found_inf = std::nullopt);
@@ -74,7 +86,21 @@ class FusedAdamW {
   // (found_inf != 0 skips): no host values, so a CUDA graph can capture it. Not with offload.
   void step_capturable(const torch::Tensor& lr, const torch::Tensor& found_inf);
   void zero_grad();
+  // Gradient accumulation of 16-bit parameters in fp32: after each micro-batch's backward, their
+  // 16-bit gradients are added into fp32 sums and released; after the last one the sums become
+  // the gradients (fp32) that clipping and the update read. A no-op without 16-bit parameters.
+  void accumulate_micro_batch(bool last);
+  bool has_16bit_params() const { return sixteen_bit_ > 0; }
   std::vector<std::pair<std::string, AdamWState*>> named_state();
+  // The fp32 value of parameter `name` that a checkpoint stores (master weights are written in
+  // fp32 so any tier can load them): a host tensor, or undefined for an fp32 working weight.
+  torch::Tensor master_weight_host(const std::string& name) const;
+  // A checkpoint's fp32 value for `name` (and, for a bf16 master, its compensation if the file
+  // has one): sets the master or compensation and rounds the working weight from it.
+  void load_master_weight(const std::string& name, const torch::Tensor& value,
+                          const std::optional<torch::Tensor>& compensation);
+  // The bf16 masters' compensation buffers, by parameter name (checkpointed as NAME.compensation).
+  std::vector<std::pair<std::string, torch::Tensor>> named_compensation() const;
   // Offload: the host master copy is the truth; call after the model's weights were replaced
   // (a checkpoint load) so the next update starts from them. A no-op without offload.
   void reload_master_weights();
@@ -97,14 +123,27 @@ class FusedAdamW {
   void update_reference(torch::Tensor& param, const torch::Tensor& grad, AdamWState& st, double lr,
                         double weight_decay, double grad_scale);
   AdamWState make_state(const torch::Tensor& like) const;
+  // The update of 16-bit parameters of group g, a bucket at a time (not offloaded).
+  void update_16bit(size_t g, double lr, const std::optional<torch::Tensor>& grad_scale,
+                    const std::optional<torch::Tensor>& found_inf);
+  // Adam on fp32 views: one fused call (fp32 moments) or the reference per parameter.
+  void adam_fp32(std::vector<torch::Tensor>& w, std::vector<torch::Tensor>& g,
+                 std::vector<AdamWState*>& st, double lr, double weight_decay,
+                 const std::optional<torch::Tensor>& grad_scale,
+                 const std::optional<torch::Tensor>& found_inf);
+  std::pair<size_t, size_t> locate(const std::string& name) const;
 
   std::vector<AdamWGroup> groups_;
   std::vector<std::vector<AdamWState>> state_;
   double beta1_, beta2_, eps_;
   OffloadOptions offload_;
   MomentPrecision precision_;
-  // Offload only, per group and parameter: fp32 master weights and gradient staging buffers.
-  std::vector<std::vector<torch::Tensor>> master_, host_grad_;
+  MainParamsDtype main_params_;
+  int64_t sixteen_bit_ = 0;  // parameters held in 16 bits
+  // Per group and parameter. master_: fp32 master weights (offload: every parameter, on the
+  // host; otherwise 16-bit parameters only). host_grad_: offload's gradient staging (pinned).
+  // compensation_: bf16 Kahan compensation of a bf16 master. grad_sum_: fp32 micro-batch sums.
+  std::vector<std::vector<torch::Tensor>> master_, host_grad_, compensation_, grad_sum_;
 };
 
 }  // namespace moe::train

@@ -50,6 +50,9 @@ struct OptimizerStream {
   using Sink = std::function<void(const at::Tensor&)>;
   std::vector<SafeTensorView> layout;
   std::function<void(const Sink&)> each;
+  // 16-bit working weights: the fp32 master of a parameter (a host tensor), which
+  // model.safetensors holds instead of the 16-bit weight; undefined (or no function): the weight.
+  std::function<at::Tensor(const std::string&)> master_weight;
 };
 OptimizerStream local_optimizer_stream(FusedAdamW& optimizer);
 
