@@ -111,7 +111,7 @@ constexpr KeyDescription kDescriptions[] = {
     {"moe.expert_dropout", "dropout on the experts' SwiGLU activations (Switch's \"expert dropout\", the seed's `expert_dropout`)"},
     {"moe.shared_expert_hidden_size", "> 0: a dense SwiGLU expert of this width that every token passes through, added to the routed output (DeepSeekMoE; Megatron's `moe_shared_expert_intermediate_size`)"},
     {"moe.router_bias_update_rate", "> 0: aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for selection only, moved by this rate towards balance once per optimizer step (`bias_e += rate * sign(mean load - load_e)`, loads summed over the step's micro-batches); saved in `state.json` of every checkpoint. Megatron: `moe_router_bias_update_rate` (1e-3 there)"},
-    {"moe.kernels", "`cuda` (our kernels), `reference` (ATen), `auto` = cuda on GPU, reference on CPU"},
+    {"moe.kernels", "`cuda` (our kernels), `reference` (ATen), `auto` = cuda on GPU, reference on CPU; also selects the optimizer's 8-bit AdamW kernel (`reference`: its ATen update)"},
     {"moe.decoder_sparse_step", "layer `i` is an MoE layer when `(i + 1) % decoder_sparse_step == 0` and `i` is not in `mlp_only_layers` (Qwen3-MoE's rule); the other layers have a dense SwiGLU FFN of `model.dense_hidden_size`"},
     {"moe.mlp_only_layers", "layer indices (0-based) with a dense FFN instead of experts"},
     {"data", "the training and validation data (ours; docs/data-format.md)"},

@@ -414,7 +414,11 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   const bool eight = c.optimizer.exp_avg_dtype == StateDtype::k8Bit ||
                      c.optimizer.exp_avg_sq_dtype == StateDtype::k8Bit;
   const double largest = largest_trained_parameter(c);
-  p.update_transient = moments == 8 ? 0 : (eight ? 32.0 : 16.0) * largest;
+  // On a GPU with both moments 8-bit the fused kernel (kernels/adam8bit.h) steps in place.
+  const bool kernel8 = !opt.cpu && !offload && c.moe.kernels != MoeKernels::kReference &&
+                       c.optimizer.exp_avg_dtype == StateDtype::k8Bit &&
+                       c.optimizer.exp_avg_sq_dtype == StateDtype::k8Bit;
+  p.update_transient = moments == 8 || kernel8 ? 0 : (eight ? 32.0 : 16.0) * largest;
   // 16-bit weights on the device: a bucket (64 MiB of fp32, plus the parameter that fills it)
   // of widened gradients; a bf16 master adds its fp32 views and the Kahan temporaries of one
   // parameter (old, sum, rounded, difference: ~14 B per value).
@@ -530,7 +534,8 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
   row("  every block checkpointed", p.activations_checkpoint, "");
   row("backward transients", p.backward_transient, "largest short-lived buffers");
   if (p.update_transient > 0) {
-    row("update transients", p.update_transient, "fp32 copies of the largest parameter's moments");
+    row("update transients", p.update_transient,
+        "fp32 copies: the largest parameter's moments, 16-bit weights' gradient buckets");
   }
   if (p.communication > 0) {
     const GradientReduction r = data_parallel_mode(c, opt.world_size).reduction;

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "moe/kernels/adam8bit.h"
+#include "moe/kernels/permute.h"
 #include "moe/train/blockwise_quant.h"
 
 namespace moe::train {
@@ -284,6 +286,27 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
 // moments first, then decoupled weight decay and the bias-corrected step.
 void FusedAdamW::update_reference(at::Tensor& param, const at::Tensor& grad, AdamWState& st,
                                   double lr, double weight_decay, double grad_scale) {
+  if (precision_.cuda_kernel && param.is_cuda() && st.exp_avg_absmax.defined() &&
+      st.exp_avg_sq_absmax.defined() && kernels::cuda_kernels_compiled()) {
+    st.step.add_(1);
+    const double t = st.step.item<double>();
+    kernels::Adam8bitScalars s;
+    s.beta1 = static_cast<float>(beta1_);
+    s.beta2 = static_cast<float>(beta2_);
+    s.eps = static_cast<float>(eps_);
+    s.one_minus_beta1 = static_cast<float>(1.0 - beta1_);
+    s.one_minus_beta2 = static_cast<float>(1.0 - beta2_);
+    s.correction2 = static_cast<float>(std::sqrt(1.0 - std::pow(beta2_, t)));
+    s.step_size = static_cast<float>(-lr / (1.0 - std::pow(beta1_, t)));
+    s.decay = static_cast<float>(1.0 - lr * weight_decay);
+    s.weight_decay = weight_decay > 0.0;
+    s.grad_scale = static_cast<float>(grad_scale);
+    const at::Tensor g = grad.to(at::kFloat).contiguous();
+    kernels::detail::adam8bit_step(param, g, st.exp_avg, st.exp_avg_absmax, st.exp_avg_sq,
+                                   st.exp_avg_sq_absmax, dynamic_map(true, param.device()),
+                                   dynamic_map(false, param.device()), s);
+    return;
+  }
   at::Tensor g = grad.to(at::kFloat);
   if (grad_scale != 1.0) g = g / grad_scale;
   st.step.add_(1);

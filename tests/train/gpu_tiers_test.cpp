@@ -12,10 +12,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/optimizer_checks.h"
 #include "moe/config/config.h"
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
+#include "moe/kernels/adam8bit.h"
 #include "moe/train/adamw.h"
+#include "moe/train/blockwise_quant.h"
 #include "moe/train/trainer.h"
 #include "moe/util/remove_tree.h"
 #include "moe/util/safetensors.h"
@@ -196,6 +199,24 @@ TEST(SixteenBitWeightsGpu, TrainsWithFp32AndKahanMasters) {
   }
   ::moe::remove_tree(dir);
 }
+
+// The 8-bit AdamW kernel (src/kernels/adam8bit.cu) against the ATen reference on the CPU,
+// through the checks its CPU emulation passes in CI (tests/kernels/optimizer_checks.h).
+class Adam8bitGpu : public ::testing::TestWithParam<kernel_checks::Adam8bitCase> {};
+TEST_P(Adam8bitGpu, MatchesTheReference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device cuda(torch::kCUDA);
+  const kernel_checks::Adam8bitInputs in = kernel_checks::make_adam8bit_inputs(GetParam(), cuda);
+  kernel_checks::Adam8bitOutputs out{in.param.clone(), in.m_codes.clone(), in.m_absmax.clone(),
+                                     in.v_codes.clone(), in.v_absmax.clone()};
+  kernels::detail::adam8bit_step(out.param, in.grad, out.m_codes, out.m_absmax, out.v_codes,
+                                 out.v_absmax, dynamic_map(true, cuda), dynamic_map(false, cuda),
+                                 kernel_checks::adam8bit_scalars(in));
+  const auto vs = kernel_checks::check_adam8bit(in, out);
+  EXPECT_TRUE(kernel_checks::all_ok(vs, nullptr)) << kernel_checks::failures(vs);
+}
+INSTANTIATE_TEST_SUITE_P(Grid, Adam8bitGpu, ::testing::ValuesIn(kernel_checks::adam8bit_cases()),
+                         [](const auto& i) { return kernel_checks::case_name(i.param); });
 
 }  // namespace
 }  // namespace moe::train

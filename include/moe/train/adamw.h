@@ -58,6 +58,9 @@ void set_moment(AdamWState& st, int which, const torch::Tensor& value);
 struct MomentPrecision {
   config::StateDtype exp_avg = config::StateDtype::kFp32;
   config::StateDtype exp_avg_sq = config::StateDtype::kFp32;
+  // CUDA parameters with both moments 8-bit: the fused kernel (kernels/adam8bit.h) instead of
+  // the ATen reference (moe.kernels = reference turns it off).
+  bool cuda_kernel = true;
   bool fp32() const {
     return exp_avg == config::StateDtype::kFp32 && exp_avg_sq == config::StateDtype::kFp32;
   }
