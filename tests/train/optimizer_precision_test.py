@@ -233,7 +233,8 @@ def tiers_resume(tmp):
                   f"{tier}: model.safetensors holds the fp32 master (not bf16-rounded values)")
 
     # A checkpoint of one tier resumes under another: through fp32, then the run's own storage.
-    for src_tier, dst_tier in (("8bit", "fp32"), ("fp32", "8bit"), ("w16", "fp32"),
+    for src_tier, dst_tier in (("8bit", "fp32"), ("fp32", "8bit"), ("bf16", "fp32"),
+                               ("bf16-m+8bit-v", "fp32"), ("w16", "fp32"),
                                ("w16-kahan", "fp32"), ("w16-offload", "fp32"),
                                ("fp32", "w16-kahan"), ("w16-8bit", "w16")):
         if not in_group(src_tier, dst_tier):
