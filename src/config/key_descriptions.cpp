@@ -58,7 +58,7 @@ constexpr KeyDescription kDescriptions[] = {
     {"zero_optimization.offload_optimizer.pin_memory", "Pinned host memory"},
     {"zero_optimization.reduce_bucket_size", "data parallel: gradient elements per all-reduce (stages 0-1) or per reduce onto the owners (stage 2), DeepSpeed's unit (25 MiB of fp32 by default; DeepSpeed's own default is 5e8)"},
     {"zero_optimization.allgather_bucket_size", "data parallel, ZeRO 1-2: parameter elements per broadcast of the owners' updated parameters"},
-    {"zero_optimization.overlap_comm", "data parallel: reduce gradients during the backward (DeepSpeed's default is false); false reduces them after it"},
+    {"zero_optimization.overlap_comm", "gradients handled during the backward (DeepSpeed's default is false): data parallel reduces them as they are ready; optimizer offload in one process copies them to the host as they are ready; false does either after the backward"},
     {"activation_checkpointing", "recomputing blocks in the backward instead of keeping their activations"},
     {"activation_checkpointing.partition_activations", "DeepSpeed's model-parallel switch; true warns that it has no effect"},
     {"activation_checkpointing.cpu_checkpointing", "DeepSpeed's host offload of checkpoints; true warns that it has no effect (inputs stay on the device)"},

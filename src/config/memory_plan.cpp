@@ -197,20 +197,27 @@ std::vector<MemoryTier> memory_tiers() {
       "optimizer.exp_avg_dtype=8bit optimizer.exp_avg_sq_dtype=8bit "};
   std::vector<MemoryTier> tiers;
   for (int ck = 0; ck < 2; ++ck) {
-    for (int off = 0; off < 2; ++off) {
+    // off: 0 none, 1 offload with gradients streamed in the backward, 2 copied after it
+    for (int off = 0; off < 3; ++off) {
       for (int m = 0; m < 3; ++m) {
         for (int w = 0; w < 3; ++w) {
-          if (w == 2 && off == 1) continue;  // offload keeps an fp32 master on the host
+          if (w == 2 && off > 0) continue;   // offload keeps an fp32 master on the host
+          if (w == 0 && off == 2) continue;  // fp32 gradients: the same bytes either way
           MemoryTier t;
           t.weights = w;
           t.moments = m;
-          t.offload = off == 1;
+          t.offload = off > 0;
+          t.offload_after_backward = off == 2;
           t.checkpointing = ck == 1;
-          t.cost = (w == 1 ? 1 : w == 2 ? 2 : 0) + m + 3 * off + ck;
-          t.name = std::string(kWeights[w]) + ", " + kMoments[m] + (off ? ", offload" : "") +
+          t.cost = (w == 1 ? 1 : w == 2 ? 2 : 0) + m + (off ? 2 + off : 0) + ck;
+          t.name = std::string(kWeights[w]) + ", " + kMoments[m] +
+                   (off == 1   ? ", offload"
+                    : off == 2 ? ", offload (gradients copied after the backward)"
+                               : "") +
                    (ck ? ", checkpointing" : "");
           t.settings = std::string(kWeightSettings[w]) + kMomentSettings[m] +
                        (off ? "zero_optimization.offload_optimizer.device=cpu " : "") +
+                       (off == 2 ? "zero_optimization.overlap_comm=false " : "") +
                        (ck ? "activation_checkpointing.number_checkpoints=NUM_LAYERS " : "");
           if (!t.settings.empty()) t.settings.pop_back();
           tiers.push_back(t);
@@ -234,6 +241,7 @@ void apply_tier(const MemoryTier& t, Config& c, PlanOptions& o) {
   c.optimizer.exp_avg_dtype = c.optimizer.exp_avg_sq_dtype = m;
   c.zero_optimization.offload_optimizer.device =
       t.offload ? OffloadDevice::kCpu : OffloadDevice::kNone;
+  if (t.offload) c.zero_optimization.overlap_comm = !t.offload_after_backward;
   o.checkpointing = t.checkpointing;
 }
 
@@ -352,6 +360,54 @@ static void fit_and_advise(const Config& c, const PlanOptions& opt, MemoryPlan& 
   }
 }
 
+namespace {
+
+// Gradient-reduction buffers of data parallelism (docs/distributed.md).
+double communication_bytes(GradientReduction reduction, double bucket, double trained, double N) {
+  switch (reduction) {
+    case GradientReduction::kNone:
+      return 0;
+    case GradientReduction::kAllReduceAfterBackward:
+      return std::min(bucket, 4 * trained);
+    case GradientReduction::kReduceToOwnersInBackward:
+      return std::min(3 * bucket, 4 * trained * (N - 1) / N);
+    case GradientReduction::kReducerInBackward:
+      return 4 * trained;
+  }
+  return 0;
+}
+
+// What the optimizer step allocates beyond its states (on the host under offload).
+double update_transient_bytes(const Config& c, const PlanOptions& opt, double trained) {
+  const bool offload = c.zero_optimization.offload_optimizer.device == OffloadDevice::kCpu;
+  const bool w16 = c.training.param_dtype != ParamDtype::kFp32;
+  const bool kahan = w16 && c.optimizer.main_params_dtype == ParamDtype::kBf16;
+  // The reference update (bf16 / 8-bit moments) reads one parameter's moments into fp32 and
+  // quantises them back: ~16 B per value of the largest parameter (fp32 m, v, the denominator
+  // and a square root), 32 B with 8-bit moments (the padded copy, scaled rows and bucket
+  // indices of the quantisation).
+  const bool eight = c.optimizer.exp_avg_dtype == StateDtype::k8Bit ||
+                     c.optimizer.exp_avg_sq_dtype == StateDtype::k8Bit;
+  const double largest = largest_trained_parameter(c);
+  // On a GPU with both moments 8-bit the fused kernel (kernels/adam8bit.h) steps in place.
+  const bool kernel8 = !opt.cpu && !offload && c.moe.kernels != MoeKernels::kReference &&
+                       c.optimizer.exp_avg_dtype == StateDtype::k8Bit &&
+                       c.optimizer.exp_avg_sq_dtype == StateDtype::k8Bit;
+  double bytes =
+      moment_bytes_per_parameter(c) == 8 || kernel8 ? 0 : (eight ? 32.0 : 16.0) * largest;
+  // 16-bit weights on the device: a bucket (64 MiB of fp32, plus the parameter that fills it)
+  // of widened gradients; a bf16 master adds its fp32 views and the Kahan temporaries of one
+  // parameter (old, sum, rounded, difference: ~14 B per value).
+  if (w16 && !offload) {
+    const double bucket16 = std::min(4 * trained, 64.0 * (1 << 20) + 4 * largest);
+    bytes +=
+        kahan ? std::min(8 * trained, 64.0 * (1 << 20) + 8 * largest) + 14 * largest : bucket16;
+  }
+  return bytes;
+}
+
+}  // namespace
+
 MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   MemoryPlan p;
   p.parameters = count_parameters(c);
@@ -382,51 +438,28 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   // micro-batches (and widened before fp16's unscaling); fp32 masters in the optimizer.
   const bool w16 = c.training.param_dtype != ParamDtype::kFp32;
   const bool accumulate = c.gradient_accumulation_steps > 1;
-  const bool fp32_sums = w16 && (accumulate || c.fp16.enabled);
+  // Offload in one process with overlap_comm streams gradients to the host during the backward
+  // (train/offload_gradient_stream.h): 16-bit ones are released on the device as they are
+  // copied and summed in fp32 on the host, so the device holds no fp32 sums.
+  const bool streamed = offload && c.zero_optimization.overlap_comm && N == 1;
+  const bool fp32_sums = w16 && (accumulate || c.fp16.enabled) && !streamed;
   const bool kahan = w16 && c.optimizer.main_params_dtype == ParamDtype::kBf16;
-  const double grad_bytes = !w16 ? 4 : accumulate ? 6 : 2;  // during a backward
+  const double grad_bytes = !w16 ? 4 : fp32_sums && accumulate ? 6 : 2;  // during a backward
   const double grad_per_param = (partitioned ? grad_bytes / N : grad_bytes) * trained / P;
-  p.gradients = (!w16 || fp32_sums ? 4 : 2) * trained / (dp.shards_gradients() ? N : 1);
-  switch (dp.reduction) {
-    case GradientReduction::kNone:
-      p.communication = 0;
-      break;
-    case GradientReduction::kAllReduceAfterBackward:
-      p.communication = std::min(bucket, 4 * trained);
-      break;
-    case GradientReduction::kReduceToOwnersInBackward:
-      p.communication = std::min(3 * bucket, 4 * trained * (N - 1) / N);
-      break;
-    case GradientReduction::kReducerInBackward:
-      p.communication = 4 * trained;
-      break;
-  }
+  p.gradients = (streamed && w16     ? 0
+                 : !w16 || fp32_sums ? 4
+                                     : 2) *
+                trained / (dp.shards_gradients() ? N : 1);
+  p.communication = communication_bytes(dp.reduction, bucket, trained, N);
   const double state_share = dp.shards_optimizer() ? N : 1;
   const double moments = moment_bytes_per_parameter(c);
   p.optimizer_states = offload ? 0 : moments * trained / state_share;
-  // Moments + fp32 master copy + gradient staging (in the gradients' dtype).
-  p.host = offload ? (moments + 4 + (!w16 || fp32_sums ? 4 : 2)) * trained / state_share : 0;
+  // Moments + fp32 master copy + gradient staging (in the gradients' dtype); streamed: fp32
+  // gradients, and a 16-bit staging buffer for 16-bit weights (their copies both ways).
+  const double staging = streamed ? 4 + (w16 ? 2 : 0) : !w16 || fp32_sums ? 4 : 2;
+  p.host = offload ? (moments + 4 + staging) * trained / state_share : 0;
   p.master_weights = !w16 || offload ? 0 : (kahan ? 2 : 4) * trained;
-  // The reference update (bf16 / 8-bit moments) reads one parameter's moments into fp32 and
-  // quantises them back: ~16 B per value of the largest parameter (fp32 m, v, the denominator
-  // and a square root), 32 B with 8-bit moments (the padded copy, scaled rows and bucket
-  // indices of the quantisation).
-  const bool eight = c.optimizer.exp_avg_dtype == StateDtype::k8Bit ||
-                     c.optimizer.exp_avg_sq_dtype == StateDtype::k8Bit;
-  const double largest = largest_trained_parameter(c);
-  // On a GPU with both moments 8-bit the fused kernel (kernels/adam8bit.h) steps in place.
-  const bool kernel8 = !opt.cpu && !offload && c.moe.kernels != MoeKernels::kReference &&
-                       c.optimizer.exp_avg_dtype == StateDtype::k8Bit &&
-                       c.optimizer.exp_avg_sq_dtype == StateDtype::k8Bit;
-  p.update_transient = moments == 8 || kernel8 ? 0 : (eight ? 32.0 : 16.0) * largest;
-  // 16-bit weights on the device: a bucket (64 MiB of fp32, plus the parameter that fills it)
-  // of widened gradients; a bf16 master adds its fp32 views and the Kahan temporaries of one
-  // parameter (old, sum, rounded, difference: ~14 B per value).
-  if (w16 && !offload) {
-    const double bucket16 = std::min(4 * trained, 64.0 * (1 << 20) + 4 * largest);
-    p.update_transient +=
-        kahan ? std::min(8 * trained, 64.0 * (1 << 20) + 8 * largest) + 14 * largest : bucket16;
-  }
+  p.update_transient = update_transient_bytes(c, opt, trained);
   p.weights = (w16 ? 2 : 4) * trained + (mixed || w16 ? 2 : 4) * frozen;
   // Autocast keeps the bf16/fp16 copy of every fp32 matmul weight from the forward to the end of
   // the backward (its cache is cleared after the step); 16-bit weights need none.

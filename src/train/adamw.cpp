@@ -12,6 +12,7 @@
 #include "moe/kernels/adam8bit.h"
 #include "moe/kernels/permute.h"
 #include "moe/train/blockwise_quant.h"
+#include "moe/train/offload_gradient_stream.h"
 
 namespace moe::train {
 
@@ -111,6 +112,40 @@ FusedAdamW::FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta
   }
 }
 
+FusedAdamW::~FusedAdamW() = default;
+
+void FusedAdamW::stream_gradients_in_backward() {
+  TORCH_CHECK(offload_.enabled, "optimizer: gradient streaming needs offload");
+  std::vector<at::Tensor> params;
+  first_slot_.clear();
+  for (auto& g : groups_) {
+    first_slot_.push_back(params.size());
+    for (const auto& p : g.params) {
+      slot_of_[p.unsafeGetTensorImpl()] = params.size();
+      params.push_back(p);
+    }
+  }
+  stream_ = std::make_unique<OffloadGradientStream>(std::move(params), offload_.pin_memory);
+  for (auto& staged : host_grad_) {  // the stream's fp32 buffers and 16-bit staging replace them
+    for (auto& t : staged) t = at::Tensor();
+  }
+}
+
+void FusedAdamW::begin_backward(bool last) {
+  if (stream_) stream_->begin_backward(last);
+}
+
+void FusedAdamW::finish_streamed_gradients() {
+  TORCH_CHECK(stream_, "optimizer: gradients are not streamed");
+  stream_->finish();
+}
+
+at::Tensor FusedAdamW::streamed_gradient(const at::Tensor& param) const {
+  const auto it = slot_of_.find(param.unsafeGetTensorImpl());
+  if (!stream_ || it == slot_of_.end() || !stream_->has_gradient(it->second)) return {};
+  return stream_->host_gradient(it->second);
+}
+
 void FusedAdamW::step(double lr, const std::optional<torch::Tensor>& grad_scale,
                       const std::optional<torch::Tensor>& found_inf) {
   at::NoGradGuard no_grad;
@@ -181,24 +216,15 @@ void FusedAdamW::step_on_device(double lr, const std::optional<torch::Tensor>& g
   update_groups(lr, grad_scale, found_inf);
 }
 
-void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& grad_scale,
-                                const std::optional<torch::Tensor>& found_inf) {
-  // The scalars travel to the host once (a sync, but the update needs the grads there anyway).
-  std::optional<at::Tensor> scale_h, inf_h;
-  if (grad_scale) scale_h = grad_scale->to(at::kCPU, at::kFloat);
-  if (found_inf) inf_h = found_inf->to(at::kCPU, at::kFloat);
-
-  struct Bucket {
-    size_t group;
-    std::vector<size_t> index;
-  };
-  std::vector<Bucket> buckets;
-  bool on_cuda = false;
+// The parameters with a gradient this step, in buckets of about offload_.bucket_bytes of fp32
+// (a new bucket at each group start); on_cuda: whether any of them is on a GPU.
+std::vector<FusedAdamW::OffloadBucket> FusedAdamW::offload_buckets(bool& on_cuda) const {
+  std::vector<OffloadBucket> buckets;
   for (size_t g = 0; g < groups_.size(); ++g) {
-    int64_t bytes = offload_.bucket_bytes;  // forces a new bucket at each group start
+    int64_t bytes = offload_.bucket_bytes;
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       const auto& p = groups_[g].params[i];
-      if (!p.grad().defined()) continue;
+      if (!(stream_ ? stream_->has_gradient(first_slot_[g] + i) : p.grad().defined())) continue;
       on_cuda = on_cuda || p.is_cuda();
       if (bytes >= offload_.bucket_bytes) {
         buckets.push_back({g, {}});
@@ -208,18 +234,34 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
       bytes += p.numel() * static_cast<int64_t>(sizeof(float));
     }
   }
+  return buckets;
+}
+
+void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& grad_scale,
+                                const std::optional<torch::Tensor>& found_inf) {
+  // The scalars travel to the host once (a sync, but the update needs the grads there anyway).
+  std::optional<at::Tensor> scale_h, inf_h;
+  if (grad_scale) scale_h = grad_scale->to(at::kCPU, at::kFloat);
+  if (found_inf) inf_h = found_inf->to(at::kCPU, at::kFloat);
+
+  bool on_cuda = false;
+  const std::vector<OffloadBucket> buckets = offload_buckets(on_cuda);
+  using Bucket = OffloadBucket;
 
   auto update = [&](const Bucket& b) {
     std::vector<at::Tensor> masters, grads;
     std::vector<AdamWState*> states;
     for (size_t i : b.index) {
       masters.push_back(master_[b.group][i]);
-      grads.push_back(host_grad_[b.group][i].to(at::kFloat));  // 16-bit staging: widened here
+      // Streamed: the host fp32 gradient; otherwise the staging, a 16-bit one widened here.
+      grads.push_back(stream_ ? stream_->host_gradient(first_slot_[b.group] + i)
+                              : host_grad_[b.group][i].to(at::kFloat));
       states.push_back(&state_[b.group][i]);
     }
     adam_fp32(masters, grads, states, lr, groups_[b.group].weight_decay, scale_h, inf_h);
   };
   auto copy_grads = [&](const Bucket& b, bool non_blocking) {
+    if (stream_) return;  // on the host already (copied during the backward)
     for (size_t i : b.index) {
       const at::Tensor& grad = groups_[b.group].params[i].grad();
       at::Tensor& staged = host_grad_[b.group][i];
@@ -234,8 +276,9 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
   auto copy_weights_back = [&](const Bucket& b, bool non_blocking) {
     for (size_t i : b.index) {
       at::Tensor& p = groups_[b.group].params[i];
-      at::Tensor& staged = host_grad_[b.group][i];
-      if (held_in_16_bits(p) && staged.scalar_type() == p.scalar_type()) {
+      at::Tensor& staged =
+          stream_ ? stream_->staging(first_slot_[b.group] + i) : host_grad_[b.group][i];
+      if (held_in_16_bits(p) && staged.defined() && staged.scalar_type() == p.scalar_type()) {
         staged.copy_(master_[b.group][i]);
         p.copy_(staged, non_blocking);
       } else {
@@ -257,7 +300,11 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
   // same stream while the CPU works on bucket b+1. The compute stream waits for the last copy.
   const auto device = groups_[buckets.front().group].params[buckets.front().index.front()].device();
   c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device.index());
-  c10::cuda::CUDAStream copy = c10::cuda::getStreamFromPool(false, device.index());
+  // The stream's own copy stream when gradients were streamed: the next step's gradient copies
+  // into the 16-bit staging are then ordered after this step's weight copies out of it.
+  c10::cuda::CUDAStream copy = stream_ ? c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED,
+                                                               *stream_->copy_stream(device))
+                                       : c10::cuda::getStreamFromPool(false, device.index());
   at::cuda::CUDAEvent grads_ready;
   grads_ready.record(compute);
   grads_ready.block(copy);
@@ -493,6 +540,7 @@ void FusedAdamW::zero_grad() {
   for (auto& sums : grad_sum_) {
     for (auto& s : sums) s = at::Tensor();
   }
+  if (stream_) stream_->clear();
 }
 
 std::vector<std::pair<std::string, AdamWState*>> FusedAdamW::named_state() {

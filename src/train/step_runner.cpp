@@ -101,6 +101,9 @@ class EagerStepRunner : public StepRunner {
     const bool autocast = opt_.bf16 || opt_.fp16;
     DataParallel& dp = *opt_.dp;
     dp.begin_step(model_, optimizer_);
+    // Offload with streaming: gradients reach the host during the backward, and unscaling,
+    // the norm and clipping run on those host copies (FusedAdamW::stream_gradients_in_backward).
+    const bool streamed = optimizer_.streams_gradients();
     for (int64_t micro = 0; micro < opt_.micro_batches; ++micro) {
       auto batch = next();
       if (autocast) {
@@ -114,11 +117,12 @@ class EagerStepRunner : public StepRunner {
       auto tb = Clock::now();
       // Only fp16 scales the loss; bf16 and fp32 gradients need no scaling.
       const double scale = opt_.fp16 ? scaler_.scale() : 1.0;
+      optimizer_.begin_backward(micro + 1 == opt_.micro_batches);
       dp.backward(l.total * (scale / static_cast<double>(opt_.micro_batches)),
                   micro + 1 == opt_.micro_batches);
       // 16-bit gradients are summed over micro-batches in fp32 (and widened before fp16's
       // unscaling, which would flush small ones to zero in fp16).
-      if (opt_.micro_batches > 1 || opt_.fp16) {
+      if (!streamed && (opt_.micro_batches > 1 || opt_.fp16)) {
         optimizer_.accumulate_micro_batch(micro + 1 == opt_.micro_batches);
       }
       sync();
@@ -132,11 +136,12 @@ class EagerStepRunner : public StepRunner {
     }
     if (autocast) at::autocast::clear_cache();
     dp.finish_gradients(model_, r);
-    auto grads = defined_grads(model_->parameters());
+    auto grads = streamed ? streamed_grads() : defined_grads(model_->parameters());
+    const torch::Device where = streamed ? torch::Device(torch::kCPU) : device();
     if (opt_.fp16) {  // unscale in place and detect overflow in one pass
-      auto found_inf = torch::zeros({1}, torch::TensorOptions().device(device()));
+      auto found_inf = torch::zeros({1}, torch::TensorOptions().device(where));
       auto inv_scale =
-          torch::full({1}, 1.0 / scaler_.scale(), torch::TensorOptions().device(device()));
+          torch::full({1}, 1.0 / scaler_.scale(), torch::TensorOptions().device(where));
       at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
       dp.agree_on_overflow(found_inf);
       r.overflow = found_inf.item<float>() > 0;
@@ -156,6 +161,15 @@ class EagerStepRunner : public StepRunner {
     if (opt_.sync_for_timing) torch::cuda::synchronize();
   }
   torch::Device device() { return model_->parameters().front().device(); }
+  // The host copies, in the model's parameter order as defined_grads (the norm sums in order).
+  std::vector<torch::Tensor> streamed_grads() {
+    optimizer_.finish_streamed_gradients();
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : model_->parameters()) {
+      if (auto g = optimizer_.streamed_gradient(p); g.defined()) grads.push_back(std::move(g));
+    }
+    return grads;
+  }
 
   model::TransformerLM& model_;
   const config::Config& cfg_;

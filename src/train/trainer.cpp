@@ -197,6 +197,12 @@ class TrainingSession {
     if (offload_options(cfg).enabled && in_.device.is_cpu()) {
       log_->info("optimizer offload on a CPU run: the host-side update path runs with host copies");
     }
+    // ZeRO-Offload's overlap: gradients go to the host during the backward. With several ranks
+    // they are reduced first, so they are copied after the backward.
+    if (offload_options(cfg).enabled && cfg.zero_optimization.overlap_comm && dp_->size() == 1) {
+      optimizer_.stream_gradients_in_backward();
+      log_->info("optimizer offload: gradients are copied to the host during the backward");
+    }
   }
 
   TrainSummary run() {

@@ -46,28 +46,36 @@ TEST(MemoryPlanTiers, WorkingWeightBytesPerParameterFollowTheFormula) {
     ParamDtype weights, master;
     int64_t accumulation;
     bool offload;
+    bool streamed;                    // offload with overlap_comm: gradients copied in the backward
     double device_bytes, host_bytes;  // per parameter, fp32 moments
   };
   for (const Tier& t : {
-           Tier{ParamDtype::kFp32, ParamDtype::kFp32, 1, false, 4 + 4 + 8, 0},
-           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 1, false, 2 + 2 + 4 + 8, 0},
-           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 4, false, 2 + 4 + 4 + 8, 0},
-           Tier{ParamDtype::kBf16, ParamDtype::kBf16, 1, false, 2 + 2 + 2 + 8, 0},
-           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 1, true, 2 + 2, 8 + 4 + 2},
-           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 4, true, 2 + 4, 8 + 4 + 4},
-           Tier{ParamDtype::kFp32, ParamDtype::kFp32, 1, true, 4 + 4, 8 + 4 + 4},
+           Tier{ParamDtype::kFp32, ParamDtype::kFp32, 1, false, false, 4 + 4 + 8, 0},
+           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 1, false, false, 2 + 2 + 4 + 8, 0},
+           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 4, false, false, 2 + 4 + 4 + 8, 0},
+           Tier{ParamDtype::kBf16, ParamDtype::kBf16, 1, false, false, 2 + 2 + 2 + 8, 0},
+           // Streamed: 16-bit gradients leave the device as they are made; the host keeps
+           // fp32 gradients (summed there) and a 16-bit staging buffer.
+           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 1, true, true, 2, 8 + 4 + 4 + 2},
+           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 4, true, true, 2, 8 + 4 + 4 + 2},
+           Tier{ParamDtype::kFp32, ParamDtype::kFp32, 1, true, true, 4 + 4, 8 + 4 + 4},
+           // Copied after the backward (overlap_comm false): staging in the gradients' dtype.
+           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 1, true, false, 2 + 2, 8 + 4 + 2},
+           Tier{ParamDtype::kBf16, ParamDtype::kFp32, 4, true, false, 2 + 4, 8 + 4 + 4},
+           Tier{ParamDtype::kFp32, ParamDtype::kFp32, 1, true, false, 4 + 4, 8 + 4 + 4},
        }) {
     c.training.param_dtype = t.weights;
     c.optimizer.main_params_dtype = t.master;
     c.gradient_accumulation_steps = t.accumulation;
     c.zero_optimization.offload_optimizer.device =
         t.offload ? OffloadDevice::kCpu : OffloadDevice::kNone;
+    c.zero_optimization.overlap_comm = t.streamed || !t.offload;
     const MemoryPlan p = plan_memory(c, PlanOptions{.cpu = true});
     const double params = static_cast<double>(p.parameters);
     EXPECT_DOUBLE_EQ(p.weights + p.gradients + p.master_weights + p.optimizer_states,
                      t.device_bytes * params)
         << name(t.weights) << " weights, " << name(t.master) << " master, accumulation "
-        << t.accumulation << (t.offload ? ", offload" : "");
+        << t.accumulation << (t.offload ? ", offload" : "") << (t.streamed ? " streamed" : "");
     EXPECT_DOUBLE_EQ(p.host - (t.offload ? p.update_transient : 0), t.host_bytes * params);
     EXPECT_EQ(p.low_precision_weights, 0);  // a CPU plan: no autocast copies
   }

@@ -179,8 +179,14 @@ TIERS = {"fp32": moments("fp32", "fp32"), "bf16": moments("bf16", "bf16"),
          "8bit": moments("8bit", "8bit"), "bf16-m+8bit-v": moments("bf16", "8bit"),
          "w16": W16, "w16-kahan": dict(W16, **{"optimizer.main_params_dtype": "bf16"}),
          "w16-offload": dict(W16, **{"zero_optimization.offload_optimizer.device": "cpu"})}
-# Resumed and crossed only (each of its parts trains the demo above).
-COMBINED = {"w16-8bit": dict(W16, **moments("8bit", "8bit"))}
+# Resumed and crossed only (each of its parts trains the demo above). Offload streams gradients
+# to the host during the backward and sums 16-bit ones in fp32 there: two micro-batches of 16
+# (the same 32 sequences a step) exercise the sums.
+COMBINED = {"w16-8bit": dict(W16, **moments("8bit", "8bit")),
+            "w16-offload-2mb": dict(TIERS["w16-offload"],
+                                    **{"train_micro_batch_size_per_gpu": "16",
+                                       "gradient_accumulation_steps": "2"})}
+BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 GROUP = sys.argv[sys.argv.index("--group") + 1] if "--group" in sys.argv else "all"
 
 
@@ -235,16 +241,18 @@ def tiers_resume(tmp):
     # A checkpoint of one tier resumes under another: through fp32, then the run's own storage.
     for src_tier, dst_tier in (("8bit", "fp32"), ("fp32", "8bit"), ("bf16", "fp32"),
                                ("bf16-m+8bit-v", "fp32"), ("w16", "fp32"),
-                               ("w16-kahan", "fp32"), ("w16-offload", "fp32"),
+                               ("w16-kahan", "fp32"), ("w16-offload-2mb", "fp32"),
                                ("fp32", "w16-kahan"), ("w16-8bit", "w16")):
         if not in_group(src_tier, dst_tier):
             continue
-        sets = {"training.train_iters": 40, "training.eval_interval": 0,
-                "checkpoint.save_interval": 20}
-        run = f"cross-{src_tier}-{dst_tier}"
         every = dict(TIERS, **COMBINED)
+        # One batch layout for both runs (the source's).
+        sets = {"training.train_iters": 40, "training.eval_interval": 0,
+                "checkpoint.save_interval": 20,
+                **{k: v for k, v in every[src_tier].items() if k in BATCH_KEYS}}
+        run = f"cross-{src_tier}-{dst_tier}"
         first = train(tmp, run, dict(sets, **every[src_tier], **{"training.exit_interval": 20}))
-        second = train(tmp, run, dict(sets, **every[dst_tier]))
+        second = train(tmp, run, dict(every[dst_tier], **sets))
         out = tmp / f"{run}/checkpoints/step-00000040"
         opt = load_file(str(out / "optimizer.safetensors")) if second.returncode == 0 else {}
         want = torch.uint8 if dst_tier.endswith("8bit") else torch.float32

@@ -60,10 +60,14 @@ struct MemoryTier {
   std::string name;      // e.g. "bf16 weights + 8-bit moments + offload"
   std::string settings;  // the config keys that select it, "key=value ..."
   int cost = 0;          // ranks speed and precision given up: checkpointing 1, bf16 weights 1,
-                         // bf16 moments 1, 8-bit moments 2, bf16 master 2, offload 3
+                         // bf16 moments 1, 8-bit moments 2, bf16 master 2, offload 3 (4 when
+                         // its gradients are copied after the backward)
   int weights = 0;       // 0 fp32, 1 bf16 + fp32 master, 2 bf16 + bf16 master (Kahan)
   int moments = 0;       // 0 fp32, 1 bf16, 2 8-bit
   bool offload = false, checkpointing = false;
+  // Offload's gradients copied after the backward (overlap_comm false): slower (cost +1) but
+  // 4 B per parameter less host memory with 16-bit weights (no fp32 host gradients).
+  bool offload_after_backward = false;
 };
 // Every combination, cheapest first (ties: in enumeration order).
 std::vector<MemoryTier> memory_tiers();

@@ -27,8 +27,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <torch/types.h>
@@ -36,6 +38,8 @@
 #include "moe/config/choices.h"
 
 namespace moe::train {
+
+class OffloadGradientStream;
 
 struct AdamWGroup {
   std::vector<std::string> names;
@@ -82,6 +86,7 @@ class FusedAdamW {
   FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta2, double eps,
              OffloadOptions offload = {}, MomentPrecision precision = {},
              MainParamsDtype main_params = MainParamsDtype::kFp32);
+  ~FusedAdamW();
   // One update at learning rate `lr`. Parameters without a gradient are left alone.
   void step(double lr, const std::optional<torch::Tensor>& grad_scale = std::nullopt,
             const std::optional<torch::Tensor>& found_inf = std::nullopt);
@@ -108,6 +113,18 @@ class FusedAdamW {
   // (a checkpoint load) so the next update starts from them. A no-op without offload.
   void reload_master_weights();
   bool offloaded() const { return offload_.enabled; }
+  // Offload: every gradient is copied to the host as soon as autograd has accumulated it, during
+  // the backward (offload_gradient_stream.h); the step runner then unscales and clips the host
+  // copies. Call once, before the first step (one process: no data-parallel reduction between).
+  void stream_gradients_in_backward();
+  bool streams_gradients() const { return stream_ != nullptr; }
+  // Streaming: before each micro-batch's backward (`last`: the step's last one).
+  void begin_backward(bool last);
+  // Streaming, after the last backward: waits for the copies.
+  void finish_streamed_gradients();
+  // Streaming: the host fp32 gradient of `param` this step (undefined when it has none). The
+  // caller orders them (the clipping norm's sum follows the model's parameter order).
+  torch::Tensor streamed_gradient(const torch::Tensor& param) const;
   const MomentPrecision& precision() const { return precision_; }
 
  private:
@@ -115,6 +132,11 @@ class FusedAdamW {
                       const std::optional<torch::Tensor>& found_inf);
   void step_offloaded(double lr, const std::optional<torch::Tensor>& grad_scale,
                       const std::optional<torch::Tensor>& found_inf);
+  struct OffloadBucket {
+    size_t group;
+    std::vector<size_t> index;
+  };
+  std::vector<OffloadBucket> offload_buckets(bool& on_cuda) const;
 
   struct Lists;
   Lists with_grads(size_t group);
@@ -147,6 +169,9 @@ class FusedAdamW {
   // host; otherwise 16-bit parameters only). host_grad_: offload's gradient staging (pinned).
   // compensation_: bf16 Kahan compensation of a bf16 master. grad_sum_: fp32 micro-batch sums.
   std::vector<std::vector<torch::Tensor>> master_, host_grad_, compensation_, grad_sum_;
+  std::vector<size_t> first_slot_;  // per group: its first parameter's index in stream_
+  std::unique_ptr<OffloadGradientStream> stream_;
+  std::unordered_map<const void*, size_t> slot_of_;  // a parameter's index in stream_
 };
 
 }  // namespace moe::train
