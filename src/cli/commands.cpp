@@ -430,6 +430,9 @@ CLI::App* add_prepare_command(CLI::App& app, data::PrepareOptions& prep) {
       ->check(CLI::ExistingFile);
   pd->add_option("--spm-model", prep.spm_model, "SentencePiece model file")
       ->check(CLI::ExistingFile);
+  pd->add_option("--tokenizer-from", prep.tokenizer_from,
+                 "A Hugging Face model directory or an import-hf checkpoint: its tokenizer.json "
+                 "(or tokenizer.model)");
   pd->add_option("--shard-tokens", prep.shard_tokens, "Tokens per shard")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   pd->add_option("--valid-fraction", prep.valid_fraction,

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <mutex>
+#include <queue>
 #include <sstream>
 #include <unordered_map>
 
@@ -65,10 +67,14 @@ std::vector<std::string> utf8_chars(const std::string& s) {
   return out;
 }
 
+uint64_t pair_key(int64_t a, int64_t b) {
+  return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b);
+}
+
 // The BPE model: vocabulary and merge ranks ("a b" strings or [a, b] pairs); returns
 // ignore_merges. Anything but plain byte-level BPE is refused.
 bool read_bpe_model(const json& model, std::unordered_map<std::string, int64_t>& vocab,
-                    std::unordered_map<std::string, int64_t>& ranks,
+                    std::unordered_map<uint64_t, std::pair<int32_t, int32_t>>& merges,
                     const std::function<void(const std::string&)>& refuse) {
   if (model.value("type", std::string()) != "BPE") refuse("model.type is not BPE");
   if (model.value("byte_fallback", false)) refuse("model.byte_fallback is not supported");
@@ -89,7 +95,16 @@ bool read_bpe_model(const json& model, std::unordered_map<std::string, int64_t>&
     } else {
       a = m.at(0).get<std::string>(), b = m.at(1).get<std::string>();
     }
-    ranks.emplace(a + '\x1f' + b, rank++);
+    // By vocabulary ids, as `tokenizers` holds them (it refuses a merge of, or into, a token
+    // outside the vocabulary when it loads the file; so do we).
+    const auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
+    if (ia == vocab.end() || ib == vocab.end() || iab == vocab.end()) {
+      refuse("merge \"" + a + " " + b + "\" (rank " + std::to_string(rank) +
+             ") names a token outside the vocabulary");
+    }
+    merges.emplace(pair_key(ia->second, ib->second),
+                   std::make_pair(static_cast<int32_t>(rank), static_cast<int32_t>(iab->second)));
+    ++rank;
   }
   return model.value("ignore_merges", false);
 }
@@ -148,11 +163,14 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
                     " (supported: byte-level BPE as GPT-2 and Llama-3 use it)");
   };
   try {
-    ignore_merges_ = read_bpe_model(j.at("model"), vocab_, ranks_, refuse);
+    ignore_merges_ = read_bpe_model(j.at("model"), vocab_, merges_, refuse);
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
       refuse("normalizer " + j["normalizer"].value("type", std::string("?")) + " is not supported");
     }
     const std::string pattern = split_pattern(j.at("pre_tokenizer"), add_prefix_space_, refuse);
+    // ByteLevel prepends its space to each split it is given: after a Split step, every piece;
+    // alone (its own regex), every segment between added tokens.
+    prefix_each_piece_ = add_prefix_space_ && j.at("pre_tokenizer").value("type", "") == "Sequence";
     int err = 0;
     PCRE2_SIZE offset = 0;
     regex_ = std::make_shared<Regex>();
@@ -246,12 +264,19 @@ size_t HfBpeTokenizer::last_cut(const std::string& chunk) const {
   return std::string::npos;
 }
 
-void HfBpeTokenizer::bpe(const std::string& piece, std::vector<uint32_t>& out,
-                         std::unordered_map<std::string, std::vector<uint32_t>>& cache) const {
-  auto hit = cache.find(piece);
-  if (hit != cache.end()) {
-    out.insert(out.end(), hit->second.begin(), hit->second.end());
-    return;
+// One piece's ids: from the shared cache, or merged and cached. The merge is tokenizers'
+// (models/bpe/word.rs): a min-heap of candidate pairs by (rank, position) over a linked list of
+// symbols, so each merge costs O(log n) and nothing is rescanned; a popped pair whose symbols
+// changed since it was pushed is stale and skipped.
+void HfBpeTokenizer::bpe(const std::string& piece, std::vector<uint32_t>& out) const {
+  CacheShard& shard = cache_[std::hash<std::string>{}(piece) % cache_.size()];
+  {
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    auto hit = shard.ids.find(piece);
+    if (hit != shard.ids.end()) {
+      out.insert(out.end(), hit->second.begin(), hit->second.end());
+      return;
+    }
   }
   std::string mapped;
   for (unsigned char c : piece) mapped += bytes_[c];
@@ -260,45 +285,71 @@ void HfBpeTokenizer::bpe(const std::string& piece, std::vector<uint32_t>& out,
   if (ignore_merges_ && whole != vocab_.end()) {
     ids.push_back(static_cast<uint32_t>(whole->second));
   } else {
-    std::vector<std::string> parts = utf8_chars(mapped);
-    while (parts.size() > 1) {
-      int64_t best = std::numeric_limits<int64_t>::max();
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < parts.size(); ++i) {
-        auto r = ranks_.find(parts[i] + '\x1f' + parts[i + 1]);
-        if (r != ranks_.end() && r->second < best) best = r->second, at = i;
-      }
-      if (best == std::numeric_limits<int64_t>::max()) break;
-      // Merge every non-overlapping occurrence of the best pair, left to right.
-      const std::string a = parts[at], b = parts[at + 1];
-      std::vector<std::string> next;
-      for (size_t i = 0; i < parts.size();) {
-        if (i + 1 < parts.size() && parts[i] == a && parts[i + 1] == b) {
-          next.push_back(a + b);
-          i += 2;
-        } else {
-          next.push_back(parts[i++]);
-        }
-      }
-      parts = std::move(next);
-    }
-    for (const auto& p : parts) {
-      auto v = vocab_.find(p);
-      if (v == vocab_.end()) {
-        throw UserError("tokenizer: " + path_ + ": no vocabulary entry for \"" + p + "\"");
-      }
-      ids.push_back(static_cast<uint32_t>(v->second));
-    }
+    ids = merge(mapped);
   }
   out.insert(out.end(), ids.begin(), ids.end());
-  if (cache.size() < (1u << 20)) cache.emplace(piece, std::move(ids));
+  std::lock_guard<std::mutex> lock(shard.mutex);
+  if (shard.ids.size() < kCacheEntriesPerShard) shard.ids.emplace(piece, std::move(ids));
 }
 
-void HfBpeTokenizer::encode_segment(
-    const std::string& text, std::vector<uint32_t>& out,
-    std::unordered_map<std::string, std::vector<uint32_t>>& cache) const {
+std::vector<uint32_t> HfBpeTokenizer::merge(const std::string& mapped) const {
+  struct Symbol {
+    int64_t id;
+    int32_t prev, next;
+    bool gone;
+  };
+  std::vector<Symbol> sym;
+  const std::vector<std::string> chars = utf8_chars(mapped);
+  for (size_t i = 0; i < chars.size(); ++i) {
+    auto v = vocab_.find(chars[i]);
+    if (v == vocab_.end()) {
+      throw UserError("tokenizer: " + path_ + ": no vocabulary entry for \"" + chars[i] + "\"");
+    }
+    sym.push_back({v->second, static_cast<int32_t>(i) - 1,
+                   i + 1 < chars.size() ? static_cast<int32_t>(i + 1) : -1, false});
+  }
+  struct Candidate {
+    int32_t rank, pos, merged;
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+  auto push = [&](int32_t pos) {
+    if (pos < 0 || sym[pos].next < 0) return;
+    auto m = merges_.find(pair_key(sym[pos].id, sym[sym[pos].next].id));
+    if (m != merges_.end()) heap.push({m->second.first, pos, m->second.second});
+  };
+  for (int32_t i = 0; i + 1 < static_cast<int32_t>(sym.size()); ++i) push(i);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    Symbol& left = sym[c.pos];
+    if (left.gone || left.next < 0) continue;
+    auto m = merges_.find(pair_key(left.id, sym[left.next].id));
+    if (m == merges_.end() || m->second.first != c.rank) continue;  // stale
+    Symbol& right = sym[left.next];
+    left.id = c.merged;
+    right.gone = true;
+    left.next = right.next;
+    if (right.next >= 0) sym[right.next].prev = c.pos;
+    push(left.prev);
+    push(c.pos);
+  }
+  std::vector<uint32_t> ids;
+  for (const Symbol& x : sym) {
+    if (!x.gone) ids.push_back(static_cast<uint32_t>(x.id));
+  }
+  return ids;
+}
+
+void HfBpeTokenizer::encode_segment(const std::string& text, std::vector<uint32_t>& out) const {
   if (text.empty()) return;
-  const std::string s = add_prefix_space_ && text[0] != ' ' ? " " + text : text;
+  const std::string s =
+      add_prefix_space_ && !prefix_each_piece_ && text[0] != ' ' ? " " + text : text;
+  auto piece = [&](const std::string& p) {
+    bpe(prefix_each_piece_ && p[0] != ' ' ? " " + p : p, out);
+  };
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(regex_->code, nullptr);
   size_t pos = 0;
   while (pos < s.size()) {
@@ -307,7 +358,7 @@ void HfBpeTokenizer::encode_segment(
     const int rc = pcre2_match(regex_->code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos,
                                PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) {  // no more matches: the rest is one piece
-      bpe(s.substr(pos), out, cache);
+      piece(s.substr(pos));
       break;
     }
     if (rc < 0) {
@@ -318,15 +369,15 @@ void HfBpeTokenizer::encode_segment(
                                reinterpret_cast<const char*>(msg));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    if (ov[0] > pos) bpe(s.substr(pos, ov[0] - pos), out, cache);  // a gap: its own piece
-    if (ov[1] == ov[0]) {  // an empty match: step one code point
+    if (ov[0] > pos) piece(s.substr(pos, ov[0] - pos));  // a gap: its own piece
+    if (ov[1] == ov[0]) {                                // an empty match: step one code point
       size_t n = 1;
       while (ov[1] + n < s.size() && (static_cast<unsigned char>(s[ov[1] + n]) & 0xC0) == 0x80) ++n;
-      bpe(s.substr(ov[1], n), out, cache);
+      piece(s.substr(ov[1], n));
       pos = ov[1] + n;
       continue;
     }
-    bpe(s.substr(ov[0], ov[1] - ov[0]), out, cache);
+    piece(s.substr(ov[0], ov[1] - ov[0]));
     pos = ov[1];
   }
   pcre2_match_data_free(md);
@@ -336,7 +387,6 @@ void HfBpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out) c
   if (const size_t bad = first_invalid_utf8(text); bad != std::string_view::npos) {
     throw InvalidUtf8Error(bad);
   }
-  std::unordered_map<std::string, std::vector<uint32_t>> cache;
   size_t start = 0, i = 0;
   while (i < text.size()) {
     if (!added_first_[static_cast<unsigned char>(text[i])]) {  // the common case: no token here
@@ -355,12 +405,12 @@ void HfBpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out) c
       ++i;
       continue;
     }
-    encode_segment(std::string(text.substr(start, i - start)), out, cache);
+    encode_segment(std::string(text.substr(start, i - start)), out);
     out.push_back(static_cast<uint32_t>(found->id));
     i += found->content.size();
     start = i;
   }
-  encode_segment(std::string(text.substr(start)), out, cache);
+  encode_segment(std::string(text.substr(start)), out);
 }
 
 }  // namespace moe::data

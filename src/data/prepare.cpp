@@ -307,6 +307,31 @@ uint64_t valid_cut(const std::string& path, uint64_t size, double fraction, bool
 
 }  // namespace
 
+// The tokenizer kind and its file: as given, or found in --tokenizer-from DIR.
+static std::pair<std::string, std::string> tokenizer_choice(const PrepareOptions& opt) {
+  if (opt.tokenizer_from.empty()) {
+    return {opt.tokenizer, opt.tokenizer == "hf" ? opt.tokenizer_file : opt.spm_model};
+  }
+  const std::string dir = opt.tokenizer_from;
+  if (opt.tokenizer != "byte" || !opt.tokenizer_file.empty() || !opt.spm_model.empty()) {
+    throw UserError("prepare-data: --tokenizer-from " + dir +
+                    " takes the place of --tokenizer, --tokenizer-file and --spm-model; give "
+                    "one or the other");
+  }
+  if (!fs::is_directory(dir)) {
+    throw UserError("prepare-data: --tokenizer-from " + dir + ": not a directory");
+  }
+  if (fs::exists(fs::path(dir) / "tokenizer.json")) {
+    return {"hf", (fs::path(dir) / "tokenizer.json").string()};
+  }
+  if (fs::exists(fs::path(dir) / "tokenizer.model")) {
+    return {"sentencepiece", (fs::path(dir) / "tokenizer.model").string()};
+  }
+  throw UserError("prepare-data: --tokenizer-from " + dir +
+                  ": no tokenizer.json or tokenizer.model there (expected a Hugging Face model "
+                  "directory or an import-hf checkpoint)");
+}
+
 Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
   if (opt.out_dir.empty()) throw UserError("prepare-data: --out DIR is required");
   if (opt.valid_fraction < 0 || opt.valid_fraction >= 1) {
@@ -317,8 +342,8 @@ Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
     throw UserError("prepare-data: use --valid-fraction or --valid-input, not both");
   }
   if (opt.shard_tokens < 1) throw UserError("prepare-data: --shard-tokens must be >= 1");
-  auto tok =
-      make_tokenizer(opt.tokenizer, opt.tokenizer == "hf" ? opt.tokenizer_file : opt.spm_model);
+  const auto [kind, model_file] = tokenizer_choice(opt);
+  auto tok = make_tokenizer(kind, model_file);
   int64_t eod = -1;
   if (opt.append_eod) {
     eod = opt.eod_id >= 0 ? opt.eod_id : tok->eos_id();

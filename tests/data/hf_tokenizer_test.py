@@ -90,10 +90,13 @@ with tempfile.TemporaryDirectory() as d:
     (tmp / "held_out.txt").write_text(held_out)
     big = corpus(3, 18_000_000)  # several 8 MiB chunks: cut points between them matter
     (tmp / "big.txt").write_text(big)
-    for kind in ("gpt2", "llama3", "llama3-ignore-merges"):
-        if kind == "llama3-ignore-merges":  # Llama-3's tokenizer.json sets model.ignore_merges
+    for kind in ("gpt2", "llama3", "llama3-ignore-merges", "llama3-prefix-space"):
+        if kind in ("llama3-ignore-merges", "llama3-prefix-space"):
             j = json.loads((tmp / "llama3.json").read_text())
-            j["model"]["ignore_merges"] = True
+            if kind == "llama3-ignore-merges":  # Llama-3's tokenizer.json sets it
+                j["model"]["ignore_merges"] = True
+            else:  # ByteLevel after a Split prepends its space to every piece, not once
+                j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = True
             (tmp / f"{kind}.json").write_text(json.dumps(j))
             tok = Tokenizer.from_file(str(tmp / f"{kind}.json"))
         else:
@@ -146,6 +149,23 @@ with tempfile.TemporaryDirectory() as d:
     assert r.returncode == 2 and f"{bad}: invalid UTF-8 at byte offset 8000" in r.stderr, r.stderr
     assert not (tmp / "bad-out").exists()
     print(f"invalid UTF-8: {r.stderr.strip()[:140]}")
+    # --tokenizer-from DIR: a model directory's tokenizer.json, the same ids as --tokenizer-file.
+    model_dir = tmp / "model-dir"
+    model_dir.mkdir()
+    (model_dir / "tokenizer.json").write_text((tmp / "llama3.json").read_text())
+    r = subprocess.run([BIN, "prepare-data", tmp / "held_out.txt", "--out", tmp / "from-dir",
+                        "--tokenizer-from", model_dir], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert np.array_equal(train_ids(tmp / "from-dir"), train_ids(tmp / "ds-llama3"))
+    r = subprocess.run([BIN, "prepare-data", tmp / "held_out.txt", "--out", tmp / "from-empty",
+                        "--tokenizer-from", tmp / "data-none"], capture_output=True, text=True)
+    assert r.returncode == 2 and "not a directory" in r.stderr, r.stderr
+    (tmp / "empty-dir").mkdir()
+    r = subprocess.run([BIN, "prepare-data", tmp / "held_out.txt", "--out", tmp / "from-empty",
+                        "--tokenizer-from", tmp / "empty-dir"], capture_output=True, text=True)
+    assert r.returncode == 2 and "no tokenizer.json or tokenizer.model" in r.stderr, r.stderr
+    assert not (tmp / "from-empty").exists()
+    print(f"--tokenizer-from: the directory's tokenizer.json; refused: {r.stderr.strip()[:120]}")
     # Unsupported files are refused by name.
     j = json.loads((tmp / "gpt2.json").read_text())
     j["normalizer"] = {"type": "NFKC"}

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -33,19 +34,28 @@ class HfBpeTokenizer : public Tokenizer {
     int64_t id;
     bool special;
   };
-  void encode_segment(const std::string& text, std::vector<uint32_t>& out,
-                      std::unordered_map<std::string, std::vector<uint32_t>>& cache) const;
-  void bpe(const std::string& piece, std::vector<uint32_t>& out,
-           std::unordered_map<std::string, std::vector<uint32_t>>& cache) const;
+  void encode_segment(const std::string& text, std::vector<uint32_t>& out) const;
+  void bpe(const std::string& piece, std::vector<uint32_t>& out) const;
+  std::vector<uint32_t> merge(const std::string& mapped) const;  // byte-level chars -> ids
+
+  // Pieces already merged, shared by every document and thread (as `tokenizers`' BPE cache):
+  // sharded so that threads rarely wait on one another's lock.
+  struct CacheShard {
+    std::mutex mutex;
+    std::unordered_map<std::string, std::vector<uint32_t>> ids;
+  };
+  static constexpr size_t kCacheEntriesPerShard = 1 << 14;  // 1 M pieces in all
 
   std::string path_;
   std::unordered_map<std::string, int64_t> vocab_;
-  std::unordered_map<std::string, int64_t> ranks_;  // "a\x1fb" -> merge rank
+  // (left id << 32 | right id) -> (merge rank, merged id)
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
+  mutable std::array<CacheShard, 64> cache_;
   std::vector<Added> added_;
   std::array<bool, 256> added_first_{};  // bytes an added token starts with
   std::shared_ptr<Regex> regex_;
   std::array<std::string, 256> bytes_;
-  bool ignore_merges_ = false, add_prefix_space_ = false;
+  bool ignore_merges_ = false, add_prefix_space_ = false, prefix_each_piece_ = false;
   int64_t vocab_size_ = 0, eos_ = -1;
 };
 

@@ -18,6 +18,9 @@ struct PrepareOptions {
   std::string tokenizer = "byte";  // byte | sentencepiece
   std::string spm_model;
   std::string tokenizer_file;  // --tokenizer hf: a Hugging Face tokenizer.json
+  // --tokenizer-from DIR: a Hugging Face model directory or an import-hf checkpoint (which
+  // keeps the model's tokenizer files): its tokenizer.json, else its tokenizer.model.
+  std::string tokenizer_from;
   int64_t shard_tokens = int64_t(16) << 20;
   int threads = 2;  // chunks tokenized (and shards hashed) concurrently
   // JSONL input (Megatron's preprocess_data.py input): files named *.jsonl, *.jsonl.gz or
