@@ -1,13 +1,16 @@
-// Hugging Face tokenizer.json, byte-level BPE (GPT-2, Llama-3 style): added tokens split
-// out first, the pre-tokenizer's split regex (PCRE2 with Unicode properties: Debian's libpcre2),
-// GPT-2's byte-to-unicode mapping, then the ranked merges. Anything else the file asks for
-// (normalizers, byte fallback, other models or pre-tokenizers) is refused by name.
+// Hugging Face tokenizer.json, BPE: byte-level (GPT-2, Llama-3 style: added tokens split out
+// first, the pre-tokenizer's split regex (PCRE2 with Unicode properties: Debian's libpcre2),
+// GPT-2's byte-to-unicode mapping, then the ranked merges), or SentencePiece-converted (Llama-2,
+// Mixtral: Prepend/Replace normalizers, no pre-tokenizer, byte fallback, a fused unknown
+// token). Anything else the file asks for (other normalizers, models or pre-tokenizers) is
+// refused by name.
 #include "moe/data/hf_bpe_tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -71,13 +74,18 @@ uint64_t pair_key(int64_t a, int64_t b) {
   return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b);
 }
 
-// The BPE model: vocabulary and merge ranks ("a b" strings or [a, b] pairs); returns
-// ignore_merges. Anything but plain byte-level BPE is refused.
-bool read_bpe_model(const json& model, std::unordered_map<std::string, int64_t>& vocab,
-                    std::unordered_map<uint64_t, std::pair<int32_t, int32_t>>& merges,
-                    const std::function<void(const std::string&)>& refuse) {
+struct BpeFlags {
+  bool ignore_merges = false, byte_fallback = false, fuse_unk = false;
+  std::string unk_token;  // empty: none
+};
+
+// The BPE model: vocabulary and merge ranks ("a b" strings or [a, b] pairs), and its flags.
+// Anything but BPE, and subword prefixes/suffixes or dropout, are refused.
+BpeFlags read_bpe_model(const json& model, std::unordered_map<std::string, int64_t>& vocab,
+                        std::unordered_map<uint64_t, std::pair<int32_t, int32_t>>& merges,
+                        const std::function<void(const std::string&)>& refuse) {
   if (model.value("type", std::string()) != "BPE") refuse("model.type is not BPE");
-  if (model.value("byte_fallback", false)) refuse("model.byte_fallback is not supported");
+  if (model.contains("dropout") && !model["dropout"].is_null()) refuse("model.dropout");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(k) && !model[k].is_null() && model[k] != "") {
       refuse(std::string("model.") + k + " is not supported");
@@ -106,7 +114,41 @@ bool read_bpe_model(const json& model, std::unordered_map<std::string, int64_t>&
                    std::make_pair(static_cast<int32_t>(rank), static_cast<int32_t>(iab->second)));
     ++rank;
   }
-  return model.value("ignore_merges", false);
+  BpeFlags f;
+  f.ignore_merges = model.value("ignore_merges", false);
+  f.byte_fallback = model.value("byte_fallback", false);
+  f.fuse_unk = model.value("fuse_unk", false);
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    f.unk_token = model["unk_token"].get<std::string>();
+    if (!vocab.count(f.unk_token))
+      refuse("model.unk_token " + f.unk_token + " is not in the vocabulary");
+  }
+  return f;
+}
+
+// The normalizers SentencePiece-converted BPE files (Llama-2, Mixtral) use: Prepend and
+// Replace of a plain string, alone or in a Sequence; null is none. Others are refused by name.
+std::vector<HfNormalizerStep> read_normalizer(
+    const json& n, const std::function<void(const std::string&)>& refuse) {
+  std::vector<HfNormalizerStep> steps;
+  if (n.is_null()) return steps;
+  const std::string type = n.value("type", std::string("?"));
+  if (type == "Sequence") {
+    for (const auto& step : n.at("normalizers")) {
+      for (auto& s : read_normalizer(step, refuse)) steps.push_back(std::move(s));
+    }
+  } else if (type == "Prepend") {
+    steps.push_back({true, n.at("prepend").get<std::string>(), ""});
+  } else if (type == "Replace") {
+    const json& p = n.at("pattern");
+    if (!p.contains("String")) refuse("normalizer Replace with a Regex pattern");
+    const std::string from = p["String"].get<std::string>();
+    if (from.empty()) refuse("normalizer Replace of an empty string");
+    steps.push_back({false, from, n.at("content").get<std::string>()});
+  } else {
+    refuse("normalizer " + type + " is not supported");
+  }
+  return steps;
 }
 
 // The pre-tokenizer's split regex: ByteLevel (GPT-2's), or Sequence[Split(regex),
@@ -114,6 +156,7 @@ bool read_bpe_model(const json& model, std::unordered_map<std::string, int64_t>&
 std::string split_pattern(const json& pre, bool& add_prefix_space,
                           const std::function<void(const std::string&)>& refuse) {
   std::string pattern;
+  if (pre.is_null()) return pattern;  // none: each segment is one piece (Llama-2, Mixtral)
   auto byte_level = [&](const json& p) {
     add_prefix_space = p.value("add_prefix_space", false);
     if (p.value("use_regex", true)) pattern = kGpt2Pattern;
@@ -149,6 +192,22 @@ struct HfBpeTokenizer::Regex {
   ~Regex() { pcre2_code_free(code); }
 };
 
+void HfBpeTokenizer::compile_split(const std::string& pattern) {
+  int err = 0;
+  PCRE2_SIZE offset = 0;
+  regex_ = std::make_shared<Regex>();
+  regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                               PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
+  if (regex_->code == nullptr) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    throw UserError("tokenizer: " + path_ +
+                    ": the pre-tokenizer regex does not compile at offset " +
+                    std::to_string(offset) + ": " + reinterpret_cast<char*>(msg));
+  }
+  pcre2_jit_compile(regex_->code, PCRE2_JIT_COMPLETE);  // faster when available
+}
+
 HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
   std::ifstream in(path);
   if (!in) throw UserError("tokenizer: " + path + ": cannot open");
@@ -160,30 +219,22 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
   }
   auto refuse = [&](const std::string& what) {
     throw UserError("tokenizer: " + path + ": " + what +
-                    " (supported: byte-level BPE as GPT-2 and Llama-3 use it)");
+                    " (supported: BPE as GPT-2, Llama-3, Llama-2 and Mixtral use it)");
   };
   try {
-    ignore_merges_ = read_bpe_model(j.at("model"), vocab_, merges_, refuse);
-    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-      refuse("normalizer " + j["normalizer"].value("type", std::string("?")) + " is not supported");
-    }
-    const std::string pattern = split_pattern(j.at("pre_tokenizer"), add_prefix_space_, refuse);
+    const BpeFlags flags = read_bpe_model(j.at("model"), vocab_, merges_, refuse);
+    ignore_merges_ = flags.ignore_merges;
+    byte_fallback_ = flags.byte_fallback;
+    fuse_unk_ = flags.fuse_unk;
+    unk_ = flags.unk_token.empty() ? -1 : vocab_.at(flags.unk_token);
+    normalizer_ = read_normalizer(j.value("normalizer", json()), refuse);
+    const json pre = j.value("pre_tokenizer", json());
+    const std::string pattern = split_pattern(pre, add_prefix_space_, refuse);
+    byte_level_ = !pre.is_null();  // every accepted pre-tokenizer ends in ByteLevel
     // ByteLevel prepends its space to each split it is given: after a Split step, every piece;
     // alone (its own regex), every segment between added tokens.
-    prefix_each_piece_ = add_prefix_space_ && j.at("pre_tokenizer").value("type", "") == "Sequence";
-    int err = 0;
-    PCRE2_SIZE offset = 0;
-    regex_ = std::make_shared<Regex>();
-    regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
-                                 PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
-    if (regex_->code == nullptr) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof msg);
-      throw UserError("tokenizer: " + path +
-                      ": the pre-tokenizer regex does not compile at offset " +
-                      std::to_string(offset) + ": " + reinterpret_cast<char*>(msg));
-    }
-    pcre2_jit_compile(regex_->code, PCRE2_JIT_COMPLETE);  // faster when available
+    prefix_each_piece_ = add_prefix_space_ && pre.value("type", "") == "Sequence";
+    if (!pattern.empty()) compile_split(pattern);
     for (const auto& t : j.value("added_tokens", json::array())) {
       if (t.value("lstrip", false) || t.value("rstrip", false) || t.value("single_word", false)) {
         refuse("added token " + t.value("content", std::string()) +
@@ -249,6 +300,12 @@ size_t previous_char(const std::string& s, size_t at) {
 }  // namespace
 
 size_t HfBpeTokenizer::last_cut(const std::string& chunk) const {
+  // Without a pre-tokenizer a merge may span anything, and a Prepend normalizer would add its
+  // prefix at a cut: such text is never cut.
+  if (!regex_ || std::any_of(normalizer_.begin(), normalizer_.end(),
+                             [](const HfNormalizerStep& s) { return s.prepend; })) {
+    return 0;
+  }
   // After a newline between two non-space characters ("x\ny"): the families' pre-tokenizers
   // end a piece after such a newline (Llama-3 glues "x" punctuation and newlines; GPT-2 and
   // Qwen keep newlines apart) and start one at "y", and none looks behind. A newline next to
@@ -279,7 +336,11 @@ void HfBpeTokenizer::bpe(const std::string& piece, std::vector<uint32_t>& out) c
     }
   }
   std::string mapped;
-  for (unsigned char c : piece) mapped += bytes_[c];
+  if (byte_level_) {
+    for (unsigned char c : piece) mapped += bytes_[c];
+  } else {
+    mapped = piece;
+  }
   std::vector<uint32_t> ids;
   auto whole = vocab_.find(mapped);
   if (ignore_merges_ && whole != vocab_.end()) {
@@ -288,6 +349,7 @@ void HfBpeTokenizer::bpe(const std::string& piece, std::vector<uint32_t>& out) c
     ids = merge(mapped);
   }
   out.insert(out.end(), ids.begin(), ids.end());
+  if (piece.size() > kMaxCachedPieceBytes) return;  // a whole segment (no pre-tokenizer)
   std::lock_guard<std::mutex> lock(shard.mutex);
   if (shard.ids.size() < kCacheEntriesPerShard) shard.ids.emplace(piece, std::move(ids));
 }
@@ -298,15 +360,41 @@ std::vector<uint32_t> HfBpeTokenizer::merge(const std::string& mapped) const {
     int32_t prev, next;
     bool gone;
   };
+  // The symbols, as tokenizers' merge_word makes them: a character in the vocabulary is its
+  // id; else, with byte_fallback, its UTF-8 bytes as <0xXX> tokens (when all exist); else the
+  // unknown token (one for a run of them with fuse_unk).
   std::vector<Symbol> sym;
-  const std::vector<std::string> chars = utf8_chars(mapped);
-  for (size_t i = 0; i < chars.size(); ++i) {
-    auto v = vocab_.find(chars[i]);
-    if (v == vocab_.end()) {
-      throw UserError("tokenizer: " + path_ + ": no vocabulary entry for \"" + chars[i] + "\"");
+  bool last_unknown = false;
+  auto add = [&](int64_t id) {
+    const auto n = static_cast<int32_t>(sym.size());
+    if (n > 0) sym.back().next = n;
+    sym.push_back({id, n - 1, -1, false});
+  };
+  for (const std::string& ch : utf8_chars(mapped)) {
+    if (auto v = vocab_.find(ch); v != vocab_.end()) {
+      add(v->second);
+      last_unknown = false;
+      continue;
     }
-    sym.push_back({v->second, static_cast<int32_t>(i) - 1,
-                   i + 1 < chars.size() ? static_cast<int32_t>(i + 1) : -1, false});
+    if (byte_fallback_) {
+      std::vector<int64_t> bytes;
+      for (unsigned char b : ch) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", b);
+        if (auto v = vocab_.find(name); v != vocab_.end()) bytes.push_back(v->second);
+      }
+      if (bytes.size() == ch.size()) {
+        for (int64_t id : bytes) add(id);
+        last_unknown = false;
+        continue;
+      }
+    }
+    if (unk_ < 0) {
+      throw UserError("tokenizer: " + path_ + ": no vocabulary entry for \"" + ch +
+                      "\" and no unk_token");
+    }
+    if (!(fuse_unk_ && last_unknown)) add(unk_);
+    last_unknown = true;
   }
   struct Candidate {
     int32_t rank, pos, merged;
@@ -343,8 +431,33 @@ std::vector<uint32_t> HfBpeTokenizer::merge(const std::string& mapped) const {
   return ids;
 }
 
-void HfBpeTokenizer::encode_segment(const std::string& text, std::vector<uint32_t>& out) const {
-  if (text.empty()) return;
+std::string HfBpeTokenizer::normalize(std::string text) const {
+  for (const HfNormalizerStep& step : normalizer_) {
+    if (step.prepend) {
+      if (!text.empty()) text.insert(0, step.from);
+      continue;
+    }
+    std::string out;
+    size_t at = 0;
+    for (size_t hit = text.find(step.from); hit != std::string::npos;
+         hit = text.find(step.from, at)) {
+      out.append(text, at, hit - at).append(step.to);
+      at = hit + step.from.size();
+    }
+    out.append(text, at, std::string::npos);
+    text = std::move(out);
+  }
+  return text;
+}
+
+void HfBpeTokenizer::encode_segment(const std::string& raw, std::vector<uint32_t>& out) const {
+  if (raw.empty()) return;
+  // Normalizers apply to each segment between added tokens (a Prepend once per segment).
+  const std::string text = normalizer_.empty() ? raw : normalize(raw);
+  if (!regex_) {  // no pre-tokenizer: the segment is one piece
+    bpe(text, out);
+    return;
+  }
   const std::string s =
       add_prefix_space_ && !prefix_each_piece_ && text[0] != ' ' ? " " + text : text;
   auto piece = [&](const std::string& p) {

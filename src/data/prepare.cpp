@@ -151,6 +151,10 @@ void tokenize_range(const std::string& path, uint64_t begin, uint64_t end, const
         // SentencePiece and BPE see whole lines: the tail after the tokenizer's last safe cut
         // goes to the next chunk.
         const size_t cut = tok.last_cut(chunk);
+        if (cut == 0) {  // never cut (tokenizer.h): the document is tokenized whole
+          carry = std::move(chunk);
+          continue;
+        }
         if (cut != std::string::npos) {
           carry = chunk.substr(cut);
           chunk.resize(cut);

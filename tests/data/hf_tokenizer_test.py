@@ -2,7 +2,11 @@
 byte-level BPE tokenizers trained here (GPT-2's split regex, and a Llama-3/Qwen-style split
 regex), >= 2000 merges and two special tokens each; the ids prepare-data writes for >= 1 MB of
 held-out text in several scripts (Latin, Cyrillic, CJK, emoji, digits, whitespace runs, special
-tokens inside the text) equal tokenizers' encode(text, add_special_tokens=False).ids.
+tokens inside the text) equal tokenizers' encode(text, add_special_tokens=False).ids; the same
+for a Llama-3 Split with ByteLevel(add_prefix_space) and for Llama-2/Mixtral-style files
+(Prepend/Replace normalizers, no pre-tokenizer, byte_fallback or a fused <unk>) on text with
+characters their training never saw, and on one document over the chunk size. Also
+--tokenizer-from DIR, invalid UTF-8 and refused files.
 
 usage: hf_tokenizer_test.py MOE_TRAIN_BINARY
 """
@@ -16,7 +20,7 @@ import time
 
 import h5py
 import numpy as np
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 BIN = sys.argv[1]
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -121,6 +125,58 @@ with tempfile.TemporaryDirectory() as d:
         print(f"{kind}: {merges} merges, {len(SPECIAL)} special tokens: {len(want)} ids on "
               f"{len(held_out.encode()) / 1e6:.2f} MB identical to tokenizers "
               f"(prepare-data {secs:.2f} s for the whole command; tokenizers.encode {ref_s:.2f} s)")
+    # Llama-2 / Mixtral's SentencePiece-converted BPE: normalizer Sequence[Prepend("▁"),
+    # Replace(" ", "▁")], no pre-tokenizer (a segment is one piece), byte_fallback with the 256
+    # <0xXX> tokens in the vocabulary, unk_token "<unk>" with fuse_unk; and the same without
+    # byte_fallback, where unseen characters become one fused <unk>. The held-out text adds
+    # characters the training text never had (Greek, Devanagari, emoji, a combining accent).
+    unseen = corpus(6, 200_000)
+    rnd = random.Random(6)
+    unseen = "".join(c + (rnd.choice(["Ω", "अ", "🦀", "e\u0301", "ЖЖ", "🦀🦀"]) if rnd.random() < 0.01 else "")
+                     for c in unseen)
+    (tmp / "unseen.txt").write_text(held_out[:300_000] + unseen)
+    for kind, fallback in (("llama2", True), ("llama2-unk", False)):
+        tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=fallback, fuse_unk=True))
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        trainer = trainers.BpeTrainer(vocab_size=2600, special_tokens=["<unk>", "<s>", "</s>"],
+                                      show_progress=False)
+        tok.train_from_iterator([train_text[i:i + 512] for i in range(0, 300_000, 512)], trainer)
+        j = json.loads(tok.to_str())
+        assert j["pre_tokenizer"] is None and j["model"]["byte_fallback"] == fallback
+        if fallback:
+            vocab = j["model"]["vocab"]
+            for b in range(256):
+                vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+        (tmp / f"{kind}.json").write_text(json.dumps(j))
+        tok = Tokenizer.from_file(str(tmp / f"{kind}.json"))
+        text = (tmp / "unseen.txt").read_text()
+        want = np.array(tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        out = tmp / f"ds-{kind}"
+        r = subprocess.run([BIN, "prepare-data", tmp / "unseen.txt", "--out", out, "--tokenizer", "hf",
+                            "--tokenizer-file", tmp / f"{kind}.json", "--threads", "2"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        got = train_ids(out)
+        special = {"<unk>": tok.token_to_id("<unk>"), "<0xF0>": tok.token_to_id("<0xF0>")}
+        used = {k: int((want == v).sum()) for k, v in special.items() if v is not None}
+        assert np.array_equal(got, want), (kind, len(got), len(want),
+                                           int(np.argmax(got[:min(len(got), len(want))] != want[:min(len(got), len(want))])))
+        assert (used.get("<0xF0>", 0) > 0) if fallback else (used["<unk>"] > 0), used
+        print(f"{kind}: {len(want)} ids on {len(text.encode()) / 1e6:.2f} MB identical to tokenizers "
+              f"(as one piece; byte-fallback/unk ids used: {used})")
+    # Without a pre-tokenizer a merge may span any cut, and Prepend would add "▁" at one: a
+    # document over the 8 MiB chunk size is tokenized whole, whatever the threads.
+    long_text = (tmp / "unseen.txt").read_text() * 12
+    (tmp / "long.txt").write_text(long_text)
+    tok = Tokenizer.from_file(str(tmp / "llama2.json"))
+    want = np.array(tok.encode(long_text, add_special_tokens=False).ids, dtype=np.int64)
+    r = subprocess.run([BIN, "prepare-data", tmp / "long.txt", "--out", tmp / "ds-long-llama2",
+                        "--tokenizer", "hf", "--tokenizer-file", tmp / "llama2.json", "--threads", "2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert np.array_equal(train_ids(tmp / "ds-long-llama2"), want)
+    print(f"llama2 on {len(long_text.encode()) / 1e6:.1f} MB as one document on 2 threads: "
+          f"{len(want)} ids identical (never cut)")
     # Files of several chunks, tokenized on 2 threads: the chunk cuts change nothing. The second
     # has white space around every newline (a trailing space, CRLF, indentation, U+3000), where
     # GPT-2's \s+(?!\S) would glue differently at a chunk's end than inside the text.

@@ -1,5 +1,6 @@
-// prepare-data --tokenizer hf --tokenizer-file tokenizer.json: byte-level BPE as Hugging Face's
-// `tokenizers` defines it (GPT-2, Llama-3; not yet the NFC normalizer of Qwen2/3 and OLMoE),
+// prepare-data --tokenizer hf --tokenizer-file tokenizer.json: BPE as Hugging Face's
+// `tokenizers` defines it (GPT-2, Llama-3, Llama-2, Mixtral; not yet the NFC normalizer of
+// Qwen2/3 and OLMoE),
 // ids identical to that package's
 // encode(text, add_special_tokens=False) (tests/data/hf_tokenizer_test.py).
 #pragma once
@@ -14,6 +15,12 @@
 #include "moe/data/tokenizer.h"
 
 namespace moe::data {
+
+// One normalizer step: Prepend(from) or Replace(from -> to).
+struct HfNormalizerStep {
+  bool prepend;
+  std::string from, to;
+};
 
 class HfBpeTokenizer : public Tokenizer {
  public:
@@ -34,7 +41,9 @@ class HfBpeTokenizer : public Tokenizer {
     int64_t id;
     bool special;
   };
-  void encode_segment(const std::string& text, std::vector<uint32_t>& out) const;
+  void compile_split(const std::string& pattern);
+  std::string normalize(std::string text) const;
+  void encode_segment(const std::string& raw, std::vector<uint32_t>& out) const;
   void bpe(const std::string& piece, std::vector<uint32_t>& out) const;
   std::vector<uint32_t> merge(const std::string& mapped) const;  // byte-level chars -> ids
 
@@ -45,6 +54,7 @@ class HfBpeTokenizer : public Tokenizer {
     std::unordered_map<std::string, std::vector<uint32_t>> ids;
   };
   static constexpr size_t kCacheEntriesPerShard = 1 << 14;  // 1 M pieces in all
+  static constexpr size_t kMaxCachedPieceBytes = 256;
 
   std::string path_;
   std::unordered_map<std::string, int64_t> vocab_;
@@ -56,6 +66,9 @@ class HfBpeTokenizer : public Tokenizer {
   std::shared_ptr<Regex> regex_;
   std::array<std::string, 256> bytes_;
   bool ignore_merges_ = false, add_prefix_space_ = false, prefix_each_piece_ = false;
+  bool byte_level_ = true, byte_fallback_ = false, fuse_unk_ = false;
+  int64_t unk_ = -1;
+  std::vector<HfNormalizerStep> normalizer_;
   int64_t vocab_size_ = 0, eos_ = -1;
 };
 

@@ -34,7 +34,8 @@ class Tokenizer {
   // True when any byte boundary is a valid cut (bytes); false when cuts must fall on newlines.
   virtual bool cut_anywhere() const = 0;
   // Where a chunk of text may be cut when cut_anywhere() is false: the offset the next chunk
-  // starts at (after the last newline), npos for none.
+  // starts at (after the last newline), npos for none; 0: never cut this text (a tokenizer
+  // whose pieces may span anything: the document is tokenized whole).
   virtual size_t last_cut(const std::string& chunk) const {
     const size_t nl = chunk.rfind('\n');
     return nl == std::string::npos ? nl : nl + 1;
