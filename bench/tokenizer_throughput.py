@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """prepare-data --tokenizer hf against `tokenizers`' encode_batch on the same corpus and threads.
 
-Builds a byte-level BPE tokenizer.json locally (GPT-2's pre-tokenizer, or Llama-3's split regex
-with --llama3; trained with `tokenizers` on a sample of the corpus, nothing downloaded), writes a
+Builds a BPE tokenizer.json locally (byte-level with GPT-2's pre-tokenizer, or Llama-3's split
+regex with --llama3; or Llama-2/Mixtral-style with --llama2: Prepend/Replace normalizers, no
+pre-tokenizer, byte fallback; trained with `tokenizers` on a sample of the corpus, nothing downloaded), writes a
 JSONL corpus of multi-script documents (default ~40 MB as ~900 documents of 1-90 kB), then times
   - moe-train prepare-data --tokenizer hf --jsonl --threads T (wall clock of the whole command:
     reading, tokenizing, HDF5 shards and their SHA-256 manifest), and
@@ -14,8 +15,8 @@ and checks that both give the same ids. Prints MB/s for each (MB = 10^6 bytes of
 Then times one document of S MB against one of 4S MB (--scaling-mb S, default 2): linear time
 means a ratio near 4.
 
-usage: tokenizer_throughput.py MOE_TRAIN [--mb 40] [--docs 900] [--threads 2] [--llama3]
-                               [--scaling-mb 2]
+usage: tokenizer_throughput.py MOE_TRAIN [--mb 40] [--docs 900] [--threads 2]
+                               [--llama3 | --llama2] [--scaling-mb 2]
 """
 import argparse
 import json
@@ -29,7 +30,7 @@ import time
 
 import h5py
 import numpy as np
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -72,6 +73,7 @@ def main():
     ap.add_argument("--docs", type=int, default=900)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama3", action="store_true")
+    ap.add_argument("--llama2", action="store_true", help="Llama-2/Mixtral-style file")
     ap.add_argument("--scaling-mb", type=float, default=2.0)
     a = ap.parse_args()
     rnd = random.Random(7)
@@ -85,19 +87,32 @@ def main():
                 f.write(json.dumps({"text": document(rnd, s)}, ensure_ascii=False) + "\n")
         mb = corpus.stat().st_size / 1e6
 
-        tok = Tokenizer(models.BPE())
-        if a.llama3:
+        tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+                        if a.llama2 else models.BPE())
+        if a.llama2:  # SentencePiece-converted: Prepend/Replace, no pre-tokenizer
+            tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
+                                                   normalizers.Replace(" ", "▁")])
+        elif a.llama3:
             tok.pre_tokenizer = pre_tokenizers.Sequence([
                 pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         else:
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=8000, special_tokens=["<|endoftext|>"],
-                                      show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        tok.train_from_iterator([document(random.Random(i), 4096) for i in range(500)], trainer)
-        tok.save(str(tmp / "tokenizer.json"))
+        if a.llama2:
+            trainer = trainers.BpeTrainer(vocab_size=8000, special_tokens=["<unk>", "<s>", "</s>"],
+                                          show_progress=False)
+            tok.train_from_iterator([document(random.Random(i), 512) for i in range(4000)], trainer)
+            j = json.loads(tok.to_str())
+            for b in range(256):  # Llama-2 keeps the 256 byte tokens in its vocabulary
+                j["model"]["vocab"].setdefault(f"<0x{b:02X}>", len(j["model"]["vocab"]))
+            (tmp / "tokenizer.json").write_text(json.dumps(j))
+        else:
+            tok.decoder = decoders.ByteLevel()
+            trainer = trainers.BpeTrainer(vocab_size=8000, special_tokens=["<|endoftext|>"],
+                                          show_progress=False,
+                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+            tok.train_from_iterator([document(random.Random(i), 4096) for i in range(500)], trainer)
+            tok.save(str(tmp / "tokenizer.json"))
 
         out = tmp / "shards"
         t = time.perf_counter()
@@ -125,7 +140,7 @@ def main():
         got = np.concatenate(got)
         ref = np.load(tmp / "ref.npy")
         same = got.shape == ref.shape and bool((got == ref).all())
-        kind = "Llama-3 split" if a.llama3 else "GPT-2 byte-level"
+        kind = "Llama-2 (no pre-tokenizer)" if a.llama2 else "Llama-3 split" if a.llama3 else "GPT-2 byte-level"
         print(f"corpus: {mb:.1f} MB JSONL, {a.docs} documents, {kind} BPE (8000 tokens), "
               f"{a.threads} threads, {len(ref)} ids")
         print(f"prepare-data (whole command): {ours:.2f} s  {mb / ours:.2f} MB/s")
