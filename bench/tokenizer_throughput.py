@@ -3,7 +3,7 @@
 
 Builds a BPE tokenizer.json locally (byte-level with GPT-2's pre-tokenizer, or Llama-3's split
 regex with --llama3; or Llama-2/Mixtral-style with --llama2: Prepend/Replace normalizers, no
-pre-tokenizer, byte fallback; trained with `tokenizers` on a sample of the corpus, nothing downloaded), writes a
+pre-tokenizer, byte fallback; or Qwen2/Qwen3-style with --qwen3: NFC, Qwen's split regex; trained with `tokenizers` on a sample of the corpus, nothing downloaded), writes a
 JSONL corpus of multi-script documents (default ~40 MB as ~900 documents of 1-90 kB), then times
   - moe-train prepare-data --tokenizer hf --jsonl --threads T (wall clock of the whole command:
     reading, tokenizing, HDF5 shards and their SHA-256 manifest), and
@@ -16,7 +16,7 @@ Then times one document of S MB against one of 4S MB (--scaling-mb S, default 2)
 means a ratio near 4.
 
 usage: tokenizer_throughput.py MOE_TRAIN [--mb 40] [--docs 900] [--threads 2]
-                               [--llama3 | --llama2] [--scaling-mb 2]
+                               [--llama3 | --llama2 | --qwen3] [--scaling-mb 2]
 """
 import argparse
 import json
@@ -34,11 +34,13 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
 
 WORDS = ("the of and to in is that it for was on are as with his they at be this from "
          "и в не на что он с как это по но они мы вы так же было уже ещё "
          "中文 日本語 テキスト 한국어 数据 模型 训练 の は "
-         "😀 🚀 👍🏽 ❤️ ✨ can't I'll we've it's l'été naïve café 2026 3.14 $5.00 — « »").split()
+         "😀 🚀 👍🏽 ❤️ ✨ can't I'll we've it's l'été naïve café 2026 3.14 $5.00 — « » "
+         "cafe\u0301 Tie\u0302\u0301ng \u1100\u1161 مَرْحَبًا").split()
 
 
 def document(rnd, size):
@@ -74,6 +76,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama3", action="store_true")
     ap.add_argument("--llama2", action="store_true", help="Llama-2/Mixtral-style file")
+    ap.add_argument("--qwen3", action="store_true", help="Qwen2/Qwen3-style file (NFC)")
     ap.add_argument("--scaling-mb", type=float, default=2.0)
     a = ap.parse_args()
     rnd = random.Random(7)
@@ -92,9 +95,11 @@ def main():
         if a.llama2:  # SentencePiece-converted: Prepend/Replace, no pre-tokenizer
             tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
                                                    normalizers.Replace(" ", "▁")])
-        elif a.llama3:
+        elif a.llama3 or a.qwen3:
+            if a.qwen3:
+                tok.normalizer = normalizers.NFC()
             tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
+                pre_tokenizers.Split(Regex(QWEN if a.qwen3 else LLAMA3), behavior="isolated", invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         else:
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -140,7 +145,8 @@ def main():
         got = np.concatenate(got)
         ref = np.load(tmp / "ref.npy")
         same = got.shape == ref.shape and bool((got == ref).all())
-        kind = "Llama-2 (no pre-tokenizer)" if a.llama2 else "Llama-3 split" if a.llama3 else "GPT-2 byte-level"
+        kind = ("Llama-2 (no pre-tokenizer)" if a.llama2 else "Llama-3 split" if a.llama3
+                else "Qwen3 (NFC + split)" if a.qwen3 else "GPT-2 byte-level")
         print(f"corpus: {mb:.1f} MB JSONL, {a.docs} documents, {kind} BPE (8000 tokens), "
               f"{a.threads} threads, {len(ref)} ids")
         print(f"prepare-data (whole command): {ours:.2f} s  {mb / ours:.2f} MB/s")

@@ -200,6 +200,14 @@ int cmd_prepare_data(const data::PrepareOptions& opt) {
     std::printf("skipped %lld malformed JSONL line(s) (--skip-bad-lines)\n",
                 static_cast<long long>(m.skipped_lines));
   }
+  if (m.loss_mask) {
+    std::printf("supervised fine-tuning data: %lld training target tokens (loss_mask)\n",
+                static_cast<long long>(m.target_tokens));
+  }
+  if (m.invalid_utf8_replaced > 0) {
+    std::printf("replaced %lld invalid UTF-8 sequence(s) with U+FFFD (--invalid-utf8 replace)\n",
+                static_cast<long long>(m.invalid_utf8_replaced));
+  }
   return kExitOk;
 }
 
@@ -449,6 +457,20 @@ CLI::App* add_prepare_command(CLI::App& app, data::PrepareOptions& prep) {
   pd->add_option("--eod-id", prep.eod_id,
                  "The end-of-document id (needed for byte vocabularies, e.g. 256)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+  pd->add_option("--format", prep.format,
+                 "text (documents; default) or sft (JSONL chat or prompt/completion examples, "
+                 "written with a loss mask: only the answers are trained)")
+      ->check(CLI::IsMember({"text", "sft"}));
+  pd->add_option("--chat-template", prep.chat_template,
+                 "--format sft: a Jinja chat template file instead of the tokenizer directory's")
+      ->check(CLI::ExistingFile);
+  pd->add_flag("--add-special-tokens", prep.add_special_tokens,
+               "The tokenizer's post-processor tokens around every document (e.g. BOS), as "
+               "encode(add_special_tokens=True)");
+  pd->add_option("--invalid-utf8", prep.invalid_utf8,
+                 "Text that is not UTF-8: error (default; names the file and offset) or replace "
+                 "(U+FFFD as Python's errors=\"replace\", counted in manifest.json)")
+      ->check(CLI::IsMember({"error", "replace"}));
   pd->add_option("--threads", prep.threads, "Chunks tokenized concurrently")
       ->check(CLI::Range(1, 256));
   return pd;

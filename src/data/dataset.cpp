@@ -95,9 +95,13 @@ double majority_baseline(const std::vector<ShardInfo>& shards, int64_t seq_len) 
       const int64_t n = std::min(per_read, windows - w);
       auto t = read_tokens(s, w * window, n * window);
       for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 1; j < window; ++j) ++counts[t[static_cast<size_t>(i * window + j)]];
+        for (int64_t j = 1; j < window; ++j) {
+          const int32_t id = t[static_cast<size_t>(i * window + j)];
+          if (id & kNotTargetBit) continue;  // not a target (a prompt token of SFT data)
+          ++counts[id];
+          ++total;
+        }
       }
-      total += n * seq_len;
     }
   }
   int64_t best = 0;

@@ -68,6 +68,15 @@ Manifest load_manifest(const std::string& dir) {
   m.vocab_size = field<int64_t>(j, "vocab_size", file, "manifest");
   m.tokenizer = field<std::string>(j, "tokenizer", file, "manifest");
   if (j.contains("eod_id")) m.eod_id = field<int64_t>(j, "eod_id", file, "manifest");
+  if (j.contains("loss_mask")) {
+    m.loss_mask = field<bool>(j, "loss_mask", file, "manifest");
+    if (j.contains("target_tokens")) {
+      m.target_tokens = field<int64_t>(j, "target_tokens", file, "manifest");
+    }
+  }
+  if (j.contains("invalid_utf8_replaced")) {
+    m.invalid_utf8_replaced = field<int64_t>(j, "invalid_utf8_replaced", file, "manifest");
+  }
   if (j.contains("skipped_lines")) {
     m.skipped_lines = field<int64_t>(j, "skipped_lines", file, "manifest");
   }
@@ -102,6 +111,11 @@ void save_manifest(const std::string& dir, const Manifest& m) {
   j["tokenizer"] = m.tokenizer;
   if (m.eod_id >= 0) j["eod_id"] = m.eod_id;
   if (m.skipped_lines > 0) j["skipped_lines"] = m.skipped_lines;
+  if (m.invalid_utf8_replaced > 0) j["invalid_utf8_replaced"] = m.invalid_utf8_replaced;
+  if (m.loss_mask) {
+    j["loss_mask"] = true;
+    j["target_tokens"] = m.target_tokens;
+  }
   j["splits"] = json::object();
   for (const auto& [name, shards] : m.splits) {
     json arr = json::array();

@@ -3,6 +3,7 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +14,8 @@
 
 #include "moe/data/checksum.h"
 #include "moe/data/line_reader.h"
+#include "moe/data/sft.h"
+#include "moe/data/split_writer.h"
 #include "moe/data/token_shard.h"
 #include "moe/data/tokenizer.h"
 #include "moe/util/errors.h"
@@ -59,79 +62,46 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
 
 namespace {
 
-// Accumulates one split's tokens and cuts them into shards; hashing runs asynchronously.
-class SplitWriter {
- public:
-  SplitWriter(std::string dir, std::string split, int64_t shard_tokens, int64_t vocab,
-              std::string tokenizer)
-      : dir_(std::move(dir)),
-        split_(std::move(split)),
-        shard_tokens_(shard_tokens),
-        vocab_(vocab),
-        tokenizer_(std::move(tokenizer)) {}
-
-  void begin_document() { docs_.push_back(static_cast<int64_t>(buf_.size())); }
-
-  void append(const std::vector<uint32_t>& toks) {
-    size_t i = 0;
-    while (i < toks.size()) {
-      size_t take = std::min(toks.size() - i, static_cast<size_t>(shard_tokens_) - buf_.size());
-      buf_.insert(buf_.end(), toks.begin() + static_cast<ptrdiff_t>(i),
-                  toks.begin() + static_cast<ptrdiff_t>(i + take));
-      i += take;
-      if (static_cast<int64_t>(buf_.size()) == shard_tokens_) flush();
-    }
-  }
-
-  std::vector<ManifestShard> finish() {
-    if (!buf_.empty()) flush();
-    std::vector<ManifestShard> out;
-    for (auto& f : pending_) out.push_back(f.get());
-    return out;
-  }
-
- private:
-  void flush() {
-    char name[64];
-    std::snprintf(name, sizeof name, "%s-%05d.h5", split_.c_str(), index_++);
-    const std::string path = (fs::path(dir_) / name).string();
-    write_shard(path, buf_, vocab_, tokenizer_, docs_);
-    ManifestShard s;
-    s.file = name;
-    s.tokens = static_cast<int64_t>(buf_.size());
-    s.max_token = buf_.empty() ? -1 : *std::max_element(buf_.begin(), buf_.end());
-    s.documents = static_cast<int64_t>(docs_.size());
-    // Hash on another thread while the next shard is tokenized.
-    pending_.push_back(std::async(std::launch::async, [s, path]() mutable {
-      FileDigest d = digest_file(path);
-      s.bytes = static_cast<int64_t>(d.bytes);
-      s.md5 = d.md5;
-      s.xxh3 = d.xxh3;
-      return s;
-    }));
-    buf_.clear();
-    docs_.clear();
-  }
-
-  std::string dir_, split_;
-  int64_t shard_tokens_, vocab_;
-  std::string tokenizer_;
-  int index_ = 0;
-  std::vector<uint32_t> buf_;
-  std::vector<int64_t> docs_;
-  std::vector<std::future<ManifestShard>> pending_;
-};
-
 constexpr size_t kChunkBytes = size_t(8) << 20;
 
+// How a document's text becomes ids: invalid UTF-8 replaced when asked (and counted), the
+// tokenizer's special tokens around it when asked, the end-of-document token after it.
+struct DocumentEncoder {
+  DocumentEncoder(const Tokenizer& t, bool replace, int64_t eod_id)
+      : tok(t), replace_invalid(replace), eod(eod_id) {}
+  const Tokenizer& tok;
+  SpecialTokens special;  // empty unless --add-special-tokens
+  bool replace_invalid = false;
+  int64_t eod = -1;
+  mutable std::atomic<int64_t> replaced{0};
+
+  void encode(std::string text, std::vector<uint32_t>& out) const {
+    if (replace_invalid) replaced += static_cast<int64_t>(replace_invalid_utf8(text));
+    tok.encode(text, out);
+  }
+  void begin(std::vector<uint32_t>& out) const {
+    out.insert(out.end(), special.before.begin(), special.before.end());
+  }
+  void end(std::vector<uint32_t>& out) const {
+    out.insert(out.end(), special.after.begin(), special.after.end());
+    // A template that already ends the document with the end-of-document token keeps one.
+    const bool ended = !special.after.empty() && static_cast<int64_t>(special.after.back()) == eod;
+    if (eod >= 0 && !ended) out.push_back(static_cast<uint32_t>(eod));
+  }
+};
+
 // Tokenizes bytes [begin, end) of `path` into `writer` as one document, `threads` chunks at a time.
-void tokenize_range(const std::string& path, uint64_t begin, uint64_t end, const Tokenizer& tok,
-                    int threads, SplitWriter& writer, uint64_t& done, uint64_t total,
-                    const ProgressFn& progress, int64_t eod) {
+void tokenize_range(const std::string& path, uint64_t begin, uint64_t end,
+                    const DocumentEncoder& enc, int threads, SplitWriter& writer, uint64_t& done,
+                    uint64_t total, const ProgressFn& progress) {
+  const Tokenizer& tok = enc.tok;
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError("prepare-data: " + path + ": cannot open for reading");
   in.seekg(static_cast<std::streamoff>(begin));
   writer.begin_document();
+  std::vector<uint32_t> around;
+  enc.begin(around);
+  writer.append(around);
   std::string carry;
   uint64_t pos = begin;
   while (pos < end || !carry.empty()) {
@@ -150,15 +120,14 @@ void tokenize_range(const std::string& path, uint64_t begin, uint64_t end, const
       if (!tok.cut_anywhere() && pos < end) {
         // SentencePiece and BPE see whole lines: the tail after the tokenizer's last safe cut
         // goes to the next chunk.
+        // No safe cut yet (npos), or never (0): read on; a chunk is never cut blindly.
         const size_t cut = tok.last_cut(chunk);
-        if (cut == 0) {  // never cut (tokenizer.h): the document is tokenized whole
+        if (cut == 0 || cut == std::string::npos) {
           carry = std::move(chunk);
           continue;
         }
-        if (cut != std::string::npos) {
-          carry = chunk.substr(cut);
-          chunk.resize(cut);
-        }
+        carry = chunk.substr(cut);
+        chunk.resize(cut);
       }
       chunks.push_back(std::move(chunk));
     }
@@ -168,9 +137,9 @@ void tokenize_range(const std::string& path, uint64_t begin, uint64_t end, const
     }
     std::vector<std::future<std::vector<uint32_t>>> parts;
     for (auto& c : chunks) {
-      parts.push_back(std::async(std::launch::async, [&tok, &c] {
+      parts.push_back(std::async(std::launch::async, [&enc, &c] {
         std::vector<uint32_t> ids;
-        tok.encode(c, ids);
+        enc.encode(c, ids);
         return ids;
       }));
     }
@@ -190,7 +159,9 @@ void tokenize_range(const std::string& path, uint64_t begin, uint64_t end, const
     }
     if (progress) progress(std::min(done, total), total);
   }
-  if (eod >= 0) writer.append({static_cast<uint32_t>(eod)});
+  around.clear();
+  enc.end(around);
+  writer.append(around);
 }
 
 bool is_jsonl(const std::string& path, bool all_jsonl) {
@@ -229,8 +200,8 @@ struct JsonlSplits {
   double fraction;
 };
 
-int64_t tokenize_jsonl(const std::string& path, const PrepareOptions& opt, const Tokenizer& tok,
-                       int64_t eod, JsonlSplits out, uint64_t& done, uint64_t total,
+int64_t tokenize_jsonl(const std::string& path, const PrepareOptions& opt,
+                       const DocumentEncoder& enc, JsonlSplits out, uint64_t& done, uint64_t total,
                        const ProgressFn& progress) {
   LineReader reader(path);
   const uint64_t start = done;
@@ -250,8 +221,9 @@ int64_t tokenize_jsonl(const std::string& path, const PrepareOptions& opt, const
       parts.push_back(std::async(std::launch::async, [&, b] {
         std::vector<std::vector<uint32_t>> ids;
         for (size_t i = b; i < std::min(batch.size(), b + per); ++i) {
-          tok.encode(batch[i].text, ids.emplace_back());
-          if (eod >= 0) ids.back().push_back(static_cast<uint32_t>(eod));
+          enc.begin(ids.emplace_back());
+          enc.encode(std::move(batch[i].text), ids.back());
+          enc.end(ids.back());
         }
         return ids;
       }));
@@ -270,6 +242,8 @@ int64_t tokenize_jsonl(const std::string& path, const PrepareOptions& opt, const
   std::string line, why;
   while (reader.next(line)) {
     if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank lines
+    // As Python reading the file with errors="replace" before json.loads.
+    if (enc.replace_invalid) enc.replaced += static_cast<int64_t>(replace_invalid_utf8(line));
     std::optional<std::string> text = jsonl_text(line, opt.jsonl_key, why);
     if (!text) {
       if (!opt.skip_bad_lines) {
@@ -286,6 +260,87 @@ int64_t tokenize_jsonl(const std::string& path, const PrepareOptions& opt, const
     batch_bytes += text->size();
     batch.push_back({std::move(*text), valid});
     if (batch_bytes >= kChunkBytes * static_cast<size_t>(std::max(1, opt.threads))) {
+      flush();
+      done = start + reader.bytes_read();
+      if (progress) progress(std::min(done, total), total);
+    }
+  }
+  flush();
+  done = start + reader.bytes_read();
+  if (progress) progress(std::min(done, total), total);
+  return skipped;
+}
+
+// SFT examples of a JSONL file (prepare-data --format sft), encoded `threads` batches at a time
+// (order kept), each followed by the end-of-document token (not a target); counts the targets.
+int64_t tokenize_sft(const std::string& path, const PrepareOptions& opt, const DocumentEncoder& enc,
+                     const SftEncoder& sft, JsonlSplits out, uint64_t& done, uint64_t total,
+                     const ProgressFn& progress, int64_t& targets) {
+  LineReader reader(path);
+  const uint64_t start = done;
+  int64_t skipped = 0, doc = 0;
+  struct Item {
+    nlohmann::ordered_json example;
+    bool valid;
+    int64_t line;
+  };
+  std::vector<Item> batch;
+  size_t batch_bytes = 0;
+  auto flush = [&] {
+    const size_t threads = static_cast<size_t>(std::max(1, opt.threads));
+    const size_t per = (batch.size() + threads - 1) / threads;
+    std::vector<std::future<std::vector<SftExample>>> parts;
+    for (size_t b = 0; b < batch.size(); b += per) {
+      parts.push_back(std::async(std::launch::async, [&, b] {
+        std::vector<SftExample> done_part;
+        for (size_t i = b; i < std::min(batch.size(), b + per); ++i) {
+          try {
+            done_part.push_back(sft.encode(batch[i].example));
+          } catch (const UserError& e) {
+            throw UserError("prepare-data: " + path + ":" + std::to_string(batch[i].line) + ": " +
+                            e.what() + " (nothing was written)");
+          }
+          SftExample& ex = done_part.back();
+          if (enc.eod >= 0 && (ex.ids.empty() || ex.ids.back() != static_cast<uint32_t>(enc.eod))) {
+            ex.ids.push_back(static_cast<uint32_t>(enc.eod));
+            ex.mask.push_back(0);
+          }
+        }
+        return done_part;
+      }));
+    }
+    size_t i = 0;
+    for (auto& p : parts) {
+      for (auto& ex : p.get()) {
+        SplitWriter& w = batch[i++].valid ? *out.valid : out.train;
+        w.begin_document();
+        w.append(ex.ids, &ex.mask);
+        targets += std::count(ex.mask.begin(), ex.mask.end(), uint8_t{1});
+      }
+    }
+    batch.clear();
+    batch_bytes = 0;
+  };
+  std::string line, why;
+  while (reader.next(line)) {
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank lines
+    if (enc.replace_invalid) enc.replaced += static_cast<int64_t>(replace_invalid_utf8(line));
+    std::optional<nlohmann::ordered_json> example = SftEncoder::parse(line, why);
+    if (!example) {
+      if (!opt.skip_bad_lines) {
+        throw UserError("prepare-data: " + path + ":" + std::to_string(reader.line_number()) +
+                        ": " + why + " (--skip-bad-lines skips such lines; nothing was written)");
+      }
+      ++skipped;
+      continue;
+    }
+    const bool valid =
+        out.valid != nullptr && std::floor(static_cast<double>(doc + 1) * out.fraction) >
+                                    std::floor(static_cast<double>(doc) * out.fraction);
+    ++doc;
+    batch_bytes += line.size();
+    batch.push_back({std::move(*example), valid, static_cast<int64_t>(reader.line_number())});
+    if (batch_bytes >= kChunkBytes) {
       flush();
       done = start + reader.bytes_read();
       if (progress) progress(std::min(done, total), total);
@@ -357,7 +412,35 @@ Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
                       std::to_string(tok->vocab_size()) + ")");
     }
   }
+  if (opt.invalid_utf8 != "error" && opt.invalid_utf8 != "replace") {
+    throw UserError("prepare-data: --invalid-utf8 " + opt.invalid_utf8 +
+                    ": expected error or replace");
+  }
+  DocumentEncoder enc(*tok, opt.invalid_utf8 == "replace", eod);
+  if (opt.add_special_tokens) {
+    enc.special = tok->special_tokens();
+    if (!enc.special.unsupported.empty()) {
+      throw UserError("prepare-data: --add-special-tokens: the " + tok->name() + " tokenizer's " +
+                      enc.special.unsupported +
+                      " is not understood (expected TemplateProcessing, RobertaProcessing, "
+                      "BertProcessing, ByteLevel or none)");
+    }
+  }
   const int64_t vocab = std::max(tok->vocab_size(), eod + 1);
+  if (opt.format != "text" && opt.format != "sft") {
+    throw UserError("prepare-data: --format " + opt.format + ": expected text or sft");
+  }
+  const bool sft = opt.format == "sft";
+  std::optional<SftEncoder> sft_encoder;
+  if (sft) {
+    // The chat template and bos/eos texts live beside the tokenizer's file.
+    const std::string dir = !opt.tokenizer_from.empty() ? opt.tokenizer_from
+                            : model_file.empty()        ? std::string()
+                                                 : fs::path(model_file).parent_path().string();
+    sft_encoder.emplace(*tok, load_chat_setup(dir, opt.chat_template), enc.special);
+  } else if (!opt.chat_template.empty()) {
+    throw UserError("prepare-data: --chat-template needs --format sft");
+  }
   const auto train_files = expand_inputs(opt.inputs);
   const auto valid_files =
       opt.valid_inputs.empty() ? std::vector<std::string>{} : expand_inputs(opt.valid_inputs);
@@ -373,40 +456,57 @@ Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
     for (const auto& f : *list) total += fs::file_size(f);
   }
   const int threads = std::max(1, opt.threads);
-  SplitWriter train(out.path(), "train", opt.shard_tokens, vocab, tok->name());
-  SplitWriter valid(out.path(), "valid", opt.shard_tokens, vocab, tok->name());
+  SplitWriter train(out.path(), "train", opt.shard_tokens, vocab, tok->name(), sft);
+  SplitWriter valid(out.path(), "valid", opt.shard_tokens, vocab, tok->name(), sft);
+  int64_t targets = 0;
   bool any_valid = !valid_files.empty();
   int64_t skipped = 0;
   for (const auto& f : train_files) {
+    if (sft) {
+      const bool split = opt.valid_fraction > 0;
+      skipped += tokenize_sft(f, opt, enc, *sft_encoder,
+                              {train, split ? &valid : nullptr, opt.valid_fraction}, done, total,
+                              progress, targets);
+      any_valid = any_valid || split;
+      continue;
+    }
     if (is_jsonl(f, opt.jsonl)) {
       const bool split = opt.valid_fraction > 0;
-      skipped +=
-          tokenize_jsonl(f, opt, *tok, eod, {train, split ? &valid : nullptr, opt.valid_fraction},
-                         done, total, progress);
+      skipped += tokenize_jsonl(f, opt, enc, {train, split ? &valid : nullptr, opt.valid_fraction},
+                                done, total, progress);
       any_valid = any_valid || split;
       continue;
     }
     const uint64_t size = fs::file_size(f);
     const uint64_t cut =
         opt.valid_fraction > 0 ? valid_cut(f, size, opt.valid_fraction, tok->cut_anywhere()) : size;
-    tokenize_range(f, 0, cut, *tok, threads, train, done, total, progress, eod);
+    tokenize_range(f, 0, cut, enc, threads, train, done, total, progress);
     if (cut < size) {
-      tokenize_range(f, cut, size, *tok, threads, valid, done, total, progress, eod);
+      tokenize_range(f, cut, size, enc, threads, valid, done, total, progress);
       any_valid = true;
     }
   }
   for (const auto& f : valid_files) {
-    if (is_jsonl(f, opt.jsonl)) {
-      skipped += tokenize_jsonl(f, opt, *tok, eod, {valid, nullptr, 0.0}, done, total, progress);
+    if (sft) {
+      int64_t valid_targets = 0;  // counted for the training split only
+      skipped += tokenize_sft(f, opt, enc, *sft_encoder, {valid, nullptr, 0.0}, done, total,
+                              progress, valid_targets);
       continue;
     }
-    tokenize_range(f, 0, fs::file_size(f), *tok, threads, valid, done, total, progress, eod);
+    if (is_jsonl(f, opt.jsonl)) {
+      skipped += tokenize_jsonl(f, opt, enc, {valid, nullptr, 0.0}, done, total, progress);
+      continue;
+    }
+    tokenize_range(f, 0, fs::file_size(f), enc, threads, valid, done, total, progress);
   }
   Manifest m;
   m.vocab_size = vocab;
   m.tokenizer = tok->name();
   m.eod_id = eod;
   m.skipped_lines = skipped;
+  m.invalid_utf8_replaced = enc.replaced.load();
+  m.loss_mask = sft;
+  m.target_tokens = targets;
   m.splits["train"] = train.finish();
   if (any_valid) m.splits["valid"] = valid.finish();
   save_manifest(out.path(), m);

@@ -150,6 +150,27 @@ ShardInfo inspect_shard(const std::string& path) {
     fail(path, "vocab_size = " + std::to_string(info.vocab_size) + " does not fit uint16 tokens");
   }
   info.tokenizer = read_string_attr(file.get(), "tokenizer", path);
+  if (H5Lexists(file.get(), "loss_mask", H5P_DEFAULT) > 0) {
+    H5Id mask(H5Dopen2(file.get(), "loss_mask", H5P_DEFAULT), H5Dclose);
+    if (!mask.ok()) fail(path, "cannot open dataset 'loss_mask'");
+    H5Id mtype(H5Dget_type(mask.get()), H5Tclose);
+    H5Id mspace(H5Dget_space(mask.get()), H5Sclose);
+    hsize_t m = 0;
+    if (H5Tget_class(mtype.get()) != H5T_INTEGER || H5Tget_size(mtype.get()) != 1 ||
+        H5Sget_simple_extent_ndims(mspace.get()) != 1) {
+      fail(path, "dataset 'loss_mask' is not a 1-D uint8 dataset");
+    }
+    H5Sget_simple_extent_dims(mspace.get(), &m, nullptr);
+    if (m != n) {
+      fail(path, "dataset 'loss_mask' has " + std::to_string(m) +
+                     " entries; expected one per token (" + std::to_string(n) + ")");
+    }
+    if (info.vocab_size > kNotTargetBit) {
+      fail(path, "vocab_size = " + std::to_string(info.vocab_size) +
+                     " is too large for a loss mask (at most 2^30)");
+    }
+    info.has_loss_mask = true;
+  }
   return info;
 }
 
@@ -182,11 +203,26 @@ std::vector<int32_t> read_tokens(const ShardInfo& shard, int64_t offset, int64_t
                      std::to_string(shard.vocab_size));
     }
   }
+  if (shard.has_loss_mask) {
+    std::vector<uint8_t> mask(out.size());
+    H5Id mds(H5Dopen2(file.get(), "loss_mask", H5P_DEFAULT), H5Dclose);
+    H5Id mfspace(H5Dget_space(mds.get()), H5Sclose);
+    H5Sselect_hyperslab(mfspace.get(), H5S_SELECT_SET, &start, nullptr, &cnt, nullptr);
+    if (!mds.ok() || H5Dread(mds.get(), H5T_NATIVE_UINT8, mspace.get(), mfspace.get(), H5P_DEFAULT,
+                             mask.data()) < 0) {
+      fail(path, "read of loss_mask [" + std::to_string(offset) + ", " +
+                     std::to_string(offset + count) + ") failed (damaged or truncated file)");
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (mask[i] == 0) out[i] |= kNotTargetBit;
+    }
+  }
   return out;
 }
 
 void write_shard(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,
-                 const std::string& tokenizer, std::span<const int64_t> doc_offsets) {
+                 const std::string& tokenizer, std::span<const int64_t> doc_offsets,
+                 std::span<const uint8_t> loss_mask) {
   silence_hdf5();
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] >= static_cast<uint64_t>(vocab_size)) {
@@ -221,6 +257,16 @@ void write_shard(const std::string& path, std::span<const uint32_t> tokens, int6
       if (!docs.ok() || H5Dwrite(docs.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                                  doc_offsets.data()) < 0) {
         fail(tmp, "write of dataset 'doc_offsets' failed (disk full?)");
+      }
+    }
+    if (!loss_mask.empty()) {
+      if (loss_mask.size() != tokens.size()) fail(tmp, "loss_mask and tokens differ in length");
+      H5Id mds(H5Dcreate2(file.get(), "loss_mask", H5T_STD_U8LE, space.get(), H5P_DEFAULT,
+                          dcpl.get(), H5P_DEFAULT),
+               H5Dclose);
+      if (!mds.ok() || (n > 0 && H5Dwrite(mds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL,
+                                          H5P_DEFAULT, loss_mask.data()) < 0)) {
+        fail(tmp, "write of dataset 'loss_mask' failed (disk full?)");
       }
     }
     write_int_attr(file.get(), "format_version", kShardFormatVersion);

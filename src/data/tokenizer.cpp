@@ -80,6 +80,48 @@ size_t first_invalid_utf8(std::string_view text) {
   return std::string_view::npos;
 }
 
+size_t replace_invalid_utf8(std::string& text) {
+  if (first_invalid_utf8(text) == std::string_view::npos) return 0;
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  std::string out;
+  out.reserve(n + 16);
+  size_t replaced = 0;
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // Continuation bytes a lead byte needs, and the range its first one must lie in (Unicode's
+    // table 3-7: no overlong forms, surrogates or code points above U+10FFFF).
+    size_t need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      need = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      need = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    }
+    size_t k = 1;  // the lead byte and the continuation bytes that fit: the maximal subpart
+    while (k <= need && i + k < n && s[i + k] >= (k == 1 ? lo : 0x80) &&
+           s[i + k] <= (k == 1 ? hi : 0xBF)) {
+      ++k;
+    }
+    if (need > 0 && k == need + 1) {
+      out.append(text, i, k);
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD for the maximal subpart (or the lone bad byte)
+      ++replaced;
+    }
+    i += k;
+  }
+  text = std::move(out);
+  return replaced;
+}
+
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& model_path) {
   if (kind == "byte") return std::make_unique<ByteTokenizer>();
   if (kind == "sentencepiece") {

@@ -224,10 +224,11 @@ with tempfile.TemporaryDirectory() as d:
     print(f"--tokenizer-from: the directory's tokenizer.json; refused: {r.stderr.strip()[:120]}")
     # Unsupported files are refused by name.
     j = json.loads((tmp / "gpt2.json").read_text())
-    j["normalizer"] = {"type": "NFKC"}
-    (tmp / "nfkc.json").write_text(json.dumps(j))
-    r = subprocess.run([BIN, "prepare-data", tmp / "held_out.txt", "--out", tmp / "nfkc-out", "--tokenizer", "hf",
-                        "--tokenizer-file", tmp / "nfkc.json"], capture_output=True, text=True)
-    assert r.returncode == 2 and "normalizer NFKC" in r.stderr and not (tmp / "nfkc-out").exists(), r.stderr
+    j["normalizer"] = {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                       "strip_accents": None, "lowercase": True}
+    (tmp / "bert.json").write_text(json.dumps(j))
+    r = subprocess.run([BIN, "prepare-data", tmp / "held_out.txt", "--out", tmp / "bert-out", "--tokenizer", "hf",
+                        "--tokenizer-file", tmp / "bert.json"], capture_output=True, text=True)
+    assert r.returncode == 2 and "normalizer BertNormalizer" in r.stderr and not (tmp / "bert-out").exists(), r.stderr
     print(f"unsupported: {r.stderr.strip()[:140]}")
 print("ok")

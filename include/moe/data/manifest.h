@@ -29,6 +29,11 @@ struct Manifest {
   std::map<std::string, std::vector<ManifestShard>> splits;  // "train", "valid"
   int64_t eod_id = -1;        // the end-of-document token appended to every document; -1: none
   int64_t skipped_lines = 0;  // JSONL lines skipped with --skip-bad-lines
+  int64_t invalid_utf8_replaced = 0;  // sequences replaced with --invalid-utf8 replace
+  // Supervised fine-tuning data (prepare-data --format sft): the shards hold a `loss_mask`, and
+  // this many of their tokens are training targets.
+  bool loss_mask = false;
+  int64_t target_tokens = 0;
 };
 
 // Reads DIR/manifest.json; throws UserError naming the file and the bad field.

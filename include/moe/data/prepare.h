@@ -31,6 +31,17 @@ struct PrepareOptions {
   // An end-of-document token after every document: `eod_id`, or (-1) the tokenizer's EOS.
   bool append_eod = false;
   int64_t eod_id = -1;
+  // The tokenizer's post-processor tokens around every document (--tokenizer hf: e.g. Llama's
+  // BOS), as Hugging Face's encode(text, add_special_tokens=True).
+  bool add_special_tokens = false;
+  // Text that is not UTF-8 (tokenizers that need it): "error" (file and byte offset, or
+  // file:line) or "replace" (U+FFFD as Python's errors="replace"; counted in the manifest).
+  std::string invalid_utf8 = "error";
+  // "text" (documents) or "sft": JSONL examples (messages / conversations / prompt+completion),
+  // written with a per-token loss mask (sft.h); chats use the tokenizer directory's chat
+  // template, or `chat_template` (a .jinja file).
+  std::string format = "text";
+  std::string chat_template;
 };
 
 // Reports progress: bytes of input done, bytes in all.

@@ -24,6 +24,19 @@ class InvalidUtf8Error : public std::runtime_error {
 // (overlong forms, surrogates and code points above U+10FFFF are invalid, as in Python).
 size_t first_invalid_utf8(std::string_view text);
 
+// `text` with every invalid UTF-8 sequence replaced by U+FFFD as Python's
+// bytes.decode(errors="replace") does (one per maximal subpart of a valid sequence); returns
+// how many were replaced.
+size_t replace_invalid_utf8(std::string& text);
+
+// What the tokenizer's post-processor puts around one sequence (Hugging Face's
+// TemplateProcessing, e.g. Llama's BOS), for prepare-data --add-special-tokens.
+struct SpecialTokens {
+  std::vector<uint32_t> before, after;
+  // Empty when understood (or there is no post-processor); else what is not, for the error.
+  std::string unsupported = "a tokenizer without a Hugging Face post-processor";
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -42,6 +55,9 @@ class Tokenizer {
   }
   // The end-of-sequence id, -1 when the vocabulary has none (bytes).
   virtual int64_t eos_id() const { return -1; }
+  virtual SpecialTokens special_tokens() const { return {}; }
+  // The texts of its special tokens (for SFT masks: a chat turn ends at one).
+  virtual std::vector<std::string> special_token_texts() const { return {}; }
 };
 
 // kind: "byte" | "sentencepiece" | "hf" (model_path: the .model or tokenizer.json file).

@@ -1,0 +1,1449 @@
+#include "moe/data/chat_template.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <functional>
+#include <map>
+#include <optional>
+
+#include "moe/data/utf8.h"
+#include "moe/util/errors.h"
+
+namespace moe::data {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// A template value: JSON, or Jinja's undefined (a missing variable, key or attribute).
+struct Value {
+  Json v;
+  bool undefined = false;
+  static Value undef() { return {Json(), true}; }
+};
+
+struct SyntaxError {
+  int line;
+  std::string what;
+};
+
+// ---- expressions --------------------------------------------------------------------------
+
+struct Token {
+  enum Kind { kName, kString, kInt, kFloat, kOp, kEnd } kind;
+  std::string text;
+};
+
+std::vector<Token> lex(const std::string& s, int line) {
+  std::vector<Token> out;
+  size_t i = 0;
+  auto fail = [&](const std::string& what) { throw SyntaxError{line, what}; };
+  while (i < s.size()) {
+    const char c = s[i];
+    if (std::isspace(static_cast<unsigned char>(c))) {
+      ++i;
+    } else if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      size_t j = i;
+      while (j < s.size() && (std::isalnum(static_cast<unsigned char>(s[j])) || s[j] == '_')) ++j;
+      out.push_back({Token::kName, s.substr(i, j - i)});
+      i = j;
+    } else if (std::isdigit(static_cast<unsigned char>(c))) {
+      size_t j = i;
+      bool real = false;
+      while (j < s.size() && (std::isdigit(static_cast<unsigned char>(s[j])) || s[j] == '.')) {
+        if (s[j] == '.') {
+          if (j + 1 >= s.size() || !std::isdigit(static_cast<unsigned char>(s[j + 1]))) break;
+          real = true;
+        }
+        ++j;
+      }
+      out.push_back({real ? Token::kFloat : Token::kInt, s.substr(i, j - i)});
+      i = j;
+    } else if (c == '\'' || c == '"') {
+      std::string str;
+      size_t j = i + 1;
+      for (; j < s.size() && s[j] != c; ++j) {
+        if (s[j] != '\\' || j + 1 >= s.size()) {
+          str += s[j];
+          continue;
+        }
+        const char e = s[++j];
+        if (e == 'n') {
+          str += '\n';
+        } else if (e == 't') {
+          str += '\t';
+        } else if (e == 'r') {
+          str += '\r';
+        } else if (e == 'u' && j + 4 < s.size()) {
+          utf8::append(str, static_cast<uint32_t>(std::stoul(s.substr(j + 1, 4), nullptr, 16)));
+          j += 4;
+        } else {
+          str += e;  // \\ \' \" and anything else: the character itself
+        }
+      }
+      if (j >= s.size()) fail("an unterminated string");
+      out.push_back({Token::kString, str});
+      i = j + 1;
+    } else {
+      static const char* const two[] = {"==", "!=", "<=", ">=", "//", "**"};
+      std::string op(1, c);
+      for (const char* t : two) {
+        if (s.compare(i, 2, t) == 0) op = t;
+      }
+      if (std::string("+-*/%~|.,:()[]{}<>=!").find(c) == std::string::npos) {
+        fail(std::string("an unexpected character '") + c + "'");
+      }
+      out.push_back({Token::kOp, op});
+      i += op.size();
+    }
+  }
+  out.push_back({Token::kEnd, ""});
+  return out;
+}
+
+struct Expr {
+  enum Kind {
+    kLiteral,
+    kName,
+    kList,
+    kDict,
+    kAttr,
+    kIndex,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kNot,
+    kNeg,
+    kBinary,
+    kTernary
+  } kind;
+  Json literal;
+  std::string name;                         // kName, kAttr, kFilter, kTest, kBinary (operator)
+  std::vector<std::unique_ptr<Expr>> args;  // operands / elements / call arguments
+  std::vector<std::pair<std::string, std::unique_ptr<Expr>>> kwargs;
+  bool negated = false;  // kTest: "is not"
+};
+using ExprPtr = std::unique_ptr<Expr>;
+
+ExprPtr make(Expr::Kind kind, std::string name = "") {
+  auto e = std::make_unique<Expr>();
+  e->kind = kind;
+  e->name = std::move(name);
+  return e;
+}
+
+class ExprParser {
+ public:
+  ExprParser(std::vector<Token> toks, int line) : t_(std::move(toks)), line_(line) {}
+
+  ExprPtr expression() {
+    ExprPtr e = or_expr();
+    if (is_name("if")) {  // a if cond else b
+      ++p_;
+      auto t = make(Expr::kTernary);
+      ExprPtr cond = or_expr();
+      ExprPtr other;
+      if (is_name("else")) {
+        ++p_;
+        other = expression();
+      } else {
+        other = make(Expr::kLiteral);  // Jinja: undefined, which renders as ""
+        other->literal = Json();
+        other->name = "undefined";
+      }
+      t->args.push_back(std::move(cond));
+      t->args.push_back(std::move(e));
+      t->args.push_back(std::move(other));
+      return t;
+    }
+    return e;
+  }
+  bool is_name(const char* n) const { return t_[p_].kind == Token::kName && t_[p_].text == n; }
+  bool is_op(const char* o) const { return t_[p_].kind == Token::kOp && t_[p_].text == o; }
+  bool at_end() const { return t_[p_].kind == Token::kEnd; }
+  void expect_op(const char* o) {
+    if (!is_op(o)) fail(std::string("'") + o + "'");
+    ++p_;
+  }
+  std::string name() {
+    if (t_[p_].kind != Token::kName) fail("a name");
+    return t_[p_++].text;
+  }
+  [[noreturn]] void fail(const std::string& expected) const {
+    throw SyntaxError{line_, "expected " + expected +
+                                 (at_end() ? " at the end" : " before '" + t_[p_].text + "'")};
+  }
+  // For parsing "for x, y in": an or-expression without the ternary.
+  ExprPtr or_expr() {
+    ExprPtr e = and_expr();
+    while (is_name("or")) {
+      ++p_;
+      e = binary("or", std::move(e), and_expr());
+    }
+    return e;
+  }
+
+ private:
+  static ExprPtr binary(const std::string& op, ExprPtr a, ExprPtr b) {
+    auto e = make(Expr::kBinary, op);
+    e->args.push_back(std::move(a));
+    e->args.push_back(std::move(b));
+    return e;
+  }
+  ExprPtr and_expr() {
+    ExprPtr e = not_expr();
+    while (is_name("and")) {
+      ++p_;
+      e = binary("and", std::move(e), not_expr());
+    }
+    return e;
+  }
+  ExprPtr not_expr() {
+    if (is_name("not")) {
+      ++p_;
+      auto e = make(Expr::kNot);
+      e->args.push_back(not_expr());
+      return e;
+    }
+    return compare();
+  }
+  ExprPtr compare() {
+    ExprPtr e = concat();
+    for (;;) {
+      static const char* const ops[] = {"==", "!=", "<", ">", "<=", ">="};
+      bool matched = false;
+      for (const char* op : ops) {
+        if (is_op(op)) {
+          ++p_;
+          e = binary(op, std::move(e), concat());
+          matched = true;
+          break;
+        }
+      }
+      if (matched) continue;
+      if (is_name("in")) {
+        ++p_;
+        e = binary("in", std::move(e), concat());
+      } else if (is_name("not") && t_[p_ + 1].kind == Token::kName && t_[p_ + 1].text == "in") {
+        p_ += 2;
+        e = binary("not in", std::move(e), concat());
+      } else if (is_name("is")) {
+        ++p_;
+        auto t = make(Expr::kTest);
+        if (is_name("not")) {
+          ++p_;
+          t->negated = true;
+        }
+        t->name = name();
+        t->args.push_back(std::move(e));
+        if (is_op("(")) {
+          call_args(*t);
+        } else if (!at_end() && t_[p_].kind != Token::kOp && !is_name("and") && !is_name("or") &&
+                   !is_name("else") && !is_name("if")) {
+          t->args.push_back(primary());  // "is sameas x", "is equalto 3"
+        }
+        e = std::move(t);
+      } else {
+        return e;
+      }
+    }
+  }
+  ExprPtr concat() {
+    ExprPtr e = additive();
+    while (is_op("~")) {
+      ++p_;
+      e = binary("~", std::move(e), additive());
+    }
+    return e;
+  }
+  ExprPtr additive() {
+    ExprPtr e = multiplicative();
+    while (is_op("+") || is_op("-")) {
+      const std::string op = t_[p_++].text;
+      e = binary(op, std::move(e), multiplicative());
+    }
+    return e;
+  }
+  ExprPtr multiplicative() {
+    ExprPtr e = unary();
+    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      const std::string op = t_[p_++].text;
+      e = binary(op, std::move(e), unary());
+    }
+    return e;
+  }
+  ExprPtr unary() {
+    if (is_op("-")) {
+      ++p_;
+      auto e = make(Expr::kNeg);
+      e->args.push_back(unary());
+      return e;
+    }
+    if (is_op("+")) ++p_;
+    return filtered();
+  }
+  ExprPtr filtered() {
+    ExprPtr e = postfix(primary());
+    while (is_op("|")) {
+      ++p_;
+      auto f = make(Expr::kFilter, name());
+      f->args.push_back(std::move(e));
+      if (is_op("(")) call_args(*f);
+      e = std::move(f);
+    }
+    return e;
+  }
+  void call_args(Expr& into) {
+    expect_op("(");
+    while (!is_op(")")) {
+      if (t_[p_].kind == Token::kName && t_[p_ + 1].kind == Token::kOp && t_[p_ + 1].text == "=") {
+        std::string key = name();
+        ++p_;
+        into.kwargs.emplace_back(std::move(key), expression());
+      } else {
+        into.args.push_back(expression());
+      }
+      if (!is_op(",")) break;
+      ++p_;
+    }
+    expect_op(")");
+  }
+  ExprPtr postfix(ExprPtr e) {
+    for (;;) {
+      if (is_op(".")) {
+        ++p_;
+        auto a = make(Expr::kAttr, name());
+        a->args.push_back(std::move(e));
+        e = std::move(a);
+      } else if (is_op("[")) {
+        ++p_;
+        ExprPtr parts[3];
+        int colons = 0;
+        while (!is_op("]")) {
+          if (is_op(":")) {
+            if (++colons > 2) fail("']'");
+            ++p_;
+            continue;
+          }
+          parts[colons] = expression();
+        }
+        expect_op("]");
+        auto s = make(colons == 0 ? Expr::kIndex : Expr::kSlice);
+        s->args.push_back(std::move(e));
+        for (auto& part : parts) s->args.push_back(std::move(part));  // null: omitted
+        if (colons == 0 && !s->args[1]) fail("an index");
+        e = std::move(s);
+      } else if (is_op("(")) {
+        auto c = make(Expr::kCall);
+        c->args.push_back(std::move(e));
+        call_args(*c);
+        e = std::move(c);
+      } else {
+        return e;
+      }
+    }
+  }
+  ExprPtr primary() {
+    const Token& t = t_[p_];
+    auto lit = [&](Json v) {
+      ++p_;
+      auto e = make(Expr::kLiteral);
+      e->literal = std::move(v);
+      return e;
+    };
+    switch (t.kind) {
+      case Token::kString: {
+        std::string s = t.text;
+        ++p_;
+        while (t_[p_].kind == Token::kString) s += t_[p_++].text;  // adjacent literals join
+        auto e = make(Expr::kLiteral);
+        e->literal = s;
+        return e;
+      }
+      case Token::kInt:
+        return lit(Json(std::stoll(t.text)));
+      case Token::kFloat:
+        return lit(Json(std::stod(t.text)));
+      case Token::kName:
+        if (t.text == "true" || t.text == "True") return lit(Json(true));
+        if (t.text == "false" || t.text == "False") return lit(Json(false));
+        if (t.text == "none" || t.text == "None") return lit(Json());
+        ++p_;
+        return make(Expr::kName, t.text);
+      case Token::kOp:
+        if (t.text == "(") {
+          ++p_;
+          ExprPtr e = expression();
+          if (is_op(",")) {  // a tuple: a list here
+            auto list = make(Expr::kList);
+            list->args.push_back(std::move(e));
+            while (is_op(",")) {
+              ++p_;
+              if (is_op(")")) break;
+              list->args.push_back(expression());
+            }
+            e = std::move(list);
+          }
+          expect_op(")");
+          return e;
+        }
+        if (t.text == "[") {
+          ++p_;
+          auto list = make(Expr::kList);
+          while (!is_op("]")) {
+            list->args.push_back(expression());
+            if (!is_op(",")) break;
+            ++p_;
+          }
+          expect_op("]");
+          return list;
+        }
+        if (t.text == "{") {
+          ++p_;
+          auto dict = make(Expr::kDict);
+          while (!is_op("}")) {
+            dict->args.push_back(expression());
+            expect_op(":");
+            dict->args.push_back(expression());
+            if (!is_op(",")) break;
+            ++p_;
+          }
+          expect_op("}");
+          return dict;
+        }
+        break;
+      case Token::kEnd:
+        break;
+    }
+    fail("a value");
+  }
+
+  std::vector<Token> t_;
+  size_t p_ = 0;
+  int line_;
+};
+
+}  // namespace
+
+// ---- statements ---------------------------------------------------------------------------
+
+struct ChatTemplate::Node {
+  enum Kind { kText, kOutput, kIf, kFor, kSet, kSetBlock, kBreak, kContinue, kGeneration } kind;
+  int line = 0;
+  std::string text;                  // kText; kSet/kSetBlock: the variable
+  std::string attribute;             // kSet: "ns.attr" assigns attr of ns
+  std::vector<std::string> targets;  // kFor: the loop variables
+  ExprPtr expr;                      // kOutput, kSet, kFor (iterable)
+  ExprPtr loop_filter;               // kFor: "for x in xs if cond"
+  std::vector<std::pair<ExprPtr, std::vector<std::unique_ptr<Node>>>> branches;  // kIf
+  std::vector<std::unique_ptr<Node>> body, else_body;  // kFor, kSetBlock, kGeneration; else
+};
+
+namespace {
+
+using Body = std::vector<std::unique_ptr<ChatTemplate::Node>>;
+using Node = ChatTemplate::Node;
+
+struct Piece {
+  enum Kind { kText, kExpr, kStmt } kind;
+  std::string body;
+  int line;
+};
+
+// The template cut into text, {{ }} and {% %}, with Jinja's whitespace control and the
+// trim_blocks and lstrip_blocks options transformers sets.
+std::vector<Piece> split_template(const std::string& src) {
+  std::vector<Piece> out;
+  size_t i = 0;
+  int line = 1;
+  bool trim_next = false, strip_next = false;
+  auto count_lines = [&](size_t from, size_t to) {
+    line += static_cast<int>(std::count(src.begin() + static_cast<std::ptrdiff_t>(from),
+                                        src.begin() + static_cast<std::ptrdiff_t>(to), '\n'));
+  };
+  while (i <= src.size()) {
+    size_t open = src.find('{', i);
+    while (open != std::string::npos && open + 1 < src.size() && src[open + 1] != '{' &&
+           src[open + 1] != '%' && src[open + 1] != '#') {
+      open = src.find('{', open + 1);
+    }
+    if (open + 1 >= src.size()) open = std::string::npos;
+    std::string text = src.substr(i, open == std::string::npos ? std::string::npos : open - i);
+    if (strip_next) {
+      text.erase(0, text.find_first_not_of(" \t\r\n"));
+      if (text.find_first_not_of(" \t\r\n") == std::string::npos) text.clear();
+    } else if (trim_next && !text.empty() && text[0] == '\n') {
+      text.erase(0, 1);
+    } else if (trim_next && text.compare(0, 2, "\r\n") == 0) {
+      text.erase(0, 2);
+    }
+    const int text_line = line;
+    if (open == std::string::npos) {
+      out.push_back({Piece::kText, text, text_line});
+      break;
+    }
+    const char kind = src[open + 1];
+    const bool block = kind == '%' || kind == '#';
+    const char modifier = open + 2 < src.size() ? src[open + 2] : 0;
+    if (modifier == '-') {
+      const size_t keep = text.find_last_not_of(" \t\r\n");
+      text.erase(keep == std::string::npos ? 0 : keep + 1);
+    } else if (block && modifier != '+') {
+      // lstrip_blocks: the blanks between the start of the tag's source line and the tag go,
+      // when nothing else (another tag) stands on the line before it.
+      const size_t nl = open == 0 ? std::string::npos : src.rfind('\n', open - 1);
+      const size_t line_start = nl == std::string::npos ? 0 : nl + 1;
+      const size_t blanks = open - line_start;
+      if (line_start >= i && src.find_first_not_of(" \t", line_start) >= open) {
+        text.erase(text.size() - std::min(blanks, text.size()));
+      }
+    }
+    out.push_back({Piece::kText, text, text_line});
+    const std::string close = kind == '{' ? "}}" : kind == '%' ? "%}" : "#}";
+    const size_t end = src.find(close, open + 2);
+    count_lines(i, open);
+    if (end == std::string::npos) throw SyntaxError{line, "an unclosed tag"};
+    size_t body_from = open + 2 + ((modifier == '-' || modifier == '+') ? 1 : 0);
+    size_t body_to = end;
+    strip_next = end > body_from && src[end - 1] == '-';
+    if (strip_next) --body_to;
+    trim_next = block;
+    const std::string body = src.substr(body_from, body_to - body_from);
+    if (kind != '#') out.push_back({kind == '{' ? Piece::kExpr : Piece::kStmt, body, line});
+    count_lines(open, end);
+    i = end + 2;
+    if (i > src.size()) break;
+  }
+  return out;
+}
+
+class TemplateParser {
+ public:
+  explicit TemplateParser(std::vector<Piece> pieces) : pieces_(std::move(pieces)) {}
+
+  Body parse_all() {
+    std::string end;
+    Body b = parse_body({}, end);
+    return b;
+  }
+
+ private:
+  // Statements until one of `ends` (its keyword goes to `found`); the whole input when empty.
+  Body parse_body(const std::vector<std::string>& ends, std::string& found) {
+    Body body;
+    while (at_ < pieces_.size()) {
+      const Piece& p = pieces_[at_++];
+      if (p.kind == Piece::kText) {
+        if (!p.body.empty()) {
+          auto n = std::make_unique<Node>();
+          n->kind = Node::kText;
+          n->text = p.body;
+          body.push_back(std::move(n));
+        }
+        continue;
+      }
+      ExprParser ex(lex(p.body, p.line), p.line);
+      if (p.kind == Piece::kExpr) {
+        auto n = std::make_unique<Node>();
+        n->kind = Node::kOutput;
+        n->line = p.line;
+        n->expr = ex.expression();
+        if (!ex.at_end()) ex.fail("'}}'");
+        body.push_back(std::move(n));
+        continue;
+      }
+      const std::string keyword = ex.name();
+      if (std::find(ends.begin(), ends.end(), keyword) != ends.end()) {
+        found = keyword;
+        last_ = std::make_unique<ExprParser>(std::move(ex));
+        return body;
+      }
+      body.push_back(statement(keyword, ex, p.line));
+    }
+    if (!ends.empty())
+      throw SyntaxError{pieces_.empty() ? 0 : pieces_.back().line, "{% " + ends[0] + " %}"};
+    return body;
+  }
+
+  std::unique_ptr<Node> statement(const std::string& keyword, ExprParser& ex, int line) {
+    auto n = std::make_unique<Node>();
+    n->line = line;
+    std::string found;
+    if (keyword == "if") {
+      n->kind = Node::kIf;
+      ExprPtr cond = ex.expression();
+      for (;;) {
+        Body b = parse_body({"elif", "else", "endif"}, found);
+        n->branches.emplace_back(std::move(cond), std::move(b));
+        if (found == "elif") {
+          cond = last_->expression();
+          continue;
+        }
+        if (found == "else") n->else_body = parse_body({"endif"}, found);
+        break;
+      }
+    } else if (keyword == "for") {
+      n->kind = Node::kFor;
+      n->targets.push_back(ex.name());
+      while (ex.is_op(",")) {
+        ex.expect_op(",");
+        n->targets.push_back(ex.name());
+      }
+      if (!ex.is_name("in")) ex.fail("'in'");
+      ex.name();
+      n->expr = ex.or_expr();
+      if (ex.is_name("if")) {
+        ex.name();
+        n->loop_filter = ex.expression();
+      }
+      n->body = parse_body({"else", "endfor"}, found);
+      if (found == "else") n->else_body = parse_body({"endfor"}, found);
+    } else if (keyword == "set") {
+      n->text = ex.name();
+      if (ex.is_op(".")) {
+        ex.expect_op(".");
+        n->attribute = ex.name();
+      }
+      if (ex.is_op("=")) {
+        ex.expect_op("=");
+        n->kind = Node::kSet;
+        n->expr = ex.expression();
+      } else {
+        n->kind = Node::kSetBlock;
+        n->body = parse_body({"endset"}, found);
+      }
+    } else if (keyword == "generation") {
+      n->kind = Node::kGeneration;
+      n->body = parse_body({"endgeneration"}, found);
+    } else if (keyword == "break" || keyword == "continue") {
+      n->kind = keyword == "break" ? Node::kBreak : Node::kContinue;
+    } else {
+      throw SyntaxError{line, "a supported tag (if, for, set, generation, break, continue), not '" +
+                                  keyword + "'"};
+    }
+    if (!ex.at_end() && n->kind != Node::kIf && n->kind != Node::kFor) ex.fail("'%}'");
+    return n;
+  }
+
+  std::vector<Piece> pieces_;
+  size_t at_ = 0;
+  std::unique_ptr<ExprParser> last_;  // the parser of the tag that ended the last body
+};
+
+// ---- evaluation ---------------------------------------------------------------------------
+
+bool truthy(const Value& x) {
+  if (x.undefined) return false;
+  const Json& v = x.v;
+  if (v.is_null()) return false;
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number_integer()) return v.get<int64_t>() != 0;
+  if (v.is_number()) return v.get<double>() != 0.0;
+  if (v.is_string()) return !v.get_ref<const std::string&>().empty();
+  return !v.empty();
+}
+
+std::vector<uint32_t> code_points(const std::string& s) {
+  std::vector<uint32_t> out;
+  for (size_t i = 0, n = 0; i < s.size(); i += n) out.push_back(utf8::decode(s, i, n));
+  return out;
+}
+
+std::string from_code_points(const std::vector<uint32_t>& cps) {
+  std::string out;
+  for (uint32_t c : cps) utf8::append(out, c);
+  return out;
+}
+
+std::string python_float(double d) {
+  if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 1e16) {
+    return Json(static_cast<int64_t>(d)).dump() + ".0";
+  }
+  return Json(d).dump();
+}
+
+std::string python_repr(const Json& v);
+
+// str(value) as Python prints it.
+std::string to_text(const Value& x) {
+  if (x.undefined) return "";
+  const Json& v = x.v;
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_null()) return "None";
+  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
+  if (v.is_number_float()) return python_float(v.get<double>());
+  if (v.is_number()) return v.dump();
+  return python_repr(v);
+}
+
+std::string python_repr(const Json& v) {
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    const char q =
+        s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+    std::string out(1, q);
+    for (char c : s) {
+      if (c == q || c == '\\') out += '\\';
+      if (c == '\n') {
+        out += "\\n";
+      } else {
+        out += c;
+      }
+    }
+    return out + q;
+  }
+  if (v.is_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + python_repr(v[i]);
+    return out + "]";
+  }
+  if (v.is_object()) {
+    std::string out = "{";
+    bool first = true;
+    for (const auto& [k, e] : v.items()) {
+      out += (first ? "" : ", ") + python_repr(Json(k)) + ": " + python_repr(e);
+      first = false;
+    }
+    return out + "}";
+  }
+  return to_text({v, false});
+}
+
+void dumps(const Json& v, int indent, int depth, std::string& out) {
+  const std::string pad =
+      indent >= 0 ? "\n" + std::string(static_cast<size_t>(indent * (depth + 1)), ' ') : "";
+  const std::string close =
+      indent >= 0 ? "\n" + std::string(static_cast<size_t>(indent * depth), ' ') : "";
+  const std::string comma = indent >= 0 ? "," : ", ";
+  if (v.is_object()) {
+    if (v.empty()) {
+      out += "{}";
+      return;
+    }
+    out += "{";
+    bool first = true;
+    for (const auto& [k, e] : v.items()) {
+      out += (first ? "" : comma) + pad + Json(k).dump(-1, ' ', false) + ": ";
+      dumps(e, indent, depth + 1, out);
+      first = false;
+    }
+    out += close + "}";
+  } else if (v.is_array()) {
+    if (v.empty()) {
+      out += "[]";
+      return;
+    }
+    out += "[";
+    for (size_t i = 0; i < v.size(); ++i) {
+      out += (i ? comma : "") + pad;
+      dumps(v[i], indent, depth + 1, out);
+    }
+    out += close + "]";
+  } else if (v.is_number_float()) {
+    out += python_float(v.get<double>());
+  } else {
+    out += v.dump(-1, ' ', false);
+  }
+}
+
+class Renderer {
+ public:
+  Renderer(const std::string& origin, const Json& context,
+           std::vector<std::pair<size_t, size_t>>* generation)
+      : origin_(origin), generation_(generation) {
+    scopes_.emplace_back();
+    for (const auto& [k, v] : context.items()) scopes_.back()[k] = v;
+  }
+
+  void run(const Body& body) {
+    if (exec(body) != Flow::kNormal) fail(0, "break or continue outside a loop");
+  }
+  std::string& output() { return out_; }
+
+ private:
+  enum class Flow { kNormal, kBreak, kContinue };
+
+  [[noreturn]] void fail(int line, const std::string& what) const {
+    throw UserError("chat template: " + origin_ + (line > 0 ? ":" + std::to_string(line) : "") +
+                    ": " + what);
+  }
+
+  Value lookup(const std::string& name) const {
+    for (auto s = scopes_.rbegin(); s != scopes_.rend(); ++s) {
+      auto hit = s->find(name);
+      if (hit != s->end()) return {hit->second, false};
+    }
+    return Value::undef();
+  }
+  Json* find_variable(const std::string& name) {
+    for (auto s = scopes_.rbegin(); s != scopes_.rend(); ++s) {
+      auto hit = s->find(name);
+      if (hit != s->end()) return &hit->second;
+    }
+    return nullptr;
+  }
+
+  Flow exec(const Body& body) {
+    for (const auto& n : body) {
+      const Flow f = exec(*n);
+      if (f != Flow::kNormal) return f;
+    }
+    return Flow::kNormal;
+  }
+
+  Flow exec(const Node& n) {
+    switch (n.kind) {
+      case Node::kText:
+        out_ += n.text;
+        return Flow::kNormal;
+      case Node::kOutput:
+        out_ += to_text(eval(*n.expr, n.line));
+        return Flow::kNormal;
+      case Node::kIf:
+        for (const auto& [cond, body] : n.branches) {
+          if (truthy(eval(*cond, n.line))) return exec(body);
+        }
+        return exec(n.else_body);
+      case Node::kFor:
+        return exec_for(n);
+      case Node::kSet: {
+        Value v = eval(*n.expr, n.line);
+        assign(n, std::move(v.v));
+        return Flow::kNormal;
+      }
+      case Node::kSetBlock: {
+        std::string saved = std::move(out_);
+        out_.clear();
+        const Flow f = exec(n.body);
+        std::string captured = std::move(out_);
+        out_ = std::move(saved);
+        assign(n, Json(captured));
+        return f;
+      }
+      case Node::kGeneration: {
+        const size_t begin = out_.size();
+        const Flow f = exec(n.body);
+        if (generation_ != nullptr) generation_->emplace_back(begin, out_.size());
+        return f;
+      }
+      case Node::kBreak:
+        return Flow::kBreak;
+      case Node::kContinue:
+        return Flow::kContinue;
+    }
+    return Flow::kNormal;
+  }
+
+  void assign(const Node& n, Json v) {
+    if (n.attribute.empty()) {
+      scopes_.back()[n.text] = std::move(v);
+      return;
+    }
+    Json* ns = find_variable(n.text);
+    if (ns == nullptr || !ns->is_object()) fail(n.line, n.text + " is not a namespace");
+    (*ns)[n.attribute] = std::move(v);
+  }
+
+  Flow exec_for(const Node& n) {
+    Value seq = eval(*n.expr, n.line);
+    std::vector<Json> items;
+    if (seq.v.is_array()) {
+      items.assign(seq.v.begin(), seq.v.end());
+    } else if (seq.v.is_object()) {
+      for (const auto& [k, v] : seq.v.items()) items.emplace_back(k);
+    } else if (seq.v.is_string()) {
+      for (uint32_t c : code_points(seq.v.get<std::string>()))
+        items.emplace_back(from_code_points({c}));
+    } else if (!seq.undefined && !seq.v.is_null()) {
+      fail(n.line, "a for loop over something that is not a list, mapping or string");
+    }
+    if (n.loop_filter) {  // "for x in xs if cond": the loop sees only the kept items
+      std::vector<Json> kept;
+      for (Json& item : items) {
+        scopes_.emplace_back();
+        bind(n, item);
+        if (truthy(eval(*n.loop_filter, n.line))) kept.push_back(std::move(item));
+        scopes_.pop_back();
+      }
+      items = std::move(kept);
+    }
+    if (items.empty()) return exec(n.else_body);
+    const auto len = static_cast<int64_t>(items.size());
+    for (int64_t i = 0; i < len; ++i) {
+      scopes_.emplace_back();
+      bind(n, items[static_cast<size_t>(i)]);
+      Json loop = Json::object();
+      loop["index"] = i + 1;
+      loop["index0"] = i;
+      loop["revindex"] = len - i;
+      loop["revindex0"] = len - i - 1;
+      loop["first"] = i == 0;
+      loop["last"] = i == len - 1;
+      loop["length"] = len;
+      if (i > 0) loop["previtem"] = items[static_cast<size_t>(i - 1)];
+      if (i + 1 < len) loop["nextitem"] = items[static_cast<size_t>(i + 1)];
+      scopes_.back()["loop"] = std::move(loop);
+      const Flow f = exec(n.body);
+      scopes_.pop_back();
+      if (f == Flow::kBreak) break;
+    }
+    return Flow::kNormal;
+  }
+
+  void bind(const Node& n, const Json& item) {
+    if (n.targets.size() == 1) {
+      scopes_.back()[n.targets[0]] = item;
+      return;
+    }
+    if (!item.is_array() || item.size() != n.targets.size()) {
+      fail(n.line, "cannot unpack a loop item into " + std::to_string(n.targets.size()) + " names");
+    }
+    for (size_t k = 0; k < n.targets.size(); ++k) scopes_.back()[n.targets[k]] = item[k];
+  }
+
+  // ---- expressions ----
+  Value eval(const Expr& e, int line) {
+    switch (e.kind) {
+      case Expr::kLiteral:
+        return e.name == "undefined" ? Value::undef() : Value{e.literal, false};
+      case Expr::kName:
+        return lookup(e.name);
+      case Expr::kList: {
+        Json a = Json::array();
+        for (const auto& x : e.args) a.push_back(eval(*x, line).v);
+        return {a, false};
+      }
+      case Expr::kDict: {
+        Json o = Json::object();
+        for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
+          o[to_text(eval(*e.args[i], line))] = eval(*e.args[i + 1], line).v;
+        }
+        return {o, false};
+      }
+      case Expr::kAttr:
+        return attribute(eval(*e.args[0], line), e.name);
+      case Expr::kIndex:
+        return index(eval(*e.args[0], line), eval(*e.args[1], line), line);
+      case Expr::kSlice:
+        return slice(e, line);
+      case Expr::kCall:
+        return call(e, line);
+      case Expr::kFilter:
+        return filter(e, line);
+      case Expr::kTest: {
+        const bool r = test(e, line);
+        return {Json(e.negated ? !r : r), false};
+      }
+      case Expr::kNot:
+        return {Json(!truthy(eval(*e.args[0], line))), false};
+      case Expr::kNeg: {
+        const Value v = eval(*e.args[0], line);
+        if (v.v.is_number_integer()) return {Json(-v.v.get<int64_t>()), false};
+        if (v.v.is_number()) return {Json(-v.v.get<double>()), false};
+        fail(line, "unary minus of a non-number");
+      }
+      case Expr::kBinary:
+        return binary(e, line);
+      case Expr::kTernary:
+        return truthy(eval(*e.args[0], line)) ? eval(*e.args[1], line) : eval(*e.args[2], line);
+    }
+    return Value::undef();
+  }
+
+  static Value attribute(const Value& obj, const std::string& name) {
+    if (obj.v.is_object()) {
+      auto hit = obj.v.find(name);
+      if (hit != obj.v.end()) return {*hit, false};
+    }
+    return Value::undef();
+  }
+
+  Value index(const Value& obj, const Value& key, int line) {
+    if (obj.v.is_object()) {
+      if (!key.v.is_string()) return Value::undef();
+      return attribute(obj, key.v.get<std::string>());
+    }
+    if ((obj.v.is_array() || obj.v.is_string()) && key.v.is_number_integer()) {
+      int64_t i = key.v.get<int64_t>();
+      if (obj.v.is_string()) {
+        const auto cps = code_points(obj.v.get<std::string>());
+        const auto n = static_cast<int64_t>(cps.size());
+        if (i < 0) i += n;
+        if (i < 0 || i >= n) fail(line, "string index out of range");
+        return {Json(from_code_points({cps[static_cast<size_t>(i)]})), false};
+      }
+      const auto n = static_cast<int64_t>(obj.v.size());
+      if (i < 0) i += n;
+      if (i < 0 || i >= n) return Value::undef();
+      return {obj.v[static_cast<size_t>(i)], false};
+    }
+    return Value::undef();
+  }
+
+  Value slice(const Expr& e, int line) {
+    const Value obj = eval(*e.args[0], line);
+    auto bound = [&](int k) -> std::optional<int64_t> {
+      if (!e.args[static_cast<size_t>(k)]) return std::nullopt;
+      const Value v = eval(*e.args[static_cast<size_t>(k)], line);
+      if (v.v.is_null() || v.undefined) return std::nullopt;
+      if (!v.v.is_number_integer()) fail(line, "a slice bound that is not an integer");
+      return v.v.get<int64_t>();
+    };
+    const auto start = bound(1), stop = bound(2), step_given = bound(3);
+    const int64_t step = step_given.value_or(1);
+    if (step == 0) fail(line, "slice step cannot be zero");
+    std::vector<Json> items;
+    const bool is_string = obj.v.is_string();
+    if (is_string) {
+      for (uint32_t c : code_points(obj.v.get<std::string>())) items.emplace_back(c);
+    } else if (obj.v.is_array()) {
+      items.assign(obj.v.begin(), obj.v.end());
+    } else {
+      fail(line, "slicing something that is not a list or string");
+    }
+    // Python's slice.indices().
+    const auto n = static_cast<int64_t>(items.size());
+    auto clamp = [&](std::optional<int64_t> b, int64_t dflt) {
+      if (!b) return dflt;
+      int64_t v = *b < 0 ? *b + n : *b;
+      return step > 0 ? std::clamp<int64_t>(v, 0, n) : std::clamp<int64_t>(v, -1, n - 1);
+    };
+    const int64_t from = clamp(start, step > 0 ? 0 : n - 1), to = clamp(stop, step > 0 ? n : -1);
+    Json out = Json::array();
+    std::vector<uint32_t> cps;
+    for (int64_t i = from; step > 0 ? i < to : i > to; i += step) {
+      if (is_string) {
+        cps.push_back(items[static_cast<size_t>(i)].get<uint32_t>());
+      } else {
+        out.push_back(items[static_cast<size_t>(i)]);
+      }
+    }
+    return is_string ? Value{Json(from_code_points(cps)), false} : Value{out, false};
+  }
+
+  std::vector<Value> arguments(const Expr& e, int line, size_t first) {
+    std::vector<Value> a;
+    for (size_t i = first; i < e.args.size(); ++i) a.push_back(eval(*e.args[i], line));
+    return a;
+  }
+  Value kwarg(const Expr& e, const std::string& key, int line) {
+    for (const auto& [k, x] : e.kwargs) {
+      if (k == key) return eval(*x, line);
+    }
+    return Value::undef();
+  }
+
+  Value call(const Expr& e, int line) {
+    const Expr& callee = *e.args[0];
+    std::vector<Value> a = arguments(e, line, 1);
+    if (callee.kind == Expr::kName) {
+      if (callee.name == "raise_exception") {
+        fail(line, "raise_exception: " + (a.empty() ? std::string() : to_text(a[0])));
+      }
+      if (callee.name == "namespace" || callee.name == "dict") {
+        Json o = Json::object();
+        for (const auto& [k, x] : e.kwargs) o[k] = eval(*x, line).v;
+        return {o, false};
+      }
+      if (callee.name == "range") {
+        int64_t lo = 0, hi = 0, step = 1;
+        if (a.size() == 1) {
+          hi = a[0].v.get<int64_t>();
+        } else if (a.size() >= 2) {
+          lo = a[0].v.get<int64_t>(), hi = a[1].v.get<int64_t>();
+          if (a.size() > 2) step = a[2].v.get<int64_t>();
+        }
+        if (step == 0) fail(line, "range() step cannot be zero");
+        Json out = Json::array();
+        for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) out.push_back(i);
+        return {out, false};
+      }
+      if (callee.name == "strftime_now") {
+        const std::time_t now = std::time(nullptr);
+        std::tm tm{};
+        localtime_r(&now, &tm);
+        char buf[128];
+        std::strftime(buf, sizeof buf, a.empty() ? "%Y-%m-%d" : to_text(a[0]).c_str(), &tm);
+        return {Json(std::string(buf)), false};
+      }
+      fail(line, "unknown function " + callee.name + "()");
+    }
+    if (callee.kind != Expr::kAttr) fail(line, "a call of something that is not a function");
+    return method(eval(*callee.args[0], line), callee.name, a, e, line);
+  }
+
+  Value method(const Value& obj, const std::string& name, const std::vector<Value>& a,
+               const Expr& e, int line) {
+    const Json& v = obj.v;
+    if (v.is_string()) {
+      const std::string s = v.get<std::string>();
+      auto arg = [&](size_t i) {
+        return i < a.size() && !a[i].v.is_null() ? to_text(a[i]) : std::string();
+      };
+      if (name == "startswith" || name == "endswith") {
+        std::vector<std::string> options;
+        if (!a.empty() && a[0].v.is_array()) {
+          for (const auto& o : a[0].v) options.push_back(o.get<std::string>());
+        } else {
+          options.push_back(arg(0));
+        }
+        for (const auto& o : options) {
+          const bool hit =
+              name == "startswith"
+                  ? s.compare(0, o.size(), o) == 0
+                  : s.size() >= o.size() && s.compare(s.size() - o.size(), o.size(), o) == 0;
+          if (hit) return {Json(true), false};
+        }
+        return {Json(false), false};
+      }
+      if (name == "strip" || name == "lstrip" || name == "rstrip") {
+        return {Json(strip(s, a.empty() || a[0].v.is_null() ? std::optional<std::string>() : arg(0),
+                           name != "rstrip", name != "lstrip")),
+                false};
+      }
+      if (name == "split")
+        return {split(s, a.empty() || a[0].v.is_null() ? std::optional<std::string>() : arg(0),
+                      a.size() > 1 ? a[1].v.get<int64_t>() : -1),
+                false};
+      if (name == "upper" || name == "lower") {
+        std::string out = s;
+        for (char& c : out) {
+          if (c >= 'a' && c <= 'z' && name == "upper") c = static_cast<char>(c - 32);
+          if (c >= 'A' && c <= 'Z' && name == "lower") c = static_cast<char>(c + 32);
+        }
+        return {Json(out), false};
+      }
+      if (name == "replace") {
+        const std::string from = arg(0), to = arg(1);
+        if (from.empty()) return {Json(s), false};
+        std::string out;
+        size_t at = 0;
+        for (size_t hit = s.find(from); hit != std::string::npos; hit = s.find(from, at)) {
+          out.append(s, at, hit - at).append(to);
+          at = hit + from.size();
+        }
+        out.append(s, at, std::string::npos);
+        return {Json(out), false};
+      }
+      if (name == "title" || name == "capitalize") {
+        std::string out = s;
+        bool start = true;
+        for (char& c : out) {
+          const bool alpha = std::isalpha(static_cast<unsigned char>(c)) != 0;
+          if (alpha && start)
+            c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+          else if (alpha)
+            c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+          start = name == "title" ? !alpha : false;
+        }
+        return {Json(out), false};
+      }
+      if (name == "format") {
+        std::string out;
+        size_t next = 0;
+        for (size_t i = 0; i < s.size(); ++i) {
+          if (s.compare(i, 2, "{}") == 0 && next < a.size()) {
+            out += to_text(a[next++]);
+            ++i;
+          } else {
+            out += s[i];
+          }
+        }
+        return {Json(out), false};
+      }
+    }
+    if (v.is_object()) {
+      if (name == "items") {
+        Json out = Json::array();
+        for (const auto& [k, x] : v.items()) out.push_back(Json::array({k, x}));
+        return {out, false};
+      }
+      if (name == "keys" || name == "values") {
+        Json out = Json::array();
+        for (const auto& [k, x] : v.items()) out.push_back(name == "keys" ? Json(k) : x);
+        return {out, false};
+      }
+      if (name == "get") {
+        const Value hit = a.empty() ? Value::undef() : attribute(obj, to_text(a[0]));
+        return hit.undefined ? (a.size() > 1 ? a[1] : Value{Json(), false}) : hit;
+      }
+    }
+    (void)e;
+    fail(line, "unsupported method ." + name + "() on " +
+                   (obj.undefined ? "an undefined value" : std::string(v.type_name())));
+  }
+
+  static std::string strip(const std::string& s, const std::optional<std::string>& chars, bool left,
+                           bool right) {
+    auto strippable = [&](uint32_t c) {
+      if (!chars) return utf8::is_white_space(c);
+      for (uint32_t k : code_points(*chars)) {
+        if (k == c) return true;
+      }
+      return false;
+    };
+    std::vector<uint32_t> cps = code_points(s);
+    size_t b = 0, e = cps.size();
+    while (left && b < e && strippable(cps[b])) ++b;
+    while (right && e > b && strippable(cps[e - 1])) --e;
+    return from_code_points({cps.begin() + static_cast<std::ptrdiff_t>(b),
+                             cps.begin() + static_cast<std::ptrdiff_t>(e)});
+  }
+
+  static Json split(const std::string& s, const std::optional<std::string>& sep, int64_t max) {
+    Json out = Json::array();
+    if (sep && !sep->empty()) {
+      size_t at = 0;
+      for (size_t hit = s.find(*sep);
+           hit != std::string::npos && (max < 0 || static_cast<int64_t>(out.size()) < max);
+           hit = s.find(*sep, at)) {
+        out.push_back(s.substr(at, hit - at));
+        at = hit + sep->size();
+      }
+      out.push_back(s.substr(at));
+      return out;
+    }
+    std::string word;  // Python's split(): runs of white space, none at the ends
+    for (size_t i = 0, n = 0; i < s.size(); i += n) {
+      const uint32_t c = utf8::decode(s, i, n);
+      if (utf8::is_white_space(c)) {
+        if (!word.empty()) out.push_back(word);
+        word.clear();
+      } else {
+        word.append(s, i, n);
+      }
+    }
+    if (!word.empty()) out.push_back(word);
+    return out;
+  }
+
+  Value filter(const Expr& e, int line) {
+    const Value x = eval(*e.args[0], line);
+    const std::vector<Value> a = arguments(e, line, 1);
+    const std::string& f = e.name;
+    if (f == "length" || f == "count") {
+      if (x.v.is_string())
+        return {Json(static_cast<int64_t>(code_points(x.v.get<std::string>()).size())), false};
+      return {Json(static_cast<int64_t>(x.undefined || x.v.is_null() ? 0 : x.v.size())), false};
+    }
+    if (f == "tojson") {
+      Value indent = kwarg(e, "indent", line);
+      if (indent.undefined && !a.empty()) indent = a[0];
+      return {Json(python_json_dumps(
+                  x.v, indent.undefined || indent.v.is_null() ? -1 : indent.v.get<int>())),
+              false};
+    }
+    if (f == "trim") return {Json(strip(to_text(x), std::nullopt, true, true)), false};
+    if (f == "upper" || f == "lower" || f == "title" || f == "capitalize" || f == "items") {
+      return method(Value{x.v.is_object() ? x.v : Json(to_text(x)), false}, f, {}, e, line);
+    }
+    if (f == "string") return {Json(to_text(x)), false};
+    if (f == "safe") return x;
+    if (f == "default" || f == "d") {
+      const bool boolean = a.size() > 1 && truthy(a[1]);
+      if (x.undefined || (boolean && !truthy(x))) return a.empty() ? Value{Json(""), false} : a[0];
+      return x;
+    }
+    if (f == "first" || f == "last") {
+      if (x.v.is_array() && !x.v.empty()) return {f == "first" ? x.v.front() : x.v.back(), false};
+      return Value::undef();
+    }
+    if (f == "join") {
+      std::string out;
+      const std::string sep = a.empty() ? "" : to_text(a[0]);
+      if (x.v.is_array()) {
+        for (size_t i = 0; i < x.v.size(); ++i) out += (i ? sep : "") + to_text({x.v[i], false});
+      }
+      return {Json(out), false};
+    }
+    if (f == "list") {
+      if (x.v.is_array()) return x;
+      Json out = Json::array();
+      if (x.v.is_string()) {
+        for (uint32_t c : code_points(x.v.get<std::string>())) out.push_back(from_code_points({c}));
+      }
+      return {out, false};
+    }
+    if (f == "reverse") {
+      if (x.v.is_string()) {
+        auto cps = code_points(x.v.get<std::string>());
+        std::reverse(cps.begin(), cps.end());
+        return {Json(from_code_points(cps)), false};
+      }
+      Json out = x.v;
+      if (out.is_array()) std::reverse(out.begin(), out.end());
+      return {out, false};
+    }
+    if (f == "int") {
+      if (x.v.is_number()) return {Json(static_cast<int64_t>(x.v.get<double>())), false};
+      try {
+        return {Json(std::stoll(to_text(x))), false};
+      } catch (const std::exception&) {
+        return {Json(0), false};
+      }
+    }
+    if (f == "replace") return method({Json(to_text(x)), false}, "replace", a, e, line);
+    if (f == "selectattr" || f == "rejectattr") {
+      Json out = Json::array();
+      if (x.v.is_array() && !a.empty()) {
+        for (const auto& item : x.v) {
+          const Value attr = attribute({item, false}, to_text(a[0]));
+          bool keep = truthy(attr);
+          if (a.size() > 1) {
+            keep = to_text(a[1]) == "defined"     ? !attr.undefined
+                   : to_text(a[1]) == "undefined" ? attr.undefined
+                   : (to_text(a[1]) == "equalto" || to_text(a[1]) == "eq" || to_text(a[1]) == "==")
+                       ? (a.size() > 2 && !attr.undefined && attr.v == a[2].v)
+                       : (fail(line, "unsupported test " + to_text(a[1]) + " in " + f), false);
+          }
+          if (keep == (f == "selectattr")) out.push_back(item);
+        }
+      }
+      return {out, false};
+    }
+    if (f == "map") {
+      Json out = Json::array();
+      const Value attr = kwarg(e, "attribute", line);
+      if (attr.undefined) fail(line, "map filter supports attribute= only");
+      if (x.v.is_array()) {
+        for (const auto& item : x.v) out.push_back(attribute({item, false}, to_text(attr)).v);
+      }
+      return {out, false};
+    }
+    fail(line, "unsupported filter |" + f);
+  }
+
+  bool test(const Expr& e, int line) {
+    const Value x = eval(*e.args[0], line);
+    const std::string& t = e.name;
+    if (t == "defined") return !x.undefined;
+    if (t == "undefined") return x.undefined;
+    if (x.undefined && t != "none") return false;
+    if (t == "none") return !x.undefined && x.v.is_null();
+    if (t == "string") return x.v.is_string();
+    if (t == "number") return x.v.is_number();
+    if (t == "integer") return x.v.is_number_integer();
+    if (t == "float") return x.v.is_number_float();
+    if (t == "boolean") return x.v.is_boolean();
+    if (t == "true") return x.v.is_boolean() && x.v.get<bool>();
+    if (t == "false") return x.v.is_boolean() && !x.v.get<bool>();
+    if (t == "mapping") return x.v.is_object();
+    if (t == "sequence" || t == "iterable")
+      return x.v.is_array() || x.v.is_string() || x.v.is_object();
+    if (t == "even" || t == "odd")
+      return x.v.is_number_integer() && (x.v.get<int64_t>() % 2 == 0) == (t == "even");
+    if (t == "equalto" || t == "eq" || t == "sameas") {
+      if (e.args.size() < 2) fail(line, "test " + t + " needs a value");
+      return x.v == eval(*e.args[1], line).v;
+    }
+    fail(line, "unsupported test 'is " + t + "'");
+  }
+
+  Value binary(const Expr& e, int line) {
+    const std::string& op = e.name;
+    if (op == "and") {
+      Value a = eval(*e.args[0], line);
+      return truthy(a) ? eval(*e.args[1], line) : a;
+    }
+    if (op == "or") {
+      Value a = eval(*e.args[0], line);
+      return truthy(a) ? a : eval(*e.args[1], line);
+    }
+    const Value a = eval(*e.args[0], line), b = eval(*e.args[1], line);
+    if (op == "~") return {Json(to_text(a) + to_text(b)), false};
+    if (op == "==" || op == "!=") {
+      const bool eq = a.undefined || b.undefined ? (a.undefined && b.undefined) : a.v == b.v;
+      return {Json(op == "==" ? eq : !eq), false};
+    }
+    if (op == "in" || op == "not in") {
+      bool found = false;
+      if (b.v.is_string()) {
+        found = b.v.get<std::string>().find(to_text(a)) != std::string::npos;
+      } else if (b.v.is_array()) {
+        found = std::find(b.v.begin(), b.v.end(), a.v) != b.v.end();
+      } else if (b.v.is_object()) {
+        found = a.v.is_string() && b.v.contains(a.v.get<std::string>());
+      }
+      return {Json(op == "in" ? found : !found), false};
+    }
+    if (op == "+" && a.v.is_string() && b.v.is_string()) {
+      return {Json(a.v.get<std::string>() + b.v.get<std::string>()), false};
+    }
+    if (op == "+" && a.v.is_array() && b.v.is_array()) {
+      Json out = a.v;
+      for (const auto& x : b.v) out.push_back(x);
+      return {out, false};
+    }
+    if (!a.v.is_number() || !b.v.is_number()) {
+      if (op == "*" && a.v.is_string() && b.v.is_number_integer()) {
+        std::string out;
+        for (int64_t i = 0; i < b.v.get<int64_t>(); ++i) out += a.v.get<std::string>();
+        return {Json(out), false};
+      }
+      fail(line, "operator " + op + " on " + (a.undefined ? "undefined" : a.v.type_name()) +
+                     " and " + (b.undefined ? "undefined" : b.v.type_name()));
+    }
+    const bool ints = a.v.is_number_integer() && b.v.is_number_integer();
+    const double x = a.v.get<double>(), y = b.v.get<double>();
+    if (op == "<") return {Json(x < y), false};
+    if (op == ">") return {Json(x > y), false};
+    if (op == "<=") return {Json(x <= y), false};
+    if (op == ">=") return {Json(x >= y), false};
+    if (ints) {
+      const int64_t i = a.v.get<int64_t>(), j = b.v.get<int64_t>();
+      if (op == "+") return {Json(i + j), false};
+      if (op == "-") return {Json(i - j), false};
+      if (op == "*") return {Json(i * j), false};
+      if ((op == "//" || op == "%") && j == 0) fail(line, "division by zero");
+      if (op == "//")
+        return {
+            Json(static_cast<int64_t>(std::floor(static_cast<double>(i) / static_cast<double>(j)))),
+            false};
+      if (op == "%") return {Json(((i % j) + j) % j), false};
+    }
+    if (op == "+") return {Json(x + y), false};
+    if (op == "-") return {Json(x - y), false};
+    if (op == "*") return {Json(x * y), false};
+    if (y == 0) fail(line, "division by zero");
+    if (op == "/") return {Json(x / y), false};
+    if (op == "//") return {Json(std::floor(x / y)), false};
+    if (op == "%") return {Json(x - y * std::floor(x / y)), false};
+    fail(line, "unsupported operator " + op);
+  }
+
+  const std::string& origin_;
+  std::vector<std::pair<size_t, size_t>>* generation_;
+  std::vector<std::map<std::string, Json>> scopes_;
+  std::string out_;
+};
+
+}  // namespace
+
+std::string python_json_dumps(const Json& value, int indent) {
+  std::string out;
+  dumps(value, indent, 0, out);
+  return out;
+}
+
+ChatTemplate::ChatTemplate(const std::string& source, std::string origin)
+    : origin_(std::move(origin)) {
+  try {
+    body_ = TemplateParser(split_template(source)).parse_all();
+  } catch (const SyntaxError& e) {
+    throw UserError("chat template: " + origin_ + ":" + std::to_string(e.line) + ": " + e.what);
+  }
+}
+
+ChatTemplate::~ChatTemplate() = default;
+ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
+
+std::string ChatTemplate::render(const Json& context,
+                                 std::vector<std::pair<size_t, size_t>>* generation) const {
+  Renderer r(origin_, context, generation);
+  r.run(body_);
+  return std::move(r.output());
+}
+
+}  // namespace moe::data

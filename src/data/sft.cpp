@@ -1,0 +1,286 @@
+#include "moe/data/sft.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "moe/util/errors.h"
+
+namespace moe::data {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw UserError("prepare-data: " + p.string() + ": cannot open");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// bos_token / eos_token as tokenizer_config.json writes them: a string, or an AddedToken
+// object with "content".
+std::optional<std::string> token_text(const Json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) {
+    return v["content"].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ChatSetup load_chat_setup(const std::string& dir, const std::string& template_file) {
+  ChatSetup setup;
+  const fs::path config = fs::path(dir) / "tokenizer_config.json";
+  Json cfg = Json::object();
+  if (!dir.empty() && fs::exists(config)) {
+    try {
+      cfg = Json::parse(read_file(config));
+    } catch (const Json::exception& e) {
+      throw UserError("prepare-data: " + config.string() + ": invalid JSON: " + e.what());
+    }
+    for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+      if (cfg.contains(key)) {
+        if (auto t = token_text(cfg[key])) setup.variables[key] = *t;
+      }
+    }
+  }
+  std::string source, origin;
+  if (!template_file.empty()) {
+    source = read_file(template_file), origin = template_file;
+  } else if (!dir.empty() && fs::exists(fs::path(dir) / "chat_template.jinja")) {
+    origin = (fs::path(dir) / "chat_template.jinja").string();
+    source = read_file(origin);
+  } else if (cfg.contains("chat_template")) {
+    origin = config.string() + " chat_template";
+    const Json& t = cfg["chat_template"];
+    if (t.is_string()) {
+      source = t.get<std::string>();
+    } else if (t.is_array()) {  // named templates: the "default" one, as transformers picks
+      for (const auto& named : t) {
+        if (named.value("name", "") == "default") source = named.value("template", "");
+      }
+      if (source.empty()) {
+        throw UserError("prepare-data: " + config.string() +
+                        ": chat_template is a list without a \"default\" entry");
+      }
+    } else {
+      throw UserError("prepare-data: " + config.string() +
+                      ": chat_template is neither a string nor a list of named templates");
+    }
+  }
+  if (!source.empty()) setup.chat_template.emplace(source, origin);
+  return setup;
+}
+
+SftEncoder::SftEncoder(const Tokenizer& tok, ChatSetup chat, SpecialTokens special)
+    : tok_(tok),
+      chat_(std::move(chat)),
+      special_(std::move(special)),
+      turn_ends_(tok.special_token_texts()) {}
+
+std::optional<Json> SftEncoder::parse(const std::string& line, std::string& why) {
+  Json j;
+  try {
+    j = Json::parse(line);
+  } catch (const Json::parse_error& e) {
+    why = std::string("invalid JSON: ") + e.what();
+    return std::nullopt;
+  }
+  if (!j.is_object()) {
+    why = "expected a JSON object";
+    return std::nullopt;
+  }
+  auto check_messages = [&](const Json& list, const char* key) -> bool {
+    if (!list.is_array() || list.empty()) {
+      why = std::string("\"") + key + "\" is not a non-empty list of messages";
+      return false;
+    }
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].is_object() || !list[i].contains("role") || !list[i]["role"].is_string()) {
+        why = std::string(key) + "[" + std::to_string(i) + "] has no string \"role\"";
+        return false;
+      }
+    }
+    return true;
+  };
+  Json out = Json::object();
+  if (j.contains("messages") || j.contains("conversations")) {
+    const char* key = j.contains("messages") ? "messages" : "conversations";
+    Json messages = j[key];
+    if (std::string(key) == "conversations" && messages.is_array()) {
+      // ShareGPT: {"from": "human" | "gpt" | "system", "value": ...}
+      for (auto& m : messages) {
+        if (!m.is_object() || !m.contains("from")) continue;
+        const std::string from = m["from"].is_string() ? m["from"].get<std::string>() : "";
+        m = Json{{"role", from == "human" ? "user"
+                          : from == "gpt" ? "assistant"
+                                          : from},
+                 {"content", m.value("value", Json())}};
+      }
+    }
+    if (!check_messages(messages, key)) return std::nullopt;
+    out["messages"] = std::move(messages);
+    out["first_trained"] = 0;
+  } else if (j.contains("prompt") && j.contains("completion")) {
+    const Json& p = j["prompt"];
+    const Json& c = j["completion"];
+    if (p.is_string() && c.is_string()) {
+      out["prompt"] = p;
+      out["completion"] = c;
+      return out;
+    }
+    // Conversational prompt/completion (TRL): the completion's messages are trained.
+    if (!check_messages(p, "prompt") || !check_messages(c, "completion")) return std::nullopt;
+    Json messages = p;
+    for (const auto& m : c) messages.push_back(m);
+    out["messages"] = std::move(messages);
+    out["first_trained"] = p.size();
+  } else {
+    why = "expected \"messages\", \"conversations\" or \"prompt\" and \"completion\"";
+    return std::nullopt;
+  }
+  const Json& messages = out["messages"];
+  bool trained = false;
+  for (size_t i = out["first_trained"].get<size_t>(); i < messages.size(); ++i) {
+    trained = trained || messages[i]["role"] == "assistant";
+  }
+  if (!trained) {
+    why = "no assistant message to train on";
+    return std::nullopt;
+  }
+  if (j.contains("tools")) out["tools"] = j["tools"];
+  return out;
+}
+
+SftExample SftEncoder::encode(const Json& example) const {
+  if (example.contains("prompt")) {
+    return encode_completion(example["prompt"].get<std::string>(),
+                             example["completion"].get<std::string>());
+  }
+  return encode_chat(example["messages"], example["first_trained"].get<size_t>(),
+                     example.contains("tools") ? example["tools"] : Json());
+}
+
+std::string SftEncoder::render(const Json& messages, bool generation_prompt, const Json& tools,
+                               std::vector<std::pair<size_t, size_t>>* generation) const {
+  Json ctx = chat_.variables;
+  ctx["messages"] = messages;
+  ctx["add_generation_prompt"] = generation_prompt;
+  if (!tools.is_null()) ctx["tools"] = tools;
+  return chat_.chat_template->render(ctx, generation);
+}
+
+size_t SftEncoder::token_at(const std::string& text, size_t pos,
+                            const std::vector<uint32_t>& ids) const {
+  if (pos == 0) return 0;
+  if (pos >= text.size()) return ids.size();
+  std::vector<uint32_t> prefix;
+  tok_.encode(std::string_view(text).substr(0, pos), prefix);
+  size_t n = 0;
+  while (n < prefix.size() && n < ids.size() && prefix[n] == ids[n]) ++n;
+  return n;
+}
+
+// Where the assistant turns of the rendered conversation are, as byte ranges: the template's
+// {% generation %} blocks when it has them (as transformers' return_assistant_tokens_mask);
+// else each turn runs from the end of the template's generation prompt (the text
+// add_generation_prompt appends, e.g. "<|im_start|>assistant\n") to the end of the first special
+// token after it (the turn's end: <|im_end|>, </s>, <|eot_id|>, an EOS), inclusive.
+std::vector<std::pair<size_t, size_t>> SftEncoder::assistant_spans(const Json& messages,
+                                                                   const std::string& rendered,
+                                                                   const Json& tools) const {
+  size_t first = 0;
+  while (messages[first]["role"] != "assistant") ++first;
+  Json before = Json::array();
+  for (size_t i = 0; i < first; ++i) before.push_back(messages[i]);
+  const std::string without = render(before, false, tools), with = render(before, true, tools);
+  if (with.size() <= without.size() || with.compare(0, without.size(), without) != 0) {
+    throw UserError(
+        "the chat template's generation prompt is not text appended to the conversation; give a "
+        "template with {% generation %} blocks (--chat-template)");
+  }
+  const std::string prompt = with.substr(without.size());
+  std::vector<std::pair<size_t, size_t>> spans;
+  size_t from = 0;
+  for (const auto& m : messages) {
+    if (m["role"] != "assistant") continue;
+    const size_t at = rendered.find(prompt, from);
+    if (at == std::string::npos) {
+      throw UserError("the chat template's output has " + std::to_string(spans.size()) +
+                      " assistant turn(s) after its generation prompt where the example has more");
+    }
+    const size_t begin = at + prompt.size();
+    size_t end = rendered.size();
+    for (const auto& t : turn_ends_) {
+      const size_t hit = rendered.find(t, begin);
+      if (hit != std::string::npos) end = std::min(end, hit + t.size());
+    }
+    spans.emplace_back(begin, end);
+    from = end;
+  }
+  return spans;
+}
+
+SftExample SftEncoder::encode_chat(const Json& messages, size_t first_trained,
+                                   const Json& tools) const {
+  if (!chat_.chat_template) {
+    throw UserError(
+        "chat examples need a chat template: the tokenizer directory has none "
+        "(tokenizer_config.json \"chat_template\" or chat_template.jinja); give --chat-template "
+        "FILE");
+  }
+  std::vector<std::pair<size_t, size_t>> generation;
+  const std::string text = render(messages, false, tools, &generation);
+  std::vector<std::pair<size_t, size_t>> spans =
+      generation.empty() ? assistant_spans(messages, text, tools) : generation;
+  // The assistant turns in order; those of a conversational prompt are not trained.
+  size_t skip = 0;
+  for (size_t i = 0; i < first_trained; ++i) skip += messages[i]["role"] == "assistant" ? 1 : 0;
+  SftExample ex;
+  tok_.encode(text, ex.ids);
+  ex.mask.assign(ex.ids.size(), 0);
+  for (size_t s = skip; s < spans.size(); ++s) {
+    const size_t b = token_at(text, spans[s].first, ex.ids);
+    const size_t e = token_at(text, spans[s].second, ex.ids);
+    std::fill(ex.mask.begin() + static_cast<std::ptrdiff_t>(b),
+              ex.mask.begin() + static_cast<std::ptrdiff_t>(std::max(b, e)), 1);
+  }
+  return ex;
+}
+
+// TRL's prompt-completion format: the ids of prompt + completion, the completion's trained,
+// then the EOS (trained: the model learns to stop), unless the completion already ends in it.
+SftExample SftEncoder::encode_completion(const std::string& prompt,
+                                         const std::string& completion) const {
+  SftExample ex;
+  ex.ids = special_.before;
+  ex.mask.assign(ex.ids.size(), 0);
+  const std::string text = prompt + completion;
+  std::vector<uint32_t> ids;
+  tok_.encode(text, ids);
+  const size_t b = token_at(text, prompt.size(), ids);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ex.ids.push_back(ids[i]);
+    ex.mask.push_back(i >= b ? 1 : 0);
+  }
+  std::vector<uint32_t> after = special_.after;
+  const int64_t eos = tok_.eos_id();
+  if (eos >= 0 &&
+      std::find(after.begin(), after.end(), static_cast<uint32_t>(eos)) == after.end() &&
+      (ex.ids.empty() || ex.ids.back() != static_cast<uint32_t>(eos))) {
+    after.push_back(static_cast<uint32_t>(eos));
+  }
+  for (uint32_t id : after) {
+    ex.ids.push_back(id);
+    ex.mask.push_back(1);
+  }
+  return ex;
+}
+
+}  // namespace moe::data
