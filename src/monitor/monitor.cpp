@@ -68,6 +68,8 @@ constexpr PromSpec kTrain[] = {
     {"grad_norm", "moe_train_grad_norm", "gauge", "Global gradient norm before clipping"},
     {"tokens", "moe_train_tokens_total", "counter", "Training tokens consumed"},
     {"tokens_per_s", "moe_train_tokens_per_second", "gauge", "Throughput of the last step"},
+    {"target_tokens", "moe_train_target_tokens", "gauge",
+     "Tokens the last step took its loss on (SFT: the answers' tokens)"},
     {"step_time_s", "moe_train_step_seconds", "gauge",
      "Wall time of the last step, optimizer and host syncs included"},
     {"data_wait_s", "moe_train_data_wait_seconds", "gauge", "Time the last step waited for data"},

@@ -136,6 +136,7 @@ void StepReporter::step(const StepFigures& f) {
               {"lr", f.lr},
               {"grad_norm", f.grad_norm ? json(*f.grad_norm) : json(nullptr)},
               {"tokens", f.tokens},
+              {"target_tokens", f.target_tokens},
               {"dropped_tokens", f.dropped},
               {"expert_tokens", expert_loads(f.tokens_per_expert)},
               {"epoch", f.epoch},

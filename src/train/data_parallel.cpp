@@ -209,12 +209,15 @@ class RankGroup final : public DataParallel {
   }
 
  private:
-  // One collective: the loss figures (averaged) and the expert loads and drops (summed).
+  // One collective: the loss figures (averaged), the expert loads, drops and target tokens
+  // (summed).
   void combine_figures(StepResult& r) {
     std::vector<torch::Tensor> parts = {
         torch::tensor({r.lm_sum, r.aux_sum, r.z_sum}, torch::kDouble)};
     for (auto& t : r.tokens_per_expert) parts.push_back(t.to(torch::kCPU, torch::kDouble));
-    parts.push_back(torch::tensor({static_cast<double>(r.dropped)}, torch::kDouble));
+    parts.push_back(torch::tensor({static_cast<double>(r.dropped),
+                                   static_cast<double>(r.target_tokens)},
+                                  torch::kDouble));
     auto flat = torch::cat(parts);
     group_->allreduce_sum(flat);
     const double inv = 1.0 / static_cast<double>(group_->size());
@@ -226,6 +229,7 @@ class RankGroup final : public DataParallel {
       offset += t.numel();
     }
     r.dropped = static_cast<int64_t>(flat[offset].item<double>());
+    r.target_tokens = static_cast<int64_t>(flat[offset + 1].item<double>());
   }
 
   const config::Config& cfg_;

@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "moe/train/loss_targets.h"
 #include "moe/util/errors.h"
 
 namespace moe::train {
@@ -29,15 +30,12 @@ EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardIn
   std::vector<torch::Tensor> load;
   for (int64_t done = 0; done < windows; done += B) {
     auto batch = to_device(loader.next(), device).narrow(0, 0, std::min(B, windows - done));
-    const int64_t S = batch.size(1) - 1;
-    auto targets = batch.narrow(1, 1, S).reshape({-1});
-    model::LmOutput out = model->forward(batch.narrow(1, 0, S));
-    auto logits = out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat);
-    if (cfg.data.reset_attention_at_eod) {  // the same positions as training's loss
-      const auto keep = batch.narrow(1, 0, S).reshape({-1}).ne(cfg.data.eod_id);
-      logits = logits.index({keep});
-      targets = targets.index({keep});
-    }
+    // The positions training takes its loss at: SFT data's answers only, no EOD inputs with
+    // reset_attention_at_eod.
+    const LossTargets t = loss_targets(batch, cfg);
+    model::LmOutput out = model->forward(t.inputs);
+    auto logits = out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat).index({t.keep});
+    auto targets = t.targets.index({t.keep});
     if (dump != nullptr) {
       dump->windows.push_back(batch.to(torch::kCPU));
       dump->logits.push_back(out.logits.to(torch::kFloat).to(torch::kCPU));

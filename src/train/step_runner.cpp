@@ -13,43 +13,28 @@
 
 #include "moe/model/profile_scope.h"
 #include "moe/train/cuda_graph_step.h"
+#include "moe/train/loss_targets.h"
 #include "moe/util/errors.h"
 #include "moe/util/fault_injection.h"
 
 namespace moe::train {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-constexpr int64_t kGraphWarmupSteps = 3;  // eager steps before the CUDA graph is captured
-
-// Forward of one micro-batch [B, S + 1]: next-token cross entropy plus the weighted router losses.
 MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batch,
                            const config::Config& cfg) {
-  const int64_t S = batch.size(1) - 1;
   profile::ForwardPhase phase;  // the flops profiler times forward passes only
+  const LossTargets targets = loss_targets(batch, cfg);
   model::LmOutput out;
   {
     model::BaseDtypeAutocast autocast(model);  // 16-bit matrices: autocast on their device
-    out = model->forward(batch.narrow(1, 0, S));
+    out = model->forward(targets.inputs);
   }
   MicroLosses l;
   {
     profile::Scope scope("head");  // the loss belongs to the head
     const auto logits = out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat);
-    const auto targets = batch.narrow(1, 1, S).reshape({-1});
-    if (cfg.data.reset_attention_at_eod) {
-      // Megatron's eod_mask_loss: no loss where the input is an EOD (it would predict the next
-      // document's first token from the previous document).
-      const auto keep = batch.narrow(1, 0, S).reshape({-1}).ne(cfg.data.eod_id).to(torch::kFloat);
-      const auto per_token = torch::nn::functional::cross_entropy(
-          logits, targets,
-          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-      l.lm = (per_token * keep).sum() / keep.sum().clamp_min(1.0);
-    } else {
-      l.lm = torch::nn::functional::cross_entropy(logits, targets);
-    }
+    l.lm = masked_lm_loss(logits, targets);
   }
+  l.targets = targets.count;
   l.aux = out.aux_loss;
   l.z = out.z_loss;
   l.total = l.lm + cfg.moe.aux_loss_coeff * l.aux + cfg.moe.z_loss_coeff * l.z;
@@ -57,6 +42,11 @@ MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& bat
   l.dropped = out.dropped;
   return l;
 }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kGraphWarmupSteps = 3;  // eager steps before the CUDA graph is captured
 
 // Test hook (tests/train/faults_test.py, util/fault_injection.h): a NaN in one parameter's
 // gradient, or a NaN loss (and gradients), at the listed steps.
@@ -131,6 +121,7 @@ class EagerStepRunner : public StepRunner {
       r.lm_sum += l.lm.item<double>();
       r.aux_sum += l.aux.item<double>();
       r.z_sum += l.z.item<double>();
+      r.target_tokens += static_cast<int64_t>(l.targets.item<float>());
       r.dropped += l.dropped;
       accumulate_loads(r.tokens_per_expert, l.tokens_per_expert);
     }
@@ -185,7 +176,7 @@ class GraphStepRunner : public StepRunner {
   GraphStepRunner(model::TransformerLM& model, const config::Config& cfg, FusedAdamW& optimizer,
                   LossScaler& scaler, const StepRunnerOptions& opt, const torch::Device& device,
                   int64_t first_step, spdlog::logger& log)
-      : eager_(model, cfg, optimizer, scaler, opt), first_step_(first_step), log_(log) {
+      : eager_(model, cfg, optimizer, scaler, opt), cfg_(cfg), first_step_(first_step), log_(log) {
     auto micro_forward = [&model, &cfg](const torch::Tensor& tokens) {
       struct Bf16Autocast {  // switched off again even when the forward throws mid-capture
         Bf16Autocast() {
@@ -234,6 +225,9 @@ class GraphStepRunner : public StepRunner {
     r.z_sum = graph_->z_sum.item<double>();
     r.tokens_per_expert = graph_->tokens_per_expert;
     r.grad_norm = graph_->grad_norm.item<double>();  // clipped (and updated or skipped) inside
+    for (const auto& b : batches) {
+      r.target_tokens += static_cast<int64_t>(loss_targets(b, cfg_).count.item<float>());
+    }
     return r;
   }
 
@@ -245,6 +239,7 @@ class GraphStepRunner : public StepRunner {
   int64_t graph_inputs() const { return graph_->micro_batches(); }
 
   EagerStepRunner eager_;
+  const config::Config& cfg_;
   std::unique_ptr<CudaGraphStep> graph_;
   bool captured_ = false, graphed_ = false;
   int64_t first_step_;

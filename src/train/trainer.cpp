@@ -461,6 +461,7 @@ class TrainingSession {
     if (!r.overflow) f.grad_norm = r.grad_norm;
     f.tokens = state_.tokens;
     f.dropped = r.dropped;
+    f.target_tokens = r.target_tokens;
     f.epoch = state_.loader.epoch;
     f.tokens_per_expert = r.tokens_per_expert;
     f.data_wait_s = loader_->wait_seconds() - wait_before;

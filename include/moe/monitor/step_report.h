@@ -30,6 +30,7 @@ struct StepFigures {
   double loss = 0, aux_loss = 0, z_loss = 0, lr = 0;
   std::optional<double> grad_norm;  // none after an fp16 overflow
   int64_t tokens = 0, dropped = 0, epoch = 0;
+  int64_t target_tokens = 0;  // positions that took the loss (SFT data: the answers' tokens)
   std::vector<torch::Tensor> tokens_per_expert;  // per MoE layer [E]
   std::vector<int64_t> source_passes;  // data.blend: the pass each source is in (1 = first)
   double data_wait_s = 0, step_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;

@@ -26,6 +26,7 @@ namespace moe::train {
 
 struct MicroLosses {
   torch::Tensor total, lm, aux, z;               // scalars
+  torch::Tensor targets;                         // scalar: positions that took the loss
   std::vector<torch::Tensor> tokens_per_expert;  // per MoE layer [E]
   int64_t dropped = 0;                           // assignments dropped by expert capacity
 };
