@@ -82,7 +82,16 @@ SftEncoder::SftEncoder(const Tokenizer& tok, ChatSetup chat, SpecialTokens speci
     : tok_(tok),
       chat_(std::move(chat)),
       special_(std::move(special)),
-      turn_ends_(tok.special_token_texts()) {}
+      turn_ends_(tok.special_token_texts()),
+      eos_(tok.eos_id()) {
+  // The EOS a completion ends with: tokenizer_config.json's eos_token (Qwen3's <|im_end|>, as
+  // TRL appends tokenizer.eos_token), else the tokenizer's own.
+  if (chat_.variables.contains("eos_token")) {
+    std::vector<uint32_t> ids;
+    tok.encode(chat_.variables["eos_token"].get<std::string>(), ids);
+    if (ids.size() == 1) eos_ = ids[0];
+  }
+}
 
 std::optional<Json> SftEncoder::parse(const std::string& line, std::string& why) {
   Json j;
@@ -270,7 +279,7 @@ SftExample SftEncoder::encode_completion(const std::string& prompt,
     ex.mask.push_back(i >= b ? 1 : 0);
   }
   std::vector<uint32_t> after = special_.after;
-  const int64_t eos = tok_.eos_id();
+  const int64_t eos = eos_;
   if (eos >= 0 &&
       std::find(after.begin(), after.end(), static_cast<uint32_t>(eos)) == after.end() &&
       (ex.ids.empty() || ex.ids.back() != static_cast<uint32_t>(eos))) {

@@ -61,6 +61,7 @@ class SftEncoder {
   ChatSetup chat_;
   SpecialTokens special_;
   std::vector<std::string> turn_ends_;  // special tokens' texts: one ends an assistant turn
+  int64_t eos_ = -1;                    // appended to prompt/completion examples
 };
 
 }  // namespace moe::data
