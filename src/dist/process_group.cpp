@@ -17,6 +17,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <numeric>
 #include <sstream>
 #include <thread>
 
@@ -251,6 +252,18 @@ void ProcessGroup::broadcast(torch::Tensor& t, int64_t root) {
   o.rootRank = root;
   collective("broadcast", [&] { impl_->backend->broadcast(v, o)->wait(); });
   if (!v[0].is_same(t)) t.copy_(v[0]);
+}
+
+torch::Tensor ProcessGroup::all_to_all(const torch::Tensor& rows, const std::vector<int64_t>& send,
+                                       const std::vector<int64_t>& recv) {
+  auto in = on_backend_device(rows).contiguous();
+  auto shape = in.sizes().vec();
+  shape[0] = std::accumulate(recv.begin(), recv.end(), int64_t{0});
+  auto out = torch::empty(shape, in.options());
+  std::vector<int64_t> out_splits = recv, in_splits = send;
+  collective("all-to-all",
+             [&] { impl_->backend->alltoall_base(out, in, out_splits, in_splits)->wait(); });
+  return out.to(rows.device());
 }
 
 std::vector<std::string> ProcessGroup::allgather_text(const std::string& key,

@@ -8,9 +8,17 @@ namespace moe::moe {
 
 ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
   const int64_t E = opt.num_experts, d = opt.hidden_size, f = opt.ffn_size;
-  w_gate = register_parameter("w_gate", torch::randn({E, d, f}) * opt.init_std);
-  w_up = register_parameter("w_up", torch::randn({E, d, f}) * opt.init_std);
-  w_down = register_parameter("w_down", torch::randn({E, f, d}) * opt.output_init_std);
+  const int64_t held = opt.local_experts < 0 ? E : opt.local_experts;
+  TORCH_CHECK(opt.first_expert >= 0 && opt.first_expert + held <= E, "experts [", opt.first_expert,
+              ", ", opt.first_expert + held, ") outside ", E);
+  auto stack = [&](std::initializer_list<int64_t> shape, double std) {
+    auto t = torch::randn(shape) * std;
+    return held == E ? t : t.narrow(0, opt.first_expert, held).clone();
+  };
+  w_gate = register_parameter("w_gate", stack({E, d, f}, opt.init_std));
+  w_up = register_parameter("w_up", stack({E, d, f}, opt.init_std));
+  w_down = register_parameter("w_down", stack({E, f, d}, opt.output_init_std));
+  opt_.num_experts = held;  // forward() runs the experts held here
   if (opt.lora_gate_up.r > 0) {
     lora_gate_up =
         register_module("lora_gate_up", model::ExpertLora(E, d, 2 * f, opt.lora_gate_up));

@@ -17,7 +17,16 @@ RouterOptions router_options(const MoeLayerOptions& opt) {
 MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt)
     : opt_(opt), dispatcher_(opt.kernel_path, opt.router.num_experts, opt.router.top_k) {
   router = register_module("router", Router(router_options(opt)));
-  experts = register_module("experts", Experts(opt.experts));
+  ExpertsOptions routed = opt.experts;
+  if (opt.ep.size > 1) {
+    TORCH_CHECK(routed.num_experts % opt.ep.size == 0, "num_experts ", routed.num_experts,
+                " is not a multiple of the expert-parallel size ", opt.ep.size);
+    TORCH_CHECK(routed.lora_gate_up.r == 0 && routed.lora_down.r == 0,
+                "LoRA on expert-parallel experts is not supported");
+    routed.local_experts = routed.num_experts / opt.ep.size;
+    routed.first_expert = opt.ep.rank * routed.local_experts;
+  }
+  experts = register_module("experts", Experts(routed));
   if (opt.shared_expert_hidden_size > 0) {
     ExpertsOptions shared = opt.experts;
     shared.num_experts = 1;
@@ -44,7 +53,14 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
   }
   {
     profile::Scope scope("experts");
-    y = experts->forward(permuted, plan.tokens_per_expert);
+    if (opt_.ep.size > 1) {  // to the experts' ranks and back (expert_parallel.h)
+      y = experts_across_ranks(permuted, plan.tokens_per_expert, opt_.ep,
+                               [this](const torch::Tensor& rows, const torch::Tensor& counts) {
+                                 return experts->forward(rows, counts);
+                               });
+    } else {
+      y = experts->forward(permuted, plan.tokens_per_expert);
+    }
   }
   MoeLayerOutput out;
   {

@@ -38,6 +38,10 @@ class ProcessGroup {
   // before reading `t` on the root (the sum is then there); `t` must stay alive until then.
   std::function<void()> reduce_sum_async(const torch::Tensor& t, int64_t root);
   void broadcast(torch::Tensor& t, int64_t root);  // in place: root's values everywhere
+  // Rows of `rows` (dim 0), send[j] of them to rank j in order; returns the rows received,
+  // recv[i] from rank i, in rank order (c10d alltoall_base): expert parallelism's exchange.
+  torch::Tensor all_to_all(const torch::Tensor& rows, const std::vector<int64_t>& send,
+                           const std::vector<int64_t>& recv);
   // Every rank's `mine`, in rank order (through the rendezvous store).
   std::vector<std::string> allgather_text(const std::string& key, const std::string& mine);
   void barrier();

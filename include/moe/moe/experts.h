@@ -20,6 +20,10 @@ struct ExpertsOptions {
   // CUDA + bf16 activations + Hopper or newer + rows of a multiple of 8: one at::_grouped_mm per
   // projection (no host sync on the counts). Off, or elsewhere: one GEMM per expert.
   bool grouped_mm = true;
+  // Expert parallelism: this module holds experts [first_expert, first_expert + local_experts)
+  // of num_experts (local_experts < 0: all). Initialised as the whole stack and sliced, so every
+  // expert starts with the values it has without expert parallelism.
+  int64_t first_expert = 0, local_experts = -1;
   // LoRA (config/lora.h): one adapter per expert over [gate | up] and/or over down; r = 0: none.
   model::LoraSpec lora_gate_up, lora_down;
 };
@@ -32,7 +36,7 @@ class ExpertsImpl : public torch::nn::Module {
   // Whether forward(x) takes the grouped-GEMM path.
   bool uses_grouped_mm(const torch::Tensor& x) const;
 
-  torch::Tensor w_gate;                     // [E, d, f]
+  torch::Tensor w_gate;                     // [E, d, f] (E: the experts held here)
   torch::Tensor w_up;                       // [E, d, f]
   torch::Tensor w_down;                     // [E, f, d]
   model::ExpertLora lora_gate_up{nullptr};  // [E, d, r] x [E, r, 2f]: gate's and up's update

@@ -8,6 +8,7 @@
 #include <torch/types.h>
 
 #include "moe/moe/dispatcher.h"
+#include "moe/moe/expert_parallel.h"
 #include "moe/moe/experts.h"
 #include "moe/moe/router.h"
 
@@ -20,6 +21,8 @@ struct MoeLayerOptions {
   // when the model is built for its device (resolve_kernel_path), never per call.
   KernelPath kernel_path = KernelPath::kReference;
   int64_t shared_expert_hidden_size = 0;  // > 0: a dense SwiGLU expert for every token
+  // Expert parallelism: the routed experts spread over an EP group (expert_parallel.h).
+  ExpertParallel ep;
 };
 
 struct MoeLayerOutput {
