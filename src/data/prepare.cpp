@@ -191,49 +191,52 @@ std::optional<std::string> jsonl_text(const std::string& line, const std::string
   return std::nullopt;
 }
 
-// Documents of a JSONL file, tokenized `threads` batches at a time (order kept), each followed by
-// the end-of-document token when `eod` >= 0. With a validation fraction F, document i of the file
-// goes to validation when floor((i + 1) F) > floor(i F): an even 1-in-1/F spread, streaming.
+// Where JSONL examples go: with a validation fraction F, example i of the file goes to
+// validation when floor((i + 1) F) > floor(i F): an even 1-in-1/F spread, streaming.
 struct JsonlSplits {
   SplitWriter& train;
   SplitWriter* valid;  // null: no validation fraction
   double fraction;
 };
 
-int64_t tokenize_jsonl(const std::string& path, const PrepareOptions& opt,
-                       const DocumentEncoder& enc, JsonlSplits out, uint64_t& done, uint64_t total,
-                       const ProgressFn& progress) {
+// The lines of a JSONL file: each parsed on this thread (`parse(line, why)`: the item, or nullopt
+// with `why`: a malformed line stops the command naming file:line, or with --skip-bad-lines is
+// skipped and counted), encoded `threads` batches at a time (`encode(item, line_number)` ->
+// SftExample; order kept) and written to its split. Returns the lines skipped.
+template <class Item, class Parse, class Encode>
+int64_t tokenize_jsonl_lines(const std::string& path, const PrepareOptions& opt,
+                             const DocumentEncoder& enc, JsonlSplits out, uint64_t& done,
+                             uint64_t total, const ProgressFn& progress, const Parse& parse,
+                             const Encode& encode) {
   LineReader reader(path);
   const uint64_t start = done;
   int64_t skipped = 0, doc = 0;
-  struct Doc {
-    std::string text;
+  struct Pending {
+    Item item;
     bool valid;
+    int64_t line;
   };
-  std::vector<Doc> batch;
+  std::vector<Pending> batch;
   size_t batch_bytes = 0;
   auto flush = [&] {
-    const int threads = std::max(1, opt.threads);
-    const size_t per =
-        (batch.size() + static_cast<size_t>(threads) - 1) / static_cast<size_t>(threads);
-    std::vector<std::future<std::vector<std::vector<uint32_t>>>> parts;
+    const size_t threads = static_cast<size_t>(std::max(1, opt.threads));
+    const size_t per = (batch.size() + threads - 1) / threads;
+    std::vector<std::future<std::vector<SftExample>>> parts;
     for (size_t b = 0; b < batch.size(); b += per) {
       parts.push_back(std::async(std::launch::async, [&, b] {
-        std::vector<std::vector<uint32_t>> ids;
+        std::vector<SftExample> encoded;
         for (size_t i = b; i < std::min(batch.size(), b + per); ++i) {
-          enc.begin(ids.emplace_back());
-          enc.encode(std::move(batch[i].text), ids.back());
-          enc.end(ids.back());
+          encoded.push_back(encode(std::move(batch[i].item), batch[i].line));
         }
-        return ids;
+        return encoded;
       }));
     }
     size_t i = 0;
     for (auto& p : parts) {
-      for (auto& ids : p.get()) {
+      for (auto& ex : p.get()) {
         SplitWriter& w = batch[i++].valid ? *out.valid : out.train;
         w.begin_document();
-        w.append(ids);
+        w.append(ex.ids, ex.mask.empty() ? nullptr : &ex.mask);
       }
     }
     batch.clear();
@@ -244,89 +247,8 @@ int64_t tokenize_jsonl(const std::string& path, const PrepareOptions& opt,
     if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank lines
     // As Python reading the file with errors="replace" before json.loads.
     if (enc.replace_invalid) enc.replaced += static_cast<int64_t>(replace_invalid_utf8(line));
-    std::optional<std::string> text = jsonl_text(line, opt.jsonl_key, why);
-    if (!text) {
-      if (!opt.skip_bad_lines) {
-        throw UserError("prepare-data: " + path + ":" + std::to_string(reader.line_number()) +
-                        ": " + why + " (--skip-bad-lines skips such lines; nothing was written)");
-      }
-      ++skipped;
-      continue;
-    }
-    const bool valid =
-        out.valid != nullptr && std::floor(static_cast<double>(doc + 1) * out.fraction) >
-                                    std::floor(static_cast<double>(doc) * out.fraction);
-    ++doc;
-    batch_bytes += text->size();
-    batch.push_back({std::move(*text), valid});
-    if (batch_bytes >= kChunkBytes * static_cast<size_t>(std::max(1, opt.threads))) {
-      flush();
-      done = start + reader.bytes_read();
-      if (progress) progress(std::min(done, total), total);
-    }
-  }
-  flush();
-  done = start + reader.bytes_read();
-  if (progress) progress(std::min(done, total), total);
-  return skipped;
-}
-
-// SFT examples of a JSONL file (prepare-data --format sft), encoded `threads` batches at a time
-// (order kept), each followed by the end-of-document token (not a target); counts the targets.
-int64_t tokenize_sft(const std::string& path, const PrepareOptions& opt, const DocumentEncoder& enc,
-                     const SftEncoder& sft, JsonlSplits out, uint64_t& done, uint64_t total,
-                     const ProgressFn& progress, int64_t& targets) {
-  LineReader reader(path);
-  const uint64_t start = done;
-  int64_t skipped = 0, doc = 0;
-  struct Item {
-    nlohmann::ordered_json example;
-    bool valid;
-    int64_t line;
-  };
-  std::vector<Item> batch;
-  size_t batch_bytes = 0;
-  auto flush = [&] {
-    const size_t threads = static_cast<size_t>(std::max(1, opt.threads));
-    const size_t per = (batch.size() + threads - 1) / threads;
-    std::vector<std::future<std::vector<SftExample>>> parts;
-    for (size_t b = 0; b < batch.size(); b += per) {
-      parts.push_back(std::async(std::launch::async, [&, b] {
-        std::vector<SftExample> done_part;
-        for (size_t i = b; i < std::min(batch.size(), b + per); ++i) {
-          try {
-            done_part.push_back(sft.encode(batch[i].example));
-          } catch (const UserError& e) {
-            throw UserError("prepare-data: " + path + ":" + std::to_string(batch[i].line) + ": " +
-                            e.what() + " (nothing was written)");
-          }
-          SftExample& ex = done_part.back();
-          if (enc.eod >= 0 && (ex.ids.empty() || ex.ids.back() != static_cast<uint32_t>(enc.eod))) {
-            ex.ids.push_back(static_cast<uint32_t>(enc.eod));
-            ex.mask.push_back(0);
-          }
-        }
-        return done_part;
-      }));
-    }
-    size_t i = 0;
-    for (auto& p : parts) {
-      for (auto& ex : p.get()) {
-        SplitWriter& w = batch[i++].valid ? *out.valid : out.train;
-        w.begin_document();
-        w.append(ex.ids, &ex.mask);
-        targets += std::count(ex.mask.begin(), ex.mask.end(), uint8_t{1});
-      }
-    }
-    batch.clear();
-    batch_bytes = 0;
-  };
-  std::string line, why;
-  while (reader.next(line)) {
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank lines
-    if (enc.replace_invalid) enc.replaced += static_cast<int64_t>(replace_invalid_utf8(line));
-    std::optional<nlohmann::ordered_json> example = SftEncoder::parse(line, why);
-    if (!example) {
+    std::optional<Item> item = parse(line, why);
+    if (!item) {
       if (!opt.skip_bad_lines) {
         throw UserError("prepare-data: " + path + ":" + std::to_string(reader.line_number()) +
                         ": " + why + " (--skip-bad-lines skips such lines; nothing was written)");
@@ -339,8 +261,8 @@ int64_t tokenize_sft(const std::string& path, const PrepareOptions& opt, const D
                                     std::floor(static_cast<double>(doc) * out.fraction);
     ++doc;
     batch_bytes += line.size();
-    batch.push_back({std::move(*example), valid, static_cast<int64_t>(reader.line_number())});
-    if (batch_bytes >= kChunkBytes) {
+    batch.push_back({std::move(*item), valid, static_cast<int64_t>(reader.line_number())});
+    if (batch_bytes >= kChunkBytes * static_cast<size_t>(std::max(1, opt.threads))) {
       flush();
       done = start + reader.bytes_read();
       if (progress) progress(std::min(done, total), total);
@@ -350,6 +272,49 @@ int64_t tokenize_sft(const std::string& path, const PrepareOptions& opt, const D
   done = start + reader.bytes_read();
   if (progress) progress(std::min(done, total), total);
   return skipped;
+}
+
+// Documents of a JSONL file (their text under --jsonl-key), each followed by the
+// end-of-document token when asked.
+int64_t tokenize_jsonl(const std::string& path, const PrepareOptions& opt,
+                       const DocumentEncoder& enc, JsonlSplits out, uint64_t& done, uint64_t total,
+                       const ProgressFn& progress) {
+  return tokenize_jsonl_lines<std::string>(
+      path, opt, enc, out, done, total, progress,
+      [&](const std::string& line, std::string& why) {
+        return jsonl_text(line, opt.jsonl_key, why);
+      },
+      [&](std::string text, int64_t /*line*/) {
+        SftExample ex;
+        enc.begin(ex.ids);
+        enc.encode(std::move(text), ex.ids);
+        enc.end(ex.ids);
+        return ex;
+      });
+}
+
+// SFT examples of a JSONL file (prepare-data --format sft), each followed by the
+// end-of-document token (not a target) when asked; counts the targets.
+int64_t tokenize_sft(const std::string& path, const PrepareOptions& opt, const DocumentEncoder& enc,
+                     const SftEncoder& sft, JsonlSplits out, uint64_t& done, uint64_t total,
+                     const ProgressFn& progress, std::atomic<int64_t>& targets) {
+  return tokenize_jsonl_lines<nlohmann::ordered_json>(
+      path, opt, enc, out, done, total, progress, &SftEncoder::parse,
+      [&](const nlohmann::ordered_json& example, int64_t line) {
+        SftExample ex;
+        try {
+          ex = sft.encode(example);
+        } catch (const UserError& e) {
+          throw UserError("prepare-data: " + path + ":" + std::to_string(line) + ": " + e.what() +
+                          " (nothing was written)");
+        }
+        if (enc.eod >= 0 && (ex.ids.empty() || ex.ids.back() != static_cast<uint32_t>(enc.eod))) {
+          ex.ids.push_back(static_cast<uint32_t>(enc.eod));
+          ex.mask.push_back(0);
+        }
+        targets += std::count(ex.mask.begin(), ex.mask.end(), uint8_t{1});
+        return ex;
+      });
 }
 
 // Where the validation tail of a file starts: byte-exact for the byte tokenizer, else at the
@@ -458,7 +423,7 @@ Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
   const int threads = std::max(1, opt.threads);
   SplitWriter train(out.path(), "train", opt.shard_tokens, vocab, tok->name(), sft);
   SplitWriter valid(out.path(), "valid", opt.shard_tokens, vocab, tok->name(), sft);
-  int64_t targets = 0;
+  std::atomic<int64_t> targets{0};
   bool any_valid = !valid_files.empty();
   int64_t skipped = 0;
   for (const auto& f : train_files) {
@@ -488,7 +453,7 @@ Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
   }
   for (const auto& f : valid_files) {
     if (sft) {
-      int64_t valid_targets = 0;  // counted for the training split only
+      std::atomic<int64_t> valid_targets{0};  // counted for the training split only
       skipped += tokenize_sft(f, opt, enc, *sft_encoder, {valid, nullptr, 0.0}, done, total,
                               progress, valid_targets);
       continue;
@@ -506,7 +471,7 @@ Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
   m.skipped_lines = skipped;
   m.invalid_utf8_replaced = enc.replaced.load();
   m.loss_mask = sft;
-  m.target_tokens = targets;
+  m.target_tokens = targets.load();
   m.splits["train"] = train.finish();
   if (any_valid) m.splits["valid"] = valid.finish();
   save_manifest(out.path(), m);
