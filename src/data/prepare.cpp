@@ -356,7 +356,8 @@ static std::pair<std::string, std::string> tokenizer_choice(const PrepareOptions
                   "directory or an import-hf checkpoint)");
 }
 
-Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
+// The option checks that need no file.
+static void check_options(const PrepareOptions& opt) {
   if (opt.out_dir.empty()) throw UserError("prepare-data: --out DIR is required");
   if (opt.valid_fraction < 0 || opt.valid_fraction >= 1) {
     throw UserError("prepare-data: --valid-fraction " + std::to_string(opt.valid_fraction) +
@@ -366,35 +367,51 @@ Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
     throw UserError("prepare-data: use --valid-fraction or --valid-input, not both");
   }
   if (opt.shard_tokens < 1) throw UserError("prepare-data: --shard-tokens must be >= 1");
-  const auto [kind, model_file] = tokenizer_choice(opt);
-  auto tok = make_tokenizer(kind, model_file);
-  int64_t eod = -1;
-  if (opt.append_eod) {
-    eod = opt.eod_id >= 0 ? opt.eod_id : tok->eos_id();
-    if (eod < 0) {
-      throw UserError("prepare-data: --append-eod: the " + tok->name() +
-                      " tokenizer has no end-of-sequence token; give one with --eod-id (e.g. " +
-                      std::to_string(tok->vocab_size()) + ")");
-    }
-  }
   if (opt.invalid_utf8 != "error" && opt.invalid_utf8 != "replace") {
     throw UserError("prepare-data: --invalid-utf8 " + opt.invalid_utf8 +
                     ": expected error or replace");
   }
-  DocumentEncoder enc(*tok, opt.invalid_utf8 == "replace", eod);
-  if (opt.add_special_tokens) {
-    enc.special = tok->special_tokens();
-    if (!enc.special.unsupported.empty()) {
-      throw UserError("prepare-data: --add-special-tokens: the " + tok->name() + " tokenizer's " +
-                      enc.special.unsupported +
-                      " is not understood (expected TemplateProcessing, RobertaProcessing, "
-                      "BertProcessing, ByteLevel or none)");
-    }
-  }
-  const int64_t vocab = std::max(tok->vocab_size(), eod + 1);
   if (opt.format != "text" && opt.format != "sft") {
     throw UserError("prepare-data: --format " + opt.format + ": expected text or sft");
   }
+  if (opt.format != "sft" && !opt.chat_template.empty()) {
+    throw UserError("prepare-data: --chat-template needs --format sft");
+  }
+}
+
+// --append-eod's token: --eod-id, else the tokenizer's EOS; -1 without --append-eod.
+static int64_t end_of_document_id(const PrepareOptions& opt, const Tokenizer& tok) {
+  if (!opt.append_eod) return -1;
+  const int64_t eod = opt.eod_id >= 0 ? opt.eod_id : tok.eos_id();
+  if (eod < 0) {
+    throw UserError("prepare-data: --append-eod: the " + tok.name() +
+                    " tokenizer has no end-of-sequence token; give one with --eod-id (e.g. " +
+                    std::to_string(tok.vocab_size()) + ")");
+  }
+  return eod;
+}
+
+// --add-special-tokens: the post-processor's tokens, refused when it is not understood.
+static SpecialTokens requested_special_tokens(const PrepareOptions& opt, const Tokenizer& tok) {
+  if (!opt.add_special_tokens) return {};
+  SpecialTokens special = tok.special_tokens();
+  if (!special.unsupported.empty()) {
+    throw UserError("prepare-data: --add-special-tokens: the " + tok.name() + " tokenizer's " +
+                    special.unsupported +
+                    " is not understood (expected TemplateProcessing, RobertaProcessing, "
+                    "BertProcessing, ByteLevel or none)");
+  }
+  return special;
+}
+
+Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
+  check_options(opt);
+  const auto [kind, model_file] = tokenizer_choice(opt);
+  auto tok = make_tokenizer(kind, model_file);
+  const int64_t eod = end_of_document_id(opt, *tok);
+  DocumentEncoder enc(*tok, opt.invalid_utf8 == "replace", eod);
+  enc.special = requested_special_tokens(opt, *tok);
+  const int64_t vocab = std::max(tok->vocab_size(), eod + 1);
   const bool sft = opt.format == "sft";
   std::optional<SftEncoder> sft_encoder;
   if (sft) {
@@ -403,8 +420,6 @@ Manifest prepare_data(const PrepareOptions& opt, const ProgressFn& progress) {
                             : model_file.empty()        ? std::string()
                                                  : fs::path(model_file).parent_path().string();
     sft_encoder.emplace(*tok, load_chat_setup(dir, opt.chat_template), enc.special);
-  } else if (!opt.chat_template.empty()) {
-    throw UserError("prepare-data: --chat-template needs --format sft");
   }
   const auto train_files = expand_inputs(opt.inputs);
   const auto valid_files =
