@@ -198,9 +198,11 @@ size_t SftEncoder::token_at(const std::string& text, size_t pos,
 
 // Where the assistant turns of the rendered conversation are, as byte ranges: the template's
 // {% generation %} blocks when it has them (as transformers' return_assistant_tokens_mask);
-// else each turn runs from the end of the template's generation prompt (the text
-// add_generation_prompt appends, e.g. "<|im_start|>assistant\n") to the end of the first special
-// token after it (the turn's end: <|im_end|>, </s>, <|eot_id|>, an EOS), inclusive.
+// else each turn runs from its start to the end of the first special token after it (the turn's
+// end: <|im_end|>, </s>, <|eot_id|>, an EOS), inclusive. A turn starts at the end of the
+// template's generation prompt (the text add_generation_prompt appends, e.g.
+// "<|im_start|>assistant\n"); a template without one (Mixtral's: the answer follows
+// "[/INST]") starts it where the rendering of the messages before it ends.
 std::vector<std::pair<size_t, size_t>> SftEncoder::assistant_spans(const Json& messages,
                                                                    const std::string& rendered,
                                                                    const Json& tools) const {
@@ -209,29 +211,48 @@ std::vector<std::pair<size_t, size_t>> SftEncoder::assistant_spans(const Json& m
   Json before = Json::array();
   for (size_t i = 0; i < first; ++i) before.push_back(messages[i]);
   const std::string without = render(before, false, tools), with = render(before, true, tools);
-  if (with.size() <= without.size() || with.compare(0, without.size(), without) != 0) {
+  if (with.size() < without.size() || with.compare(0, without.size(), without) != 0) {
     throw UserError(
         "the chat template's generation prompt is not text appended to the conversation; give a "
         "template with {% generation %} blocks (--chat-template)");
   }
   const std::string prompt = with.substr(without.size());
-  std::vector<std::pair<size_t, size_t>> spans;
-  size_t from = 0;
-  for (const auto& m : messages) {
-    if (m["role"] != "assistant") continue;
-    const size_t at = rendered.find(prompt, from);
-    if (at == std::string::npos) {
-      throw UserError("the chat template's output has " + std::to_string(spans.size()) +
-                      " assistant turn(s) after its generation prompt where the example has more");
-    }
-    const size_t begin = at + prompt.size();
+  auto turn_end = [&](size_t begin) {
     size_t end = rendered.size();
     for (const auto& t : turn_ends_) {
       const size_t hit = rendered.find(t, begin);
       if (hit != std::string::npos) end = std::min(end, hit + t.size());
     }
-    spans.emplace_back(begin, end);
-    from = end;
+    return end;
+  };
+  std::vector<std::pair<size_t, size_t>> spans;
+  size_t from = 0;
+  Json earlier = Json::array();
+  for (const auto& m : messages) {
+    if (m["role"] == "assistant") {
+      size_t begin = 0;
+      if (!prompt.empty()) {
+        const size_t at = rendered.find(prompt, from);
+        if (at == std::string::npos) {
+          throw UserError("the chat template's output has " + std::to_string(spans.size()) +
+                          " assistant turn(s) after its generation prompt where the example has "
+                          "more");
+        }
+        begin = at + prompt.size();
+      } else {
+        const std::string head = render(earlier, false, tools);
+        if (rendered.compare(0, head.size(), head) != 0) {
+          throw UserError(
+              "the chat template has no generation prompt and renders the messages before an "
+              "assistant turn differently inside the conversation; give a template with "
+              "{% generation %} blocks (--chat-template)");
+        }
+        begin = head.size();
+      }
+      spans.emplace_back(begin, turn_end(begin));
+      from = spans.back().second;
+    }
+    earlier.push_back(m);
   }
   return spans;
 }

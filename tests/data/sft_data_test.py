@@ -5,7 +5,10 @@ Two tokenizer directories are built here as the real models ship them: a Qwen3-s
 <think>, <tool_call>, ... added but not special; tokenizer_config.json with eos_token
 <|im_end|> and Qwen3's chat template, chat_templates/qwen3.jinja) and an OLMoE-Instruct-style one
 (GPT-NeoX's NFC + ByteLevel, <|endoftext|> as BOS and EOS, the Tulu chat template,
-chat_templates/olmoe.jinja). For 50 chat examples each (system prompts, several turns, reasoning
+chat_templates/olmoe.jinja) and a Mixtral-Instruct-style one (Llama-2's Prepend/Replace BPE with
+byte fallback, <s>/</s>, Mixtral-8x7B-Instruct's template, chat_templates/mixtral.jinja, which has
+no generation prompt: a turn starts where the earlier messages' rendering ends). For 50 chat
+examples each (system prompts, several turns, reasoning
 in <think> blocks, tool calls with a tools list, ShareGPT "conversations", conversational
 prompt/completion; multilingual), the ids prepare-data writes equal
 apply_chat_template(messages, tokenize=True) and the loss mask equals the assistant spans computed
@@ -44,6 +47,22 @@ def sentence(rnd, n):
 def build(kind, tmp):
     rnd = random.Random(1)
     corpus = [sentence(rnd, 40) for _ in range(3000)]
+    if kind == "mixtral":  # Llama-2 style: Prepend/Replace, no pre-tokenizer, byte fallback
+        tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+        trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+        tok.train_from_iterator(corpus, trainer)
+        j = json.loads(tok.to_str())
+        for b in range(256):
+            j["model"]["vocab"].setdefault(f"<0x{b:02X}>", len(j["model"]["vocab"]))
+        d = tmp / kind
+        d.mkdir()
+        (d / "tokenizer.json").write_text(json.dumps(j, ensure_ascii=False))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20,
+                  "chat_template": (DATA / "chat_templates" / "mixtral.jinja").read_text(),
+                  "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+        (d / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False))
+        return d, ["<unk>", "<s>", "</s>"]
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     if kind == "qwen3":
@@ -83,7 +102,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 def example(rnd, kind, i):
     """One JSONL record and the messages (and tools, first trained message) it means."""
     msgs = []
-    if rnd.random() < 0.4:
+    if rnd.random() < 0.4 and kind != "mixtral":  # Mixtral's template has no system role
         msgs.append({"role": "system", "content": sentence(rnd, 8)})
     tools = None
     for turn in range(rnd.randint(1, 3)):
@@ -132,7 +151,12 @@ def reference(tok, special, msgs, tools, first):
     for i, m in enumerate(msgs):
         if m["role"] != "assistant":
             continue
-        s = text.index(gen, at) + len(gen)
+        if gen:
+            s = text.index(gen, at) + len(gen)
+        else:  # no generation prompt (Mixtral): the turn starts where the earlier messages end
+            head = tok.apply_chat_template(msgs[:i], tokenize=False) if i else ""
+            assert text.startswith(head)
+            s = len(head)
         ends = [text.find(t, s) + len(t) for t in special if text.find(t, s) >= 0]
         e = min(ends) if ends else len(text)
         if i >= first:
@@ -161,7 +185,7 @@ def read_docs(out):
 
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
-    for kind in ("qwen3", "olmoe"):
+    for kind in ("qwen3", "olmoe", "mixtral"):
         tok_dir, special = build(kind, tmp)
         tok = AutoTokenizer.from_pretrained(str(tok_dir))
         rnd = random.Random(5)
