@@ -215,9 +215,8 @@ class RankGroup final : public DataParallel {
     std::vector<torch::Tensor> parts = {
         torch::tensor({r.lm_sum, r.aux_sum, r.z_sum}, torch::kDouble)};
     for (auto& t : r.tokens_per_expert) parts.push_back(t.to(torch::kCPU, torch::kDouble));
-    parts.push_back(torch::tensor({static_cast<double>(r.dropped),
-                                   static_cast<double>(r.target_tokens)},
-                                  torch::kDouble));
+    parts.push_back(torch::tensor(
+        {static_cast<double>(r.dropped), static_cast<double>(r.target_tokens)}, torch::kDouble));
     auto flat = torch::cat(parts);
     group_->allreduce_sum(flat);
     const double inv = 1.0 / static_cast<double>(group_->size());
