@@ -218,9 +218,11 @@ DataParallelMode data_parallel_mode(const Config& c, int64_t world_size) {
   m.world_size = std::max<int64_t>(1, world_size);
   if (!m.distributed()) return m;
   m.zero_stage = c.zero_optimization.stage;
-  m.reduction = !c.zero_optimization.overlap_comm ? GradientReduction::kAllReduceAfterBackward
-                : m.shards_gradients()            ? GradientReduction::kReduceToOwnersInBackward
-                                                  : GradientReduction::kReducerInBackward;
+  m.expert_parallel = std::max<int64_t>(1, c.moe.expert_parallel_size);
+  m.reduction = !c.zero_optimization.overlap_comm || m.expert_parallel > 1
+                    ? GradientReduction::kAllReduceAfterBackward
+                : m.shards_gradients() ? GradientReduction::kReduceToOwnersInBackward
+                                       : GradientReduction::kReducerInBackward;
   return m;
 }
 

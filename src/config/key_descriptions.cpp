@@ -109,6 +109,7 @@ constexpr KeyDescription kDescriptions[] = {
     {"moe.z_loss_coeff", "router z-loss weight"},
     {"moe.capacity_factor", "0 = dropless; else capacity ceil(f x T x k / E) per expert, lowest-weight assignments dropped first"},
     {"moe.expert_dropout", "dropout on the experts' SwiGLU activations (Switch's \"expert dropout\", the seed's `expert_dropout`)"},
+    {"moe.expert_parallel_size", "expert parallelism under a launcher: groups of this many ranks share out the experts (num_experts / size each) and exchange tokens by all-to-all; must divide num_experts and the world size; 1 process: every expert local (DeepSpeed's `ep_size`)"},
     {"moe.shared_expert_hidden_size", "> 0: a dense SwiGLU expert of this width that every token passes through, added to the routed output (DeepSeekMoE; Megatron's `moe_shared_expert_intermediate_size`)"},
     {"moe.router_bias_update_rate", "> 0: aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for selection only, moved by this rate towards balance once per optimizer step (`bias_e += rate * sign(mean load - load_e)`, loads summed over the step's micro-batches); saved in `state.json` of every checkpoint. Megatron: `moe_router_bias_update_rate` (1e-3 there)"},
     {"moe.kernels", "`cuda` (our kernels), `reference` (ATen), `auto` = cuda on GPU, reference on CPU; also selects the optimizer's 8-bit AdamW kernel (`reference`: its ATen update)"},

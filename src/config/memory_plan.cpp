@@ -25,6 +25,18 @@ double largest_trained_parameter(const Config& c) {
   return largest;
 }
 
+// Values of the routed experts' stacks (all MoE layers), which expert parallelism spreads.
+double routed_expert_parameters(const Config& c) {
+  double n = 0;
+  for (const auto& p : model::parameter_layout(c)) {
+    if (p.name.find(".moe.experts.") == std::string::npos) continue;
+    double v = 1;
+    for (int64_t d : p.shape) v *= static_cast<double>(d);
+    n += v;
+  }
+  return n;
+}
+
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 struct Shape {
@@ -430,7 +442,11 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   // LoRA (config/lora.h): only the adapters and modules_to_save have gradients and Adam state;
   // the frozen base is fp32 on a CPU, the compute dtype (2 bytes) under bf16/fp16 on a GPU.
   const LoraParameterCounts lora = lora_parameter_counts(c);
-  const double trained = static_cast<double>(lora.adapter + lora.trainable_base);
+  // Expert parallelism: a rank holds num_experts / EP of the routed experts, with their
+  // gradients and Adam state (docs/distributed.md).
+  const double held_elsewhere =
+      routed_expert_parameters(c) * (1 - 1.0 / static_cast<double>(dp.expert_parallel));
+  const double trained = static_cast<double>(lora.adapter + lora.trainable_base) - held_elsewhere;
   const double frozen = static_cast<double>(lora.frozen_base);
   // The backward walk spreads gradients over the layers' parameters: scale them to the share
   // that trains.
@@ -451,6 +467,10 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
                                      : 2) *
                 trained / (dp.shards_gradients() ? N : 1);
   p.communication = communication_bytes(dp.reduction, bucket, trained, N);
+  if (dp.expert_parallel > 1) {  // the all-to-all's received rows and their expert-order copy
+    const Shape rows = shape_of(c, p.micro_batch, opt.cpu);
+    p.communication += 2 * rows.T * rows.k * rows.d * rows.a;
+  }
   const double state_share = dp.shards_optimizer() ? N : 1;
   const double moments = moment_bytes_per_parameter(c);
   p.optimizer_states = offload ? 0 : moments * trained / state_share;

@@ -169,6 +169,34 @@ void check_lora(const Config& c, const Rules& rules) {
               "is not supported with LoRA (lora.r > 0) yet; set it to false");
 }
 
+// moe.expert_parallel_size: divides the experts and the world; what EP does not combine with yet.
+void check_expert_parallel(Config& c, const Rules& rules) {
+  const int64_t ep = c.moe.expert_parallel_size;
+  if (ep <= 1) return;
+  rules.check(c.moe.num_experts % ep == 0, "moe.expert_parallel_size", ep,
+              "must divide moe.num_experts (" + std::to_string(c.moe.num_experts) + ")");
+  if (c.world_size <= 1) {
+    c.warnings.push_back("moe.expert_parallel_size = " + std::to_string(ep) +
+                         " with one process: every expert stays on this process");
+    return;
+  }
+  rules.check(c.world_size % ep == 0, "moe.expert_parallel_size", ep,
+              "must divide the world size (" + std::to_string(c.world_size) + " processes)");
+  const std::string why = "is not supported with moe.expert_parallel_size > 1 yet";
+  rules.check(c.zero_optimization.stage == 0, "zero_optimization.stage", c.zero_optimization.stage,
+              why + "; use stage 0");
+  rules.check(!lora_enabled(c), "lora.r", c.lora.r, why + "; use moe.expert_parallel_size 1");
+  rules.check(c.zero_optimization.offload_optimizer.device == OffloadDevice::kNone,
+              "zero_optimization.offload_optimizer.device",
+              std::string(name(c.zero_optimization.offload_optimizer.device)), why);
+  rules.check(!c.training.cuda_graph, "training.cuda_graph", "true", why + "; set it to false");
+  const auto& o = c.optimizer;
+  rules.check(o.exp_avg_dtype != StateDtype::k8Bit && o.exp_avg_sq_dtype != StateDtype::k8Bit,
+              "optimizer.exp_avg_dtype",
+              std::string(name(o.exp_avg_dtype)) + " / " + std::string(name(o.exp_avg_sq_dtype)),
+              "8-bit moments " + why + "; use fp32 or bf16");
+}
+
 // DeepSpeed's activation-checkpointing switches that change nothing here: said when asked for.
 void warn_inert_checkpointing_keys(Config& c) {
   const auto& a = c.activation_checkpointing;
@@ -248,19 +276,14 @@ void check_relations(Config& c, const Rules& rules) {
                 "zero_optimization.stage 0 or fp32 moments");
   }
   // What data parallelism cannot keep independent of the world size (docs/distributed.md):
-  // dropout masks come from each rank's own RNG stream, and a capacity limit is applied to each
-  // rank's tokens (which tokens overflow depends on the slice a rank holds).
+  // dropout masks come from each rank's own RNG stream. (A capacity limit is: the routers rank
+  // every rank's assignments together, router.cpp.)
   if (c.world_size > 1) {
     const std::string n = std::to_string(c.world_size);
     if (c.model.dropout > 0 || c.moe.expert_dropout > 0) {
       c.warnings.push_back("model.dropout / moe.expert_dropout > 0 with " + n +
                            " data-parallel ranks: each rank draws its own dropout masks, so "
                            "losses differ (slightly) from a run at another world size");
-    }
-    if (c.moe.capacity_factor > 0) {
-      c.warnings.push_back("moe.capacity_factor > 0 with " + n +
-                           " data-parallel ranks: capacity is applied per rank to its own "
-                           "tokens, so which tokens are dropped depends on the world size");
     }
   }
   const auto& m = c.model;
@@ -288,6 +311,7 @@ void check_relations(Config& c, const Rules& rules) {
   rules.check(e.top_k <= e.num_experts, "moe.top_k", e.top_k,
               "must be <= moe.num_experts (" + std::to_string(e.num_experts) + ")");
   check_lora(c, rules);
+  check_expert_parallel(c, rules);
   warn_inert_checkpointing_keys(c);
   const auto& d = c.data;
   rules.check(!d.reset_attention_at_eod || (d.eod_id >= 0 && d.eod_id < m.vocab_size),

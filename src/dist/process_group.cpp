@@ -4,6 +4,7 @@
 // of Gloo cross this boundary, so its version does not change any layout we use).
 #include "moe/dist/process_group.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
@@ -84,8 +85,13 @@ class Heartbeat {
 };
 
 struct ProcessGroup::Impl {
+  struct Group {
+    c10::intrusive_ptr<c10d::Backend> backend;  // null for a group of one
+    int64_t rank = 0, size = 1;
+  };
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
+  std::vector<Group> groups;                     // [kWorld] = the world
   c10::intrusive_ptr<c10d::ProcessGroup> group;  // the backend behind c10d's front end
   std::shared_ptr<c10d::Reducer> reducer;
   std::unique_ptr<Heartbeat> heartbeat;
@@ -126,7 +132,44 @@ ProcessGroup::ProcessGroup(const LaunchEnv& env, config::DistBackend backend,
   } else {
     throw UserError("distributed.backend = auto: resolve it to gloo or nccl first");
   }
+  impl_->groups.push_back({impl_->backend, env.rank, env.world_size});
+  timeout_ = timeout;
   impl_->heartbeat = std::make_unique<Heartbeat>(env, timeout);
+}
+
+int64_t ProcessGroup::new_group(const std::vector<int64_t>& ranks) {
+  const auto at = std::find(ranks.begin(), ranks.end(), env_.rank);
+  TORCH_CHECK(at != ranks.end(), "new_group: rank ", env_.rank, " is not in the group");
+  Impl::Group g{nullptr, at - ranks.begin(), static_cast<int64_t>(ranks.size())};
+  if (g.size > 1) {
+    std::string name = "moe-train/group";
+    for (int64_t r : ranks) name += "/" + std::to_string(r);
+    auto store = c10::make_intrusive<c10d::PrefixStore>(name, impl_->store);
+    collective("subgroup rendezvous", [&] {
+      if (backend_ == config::DistBackend::kGloo) {
+        auto opts = c10d::ProcessGroupGloo::Options::create(timeout_);
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+        g.backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(g.rank),
+                                                                static_cast<int>(g.size), opts);
+      } else {
+#ifdef MOE_HAVE_NCCL
+        auto opts = c10d::ProcessGroupNCCL::Options::create();
+        opts->timeout = timeout_;
+        g.backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(g.rank),
+                                                                static_cast<int>(g.size), opts);
+#endif
+      }
+    });
+  }
+  impl_->groups.push_back(g);
+  return static_cast<int64_t>(impl_->groups.size()) - 1;
+}
+
+int64_t ProcessGroup::group_size(int64_t group) const {
+  return impl_->groups.at(static_cast<size_t>(group)).size;
+}
+int64_t ProcessGroup::group_rank(int64_t group) const {
+  return impl_->groups.at(static_cast<size_t>(group)).rank;
 }
 
 ProcessGroup::~ProcessGroup() = default;
@@ -205,7 +248,16 @@ void ProcessGroup::collective(const char* what, F&& f) const {
 }
 
 void ProcessGroup::allreduce_mean(const std::vector<torch::Tensor>& tensors, int64_t bucket_bytes) {
-  const double inv = 1.0 / static_cast<double>(env_.world_size);
+  allreduce_scaled(tensors, bucket_bytes, 1.0 / static_cast<double>(env_.world_size), kWorld);
+}
+
+void ProcessGroup::allreduce_scaled(const std::vector<torch::Tensor>& tensors, int64_t bucket_bytes,
+                                    double scale, int64_t group) {
+  const auto& g = impl_->groups.at(static_cast<size_t>(group));
+  if (!g.backend) {  // a subgroup of one: its sum is the tensor
+    if (!tensors.empty()) at::_foreach_mul_(tensors, scale);
+    return;
+  }
   std::vector<int64_t> bytes;
   for (const auto& t : tensors) bytes.push_back(static_cast<int64_t>(t.nbytes()));
   for (const auto& bucket : pack_buckets(bytes, bucket_bytes)) {
@@ -215,8 +267,8 @@ void ProcessGroup::allreduce_mean(const std::vector<torch::Tensor>& tensors, int
       members.push_back(tensors[t]);
     }
     std::vector<torch::Tensor> flat{on_backend_device(torch::cat(parts))};
-    collective("gradient all-reduce", [&] { impl_->backend->allreduce(flat)->wait(); });
-    flat[0].mul_(inv);
+    collective("gradient all-reduce", [&] { g.backend->allreduce(flat)->wait(); });
+    flat[0].mul_(scale);
     copy_from_flat(flat[0], members);
   }
 }
@@ -227,10 +279,22 @@ torch::Tensor ProcessGroup::on_backend_device(const torch::Tensor& t) const {
   return t.to(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank)));
 }
 
-void ProcessGroup::allreduce_sum(torch::Tensor& t) {
+void ProcessGroup::allreduce_sum(torch::Tensor& t, int64_t group) {
+  const auto& g = impl_->groups.at(static_cast<size_t>(group));
+  if (!g.backend) return;
   std::vector<torch::Tensor> v{on_backend_device(t)};
-  collective("all-reduce", [&] { impl_->backend->allreduce(v)->wait(); });
+  collective("all-reduce", [&] { g.backend->allreduce(v)->wait(); });
   if (!v[0].is_same(t)) t.copy_(v[0]);
+}
+
+torch::Tensor ProcessGroup::all_gather_rows(const torch::Tensor& t, int64_t group) {
+  const auto& g = impl_->groups.at(static_cast<size_t>(group));
+  if (!g.backend) return t;
+  std::vector<torch::Tensor> in{on_backend_device(t).contiguous()};
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (int64_t r = 0; r < g.size; ++r) out[0].push_back(torch::empty_like(in[0]));
+  collective("all-gather", [&] { g.backend->allgather(out, in)->wait(); });
+  return torch::cat(out[0]).to(t.device());
 }
 
 std::function<void()> ProcessGroup::reduce_sum_async(const torch::Tensor& t, int64_t root) {
@@ -255,14 +319,16 @@ void ProcessGroup::broadcast(torch::Tensor& t, int64_t root) {
 }
 
 torch::Tensor ProcessGroup::all_to_all(const torch::Tensor& rows, const std::vector<int64_t>& send,
-                                       const std::vector<int64_t>& recv) {
+                                       const std::vector<int64_t>& recv, int64_t group) {
+  const auto& g = impl_->groups.at(static_cast<size_t>(group));
+  if (!g.backend) return rows;  // a subgroup of one
   auto in = on_backend_device(rows).contiguous();
   auto shape = in.sizes().vec();
   shape[0] = std::accumulate(recv.begin(), recv.end(), int64_t{0});
   auto out = torch::empty(shape, in.options());
   std::vector<int64_t> out_splits = recv, in_splits = send;
   collective("all-to-all",
-             [&] { impl_->backend->alltoall_base(out, in, out_splits, in_splits)->wait(); });
+             [&] { g.backend->alltoall_base(out, in, out_splits, in_splits)->wait(); });
   return out.to(rows.device());
 }
 

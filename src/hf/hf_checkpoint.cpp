@@ -104,8 +104,31 @@ void copy_piece(const HfWeights& w, const TensorPiece& p,
 void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
                      Family family, model::TransformerLM& model) {
   const auto params = parameter_map(model);
-  check_hf_tensors(w, dir, cfg, family, params);
-  for (const auto& p : tensor_pieces(cfg, family)) copy_piece(w, p, params);
+  // Expert parallelism: a rank holds some experts' rows of the routed experts' stacks; those
+  // are checked whole and assembled whole, one parameter at a time, and the rank keeps its rows.
+  auto whole = params;
+  for (auto& [name, t] : whole) {
+    if (const auto rows = model->expert_rows(name)) {
+      auto shape = t.sizes().vec();
+      shape[0] = rows->total;
+      t = torch::empty(shape, t.options().device(torch::kMeta));
+    }
+  }
+  check_hf_tensors(w, dir, cfg, family, whole);
+  std::map<std::string, std::vector<TensorPiece>> pieces_of;
+  for (auto& p : tensor_pieces(cfg, family)) pieces_of[p.ours].push_back(p);
+  for (const auto& [name, pieces] : pieces_of) {
+    const auto rows = model->expert_rows(name);
+    if (!rows) {
+      for (const auto& p : pieces) copy_piece(w, p, params);
+      continue;
+    }
+    const std::map<std::string, torch::Tensor> one{
+        {name, torch::empty(whole.at(name).sizes(), torch::kFloat)}};
+    for (const auto& p : pieces) copy_piece(w, p, one);
+    torch::NoGradGuard no_grad;
+    params.at(name).copy_(one.at(name).narrow(0, rows->first, rows->count));
+  }
 }
 
 // import-hf without building the model: each of our parameters (model/parameter_layout.h) is

@@ -166,7 +166,7 @@ LoraSpec lora_spec(const config::Config& cfg) {
 }
 
 moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device& device,
-                                 const moe::LoadReduction& loads) {
+                                 const moe::MoeParallel& parallel) {
   const auto& m = cfg.model;
   moe::MoeLayerOptions o;
   o.router.hidden_size = m.hidden_size;
@@ -176,7 +176,8 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.router.normalize_topk = cfg.moe.normalize_topk;
   o.router.capacity_factor = cfg.moe.capacity_factor;
   o.router.router_bias_update_rate = cfg.moe.router_bias_update_rate;
-  o.router.load_reduction = loads;
+  o.router.load_reduction = parallel.loads;
+  o.ep = parallel.ep;
   o.shared_expert_hidden_size = cfg.moe.shared_expert_hidden_size;
   o.experts.num_experts = cfg.moe.num_experts;
   o.experts.hidden_size = m.hidden_size;
@@ -240,7 +241,7 @@ void DenseMlpImpl::merge_lora() {
 }
 
 BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int64_t layer,
-                     const moe::LoadReduction& loads)
+                     const moe::MoeParallel& parallel)
     : dropout_(cfg.model.dropout) {
   const auto& m = cfg.model;
   attn_norm = register_module("attn_norm", RMSNorm(m.hidden_size, m.norm_eps));
@@ -263,7 +264,7 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   attn = register_module("attn", CausalSelfAttention(a));
   moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps));
   if (config::is_moe_layer(cfg, layer)) {
-    moe = register_module("moe", moe::MoeLayer(moe_options(cfg, device, loads)));
+    moe = register_module("moe", moe::MoeLayer(moe_options(cfg, device, parallel)));
   } else {
     mlp = register_module("mlp",
                           DenseMlp(m.hidden_size, config::dense_hidden_size(cfg), m.init_std,
@@ -297,7 +298,7 @@ BlockOutput BlockImpl::forward(const torch::Tensor& x) {
 }
 
 TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Device& device,
-                                     const moe::LoadReduction& loads)
+                                     const moe::MoeParallel& parallel)
     : mcfg_(cfg.model),
       checkpoint_blocks_(cfg.activation_checkpointing.number_checkpoints),
       eod_id_(cfg.data.reset_attention_at_eod ? cfg.data.eod_id : -1) {
@@ -312,13 +313,15 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     if (pos_embed) pos_embed->weight.normal_(0.0, m.init_std);
   }
   lora_ = config::lora_enabled(cfg);
+  const int64_t E = cfg.moe.num_experts, ep = std::max<int64_t>(1, parallel.ep.size);
+  expert_rows_ = {parallel.ep.rank * (E / ep), E / ep, E};
   base_dtype_ = lora_ ? lora_base_dtype(cfg, device) : param_dtype(cfg);
   // On a GPU each block goes to the device as soon as it is built (its frozen LoRA base in the
   // compute dtype): the host never holds the whole model, the device never its fp32 base.
   const bool to_device = device.is_cuda();
   auto list = register_module("blocks", torch::nn::ModuleList());  // names blocks.0, blocks.1...
   for (int64_t i = 0; i < m.num_layers; ++i) {
-    blocks.push_back(Block(cfg, device, i, loads));
+    blocks.push_back(Block(cfg, device, i, parallel));
     const std::string prefix = "blocks." + std::to_string(i) + ".";
     if (lora_) freeze_for_lora(*blocks.back(), cfg, prefix);
     if (!lora_) hold_matrices_in_16_bits(*blocks.back(), prefix);
@@ -462,6 +465,13 @@ void TransformerLMImpl::after_optimizer_step(const std::vector<torch::Tensor>& t
     if (next == tokens_per_expert.size()) break;
     block->moe->after_optimizer_step(tokens_per_expert[next++]);
   }
+}
+
+std::optional<TransformerLMImpl::ExpertRows> TransformerLMImpl::expert_rows(
+    const std::string& name) const {
+  if (expert_rows_.count == expert_rows_.total) return std::nullopt;
+  if (name.find(".moe.experts.") == std::string::npos) return std::nullopt;
+  return expert_rows_;
 }
 
 }  // namespace moe::model

@@ -75,6 +75,29 @@ torch::Tensor capacity_keep_mask(const torch::Tensor& topk_idx, const torch::Ten
   return keep.view_as(topk_idx);
 }
 
+// Training with several ranks: the capacity covers the global micro-batch and every rank's
+// assignments are ranked together (gathered in rank order, the order of one process's batch),
+// so the same assignments survive at any world size; each rank keeps its own rows of the mask.
+int64_t RouterImpl::capacity_ranks() const {
+  const LoadReduction& ranks = opt_.load_reduction;
+  return ranks.gather_over_ranks && is_training() ? std::max<int64_t>(1, ranks.world_size) : 1;
+}
+
+torch::Tensor RouterImpl::keep_within_capacity(const torch::Tensor& topk_idx,
+                                               const torch::Tensor& topk_weight) const {
+  const LoadReduction& ranks = opt_.load_reduction;
+  const int64_t T = topk_idx.size(0), E = opt_.num_experts, k = opt_.top_k, W = capacity_ranks();
+  if (W == 1) {
+    return capacity_keep_mask(topk_idx, topk_weight, E,
+                              expert_capacity(T, k, E, opt_.capacity_factor));
+  }
+  const auto all_idx = ranks.gather_over_ranks(topk_idx.contiguous());
+  const auto all_w = ranks.gather_over_ranks(topk_weight.detach().to(torch::kFloat).contiguous());
+  const auto keep =
+      capacity_keep_mask(all_idx, all_w, E, expert_capacity(W * T, k, E, opt_.capacity_factor));
+  return keep.narrow(0, ranks.rank * T, T).contiguous();
+}
+
 Routing RouterImpl::forward(const torch::Tensor& x) {
   Routing r;
   const int64_t T = x.size(0), E = opt_.num_experts, k = opt_.top_k;
@@ -91,20 +114,22 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
   const torch::Tensor &scores = s.probs, &top_idx = s.topk_idx, &lse = s.lse;
   torch::Tensor w = s.topk_weight, counts = s.tokens_per_expert;
   r.topk_idx = top_idx;
-  const int64_t capacity = expert_capacity(T, k, E, opt_.capacity_factor);
-  if (capacity < T * k) {
-    r.keep = capacity_keep_mask(top_idx, w, E, capacity);
+  // A limit that binds for the micro-batch it covers (every rank's in training: see above).
+  const int64_t W = capacity_ranks();
+  const bool limited = expert_capacity(W * T, k, E, opt_.capacity_factor) < W * T * k;
+  if (limited) {
+    r.keep = keep_within_capacity(top_idx, w);
     w = w * r.keep.to(w.scalar_type());
   } else {
     r.keep = torch::ones_like(top_idx, top_idx.options().dtype(torch::kBool));
   }
   r.topk_weight = w;
-  if (capacity < T * k) {
+  if (limited) {
     auto kept_idx = top_idx.masked_select(r.keep);
     counts = at::bincount(kept_idx, {}, E);
   }
   r.tokens_per_expert = counts;
-  r.all_kept = capacity >= T * k;
+  r.all_kept = !limited;
   // Only a capacity limit drops; dropless routing needs no host sync here.
   r.dropped = r.all_kept ? 0 : T * k - counts.sum().item<int64_t>();
   // Aux loss on the probability simplex: softmax scores, or sigmoid scores normalised per token.

@@ -76,13 +76,26 @@ at::ScalarType scalar_type_of(const std::string& dtype) {
   return at::kFloat;
 }
 
-void copy_into(const SafetensorsFile& f, const std::string& name, at::Tensor& dst) {
+using ExpertRows = model::TransformerLMImpl::ExpertRows;
+using RowsOf = std::function<std::optional<ExpertRows>(const std::string&)>;
+
+// The shape a checkpoint holds for `t`: the whole tensor of which an expert-parallel rank holds
+// `rows` (dim 0: the experts).
+std::vector<int64_t> file_shape(const at::Tensor& t, const std::optional<ExpertRows>& rows) {
+  std::vector<int64_t> shape = t.sizes().vec();
+  if (rows && !shape.empty()) shape[0] = rows->total;
+  return shape;
+}
+
+// `rows`: an expert-parallel rank's share of the file's tensor (its experts' rows).
+void copy_into(const SafetensorsFile& f, const std::string& name, at::Tensor& dst,
+               const std::optional<ExpertRows>& rows = std::nullopt) {
   const SafeTensorEntry& e = f.entry(name);
   const bool convert = e.dtype != dtype_name(dst.scalar_type()) && converts(e.dtype, dst);
-  at::Tensor host = at::empty(
-      dst.sizes(),
-      dst.options().device(at::kCPU).dtype(convert ? scalar_type_of(e.dtype) : dst.scalar_type()));
-  if ((e.dtype != dtype_name(dst.scalar_type()) && !convert) || e.shape != dst.sizes().vec()) {
+  const std::vector<int64_t> shape = file_shape(dst, rows);
+  at::Tensor host = at::empty(shape, dst.options().device(at::kCPU).dtype(
+                                         convert ? scalar_type_of(e.dtype) : dst.scalar_type()));
+  if ((e.dtype != dtype_name(dst.scalar_type()) && !convert) || e.shape != shape) {
     std::ostringstream msg;
     msg << "tensor '" << name << "' is " << e.dtype << " " << at::IntArrayRef(e.shape)
         << "; the model expects " << dtype_name(dst.scalar_type()) << " " << dst.sizes();
@@ -91,23 +104,24 @@ void copy_into(const SafetensorsFile& f, const std::string& name, at::Tensor& ds
   std::memcpy(host.data_ptr(), f.data(e), e.end - e.begin);
   f.release(e);
   at::NoGradGuard g;
-  dst.copy_(host);
+  dst.copy_(rows && dst.dim() > 0 ? host.narrow(0, rows->first, rows->count) : host);
 }
 
 // `f` holds exactly the tensors of `expected`, each with the dtype and shape of its tensor.
 void check_tensor_set(const SafetensorsFile& f,
                       const std::vector<std::pair<std::string, at::Tensor>>& expected,
                       const char* owner, bool extra_allowed = false,
-                      const std::set<std::string>& also_expected = {}) {
+                      const std::set<std::string>& also_expected = {}, const RowsOf& rows_of = {}) {
   std::set<std::string> names = also_expected;
   for (const auto& [name, t] : expected) {
     names.insert(name);
     const SafeTensorEntry& e = f.entry(name);  // missing: an error naming it
     const bool dtype_ok = e.dtype == dtype_name(t.scalar_type()) || converts(e.dtype, t);
-    if (!dtype_ok || e.shape != t.sizes().vec()) {
+    const auto shape = file_shape(t, rows_of ? rows_of(name) : std::nullopt);
+    if (!dtype_ok || e.shape != shape) {
       std::ostringstream msg;
       msg << "tensor '" << name << "' is " << e.dtype << " " << at::IntArrayRef(e.shape) << "; "
-          << owner << " expects " << dtype_name(t.scalar_type()) << " " << t.sizes();
+          << owner << " expects " << dtype_name(t.scalar_type()) << " " << at::IntArrayRef(shape);
       throw UserError("checkpoint: " + f.path() + ": " + msg.str());
     }
   }
@@ -130,7 +144,8 @@ void check_tensor_set(const SafetensorsFile& f,
 // `check_only`, only checks (everything is checked before anything is copied). Adds the names it
 // reads to `read`.
 void load_moment(const SafetensorsFile& f, const std::string& name, AdamWState& st, int which,
-                 bool check_only, std::set<std::string>& read) {
+                 bool check_only, std::set<std::string>& read,
+                 const std::optional<ExpertRows>& rows) {
   at::Tensor& dst = which == 0 ? st.exp_avg : st.exp_avg_sq;
   at::Tensor& dst_absmax = which == 0 ? st.exp_avg_absmax : st.exp_avg_sq_absmax;
   const SafeTensorEntry& e = f.entry(name);  // missing: an error naming it
@@ -138,7 +153,8 @@ void load_moment(const SafetensorsFile& f, const std::string& name, AdamWState& 
   const bool floats = e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16";
   const std::vector<int64_t> blocks = {quant_blocks(dst.numel())};
   const std::string absmax_name = name + ".absmax";
-  bool ok = (codes || floats) && e.shape == dst.sizes().vec();
+  const std::vector<int64_t> shape = file_shape(dst, rows);
+  bool ok = (codes || floats) && e.shape == shape && (!codes || !rows);
   if (ok && codes) {
     const SafeTensorEntry& a = f.entry(absmax_name);
     ok = a.dtype == "F32" && a.shape == blocks;
@@ -146,7 +162,7 @@ void load_moment(const SafetensorsFile& f, const std::string& name, AdamWState& 
   if (!ok) {
     std::ostringstream msg;
     msg << "tensor '" << name << "' is " << e.dtype << " " << at::IntArrayRef(e.shape)
-        << "; the optimizer expects an Adam moment of shape " << dst.sizes()
+        << "; the optimizer expects an Adam moment of shape " << at::IntArrayRef(shape)
         << " (F32, BF16, or U8 codes with an F32 '.absmax' of " << blocks[0] << " blocks)";
     throw UserError("checkpoint: " + f.path() + ": " + msg.str());
   }
@@ -159,7 +175,7 @@ void load_moment(const SafetensorsFile& f, const std::string& name, AdamWState& 
     return;
   }
   if (!codes && !dst_absmax.defined() && e.dtype == dtype_name(dst.scalar_type())) {
-    copy_into(f, name, dst);
+    copy_into(f, name, dst, rows);
     return;
   }
   at::Tensor value;
@@ -171,7 +187,7 @@ void load_moment(const SafetensorsFile& f, const std::string& name, AdamWState& 
     value = dequantize_blockwise(c, a, dynamic_map(which == 0, c.device()));
   } else {
     at::Tensor t = at::empty(dst.sizes(), scalar_type_of(e.dtype));
-    copy_into(f, name, t);
+    copy_into(f, name, t, rows);
     value = t.to(at::kFloat);
   }
   at::NoGradGuard g;
@@ -233,12 +249,16 @@ std::vector<std::pair<std::string, at::Tensor>> base_parameters(model::Transform
 
 // `master_weight` (optional): the fp32 master of a 16-bit weight, written in its place so that a
 // checkpoint of any tier loads into any other.
+// `whole` (optional): an expert-parallel parameter's whole tensor (gathered from its EP group),
+// written in place of this rank's share.
 void write_model_file(const std::string& dir, model::TransformerLM& model,
-                      const std::function<at::Tensor(const std::string&)>& master_weight = {}) {
+                      const std::function<at::Tensor(const std::string&)>& master_weight = {},
+                      const std::function<at::Tensor(const std::string&)>& whole = {}) {
   HostTensors weights;
   for (const auto& [name, t] : checkpointed_parameters(model)) {
+    const at::Tensor full = whole ? whole(name) : at::Tensor();
     const at::Tensor master = master_weight ? master_weight(name) : at::Tensor();
-    weights.add(name, master.defined() ? master : t);
+    weights.add(name, full.defined() ? full : master.defined() ? master : t);
   }
   write_safetensors((fs::path(dir) / "model.safetensors").string(), weights.views,
                     {{"format", "pt"}, {"producer", "moe-train"}});
@@ -418,7 +438,7 @@ void write_optimizer_file(const std::string& path, const OptimizerStream& optimi
 void save_checkpoint(const std::string& dir, model::TransformerLM& model,
                      const OptimizerStream& optimizer, const TrainingState& state) {
   try {
-    write_model_file(dir, model, optimizer.master_weight);
+    write_model_file(dir, model, optimizer.master_weight, optimizer.whole_parameter);
     // Test hook (tests/train/checkpoint_test.py): die half-way through a checkpoint write.
     if (state.step == fault_injection().abort_in_checkpoint_step) std::abort();
     test_pause();
@@ -452,15 +472,17 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
   SafetensorsFile weights((fs::path(dir) / "model.safetensors").string());
   const auto params =
       adapters || !model->has_lora() ? checkpointed_parameters(model) : base_parameters(model);
-  check_tensor_set(weights, params, adapters ? "the model's LoRA adapters" : "the model");
+  const RowsOf rows_of = [&model](const std::string& name) { return model->expert_rows(name); };
+  check_tensor_set(weights, params, adapters ? "the model's LoRA adapters" : "the model", false, {},
+                   rows_of);
   std::optional<SafetensorsFile> opt;
   std::vector<std::pair<std::string, at::Tensor>> states;
   if (optimizer != nullptr) {
     opt.emplace((fs::path(dir) / "optimizer.safetensors").string());
     std::set<std::string> read;
     for (auto& [name, st] : optimizer->named_state()) {
-      load_moment(*opt, name + ".exp_avg", *st, 0, /*check_only=*/true, read);
-      load_moment(*opt, name + ".exp_avg_sq", *st, 1, /*check_only=*/true, read);
+      load_moment(*opt, name + ".exp_avg", *st, 0, /*check_only=*/true, read, rows_of(name));
+      load_moment(*opt, name + ".exp_avg_sq", *st, 1, /*check_only=*/true, read, rows_of(name));
       states.emplace_back(name + ".step", st->step);
       // A bf16 master's compensation: read when this run keeps one, else ignored.
       if (opt->has(name + ".compensation")) read.insert(name + ".compensation");
@@ -492,15 +514,15 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
     }
     for (auto& [buf, v] : bias_values) buf.copy_(at::tensor(v));
   }
-  for (auto [name, t] : params) copy_into(weights, name, t);
+  for (auto [name, t] : params) copy_into(weights, name, t, rows_of(name));
   if (optimizer != nullptr) {
     optimizer->reload_master_weights();
     load_master_weights(weights, *opt, params, *optimizer);
     for (auto& [name, t] : states) copy_into(*opt, name, t);
     std::set<std::string> read;
     for (auto& [name, st] : optimizer->named_state()) {
-      load_moment(*opt, name + ".exp_avg", *st, 0, /*check_only=*/false, read);
-      load_moment(*opt, name + ".exp_avg_sq", *st, 1, /*check_only=*/false, read);
+      load_moment(*opt, name + ".exp_avg", *st, 0, /*check_only=*/false, read, rows_of(name));
+      load_moment(*opt, name + ".exp_avg_sq", *st, 1, /*check_only=*/false, read, rows_of(name));
     }
   }
   // Restore RNGs last: nothing above draws random numbers, and dropout must continue exactly.

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <csignal>
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -14,6 +16,7 @@
 #include "moe/train/step_runner.h"
 #include "moe/train/zero.h"
 #include "moe/util/errors.h"
+#include "moe/util/fault_injection.h"
 
 namespace moe::train {
 
@@ -42,6 +45,13 @@ namespace {
 
 class LocalTraining final : public DataParallel {};
 
+// Test hook (tests/dist/expert_parallel_test.py): this rank dies in its N-th all-to-all, while
+// the others wait in theirs.
+void die_here_for_tests() {
+  static int64_t calls = 0;
+  if (++calls == fault_injection().die_in_all_to_all) std::raise(SIGKILL);
+}
+
 // ---- world > 1 ----
 
 // The parameters whose gradients take part in the reduction (LoRA: the adapters only).
@@ -55,16 +65,32 @@ class RankGroup final : public DataParallel {
  public:
   RankGroup(const config::Config& cfg, std::unique_ptr<dist::ProcessGroup> group,
             const config::DataParallelMode& mode)
-      : cfg_(cfg), group_(std::move(group)), mode_(mode) {}
+      : cfg_(cfg), group_(std::move(group)), mode_(mode) {
+    if (mode_.expert_parallel > 1) make_expert_groups();
+  }
 
   int64_t rank() const override { return group_->rank(); }
   int64_t size() const override { return group_->size(); }
-  moe::LoadReduction load_reduction() override {
+  moe::MoeParallel moe_parallel() override {
     dist::ProcessGroup* g = group_.get();
-    return {[g](at::Tensor& t) { g->allreduce_sum(t); }, g->size()};
+    moe::MoeParallel p;
+    p.loads = {[g](at::Tensor& t) { g->allreduce_sum(t); }, g->size(),
+               [g](const at::Tensor& t) { return g->all_gather_rows(t); }, g->rank()};
+    if (mode_.expert_parallel > 1) {
+      p.ep = {mode_.expert_parallel, g->group_rank(ep_group_),
+              [g, id = ep_group_](const torch::Tensor& rows, const std::vector<int64_t>& send,
+                                  const std::vector<int64_t>& recv) {
+                die_here_for_tests();
+                return g->all_to_all(rows, send, recv, id);
+              }};
+    }
+    return p;
   }
 
   void attach(model::TransformerLM& model) override {
+    for (auto& [name, p] : model::trainable_parameters(*model)) {
+      if (model->expert_rows(name)) expert_params_.emplace_back(name, p);
+    }
     if (!mode_.shards_optimizer()) return;
     std::vector<std::string> names;
     std::vector<torch::Tensor> params;
@@ -156,6 +182,10 @@ class RankGroup final : public DataParallel {
       case GradientReduction::kNone:
         break;
     }
+    if (mode_.expert_parallel > 1) {  // the experts' all-to-all runs inside the backward
+      group_->guard("backward (expert all-to-all)", [&] { scaled_loss.backward(); });
+      return;
+    }
     scaled_loss.backward();
   }
 
@@ -166,24 +196,31 @@ class RankGroup final : public DataParallel {
     if (mode_.reduction == GradientReduction::kReduceToOwnersInBackward) {
       zero_->average_owned();  // summed onto the owners during the backwards
     } else if (mode_.reduction == GradientReduction::kAllReduceAfterBackward) {
-      std::vector<torch::Tensor> grads;
-      for (auto& p : trainable(model)) {
+      std::vector<torch::Tensor> grads, expert_grads;
+      for (auto& [name, p] : model::trainable_parameters(*model)) {
         // A parameter without a gradient on this rank still takes part: the buckets must match.
         if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-        grads.push_back(p.grad());
+        (model->expert_rows(name) ? expert_grads : grads).push_back(p.grad());
       }
       group_->allreduce_mean(grads, config::reduce_bucket_bytes(cfg_));
+      // An expert's gradient already sums its EP group's tokens (the all-to-all's backward):
+      // summed over the replicas of the expert and divided by the world, it is the mean.
+      if (!expert_grads.empty()) {
+        group_->allreduce_scaled(expert_grads, config::reduce_bucket_bytes(cfg_),
+                                 1.0 / static_cast<double>(group_->size()), expert_dp_group_);
+      }
     }
     combine_figures(r);
     if (mode_.shards_gradients()) zero_->drop_foreign_gradients();  // keep our own only
   }
 
   void agree_on_overflow(torch::Tensor& found_inf) override {
-    if (mode_.shards_gradients()) group_->allreduce_sum(found_inf);
+    if (mode_.shards_gradients() || mode_.expert_parallel > 1) group_->allreduce_sum(found_inf);
   }
 
   double clip(const std::vector<torch::Tensor>& grads, double max_norm) override {
     if (mode_.shards_gradients()) return zero_->clip_global(grads, max_norm).item<double>();
+    if (mode_.expert_parallel > 1) return clip_expert_parallel(grads, max_norm);
     return DataParallel::clip(grads, max_norm);
   }
 
@@ -195,7 +232,9 @@ class RankGroup final : public DataParallel {
   // Then the others wait for rank 0, so that no rank runs ahead of a stop.
   void checkpoint(FusedAdamW& optimizer,
                   const std::function<void(const OptimizerStream*)>& write) override {
-    if (zero_) {
+    if (mode_.expert_parallel > 1) {
+      checkpoint_expert_parallel(optimizer, write);
+    } else if (zero_) {
       const OptimizerStream stream = zero_->optimizer_stream(optimizer);
       if (writes()) {
         write(&stream);
@@ -209,6 +248,87 @@ class RankGroup final : public DataParallel {
   }
 
  private:
+  // The EP groups (ranks [k * EP, (k + 1) * EP): between them, every expert) and the expert-data-
+  // parallel groups (ranks equal mod EP: the replicas of the same experts). Every rank creates
+  // its two in the same order, so no rendezvous waits on another.
+  void make_expert_groups() {
+    const int64_t ep = mode_.expert_parallel, r = group_->rank(), W = group_->size();
+    std::vector<int64_t> ep_ranks, replicas;
+    for (int64_t i = 0; i < ep; ++i) ep_ranks.push_back(r / ep * ep + i);
+    for (int64_t j = r % ep; j < W; j += ep) replicas.push_back(j);
+    ep_group_ = group_->new_group(ep_ranks);
+    expert_dp_group_ = group_->new_group(replicas);
+  }
+
+  // The global norm: the other gradients are the same on every rank after the reduction, the
+  // experts' differ across the EP group (each rank holds its own experts): their squares are
+  // summed over it.
+  double clip_expert_parallel(const std::vector<torch::Tensor>& grads, double max_norm) {
+    std::set<const void*> experts;
+    for (auto& [name, p] : expert_params_) {
+      if (p.grad().defined()) experts.insert(p.grad().data_ptr());
+    }
+    std::vector<torch::Tensor> mine, theirs;
+    for (const auto& g : grads) (experts.count(g.data_ptr()) ? theirs : mine).push_back(g);
+    auto squares = [](const std::vector<torch::Tensor>& v) {
+      return v.empty() ? torch::zeros({1}, torch::kDouble)
+                       : at::stack(at::_foreach_norm(v, 2))
+                             .to(torch::kDouble)
+                             .square()
+                             .sum()
+                             .reshape({1})
+                             .cpu();
+    };
+    auto expert_sq = squares(theirs);
+    group_->allreduce_sum(expert_sq, ep_group_);
+    const auto norm = (squares(mine) + expert_sq).sqrt().to(torch::kFloat).squeeze();
+    if (std::isfinite(max_norm) && !grads.empty()) {
+      auto n = norm.to(grads.front().device());
+      auto coef = (max_norm / (n + 1e-6)).clamp_max(1.0);
+      coef = at::where(n.isfinite(), coef, at::ones_like(coef));
+      at::_foreach_mul_(grads, coef);
+    }
+    return norm.item<double>();
+  }
+
+  // The single-process layout at any EP: the experts' weights gathered over the EP group before
+  // the write (every EP group gathers its own; rank 0's writes), their Adam moments gathered
+  // one tensor at a time while rank 0 writes them.
+  void checkpoint_expert_parallel(FusedAdamW& optimizer,
+                                  const std::function<void(const OptimizerStream*)>& write) {
+    torch::NoGradGuard no_grad;
+    const int64_t ep = mode_.expert_parallel;
+    auto whole = std::make_shared<std::map<std::string, torch::Tensor>>();
+    for (auto& [name, p] : expert_params_) {
+      (*whole)[name] = group_->all_gather_rows(p.detach(), ep_group_).to(torch::kCPU);
+    }
+    const OptimizerStream local = local_optimizer_stream(optimizer);
+    OptimizerStream s = local;
+    std::vector<bool> gathered;
+    for (auto& entry : s.layout) {
+      const bool expert =
+          entry.name.find(".moe.experts.") != std::string::npos && !entry.shape.empty();
+      if (expert) entry.shape[0] *= ep, entry.nbytes *= static_cast<size_t>(ep);
+      gathered.push_back(expert);
+    }
+    dist::ProcessGroup* g = group_.get();
+    s.each = [local, gathered, g, id = ep_group_](const OptimizerStream::Sink& sink) {
+      size_t i = 0;
+      local.each([&](const at::Tensor& t) {
+        sink(gathered[i++] ? g->all_gather_rows(t.detach(), id) : t);
+      });
+    };
+    s.whole_parameter = [whole](const std::string& name) {
+      const auto it = whole->find(name);
+      return it == whole->end() ? torch::Tensor() : it->second;
+    };
+    if (writes()) {
+      write(&s);
+    } else {
+      s.each([](const at::Tensor&) {});
+    }
+  }
+
   // One collective: the loss figures (averaged), the expert loads, drops and target tokens
   // (summed).
   void combine_figures(StepResult& r) {
@@ -235,6 +355,10 @@ class RankGroup final : public DataParallel {
   std::unique_ptr<dist::ProcessGroup> group_;
   config::DataParallelMode mode_;
   std::unique_ptr<ZeroPartition> zero_;  // ZeRO stage 1/2; null at stage 0
+  // Expert parallelism (mode_.expert_parallel > 1): the groups' ids in group_, and the routed
+  // experts' parameters this rank holds a share of.
+  int64_t ep_group_ = dist::ProcessGroup::kWorld, expert_dp_group_ = dist::ProcessGroup::kWorld;
+  std::vector<std::pair<std::string, torch::Tensor>> expert_params_;
 };
 
 }  // namespace

@@ -160,7 +160,7 @@ OffloadOptions offload_options(const config::Config& cfg) {
 model::TransformerLM seeded_model(const config::Config& cfg, const torch::Device& device,
                                   DataParallel& dp) {
   torch::manual_seed(cfg.training.seed);
-  model::TransformerLM model(cfg, device, dp.load_reduction());
+  model::TransformerLM model(cfg, device, dp.moe_parallel());
   model->to(device);
   model->train();
   dp.attach(model);

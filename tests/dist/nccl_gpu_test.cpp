@@ -10,6 +10,8 @@
 #include <torch/torch.h>
 
 #include "moe/dist/process_group.h"
+#include "moe/moe/expert_parallel.h"
+#include "moe/moe/experts.h"
 #include "util/free_port.h"
 
 namespace moe::dist {
@@ -21,8 +23,8 @@ TEST(NcclGpu, WorldOfOneRunsEveryCollectiveAndTheReducer) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   LaunchEnv env;
   env.master_port = free_port();
-  ProcessGroup pg(env, moe::config::DistBackend::kNccl, std::chrono::seconds(120));
-  ASSERT_EQ(pg.backend(), moe::config::DistBackend::kNccl);
+  ProcessGroup pg(env, ::moe::config::DistBackend::kNccl, std::chrono::seconds(120));
+  ASSERT_EQ(pg.backend(), ::moe::config::DistBackend::kNccl);
   const torch::Device dev(torch::kCUDA, 0);
   torch::manual_seed(3);
 
@@ -65,6 +67,52 @@ TEST(NcclGpu, WorldOfOneRunsEveryCollectiveAndTheReducer) {
   plain(x).square().sum().backward();
   EXPECT_TRUE(torch::allclose(a->weight.grad(), plain->weight.grad(), 0, 0));
   EXPECT_TRUE(torch::allclose(a->bias.grad(), plain->bias.grad(), 0, 0));
+}
+
+// Expert parallelism's exchange on NCCL with a world of one: the counts and the rows go to this
+// rank itself through alltoall_base, forward and backward, and the experts' output and every
+// gradient equal the local path's exactly. Subgroups and the row gather run too.
+TEST(NcclGpu, ExpertAllToAllWorldOfOneMatchesTheLocalPath) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  LaunchEnv env;
+  env.master_port = free_port();
+  ProcessGroup pg(env, ::moe::config::DistBackend::kNccl, std::chrono::seconds(120));
+  const torch::Device dev(torch::kCUDA, 0);
+  torch::manual_seed(5);
+  ::moe::moe::ExpertsOptions o;
+  o.num_experts = 4, o.hidden_size = 32, o.ffn_size = 48;
+  ::moe::moe::Experts experts(o);
+  experts->to(dev);
+  const auto counts = torch::tensor({5, 0, 9, 2}, torch::kLong);
+  const auto rows = torch::randn({16, 32}, dev).requires_grad_(true);
+  const auto rows_local = rows.detach().clone().requires_grad_(true);
+  const int64_t group = pg.new_group({0});
+  EXPECT_EQ(pg.group_size(group), 1);
+  ::moe::moe::ExpertParallel ep{1, 0,
+                                [&pg](const torch::Tensor& r, const std::vector<int64_t>& send,
+                                      const std::vector<int64_t>& recv) {
+                                  return pg.all_to_all(r, send, recv);  // the world: NCCL itself
+                                }};
+  auto local = [&](const torch::Tensor& r, const torch::Tensor& c) {
+    return experts->forward(r, c);
+  };
+  const auto y = ::moe::moe::experts_across_ranks(rows, counts, ep, local);
+  const auto g = torch::randn_like(y);
+  y.backward(g);
+  const auto rows_grad = rows.grad().clone();
+  std::vector<torch::Tensor> ep_grads;
+  for (auto& p : experts->parameters())
+    ep_grads.push_back(p.grad().clone()), p.mutable_grad() = torch::Tensor();
+  const auto y_local = experts->forward(rows_local, counts);
+  y_local.backward(g);
+  EXPECT_TRUE(torch::equal(y, y_local));
+  EXPECT_TRUE(torch::equal(rows_grad, rows_local.grad()));
+  const auto params = experts->parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(torch::equal(ep_grads[i], params[i].grad())) << i;
+  const auto t = torch::randn({3, 4}, dev);
+  EXPECT_TRUE(torch::equal(pg.all_gather_rows(t), t));
+  EXPECT_TRUE(torch::equal(pg.all_gather_rows(t, group), t));
 }
 
 }  // namespace

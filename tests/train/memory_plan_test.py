@@ -2,7 +2,7 @@
 peak of tensors (from the config alone) is within 15% of the peak of live CPU tensor bytes of a
 real 3-step training run (MOE_HOST_MEMORY_REPORT=1 counts every CPU tensor allocation), for one
 process (LoRA runs over a frozen base among them) and for 2 data-parallel ranks under torchrun (DDP overlap, ZeRO-2 in the backward, ZeRO-1
-after the backward). Also:
+after the backward, expert parallelism of 2 in two shapes). Also:
 the plan prints in well under a second, and the verdict / advice logic answers for a GPU.
 
 usage: memory_plan_test.py MOE_TRAIN_BINARY SOURCE_DIR [CASE_PREFIX]
@@ -135,7 +135,13 @@ with tempfile.TemporaryDirectory() as d:
           "dp2-stage2-overlap-micro1": ["zero_optimization.stage=2", "train_batch_size=2",
                                         "train_micro_batch_size_per_gpu=1"],
           "dp2-stage1-after-micro4": ["zero_optimization.stage=1", "zero_optimization.overlap_comm=false",
-                                      "train_batch_size=8", "train_micro_batch_size_per_gpu=4"]}
+                                      "train_batch_size=8", "train_micro_batch_size_per_gpu=4"],
+          # Expert parallelism: each rank holds half the experts; the all-to-all's buffers.
+          "ep2-micro4": ["moe.expert_parallel_size=2", "train_batch_size=8",
+                         "train_micro_batch_size_per_gpu=4"],
+          "ep2-wide-experts-micro2": ["moe.expert_parallel_size=2", "model.hidden_size=384",
+                                     "model.num_heads=6", "moe.num_experts=16", "moe.top_k=4",
+                                     "train_batch_size=4", "train_micro_batch_size_per_gpu=2"]}
     for i, (name, sets) in enumerate(DP.items()):
         common = args_for(tmp, name, "bench-cpu-small.json", sets)
         plan = subprocess.run([BIN, "plan", *common, "--world-size", "2", "--json"], capture_output=True, text=True)

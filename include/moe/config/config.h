@@ -138,6 +138,9 @@ struct MoeConfig {
   int64_t shared_expert_hidden_size = 0;   // > 0: a dense SwiGLU expert every token passes through
   double router_bias_update_rate = 0.0;    // > 0: aux-loss-free expert bias (DeepSeek-V3)
   MoeKernels kernels = MoeKernels::kAuto;  // auto | cuda | reference
+  // Expert parallelism (docs/distributed.md): the experts spread over groups of this many ranks,
+  // each holding num_experts / expert_parallel_size of them; 1 = every rank holds every expert.
+  int64_t expert_parallel_size = 1;
   // Which layers are MoE layers (Qwen3-MoE's rule): layer i is when i is not in mlp_only_layers
   // and (i + 1) % decoder_sparse_step == 0; the others are dense SwiGLU FFNs.
   int64_t decoder_sparse_step = 1;
@@ -321,6 +324,9 @@ struct DataParallelMode {
   int64_t world_size = 1;
   int64_t zero_stage = 0;  // in effect: 0 on one process
   GradientReduction reduction = GradientReduction::kNone;
+  // moe.expert_parallel_size in effect (1 on one process): the routed experts' gradients are
+  // reduced over their expert-data-parallel group, the rest over the world, after the backward.
+  int64_t expert_parallel = 1;
   bool distributed() const { return world_size > 1; }
   bool shards_optimizer() const { return zero_stage >= 1; }  // ZeRO-1: owners keep Adam state
   bool shards_gradients() const { return zero_stage >= 2; }  // ZeRO-2: owners keep gradients

@@ -30,10 +30,24 @@ class ProcessGroup {
   int64_t size() const { return env_.world_size; }
   config::DistBackend backend() const { return backend_; }
 
+  // Subgroups (expert parallelism's EP and expert-data-parallel groups): `ranks` (ascending,
+  // holding this rank) become a group of their own, a c10d backend over the same store; returns
+  // its id for the collectives below (kWorld: every rank). Every member calls it with the same
+  // list; a group of one needs no backend (its collectives are the identity).
+  static constexpr int64_t kWorld = 0;
+  int64_t new_group(const std::vector<int64_t>& ranks);
+  int64_t group_size(int64_t group) const;
+  int64_t group_rank(int64_t group) const;  // this rank's place in `group`
+
   // In place: the mean over ranks of each tensor, all-reduced in flat buckets of at most
   // `bucket_bytes` (tensors of one dtype and device).
   void allreduce_mean(const std::vector<torch::Tensor>& tensors, int64_t bucket_bytes);
-  void allreduce_sum(torch::Tensor& t);  // in place
+  // In place: each tensor's sum over the ranks of `group`, times `scale`, in flat buckets.
+  void allreduce_scaled(const std::vector<torch::Tensor>& tensors, int64_t bucket_bytes,
+                        double scale, int64_t group);
+  void allreduce_sum(torch::Tensor& t, int64_t group = kWorld);  // in place
+  // Every rank's `t` (same shape everywhere) concatenated along dim 0 in rank order.
+  torch::Tensor all_gather_rows(const torch::Tensor& t, int64_t group = kWorld);
   // Starts an in-place sum of `t` over the ranks onto rank `root` and returns its wait: call it
   // before reading `t` on the root (the sum is then there); `t` must stay alive until then.
   std::function<void()> reduce_sum_async(const torch::Tensor& t, int64_t root);
@@ -41,7 +55,7 @@ class ProcessGroup {
   // Rows of `rows` (dim 0), send[j] of them to rank j in order; returns the rows received,
   // recv[i] from rank i, in rank order (c10d alltoall_base): expert parallelism's exchange.
   torch::Tensor all_to_all(const torch::Tensor& rows, const std::vector<int64_t>& send,
-                           const std::vector<int64_t>& recv);
+                           const std::vector<int64_t>& recv, int64_t group = kWorld);
   // Every rank's `mine`, in rank order (through the rendezvous store).
   std::vector<std::string> allgather_text(const std::string& key, const std::string& mine);
   void barrier();
@@ -70,6 +84,7 @@ class ProcessGroup {
   struct Impl;
   LaunchEnv env_;
   config::DistBackend backend_;
+  std::chrono::milliseconds timeout_{0};
   std::unique_ptr<Impl> impl_;
 };
 

@@ -3,6 +3,7 @@
 // LM head (tied to the embedding by default).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -105,7 +106,7 @@ class BlockImpl : public torch::nn::Module {
  public:
   // Layer `layer`: an MoE FFN or, where config::is_moe_layer says not, a dense one.
   BlockImpl(const config::Config& cfg, const torch::Device& device, int64_t layer,
-            const moe::LoadReduction& loads = {});
+            const moe::MoeParallel& parallel = {});
   // Dense layers report zero aux and z losses and an empty tokens_per_expert.
   BlockOutput forward(const torch::Tensor& x);
   bool is_moe() const { return !moe.is_empty(); }
@@ -130,10 +131,11 @@ struct LmOutput {
 class TransformerLMImpl : public torch::nn::Module {
  public:
   // `device`: where the model will run; it settles the MoE layers' kernel path (moe.kernels).
-  // `loads`: data parallel: how the routers sum their expert counts over the ranks.
+  // `parallel`: data and expert parallel: how the routers combine their expert counts over the
+  // ranks, and which experts this rank holds.
   explicit TransformerLMImpl(const config::Config& cfg,
                              const torch::Device& device = torch::Device(torch::kCPU),
-                             const moe::LoadReduction& loads = {});
+                             const moe::MoeParallel& parallel = {});
   LmOutput forward(const torch::Tensor& tokens);  // [B, S] int64
 
   torch::nn::Embedding embed{nullptr}, pos_embed{nullptr};  // pos_embed: learned positions only
@@ -161,6 +163,13 @@ class TransformerLMImpl : public torch::nn::Module {
   }
   // Folds every adapter into its base weight (export-hf --merge): the function is unchanged.
   void merge_lora();
+  // Expert parallelism: the rows [first, first + count) of num_experts (`total`) this rank holds
+  // of a routed-expert parameter (dim 0 is the expert); nullopt for any other parameter, and
+  // for every one without expert parallelism. Checkpoints hold the whole tensors.
+  struct ExpertRows {
+    int64_t first = 0, count = 0, total = 0;
+  };
+  std::optional<ExpertRows> expert_rows(const std::string& name) const;
 
  private:
   // Freezes the base parameters of `part` (names under `prefix`) and casts its matrices to
@@ -174,6 +183,7 @@ class TransformerLMImpl : public torch::nn::Module {
   int64_t checkpoint_blocks_ = 0;
   int64_t eod_id_ = -1;  // >= 0: data.reset_attention_at_eod
   bool lora_ = false;
+  ExpertRows expert_rows_;  // count < total: expert parallel
   std::string base_fingerprint_, base_source_;
   torch::ScalarType base_dtype_ = torch::kFloat;
 };

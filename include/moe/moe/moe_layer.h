@@ -25,6 +25,13 @@ struct MoeLayerOptions {
   ExpertParallel ep;
 };
 
+// What the MoE layers need from the ranks they train with (train::DataParallel builds it): how
+// the routers combine loads over the data-parallel ranks, and the EP group of the experts.
+struct MoeParallel {
+  LoadReduction loads;
+  ExpertParallel ep;
+};
+
 struct MoeLayerOutput {
   torch::Tensor y;                  // [T, d]
   torch::Tensor aux_loss;           // scalar fp32

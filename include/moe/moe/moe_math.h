@@ -24,9 +24,14 @@ at::Tensor load_balancing_loss(const at::Tensor& probs, const at::Tensor& tokens
 // (P_e stays local: the mean over ranks of f . P_local is f . P_global). The router receives its
 // reduction when it is built (RouterOptions::load_reduction), as Megatron's router receives its
 // process groups: `sum_over_ranks` sums a tensor over the ranks in place; empty = one process.
+// A capacity limit ranks every rank's assignments together (router.cpp): `gather_over_ranks`
+// concatenates a tensor's rows over the ranks in rank order (the global micro-batch's order), and
+// `rank` is this rank's place in it.
 struct LoadReduction {
   std::function<void(at::Tensor&)> sum_over_ranks;
   int64_t world_size = 1;
+  std::function<at::Tensor(const at::Tensor&)> gather_over_ranks;
+  int64_t rank = 0;
 };
 // Counts [E] summed over the ranks in a training-mode forward (also the first, gradient-free
 // forward of a checkpointed block, so that the aux loss it reports is the one its recompute

@@ -67,6 +67,12 @@ class RouterImpl : public torch::nn::Module {
   torch::Tensor expert_bias;  // [E] fp32 buffer (zeros; not a parameter, never decayed)
 
  private:
+  // How many ranks' micro-batches a capacity limit covers: every rank's in training with data
+  // parallelism (their assignments ranked together), else 1.
+  int64_t capacity_ranks() const;
+  // The capacity mask [T, k]: over this rank's assignments, or in training over every rank's.
+  torch::Tensor keep_within_capacity(const torch::Tensor& topk_idx,
+                                     const torch::Tensor& topk_weight) const;
   RouterOptions opt_;
 };
 TORCH_MODULE(Router);

@@ -53,6 +53,10 @@ struct OptimizerStream {
   // 16-bit working weights: the fp32 master of a parameter (a host tensor), which
   // model.safetensors holds instead of the 16-bit weight; undefined (or no function): the weight.
   std::function<at::Tensor(const std::string&)> master_weight;
+  // Expert parallelism: a routed-expert parameter's whole tensor (every expert, gathered from
+  // the EP group before the write), which model.safetensors holds instead of this rank's share;
+  // undefined (or no function): the parameter as it is.
+  std::function<at::Tensor(const std::string&)> whole_parameter;
 };
 OptimizerStream local_optimizer_stream(FusedAdamW& optimizer);
 

@@ -62,8 +62,9 @@ class DataParallel {
   virtual int64_t rank() const { return 0; }
   virtual int64_t size() const { return 1; }
   bool writes() const { return rank() == 0; }  // checkpoints, metrics and sinks: rank 0 only
-  // How the routers sum their expert counts over the ranks (moe_math.h); empty alone.
-  virtual moe::LoadReduction load_reduction() { return {}; }
+  // How the routers combine their expert counts over the ranks (moe_math.h) and the experts'
+  // EP group (expert_parallel.h); empty alone.
+  virtual moe::MoeParallel moe_parallel() { return {}; }
 
   // The model exists: ZeRO decides which ranks own which parameters.
   virtual void attach(model::TransformerLM& model) {}

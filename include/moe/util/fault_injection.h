@@ -6,6 +6,7 @@
 //   MOE_TEST_PAUSE_IN_CHECKPOINT_MS=MS   a pause between a checkpoint's files (crash windows)
 //   MOE_TEST_ABORT_IN_CHECKPOINT=N       abort() half-way through step N's checkpoint
 //   MOE_TEST_SLOW_UPDATE_MS=MS           each optimizer update takes MS longer (step timing)
+//   MOE_TEST_DIE_IN_ALL_TO_ALL=N         the process dies (SIGKILL) at its N-th expert all-to-all
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,7 @@ struct FaultInjection {
   int pause_in_checkpoint_ms = 0;
   int64_t abort_in_checkpoint_step = -1;
   int slow_update_ms = 0;
+  int64_t die_in_all_to_all = -1;
 
   bool nan_at(int64_t step) const;
   // Parsed from a getenv-like lookup (tests pass their own).

@@ -1,0 +1,208 @@
+"""Expert parallelism on torch.distributed (Gloo on 127.0.0.1), launched by torchrun and by hand:
+
+  - EP=2 on 2 processes vs 1 process on the same global batch, 30 steps: per-step losses,
+    gradient norms, aux losses and per-expert token counts agree to <= 1e-5 relative, dropless
+    and with a capacity limit (moe.capacity_factor 1.0, the routers rank every rank's
+    assignments together); plain data parallelism with the capacity limit too;
+  - EP=2 x DP=2 on 4 processes vs 1 process, 20 steps: the same, dropless and with capacity;
+  - resume EP=2 -> EP=1 and EP=1 -> EP=2 at step 20 of 40 continues the straight run's losses;
+  - the checkpoint's tensors (model and optimizer) have the single-process names and shapes,
+    and values within 1e-4 of a single process's at the same step; its Hugging Face export
+    initialises EP=2 and one process alike (model.init_from);
+  - one rank killed inside an expert all-to-all (MOE_TEST_DIE_IN_ALL_TO_ALL): the other exits 3
+    within distributed.timeout_s naming the all-to-all, no hang;
+  - bad sizes: expert_parallel_size not dividing num_experts or the world: exit 2 naming the key.
+
+usage: expert_parallel_test.py MOE_TRAIN_BINARY
+"""
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = sys.argv[1]
+TORCHRUN = str(pathlib.Path(sys.executable).parent / "torchrun")
+RTOL = 1e-5
+CONFIG = {
+    "train_batch_size": 8, "gradient_clipping": 1.0,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
+    "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 5}},
+    "model": {"vocab_size": 512, "seq_len": 64, "hidden_size": 64, "num_layers": 2, "num_heads": 4},
+    "moe": {"num_experts": 4, "top_k": 2, "expert_hidden_size": 96},
+    "training": {"train_iters": 30, "eval_interval": 10, "device": "cpu"},
+    "distributed": {"timeout_s": 20},
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def records(run_dir):
+    recs = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if r["type"] == "train"]
+
+
+def torchrun(cfg, n, *sets, env=None):
+    args = [TORCHRUN, "--no-python", "--nproc-per-node", str(n), "--master-port", str(free_port()),
+            BIN, "--config", cfg, "-q"]
+    for s in sets:
+        args += ["--set", s]
+    r = subprocess.run(args, capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def single(cfg, *sets):
+    args = [BIN, "--config", cfg, "-q"]
+    for s in sets:
+        args += ["--set", s]
+    r = subprocess.run(args, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def worst(a, b, counts=True):
+    """Worst relative difference of loss, grad norm, aux loss and every expert's token count."""
+    assert [x["step"] for x in a] == [y["step"] for y in b], "the same steps"
+    w = 0.0
+    for x, y in zip(a, b):
+        w = max(w, rel(x["loss"], y["loss"]), rel(x["grad_norm"], y["grad_norm"]),
+                rel(x["aux_loss"], y["aux_loss"]))
+        if counts:
+            for lx, ly in zip(x["expert_tokens"], y["expert_tokens"]):
+                w = max(w, max(rel(p, q) for p, q in zip(lx, ly)))
+    return w
+
+
+def shapes(path):
+    from safetensors import safe_open
+    with safe_open(str(path), "pt") as f:
+        return {k: f.get_slice(k).get_shape() for k in f.keys()}
+
+
+with tempfile.TemporaryDirectory() as d:
+    tmp = pathlib.Path(d)
+    subprocess.run([BIN, "make-synthetic", "--out", tmp / "data", "--vocab", "512", "--programs", "4",
+                    "--doc-len", "65", "--train-docs", "600", "--valid-docs", "16"], check=True,
+                   capture_output=True)
+    cfg = tmp / "ep.json"
+    CONFIG["data"] = {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")}
+    cfg.write_text(json.dumps(CONFIG))
+    EP2 = "moe.expert_parallel_size=2"
+    CAP = "moe.capacity_factor=1.0"
+
+    # Bad sizes: one line naming the key, exit 2, before any rank trains.
+    r = subprocess.run([TORCHRUN, "--no-python", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                        BIN, "--config", cfg, "-q", "--set", "moe.expert_parallel_size=3",
+                        "--set", f"training.output_dir={tmp / 'bad'}"], capture_output=True, text=True)
+    assert r.returncode != 0 and "moe.expert_parallel_size = 3: must divide moe.num_experts (4)" in r.stderr, r.stderr[-2000:]
+    r = subprocess.run([BIN, "config", "show", "--config", cfg, "--set", "moe.num_experts=8", "--set",
+                        "moe.expert_parallel_size=4"], capture_output=True, text=True,
+                       env={**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    assert r.returncode == 2 and "must divide the world size (2 processes)" in r.stderr, r.stderr[-2000:]
+    assert not (tmp / "bad").exists(), "nothing written"
+    print("bad expert_parallel_size: exit 2 naming the key")
+
+    t0 = time.time()
+    for name, extra in (("dropless", []), ("capacity", [CAP])):
+        single(cfg, f"training.output_dir={tmp / f'one-{name}'}", *extra)
+        one = records(tmp / f"one-{name}")
+        torchrun(cfg, 2, f"training.output_dir={tmp / f'ep2-{name}'}", EP2, *extra)
+        w = worst(records(tmp / f"ep2-{name}"), one)
+        dropped = sum(r.get("dropped_tokens", 0) for r in one)
+        print(f"EP=2 on 2 processes vs 1 process, {name}, 30 steps: worst relative difference of loss, "
+              f"grad norm, aux loss and expert token counts {w:.1e}" + (f" ({dropped} assignments dropped)" if extra else ""))
+        assert w <= RTOL, (name, w)
+    torchrun(cfg, 2, f"training.output_dir={tmp / 'dp2-capacity'}", CAP)
+    w = worst(records(tmp / "dp2-capacity"), records(tmp / "one-capacity"))
+    print(f"data parallel 2 x 4 vs 1 x 8 with capacity factor 1.0 (global capacity ranking): {w:.1e}")
+    assert w <= RTOL, w
+    print(f"  ({time.time() - t0:.1f} s)")
+
+    t0 = time.time()
+    for name, extra in (("dropless", []), ("capacity", [CAP])):
+        single(cfg, "training.train_iters=20", f"training.output_dir={tmp / f'one20-{name}'}", *extra)
+        torchrun(cfg, 4, "training.train_iters=20", f"training.output_dir={tmp / f'ep2dp2-{name}'}", EP2, *extra)
+        w = worst(records(tmp / f"ep2dp2-{name}"), records(tmp / f"one20-{name}"))
+        print(f"EP=2 x DP=2 on 4 processes vs 1 process, {name}, 20 steps: {w:.1e}")
+        assert w <= RTOL, (name, w)
+    print(f"  ({time.time() - t0:.1f} s)")
+
+    # The checkpoint holds the single-process tensors: names, shapes, values.
+    one_ck, ep_ck = tmp / "one-dropless/checkpoints/step-00000030", tmp / "ep2-dropless/checkpoints/step-00000030"
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        assert shapes(ep_ck / f) == shapes(one_ck / f), f
+    from safetensors.torch import load_file
+    diff = 0.0
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        a, b = load_file(str(ep_ck / f)), load_file(str(one_ck / f))
+        diff = max(diff, max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-30)).item() for k in a))
+    n_expert = sum(".moe.experts." in k for k in shapes(ep_ck / "model.safetensors"))
+    print(f"checkpoint of EP=2: single-process names and shapes ({n_expert} expert tensors, whole), "
+          f"max relative difference to 1 process {diff:.1e}")
+    assert diff <= 1e-4, diff
+
+    t0 = time.time()
+    straight = tmp / "straight"
+    single(cfg, "training.train_iters=40", f"training.output_dir={straight}")
+    run = lambda ep, *sets: torchrun(cfg, 2, EP2, *sets) if ep == 2 else single(cfg, *sets)
+    for first, then in ((2, 1), (1, 2)):
+        out = tmp / f"resume-{first}-{then}"
+        sets = ["training.train_iters=40", f"training.output_dir={out}"]
+        run(first, *sets, "training.exit_interval=20")
+        run(then, *sets)
+        w = worst(records(out), records(straight))
+        print(f"resume EP={first} -> EP={then} at step 20 of 40 vs straight: {w:.1e}")
+        assert w <= RTOL, (first, then, w)
+    print(f"  ({time.time() - t0:.1f} s)")
+
+    # A pretrained Hugging Face model as model.init_from: each EP rank fills its experts' rows
+    # (the checkpoint of an EP=2 run, exported to a MixtralForCausalLM directory).
+    rope = ["model.rope_theta=10000", "training.train_iters=6"]
+    torchrun(cfg, 2, EP2, *rope, f"training.output_dir={tmp / 'pre'}")
+    subprocess.run([BIN, "export-hf", tmp / "pre/checkpoints/step-00000006", "--out", tmp / "hf"], check=True,
+                   capture_output=True)
+    init = [*rope, f"model.init_from={tmp / 'hf'}"]
+    single(cfg, *init, f"training.output_dir={tmp / 'hf-one'}")
+    torchrun(cfg, 2, EP2, *init, f"training.output_dir={tmp / 'hf-ep2'}")
+    w = worst(records(tmp / "hf-ep2"), records(tmp / "hf-one"))
+    first = records(tmp / "hf-one")[0]["loss"]
+    print(f"model.init_from a Hugging Face export of an EP=2 run: EP=2 vs 1 process {w:.1e} "
+          f"(first loss {first:.4f})")
+    assert w <= RTOL, w
+
+    # One rank dies inside an all-to-all (the 5th: step 1's second MoE layer's backward... any
+    # of them); the other is waiting in its own and must give up, not hang.
+    out = tmp / "kill"
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        if rank == 1:
+            env["MOE_TEST_DIE_IN_ALL_TO_ALL"] = "41"
+        procs.append(subprocess.Popen([BIN, "--config", cfg, "-q", "--set", f"training.output_dir={out}",
+                                       "--set", EP2, "--set", "training.train_iters=1000"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    _, err1 = procs[1].communicate(timeout=300)
+    t_kill = time.time()
+    _, err = procs[0].communicate(timeout=CONFIG["distributed"]["timeout_s"] + 30)
+    waited = time.time() - t_kill
+    assert procs[1].returncode == -9, (procs[1].returncode, err1[-1000:])
+    assert procs[0].returncode == 3 and "rank 0 of 2: all-to-all failed" in err, (procs[0].returncode, err[-2000:])
+    assert waited <= CONFIG["distributed"]["timeout_s"], waited
+    print(f"rank 1 killed in its 41st all-to-all: rank 0 exited 3 after {waited:.1f} s: "
+          f"{err.strip().splitlines()[-1][:200]}")
+print("ok")
