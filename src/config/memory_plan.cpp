@@ -447,6 +447,10 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   const double held_elsewhere =
       routed_expert_parameters(c) * (1 - 1.0 / static_cast<double>(dp.expert_parallel));
   const double trained = static_cast<double>(lora.adapter + lora.trainable_base) - held_elsewhere;
+  // ZeRO shares: every parameter is owned by one rank of the world, or with expert parallelism
+  // (the experts shared out over their N / EP replicas) by one rank of its replicas: either way
+  // 1/N of all the parameters per rank.
+  const double sharded = trained + held_elsewhere;
   const double frozen = static_cast<double>(lora.frozen_base);
   // The backward walk spreads gradients over the layers' parameters: scale them to the share
   // that trains.
@@ -465,7 +469,7 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   p.gradients = (streamed && w16     ? 0
                  : !w16 || fp32_sums ? 4
                                      : 2) *
-                trained / (dp.shards_gradients() ? N : 1);
+                (dp.shards_gradients() ? sharded / N : trained);
   p.communication = communication_bytes(dp.reduction, bucket, trained, N);
   if (dp.expert_parallel > 1) {  // the all-to-all's received rows and their expert-order copy
     const Shape rows = shape_of(c, p.micro_batch, opt.cpu);
@@ -473,7 +477,7 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   }
   const double state_share = dp.shards_optimizer() ? N : 1;
   const double moments = moment_bytes_per_parameter(c);
-  p.optimizer_states = offload ? 0 : moments * trained / state_share;
+  p.optimizer_states = offload ? 0 : moments * (dp.shards_optimizer() ? sharded / N : trained);
   // Moments + fp32 master copy + gradient staging (in the gradients' dtype); streamed: fp32
   // gradients, and a 16-bit staging buffer for 16-bit weights (their copies both ways).
   const double staging = streamed ? 4 + (w16 ? 2 : 0) : !w16 || fp32_sums ? 4 : 2;

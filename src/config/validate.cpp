@@ -183,8 +183,6 @@ void check_expert_parallel(Config& c, const Rules& rules) {
   rules.check(c.world_size % ep == 0, "moe.expert_parallel_size", ep,
               "must divide the world size (" + std::to_string(c.world_size) + " processes)");
   const std::string why = "is not supported with moe.expert_parallel_size > 1 yet";
-  rules.check(c.zero_optimization.stage == 0, "zero_optimization.stage", c.zero_optimization.stage,
-              why + "; use stage 0");
   rules.check(!lora_enabled(c), "lora.r", c.lora.r, why + "; use moe.expert_parallel_size 1");
   rules.check(c.zero_optimization.offload_optimizer.device == OffloadDevice::kNone,
               "zero_optimization.offload_optimizer.device",

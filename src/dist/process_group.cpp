@@ -297,24 +297,29 @@ torch::Tensor ProcessGroup::all_gather_rows(const torch::Tensor& t, int64_t grou
   return torch::cat(out[0]).to(t.device());
 }
 
-std::function<void()> ProcessGroup::reduce_sum_async(const torch::Tensor& t, int64_t root) {
+std::function<void()> ProcessGroup::reduce_sum_async(const torch::Tensor& t, int64_t root,
+                                                     int64_t group) {
+  const auto& g = impl_->groups.at(static_cast<size_t>(group));
+  if (!g.backend) return [] {};  // a subgroup of one: the sum is the tensor
   auto v = std::make_shared<std::vector<torch::Tensor>>(1, on_backend_device(t));
   c10d::ReduceOptions o;
   o.rootRank = root;
   o.reduceOp = c10d::ReduceOp::SUM;
   c10::intrusive_ptr<c10d::Work> work;
-  collective("gradient reduce", [&] { work = impl_->backend->reduce(*v, o); });
+  collective("gradient reduce", [&] { work = g.backend->reduce(*v, o); });
   return [this, v, work, t]() mutable {
     collective("gradient reduce", [&] { work->wait(); });
     if (!(*v)[0].is_same(t)) t.copy_((*v)[0]);
   };
 }
 
-void ProcessGroup::broadcast(torch::Tensor& t, int64_t root) {
+void ProcessGroup::broadcast(torch::Tensor& t, int64_t root, int64_t group) {
+  const auto& g = impl_->groups.at(static_cast<size_t>(group));
+  if (!g.backend) return;
   std::vector<torch::Tensor> v{on_backend_device(t)};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  collective("broadcast", [&] { impl_->backend->broadcast(v, o)->wait(); });
+  collective("broadcast", [&] { g.backend->broadcast(v, o)->wait(); });
   if (!v[0].is_same(t)) t.copy_(v[0]);
 }
 

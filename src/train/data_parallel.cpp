@@ -92,17 +92,30 @@ class RankGroup final : public DataParallel {
       if (model->expert_rows(name)) expert_params_.emplace_back(name, p);
     }
     if (!mode_.shards_optimizer()) return;
-    std::vector<std::string> names;
-    std::vector<torch::Tensor> params;
+    // With expert parallelism the experts a rank holds are shared out over their replicas (its
+    // expert-data-parallel group), the rest over the world.
+    std::vector<std::string> names, expert_names;
+    std::vector<torch::Tensor> params, experts;
     for (auto& [name, p] : model::trainable_parameters(*model)) {
-      names.push_back(name);
-      params.push_back(p);
+      const bool expert = model->expert_rows(name).has_value();
+      (expert ? expert_names : names).push_back(name);
+      (expert ? experts : params).push_back(p);
     }
+    const int64_t reduce = config::reduce_bucket_bytes(cfg_);
+    const int64_t broadcast = config::allgather_bucket_bytes(cfg_);
     zero_ = std::make_unique<ZeroPartition>(*group_, mode_.zero_stage, std::move(names),
-                                            std::move(params), config::reduce_bucket_bytes(cfg_),
-                                            config::allgather_bucket_bytes(cfg_));
+                                            std::move(params), reduce, broadcast);
+    if (!expert_names.empty()) {
+      zero_experts_ =
+          std::make_unique<ZeroPartition>(*group_, mode_.zero_stage, std::move(expert_names),
+                                          std::move(experts), reduce, broadcast, expert_dp_group_);
+    }
   }
-  bool updates(const std::string& name) const override { return !zero_ || zero_->owns(name); }
+  bool updates(const std::string& name) const override {
+    if (!zero_) return true;
+    return zero_experts_ && zero_experts_->holds(name) ? zero_experts_->owns(name)
+                                                       : zero_->owns(name);
+  }
   bool optimizer_is_share() const override { return zero_ != nullptr; }
 
   void agree_on_resume(int64_t step, const std::string& checkpoint,
@@ -211,7 +224,10 @@ class RankGroup final : public DataParallel {
       }
     }
     combine_figures(r);
-    if (mode_.shards_gradients()) zero_->drop_foreign_gradients();  // keep our own only
+    if (mode_.shards_gradients()) {  // keep our own only
+      zero_->drop_foreign_gradients();
+      if (zero_experts_) zero_experts_->drop_foreign_gradients();
+    }
   }
 
   void agree_on_overflow(torch::Tensor& found_inf) override {
@@ -225,7 +241,8 @@ class RankGroup final : public DataParallel {
   }
 
   void after_update() override {
-    if (zero_) zero_->broadcast_updates();  // owners -> everyone
+    if (zero_) zero_->broadcast_updates();                  // owners -> everyone
+    if (zero_experts_) zero_experts_->broadcast_updates();  // owners -> the replicas
   }
 
   // ZeRO: every owner's state streams to rank 0 one tensor at a time while rank 0 writes it.
@@ -302,7 +319,8 @@ class RankGroup final : public DataParallel {
     for (auto& [name, p] : expert_params_) {
       (*whole)[name] = group_->all_gather_rows(p.detach(), ep_group_).to(torch::kCPU);
     }
-    const OptimizerStream local = local_optimizer_stream(optimizer);
+    const OptimizerStream local =
+        zero_ ? zero_streams(optimizer) : local_optimizer_stream(optimizer);
     OptimizerStream s = local;
     std::vector<bool> gathered;
     for (auto& entry : s.layout) {
@@ -327,6 +345,21 @@ class RankGroup final : public DataParallel {
     } else {
       s.each([](const at::Tensor&) {});
     }
+  }
+
+  // ZeRO with expert parallelism: the world's owners' states, then the experts' (each from its
+  // owner among the replicas; the caller gathers them over the EP group).
+  OptimizerStream zero_streams(FusedAdamW& optimizer) {
+    OptimizerStream dense = zero_->optimizer_stream(optimizer);
+    if (!zero_experts_) return dense;
+    OptimizerStream experts = zero_experts_->optimizer_stream(optimizer);
+    OptimizerStream both = dense;
+    both.layout.insert(both.layout.end(), experts.layout.begin(), experts.layout.end());
+    both.each = [dense, experts](const OptimizerStream::Sink& sink) {
+      dense.each(sink);
+      experts.each(sink);
+    };
+    return both;
   }
 
   // One collective: the loss figures (averaged), the expert loads, drops and target tokens
@@ -355,6 +388,8 @@ class RankGroup final : public DataParallel {
   std::unique_ptr<dist::ProcessGroup> group_;
   config::DataParallelMode mode_;
   std::unique_ptr<ZeroPartition> zero_;  // ZeRO stage 1/2; null at stage 0
+  // ZeRO with expert parallelism: the experts' partition over their replicas.
+  std::unique_ptr<ZeroPartition> zero_experts_;
   // Expert parallelism (mode_.expert_parallel > 1): the groups' ids in group_, and the routed
   // experts' parameters this rank holds a share of.
   int64_t ep_group_ = dist::ProcessGroup::kWorld, expert_dp_group_ = dist::ProcessGroup::kWorld;

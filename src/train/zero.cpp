@@ -15,8 +15,9 @@ namespace moe::train {
 
 ZeroPartition::ZeroPartition(dist::ProcessGroup& group, int64_t stage,
                              std::vector<std::string> names, std::vector<torch::Tensor> params,
-                             int64_t reduce_bytes, int64_t broadcast_bytes)
+                             int64_t reduce_bytes, int64_t broadcast_bytes, int64_t subgroup)
     : group_(group),
+      gid_(subgroup),
       stage_(stage),
       reduce_bytes_(reduce_bytes),
       broadcast_bytes_(broadcast_bytes),
@@ -28,7 +29,7 @@ ZeroPartition::ZeroPartition(dist::ProcessGroup& group, int64_t stage,
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return params_[a].numel() > params_[b].numel(); });
-  std::vector<int64_t> load(static_cast<size_t>(group.size()), 0);
+  std::vector<int64_t> load(static_cast<size_t>(group.group_size(subgroup)), 0);
   for (size_t i : order) {
     const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
     owner_[i] = static_cast<int64_t>(r);
@@ -36,9 +37,16 @@ ZeroPartition::ZeroPartition(dist::ProcessGroup& group, int64_t stage,
   }
 }
 
+int64_t ZeroPartition::rank() const { return group_.group_rank(gid_); }
+int64_t ZeroPartition::size() const { return group_.group_size(gid_); }
+
+bool ZeroPartition::holds(const std::string& name) const {
+  return std::find(names_.begin(), names_.end(), name) != names_.end();
+}
+
 bool ZeroPartition::owns(const std::string& name) const {
   for (size_t i = 0; i < names_.size(); ++i) {
-    if (names_[i] == name) return owner_[i] == group_.rank();
+    if (names_[i] == name) return owner_[i] == rank();
   }
   return false;
 }
@@ -46,14 +54,14 @@ bool ZeroPartition::owns(const std::string& name) const {
 int64_t ZeroPartition::owned_elements() const {
   int64_t n = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (owner_[i] == group_.rank()) n += params_[i].numel();
+    if (owner_[i] == rank()) n += params_[i].numel();
   }
   return n;
 }
 
 void ZeroPartition::drop_foreign_gradients() {
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (owner_[i] != group_.rank()) params_[i].mutable_grad() = torch::Tensor();
+    if (owner_[i] != rank()) params_[i].mutable_grad() = torch::Tensor();
   }
 }
 
@@ -68,7 +76,7 @@ constexpr size_t kMaxInFlight = 2;  // launched buckets not yet waited for
 }  // namespace
 
 void ZeroPartition::reduce_in_backward() {
-  if (group_.size() < 2 || stage_ < 2) return;
+  if (size() < 2 || stage_ < 2) return;
   std::vector<int64_t> bytes;  // reverse model order
   for (size_t k = params_.size(); k-- > 0;)
     bytes.push_back(static_cast<int64_t>(params_[k].nbytes()));
@@ -99,7 +107,7 @@ void ZeroPartition::launch(size_t bucket) {
   }
   torch::NoGradGuard no_grad;
   std::vector<Launched> launched;
-  for (int64_t owner = 0; owner < group_.size(); ++owner) {
+  for (int64_t owner = 0; owner < size(); ++owner) {
     Launched l{owner, {}, {}, {}};
     std::vector<torch::Tensor> parts;
     for (size_t k : buckets_[bucket]) {
@@ -110,11 +118,11 @@ void ZeroPartition::launch(size_t bucket) {
       // must reduce the same sizes.
       parts.push_back(g.defined() ? g.reshape({-1})
                                   : torch::zeros({params_[k].numel()}, params_[k].options()));
-      if (owner != group_.rank()) params_[k].mutable_grad() = torch::Tensor();  // ours no more
+      if (owner != rank()) params_[k].mutable_grad() = torch::Tensor();  // ours no more
     }
     if (l.params.empty()) continue;
     l.flat = torch::cat(parts);
-    l.wait = group_.reduce_sum_async(l.flat, owner);
+    l.wait = group_.reduce_sum_async(l.flat, owner, gid_);
     launched.push_back(std::move(l));
   }
   in_flight_.push_back(std::move(launched));
@@ -122,7 +130,7 @@ void ZeroPartition::launch(size_t bucket) {
 
 void ZeroPartition::complete(Launched& l) {
   l.wait();
-  if (l.owner != group_.rank()) return;
+  if (l.owner != rank()) return;
   torch::NoGradGuard no_grad;
   int64_t offset = 0;
   for (size_t k : l.params) {
@@ -156,10 +164,9 @@ void ZeroPartition::rearm() {
 
 void ZeroPartition::average_owned() {
   torch::NoGradGuard no_grad;
-  const double inv = 1.0 / static_cast<double>(group_.size());
+  const double inv = 1.0 / static_cast<double>(size());
   for (size_t k = 0; k < params_.size(); ++k) {
-    if (owner_[k] == group_.rank() && params_[k].grad().defined())
-      params_[k].mutable_grad().mul_(inv);
+    if (owner_[k] == rank() && params_[k].grad().defined()) params_[k].mutable_grad().mul_(inv);
   }
 }
 
@@ -169,7 +176,7 @@ torch::Tensor ZeroPartition::clip_global(const std::vector<torch::Tensor>& own_g
   if (!own_grads.empty()) {
     sq += at::stack(at::_foreach_norm(own_grads, 2)).to(torch::kDouble).square().sum().cpu();
   }
-  group_.allreduce_sum(sq);
+  group_.allreduce_sum(sq, gid_);
   auto norm = sq.sqrt().to(torch::kFloat).squeeze();
   if (std::isfinite(max_norm) && !own_grads.empty()) {
     auto n = norm.to(own_grads.front().device());
@@ -182,7 +189,7 @@ torch::Tensor ZeroPartition::clip_global(const std::vector<torch::Tensor>& own_g
 
 void ZeroPartition::broadcast_updates() {
   torch::NoGradGuard no_grad;
-  for (int64_t root = 0; root < group_.size(); ++root) {
+  for (int64_t root = 0; root < size(); ++root) {
     // The root's parameters in buckets of at most broadcast_bytes_.
     std::vector<size_t> mine;
     std::vector<int64_t> bytes;
@@ -198,7 +205,7 @@ void ZeroPartition::broadcast_updates() {
         parts.push_back(members.back().reshape({-1}));
       }
       auto flat = torch::cat(parts);
-      group_.broadcast(flat, root);
+      group_.broadcast(flat, root, gid_);
       dist::copy_from_flat(flat, members);
     }
   }
@@ -218,7 +225,7 @@ OptimizerStream ZeroPartition::optimizer_stream(FusedAdamW& mine) {
   s.each = [this, own](const OptimizerStream::Sink& sink) {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
-      const bool owner = owner_[i] == group_.rank();
+      const bool owner = owner_[i] == rank();
       const AdamWState* src = owner ? own.at(names_[i]) : nullptr;
       for (int which = 0; which < 3; ++which) {
         torch::Tensor buf;
@@ -231,7 +238,7 @@ OptimizerStream ZeroPartition::optimizer_stream(FusedAdamW& mine) {
           buf = which == 2 ? torch::empty({}, torch::kFloat)
                            : torch::empty(params_[i].sizes(), torch::kFloat);
         }
-        group_.broadcast(buf, owner_[i]);
+        group_.broadcast(buf, owner_[i], gid_);
         sink(buf);
       }  // buf is released here: one state tensor in flight
     }

@@ -4,8 +4,10 @@
     gradient norms, aux losses and per-expert token counts agree to <= 1e-5 relative, dropless
     and with a capacity limit (moe.capacity_factor 1.0, the routers rank every rank's
     assignments together); plain data parallelism with the capacity limit too;
-  - EP=2 x DP=2 on 4 processes vs 1 process, 20 steps: the same, dropless and with capacity;
-  - resume EP=2 -> EP=1 and EP=1 -> EP=2 at step 20 of 40 continues the straight run's losses;
+  - EP=2 x DP=2 on 4 processes vs 1 process, 20 steps: the same, dropless and with capacity, and
+    with ZeRO stages 1 and 2 (the experts' state shared out over their replicas);
+  - resume EP=2 -> EP=1, EP=1 -> EP=2 and EP=2 ZeRO-2 -> EP=2 ZeRO-1 at step 20 of 40 continues
+    the straight run's losses;
   - the checkpoint's tensors (model and optimizer) have the single-process names and shapes,
     and values within 1e-4 of a single process's at the same step; its Hugging Face export
     initialises EP=2 and one process alike (model.init_from);
@@ -138,6 +140,21 @@ with tempfile.TemporaryDirectory() as d:
         w = worst(records(tmp / f"ep2dp2-{name}"), records(tmp / f"one20-{name}"))
         print(f"EP=2 x DP=2 on 4 processes vs 1 process, {name}, 20 steps: {w:.1e}")
         assert w <= RTOL, (name, w)
+    # ZeRO with expert parallelism: the experts' Adam state shared out over their replicas, the
+    # rest over the world; the checkpoint gathers both into the single-process layout.
+    from safetensors.torch import load_file
+    for stage in (1, 2):
+        out = tmp / f"ep2dp2-zero{stage}"
+        torchrun(cfg, 4, "training.train_iters=20", f"training.output_dir={out}", EP2,
+                 f"zero_optimization.stage={stage}")
+        w = worst(records(out), records(tmp / "one20-dropless"))
+        z = load_file(str(out / "checkpoints/step-00000020/optimizer.safetensors"))
+        o = load_file(str(tmp / "one20-dropless/checkpoints/step-00000020/optimizer.safetensors"))
+        assert z.keys() == o.keys() and all(z[k].shape == o[k].shape for k in z), "optimizer layout"
+        diff = max(((z[k] - o[k]).abs().max() / o[k].abs().max().clamp_min(1e-30)).item() for k in z)
+        print(f"EP=2 x DP=2 with ZeRO stage {stage} vs 1 process, 20 steps: {w:.1e}; gathered Adam state "
+              f"within {diff:.1e} of one process's")
+        assert w <= RTOL and diff <= 1e-4, (stage, w, diff)
     print(f"  ({time.time() - t0:.1f} s)")
 
     # The checkpoint holds the single-process tensors: names, shapes, values.
@@ -166,6 +183,14 @@ with tempfile.TemporaryDirectory() as d:
         w = worst(records(out), records(straight))
         print(f"resume EP={first} -> EP={then} at step 20 of 40 vs straight: {w:.1e}")
         assert w <= RTOL, (first, then, w)
+    # ZeRO shares across a resume: EP=2 with ZeRO-2 writes, EP=2 with ZeRO-1 reads its own share.
+    out = tmp / "resume-zero"
+    sets = ["training.train_iters=40", f"training.output_dir={out}"]
+    torchrun(cfg, 2, EP2, *sets, "zero_optimization.stage=2", "training.exit_interval=20")
+    torchrun(cfg, 2, EP2, *sets, "zero_optimization.stage=1")
+    w = worst(records(out), records(straight))
+    print(f"resume EP=2 ZeRO-2 -> EP=2 ZeRO-1 at step 20 of 40 vs straight: {w:.1e}")
+    assert w <= RTOL, w
     print(f"  ({time.time() - t0:.1f} s)")
 
     # A pretrained Hugging Face model as model.init_from: each EP rank fills its experts' rows

@@ -155,8 +155,9 @@ double relative(double a, double b) { return std::abs(a - b) / std::max(1e-12, s
 TEST(DataParallelBoundary, TwoRanksAsThreadsMatchOneProcessOnTheGlobalBatch) {
   const int64_t steps = 4, accumulation = 2, micro = 2;
   const auto batches = make_batches(steps * accumulation, 2 * micro);
-  // ZeRO 0, ZeRO 2, and expert parallelism of 2 (each rank holds half the experts).
-  for (const auto& [stage, ep] : {std::pair<int64_t, int64_t>{0, 1}, {2, 1}, {0, 2}}) {
+  // ZeRO 0, ZeRO 2, and expert parallelism of 2 (each rank holds half the experts) without and
+  // with ZeRO 2.
+  for (const auto& [stage, ep] : {std::pair<int64_t, int64_t>{0, 1}, {2, 1}, {0, 2}, {2, 2}}) {
     const config::Config one = tiny(1, 2 * micro, accumulation, stage);
     const Trace want = local(one, batches, steps);
     config::Config two = tiny(2, micro, accumulation, stage);

@@ -50,8 +50,11 @@ class ProcessGroup {
   torch::Tensor all_gather_rows(const torch::Tensor& t, int64_t group = kWorld);
   // Starts an in-place sum of `t` over the ranks onto rank `root` and returns its wait: call it
   // before reading `t` on the root (the sum is then there); `t` must stay alive until then.
-  std::function<void()> reduce_sum_async(const torch::Tensor& t, int64_t root);
-  void broadcast(torch::Tensor& t, int64_t root);  // in place: root's values everywhere
+  // `root` and the ranks are `group`'s.
+  std::function<void()> reduce_sum_async(const torch::Tensor& t, int64_t root,
+                                         int64_t group = kWorld);
+  void broadcast(torch::Tensor& t, int64_t root,
+                 int64_t group = kWorld);  // in place: root's values everywhere
   // Rows of `rows` (dim 0), send[j] of them to rank j in order; returns the rows received,
   // recv[i] from rank i, in rank order (c10d alltoall_base): expert parallelism's exchange.
   torch::Tensor all_to_all(const torch::Tensor& rows, const std::vector<int64_t>& send,

@@ -28,11 +28,14 @@ class ZeroPartition {
  public:
   // `names`/`params`: every parameter, in model order (the same on every rank).
   // reduce_bytes: gradient bytes per reduce (stage 2 in the backward); broadcast_bytes: parameter
-  // bytes per broadcast of updated shares.
+  // bytes per broadcast of updated shares. `subgroup`: the ranks that share these parameters
+  // out (a group of `group`; expert parallelism partitions the experts over their replicas).
   ZeroPartition(dist::ProcessGroup& group, int64_t stage, std::vector<std::string> names,
-                std::vector<torch::Tensor> params, int64_t reduce_bytes, int64_t broadcast_bytes);
+                std::vector<torch::Tensor> params, int64_t reduce_bytes, int64_t broadcast_bytes,
+                int64_t subgroup = 0);
   int64_t stage() const { return stage_; }
   bool owns(const std::string& name) const;
+  bool holds(const std::string& name) const;  // whether `name` is one of this partition's
   int64_t owned_elements() const;
 
   // Stage 2: gradients of parameters this rank does not own are released.
@@ -62,7 +65,10 @@ class ZeroPartition {
   OptimizerStream optimizer_stream(FusedAdamW& mine);
 
  private:
+  int64_t rank() const;  // in the subgroup
+  int64_t size() const;
   dist::ProcessGroup& group_;
+  int64_t gid_;
   int64_t stage_, reduce_bytes_, broadcast_bytes_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_;
