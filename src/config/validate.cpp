@@ -12,6 +12,7 @@
 #include "fields.h"
 #include "moe/config/config.h"
 #include "moe/config/lora.h"
+#include "moe/env/placement.h"
 #include "moe/util/errors.h"
 
 namespace moe::config {
@@ -310,6 +311,16 @@ void check_relations(Config& c, const Rules& rules) {
               "must be <= moe.num_experts (" + std::to_string(e.num_experts) + ")");
   check_lora(c, rules);
   check_expert_parallel(c, rules);
+  if (const std::string& a = c.training.cpu_affinity; !a.empty() && a != "auto") {
+    bool ok = true;
+    try {
+      env::parse_cpu_list(a, "training.cpu_affinity");
+    } catch (const UserError&) {
+      ok = false;
+    }
+    rules.check(ok, "training.cpu_affinity", a,
+                "expected \"auto\" or a CPU list such as \"0-7,16-23\"");
+  }
   warn_inert_checkpointing_keys(c);
   const auto& d = c.data;
   rules.check(!d.reset_attention_at_eod || (d.eod_id >= 0 && d.eod_id < m.vocab_size),

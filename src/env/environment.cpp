@@ -5,6 +5,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +20,7 @@
 
 #include "moe/build_info.h"
 #include "moe/env/cuda_arch.h"
+#include "moe/env/placement.h"
 #include "moe/kernels/permute.h"
 #include "torch/headeronly/version.h"
 
@@ -71,6 +73,40 @@ double write_mib_per_s(const std::string& dir) {
 }
 
 }  // namespace
+
+// The NUMA topology, where this process may run, and (with GPUs) the CPUs near each GPU: a
+// process whose CPUs are all on another node than its GPU pays the inter-socket link on every
+// host-device copy (the seed guide binds the trainer with numactl; training.cpu_affinity).
+static void add_placement_checks(json& checks, int64_t gpus) {
+  const auto nodes = numa_nodes();
+  std::string topology;
+  for (const auto& n : nodes) {
+    topology += (topology.empty() ? "" : "; ") +
+                ("node " + std::to_string(n.id) + ": CPUs " + format_cpu_list(n.cpus) + ", " +
+                 std::to_string(n.memory_mib) + " MiB");
+  }
+  checks.push_back(check("NUMA", "ok",
+                         nodes.empty() ? "no NUMA information in /sys (one node)"
+                                       : std::to_string(nodes.size()) + " node(s): " + topology));
+  const auto mine = allowed_cpus();
+  checks.push_back(
+      check("CPU affinity", "ok",
+            "this process may run on CPUs " + format_cpu_list(mine) +
+                " (training.cpu_affinity, numactl or systemd's CPUAffinity= narrow it)"));
+  for (int64_t i = 0; i < gpus; ++i) {
+    const std::string bus = gpu_pci_bus_id(static_cast<int>(i));
+    const auto near = bus.empty() ? std::vector<int>{} : pci_local_cpus(bus);
+    if (near.empty()) continue;
+    const bool overlaps = std::any_of(mine.begin(), mine.end(), [&](int c) {
+      return std::binary_search(near.begin(), near.end(), c);
+    });
+    checks.push_back(check("GPU " + std::to_string(i) + " placement", overlaps ? "ok" : "warn",
+                           "PCI " + bus + ", near CPUs " + format_cpu_list(near) +
+                               (overlaps ? ""
+                                         : ": this process runs on none of them (far from "
+                                           "its GPU; set training.cpu_affinity = auto)")));
+  }
+}
 
 json environment_report(const std::vector<std::string>& dirs) {
   json checks = json::array();
@@ -140,6 +176,7 @@ json environment_report(const std::vector<std::string>& dirs) {
 #endif
   checks.push_back(
       check("CPU", "ok", std::to_string(std::thread::hardware_concurrency()) + " logical cores"));
+  add_placement_checks(checks, gpus);
   const int64_t total = meminfo_kib("MemTotal"), avail = meminfo_kib("MemAvailable");
   checks.push_back(check("memory", "ok",
                          std::to_string(total >> 10) + " MiB total, " +
@@ -166,6 +203,15 @@ json environment_report(const std::vector<std::string>& dirs) {
     checks.push_back(check(var, "ok", v ? v : "(unset)"));
   }
   return {{"checks", checks}};
+}
+
+std::string gpu_pci_bus_id(int device) {
+#ifdef MOE_HAVE_CUDA
+  char id[64] = {0};
+  if (cudaDeviceGetPCIBusId(id, sizeof id, device) == cudaSuccess) return id;
+#endif
+  (void)device;
+  return "";
 }
 
 bool cpu_has_native_bf16() {

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "moe/env/environment.h"
+#include "moe/env/placement.h"
 #include "moe/moe/dispatcher.h"
 #include "moe/util/errors.h"
 
@@ -46,6 +48,23 @@ data::BufferFactory tensor_buffers(const torch::Device& device) {
 torch::Tensor to_device(const data::Batch& b, const torch::Device& device) {
   const auto& t = *static_cast<torch::Tensor*>(b.buffer.owner.get());
   return t.view({b.rows, b.cols}).to(device, /*non_blocking=*/true);
+}
+
+std::string apply_cpu_affinity(const config::Config& cfg, int64_t local_rank) {
+  const std::string& a = cfg.training.cpu_affinity;
+  if (a.empty()) return "";
+  std::vector<int> cpus;
+  if (a == "auto") {
+    const std::string bus = pick_device(cfg).is_cuda()
+                                ? env::gpu_pci_bus_id(static_cast<int>(local_rank))
+                                : std::string();
+    cpus = bus.empty() ? std::vector<int>{} : env::pci_local_cpus(bus);
+    if (cpus.empty()) return "";  // nothing near: the OS decides
+  } else {
+    cpus = env::parse_cpu_list(a, "training.cpu_affinity");
+  }
+  env::pin_process_to(cpus, "training.cpu_affinity");
+  return env::format_cpu_list(cpus);
 }
 
 }  // namespace moe::train

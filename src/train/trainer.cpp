@@ -167,6 +167,20 @@ model::TransformerLM seeded_model(const config::Config& cfg, const torch::Device
   return model;
 }
 
+// training.cpu_affinity (device.h), said in the log.
+std::string pin_threads(const config::Config& cfg, const TrainOptions& opt, spdlog::logger& log) {
+  const std::string cpus = apply_cpu_affinity(cfg, opt.launch.local_rank);
+  if (!cpus.empty()) {
+    log.info("every thread pinned to CPUs {} (training.cpu_affinity = {})", cpus,
+             cfg.training.cpu_affinity);
+  } else if (!cfg.training.cpu_affinity.empty()) {
+    log.warn(
+        "training.cpu_affinity = auto: no GPU whose nearby CPUs sysfs names; placement "
+        "left to the OS");
+  }
+  return cpus;
+}
+
 // A CUDA run puts each rank on the GPU of its local rank.
 RunInputs on_local_device(RunInputs in, const TrainOptions& opt) {
   if (in.device.is_cuda() && opt.launch.world_size > 1) {
@@ -181,6 +195,7 @@ class TrainingSession {
       : cfg_(cfg),
         opt_(opt),
         log_(spdlog::get("moe-train") ? spdlog::get("moe-train") : spdlog::default_logger()),
+        pinned_(pin_threads(cfg, opt, *log_)),
         dp_(DataParallel::create(cfg, opt.launch, pick_device(cfg).is_cuda(), *log_)),
         in_((warn_config(), on_local_device(check_run_inputs(cfg, opt, *log_), opt))),
         model_(seeded_model(cfg, in_.device, *dp_)),
@@ -557,6 +572,7 @@ class TrainingSession {
   const config::Config& cfg_;
   const TrainOptions& opt_;
   std::shared_ptr<spdlog::logger> log_;
+  std::string pinned_;  // training.cpu_affinity's CPUs, before any thread of the run starts
   std::unique_ptr<DataParallel> dp_;  // a world of one, or the ranks (data_parallel.h)
   RunInputs in_;
   model::TransformerLM model_;

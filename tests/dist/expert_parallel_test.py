@@ -3,7 +3,8 @@
   - EP=2 on 2 processes vs 1 process on the same global batch, 30 steps: per-step losses,
     gradient norms, aux losses and per-expert token counts agree to <= 1e-5 relative, dropless
     and with a capacity limit (moe.capacity_factor 1.0, the routers rank every rank's
-    assignments together); plain data parallelism with the capacity limit too;
+    assignments together); with activation checkpointing, accumulation, a shared expert, the
+    aux-loss-free bias and a dense layer; plain data parallelism with the capacity limit too;
   - EP=2 x DP=2 on 4 processes vs 1 process, 20 steps: the same, dropless and with capacity, and
     with ZeRO stages 1 and 2 (the experts' state shared out over their replicas);
   - resume EP=2 -> EP=1, EP=1 -> EP=2 and EP=2 ZeRO-2 -> EP=2 ZeRO-1 at step 20 of 40 continues
@@ -127,6 +128,18 @@ with tempfile.TemporaryDirectory() as d:
         print(f"EP=2 on 2 processes vs 1 process, {name}, 30 steps: worst relative difference of loss, "
               f"grad norm, aux loss and expert token counts {w:.1e}" + (f" ({dropped} assignments dropped)" if extra else ""))
         assert w <= RTOL, (name, w)
+    # What users combine with EP: activation checkpointing (the all-to-all runs again in the
+    # recompute), accumulation micro-steps, a shared expert (replicated, not spread), the
+    # aux-loss-free expert bias (updated from the global loads) and dense first layer.
+    mix = ["activation_checkpointing.number_checkpoints=2", "train_batch_size=16", "gradient_accumulation_steps=2",
+           "moe.shared_expert_hidden_size=64", "moe.router_bias_update_rate=0.001", "moe.mlp_only_layers=[0]",
+           "model.num_layers=3", "training.train_iters=15"]
+    single(cfg, *mix, f"training.output_dir={tmp / 'mix-one'}")
+    torchrun(cfg, 2, EP2, *mix, f"training.output_dir={tmp / 'mix-ep2'}")
+    w = worst(records(tmp / "mix-ep2"), records(tmp / "mix-one"))
+    print(f"EP=2 with activation checkpointing, 2 accumulation steps, a shared expert, the expert bias and a "
+          f"dense layer, 15 steps: {w:.1e}")
+    assert w <= RTOL, w
     torchrun(cfg, 2, f"training.output_dir={tmp / 'dp2-capacity'}", CAP)
     w = worst(records(tmp / "dp2-capacity"), records(tmp / "one-capacity"))
     print(f"data parallel 2 x 4 vs 1 x 8 with capacity factor 1.0 (global capacity ranking): {w:.1e}")

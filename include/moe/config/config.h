@@ -224,6 +224,9 @@ struct TrainingConfig {
   int64_t max_bad_steps = 3;  // bf16/fp32: stop (exit 3) at this many non-finite steps in a row
   int64_t exit_interval = 0;  // Megatron's: checkpoint and exit 0 after steps divisible by it
   bool cuda_graph = false;    // capture the whole step in a CUDA graph (when eligible)
+  // Every thread of the process on these CPUs: "" = the OS's placement, "auto" = the CPUs near
+  // the run's GPU (its NUMA node), or a CPU list such as "0-7,16-23" (env/placement.h).
+  std::string cpu_affinity;
   // The working weights' dtype: fp32 (autocast computes in bf16/fp16 from fp32 weights), or the
   // compute dtype itself (16-bit matrices, the fp32 master in the optimizer: DeepSpeed's bf16).
   ParamDtype param_dtype = ParamDtype::kFp32;

@@ -19,4 +19,7 @@ nlohmann::json environment_report(const std::vector<std::string>& dirs);
 // /proc/cpuinfo): without either, LibTorch's CPU bf16 GEMM is a slow fallback.
 bool cpu_has_native_bf16();
 
+// CUDA device `device`'s PCI bus id ("0000:17:00.0"); "" without CUDA.
+std::string gpu_pci_bus_id(int device);
+
 }  // namespace moe::env
