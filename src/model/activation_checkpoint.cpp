@@ -47,9 +47,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       torch::NoGradGuard no_grad;
       o = (*block)->forward(x);
     }
-    ctx->saved_data["dropped"] = o.moe.dropped;
-    ctx->mark_non_differentiable({o.moe.tokens_per_expert});
-    return {o.x, o.moe.aux_loss, o.moe.z_loss, o.moe.tokens_per_expert};
+    // The capacity drops travel out as a host scalar (a checkpointed block used to report 0).
+    auto dropped = torch::tensor(o.moe.dropped, torch::kLong);
+    ctx->mark_non_differentiable({o.moe.tokens_per_expert, dropped});
+    return {o.x, o.moe.aux_loss, o.moe.z_loss, o.moe.tokens_per_expert, dropped};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -91,6 +92,7 @@ BlockOutput checkpointed_block_forward(Block& block, const torch::Tensor& x) {
   o.moe.aux_loss = outs[1];
   o.moe.z_loss = outs[2];
   o.moe.tokens_per_expert = outs[3];
+  o.moe.dropped = outs[4].item<int64_t>();
   return o;
 }
 

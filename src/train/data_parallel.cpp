@@ -298,7 +298,11 @@ class RankGroup final : public DataParallel {
     };
     auto expert_sq = squares(theirs);
     group_->allreduce_sum(expert_sq, ep_group_);
-    const auto norm = (squares(mine) + expert_sq).sqrt().to(torch::kFloat).squeeze();
+    // Rank 0's norm everywhere: each EP group sums its squares itself, and with more than two
+    // ranks NCCL may add them in another order (an ulp apart: replicas would drift).
+    auto total = (squares(mine) + expert_sq).sqrt();
+    group_->broadcast(total, 0);
+    const auto norm = total.to(torch::kFloat).squeeze();
     if (std::isfinite(max_norm) && !grads.empty()) {
       auto n = norm.to(grads.front().device());
       auto coef = (max_norm / (n + 1e-6)).clamp_max(1.0);
@@ -315,9 +319,11 @@ class RankGroup final : public DataParallel {
                                   const std::function<void(const OptimizerStream*)>& write) {
     torch::NoGradGuard no_grad;
     const int64_t ep = mode_.expert_parallel;
+    // Rank 0's EP group gathers; the others only take part in ZeRO's broadcasts among replicas.
+    const bool gathers = group_->rank() < ep;
     auto whole = std::make_shared<std::map<std::string, torch::Tensor>>();
     for (auto& [name, p] : expert_params_) {
-      (*whole)[name] = group_->all_gather_rows(p.detach(), ep_group_).to(torch::kCPU);
+      if (gathers) (*whole)[name] = group_->all_gather_rows(p.detach(), ep_group_).to(torch::kCPU);
     }
     const OptimizerStream local =
         zero_ ? zero_streams(optimizer) : local_optimizer_stream(optimizer);
@@ -330,10 +336,10 @@ class RankGroup final : public DataParallel {
       gathered.push_back(expert);
     }
     dist::ProcessGroup* g = group_.get();
-    s.each = [local, gathered, g, id = ep_group_](const OptimizerStream::Sink& sink) {
+    s.each = [local, gathered, gathers, g, id = ep_group_](const OptimizerStream::Sink& sink) {
       size_t i = 0;
       local.each([&](const at::Tensor& t) {
-        sink(gathered[i++] ? g->all_gather_rows(t.detach(), id) : t);
+        sink(gathered[i++] && gathers ? g->all_gather_rows(t.detach(), id) : t);
       });
     };
     s.whole_parameter = [whole](const std::string& name) {

@@ -18,58 +18,29 @@
 
 usage: expert_parallel_test.py MOE_TRAIN_BINARY
 """
+import functools
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+import launch
+
 BIN = sys.argv[1]
-TORCHRUN = str(pathlib.Path(sys.executable).parent / "torchrun")
+TORCHRUN = launch.TORCHRUN
 RTOL = 1e-5
-CONFIG = {
-    "train_batch_size": 8, "gradient_clipping": 1.0,
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
-    "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 5}},
-    "model": {"vocab_size": 512, "seq_len": 64, "hidden_size": 64, "num_layers": 2, "num_heads": 4},
-    "moe": {"num_experts": 4, "top_k": 2, "expert_hidden_size": 96},
-    "training": {"train_iters": 30, "eval_interval": 10, "device": "cpu"},
-    "distributed": {"timeout_s": 20},
-}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+CONFIG = {**launch.SMALL_CONFIG, "training": {**launch.SMALL_CONFIG["training"], "eval_interval": 10}}
+free_port = launch.free_port
+torchrun = functools.partial(launch.torchrun, BIN)
+single = functools.partial(launch.single, BIN)
 
 
 def records(run_dir):
     recs = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in recs if r["type"] == "train"]
-
-
-def torchrun(cfg, n, *sets, env=None):
-    args = [TORCHRUN, "--no-python", "--nproc-per-node", str(n), "--master-port", str(free_port()),
-            BIN, "--config", cfg, "-q"]
-    for s in sets:
-        args += ["--set", s]
-    r = subprocess.run(args, capture_output=True, text=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
-
-
-def single(cfg, *sets):
-    args = [BIN, "--config", cfg, "-q"]
-    for s in sets:
-        args += ["--set", s]
-    r = subprocess.run(args, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
 
 
 def rel(a, b):
@@ -97,11 +68,8 @@ def shapes(path):
 
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
-    subprocess.run([BIN, "make-synthetic", "--out", tmp / "data", "--vocab", "512", "--programs", "4",
-                    "--doc-len", "65", "--train-docs", "600", "--valid-docs", "16"], check=True,
-                   capture_output=True)
     cfg = tmp / "ep.json"
-    CONFIG["data"] = {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")}
+    CONFIG["data"] = launch.make_data(BIN, tmp)
     cfg.write_text(json.dumps(CONFIG))
     EP2 = "moe.expert_parallel_size=2"
     CAP = "moe.capacity_factor=1.0"

@@ -61,5 +61,21 @@ TEST(ActivationCheckpointing, SameLossAndGradients) {
   }
 }
 
+// A capacity limit's drops are reported by checkpointed blocks too (they used to say 0).
+TEST(ActivationCheckpointing, ReportsCapacityDrops) {
+  config::Config c = small_config();
+  c.moe.capacity_factor = 0.5;
+  torch::manual_seed(2);
+  TransformerLM model(c);
+  model->train();
+  const auto tokens = torch::randint(0, 50, {2, 12}, torch::kLong);
+  torch::manual_seed(7);
+  const int64_t plain = model->forward(tokens).dropped;
+  ASSERT_GT(plain, 0);
+  model->set_checkpoint_blocks(3);
+  torch::manual_seed(7);
+  EXPECT_EQ(model->forward(tokens).dropped, plain);
+}
+
 }  // namespace
 }  // namespace moe::model
