@@ -11,10 +11,11 @@ usage: bench/dp_overlap.py [BUILD_DIR] [STEPS=15]"""
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import tempfile
+
+from launch_common import mean_step, port
 
 root = pathlib.Path(__file__).resolve().parent.parent
 build = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else root / "build"
@@ -22,18 +23,6 @@ steps = int(sys.argv[2]) if len(sys.argv) > 2 else 15
 binary = str(build / "src" / "moe-train")
 torchrun = str(pathlib.Path(sys.executable).parent / "torchrun")
 env1 = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def mean_step(run):
-    recs = [json.loads(l) for l in open(run / "metrics.jsonl")]
-    t = [r["step_time_s"] for r in recs if r["type"] == "train"][3:]
-    return sum(t) / len(t)
 
 
 COMM = r'''

@@ -7,31 +7,19 @@ benchmark, not a test. configs/bench-cpu-small.json under torchrun, 2 x micro-ba
 and EP with ZeRO-1. Prints the mean step time (steps after the first 3; OMP_NUM_THREADS=1 per
 rank) and the larger rank's peak of live CPU tensor bytes (MOE_HOST_MEMORY_REPORT=1).
 usage: bench/expert_parallel.py [BUILD_DIR] [STEPS=15]"""
-import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import tempfile
+
+from launch_common import mean_step, port
 
 root = pathlib.Path(__file__).resolve().parent.parent
 build = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else root / "build"
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 15
 binary = str(build / "src" / "moe-train")
 torchrun = str(pathlib.Path(sys.executable).parent / "torchrun")
-
-
-def port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def mean_step(run):
-    recs = [json.loads(l) for l in open(run / "metrics.jsonl")]
-    t = [r["step_time_s"] for r in recs if r["type"] == "train"][3:]
-    return sum(t) / len(t)
 
 
 with tempfile.TemporaryDirectory() as d:
