@@ -40,21 +40,12 @@ CONFIG = launch.SMALL_CONFIG
 free_port = launch.free_port
 torchrun = functools.partial(launch.torchrun, BIN)
 single = functools.partial(launch.single, BIN)
+by_hand = functools.partial(launch.by_hand, BIN)
 
 
 def train_losses(run_dir):
     recs = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["loss"], r["grad_norm"]) for r in recs if r["type"] == "train"]
-
-
-def by_hand(cfg, port, rank, *sets):
-    """One rank started as torchrun would start it."""
-    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-    args = [BIN, "--config", cfg, "-q"]
-    for s in sets:
-        args += ["--set", s]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def worst(a, b):

@@ -189,19 +189,13 @@ with tempfile.TemporaryDirectory() as d:
           f"(first loss {first:.4f})")
     assert w <= RTOL, w
 
-    # One rank dies inside an all-to-all (the 5th: step 1's second MoE layer's backward... any
-    # of them); the other is waiting in its own and must give up, not hang.
+    # One rank dies inside its 41st all-to-all (during step 3 or 4); the other is waiting in its
+    # own and must give up, not hang.
     out = tmp / "kill"
     port = free_port()
-    procs = []
-    for rank in (0, 1):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        if rank == 1:
-            env["MOE_TEST_DIE_IN_ALL_TO_ALL"] = "41"
-        procs.append(subprocess.Popen([BIN, "--config", cfg, "-q", "--set", f"training.output_dir={out}",
-                                       "--set", EP2, "--set", "training.train_iters=1000"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    sets = [f"training.output_dir={out}", EP2, "training.train_iters=1000"]
+    procs = [launch.by_hand(BIN, cfg, port, 0, *sets),
+             launch.by_hand(BIN, cfg, port, 1, *sets, env={"MOE_TEST_DIE_IN_ALL_TO_ALL": "41"})]
     _, err1 = procs[1].communicate(timeout=300)
     t_kill = time.time()
     _, err = procs[0].communicate(timeout=CONFIG["distributed"]["timeout_s"] + 30)

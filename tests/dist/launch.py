@@ -48,6 +48,16 @@ def torchrun(binary, cfg, n, *sets, ok=True, env=None):
     return r
 
 
+def by_hand(binary, cfg, port, rank, *sets, env=None):
+    """One of 2 ranks started as torchrun would start it (a Popen with pipes)."""
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **(env or {})}
+    args = [binary, "--config", cfg, "-q"]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
 def single(binary, cfg, *sets):
     """moe-train as one process; exit 0 asserted."""
     args = [binary, "--config", cfg, "-q"]
