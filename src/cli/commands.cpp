@@ -18,6 +18,7 @@
 #include "moe/config/config.h"
 #include "moe/config/memory_plan.h"
 #include "moe/data/prepare.h"
+#include "moe/data/remote_dataset.h"
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
 #include "moe/data/verify.h"
@@ -29,6 +30,8 @@
 #include "moe/train/run_config.h"
 #include "moe/train/trainer.h"
 #include "moe/util/errors.h"
+#include "moe/util/remove_tree.h"
+#include "moe/util/s3_client.h"
 #include "torch/headeronly/version.h"
 
 namespace moe::cli {
@@ -164,7 +167,47 @@ std::string human_bytes(double b) {
   return buf;
 }
 
-int cmd_prepare_data(const data::PrepareOptions& opt) {
+// A private scratch directory under $TMPDIR (mkdtemp), removed by the destructor.
+struct ScratchDir {
+  std::string path;
+  explicit ScratchDir(const std::string& what) {
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / ("moe-train-" + what + "-XXXXXX")).string();
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      throw UserError(what + ": cannot create a scratch directory in " +
+                      std::filesystem::temp_directory_path().string() + " (set TMPDIR)");
+    }
+    path = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    remove_tree(path, ec);
+  }
+};
+
+int cmd_prepare_data_local(const data::PrepareOptions& opt);
+
+// prepare-data --out s3://...: checked first (credentials, bucket, no dataset there yet), staged
+// in a scratch directory, then uploaded with the manifest last.
+int cmd_prepare_data(data::PrepareOptions opt) {
+  if (!s3::is_s3_url(opt.out_dir)) return cmd_prepare_data_local(opt);
+  const std::string url = opt.out_dir;
+  auto client = s3::client_from_environment();
+  data::require_no_remote_dataset(url, *client);
+  ScratchDir stage("prepare-data");
+  opt.out_dir = (std::filesystem::path(stage.path) / "dataset").string();
+  const int rc = cmd_prepare_data_local(opt);
+  if (rc != kExitOk) return rc;
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t bytes = data::upload_dataset(opt.out_dir, url, *client);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("uploaded %s to %s in %.1f s (manifest.json last)\n",
+              human_bytes(double(bytes)).c_str(), url.c_str(), secs);
+  return kExitOk;
+}
+
+int cmd_prepare_data_local(const data::PrepareOptions& opt) {
   // A live progress line on a terminal; a plain line per 10% otherwise (logs, CI).
   const bool tty = isatty(STDERR_FILENO) != 0;
   const auto start = std::chrono::steady_clock::now();
@@ -222,7 +265,14 @@ int cmd_verify_data(const VerifyArgs& a) {
   opt.checksums = !a.no_checksums;
   if (!a.config_path.empty())
     opt.model_vocab_size = config::load(a.config_path, {}).model.vocab_size;
-  auto problems = data::verify_dataset(a.dir, opt);
+  std::vector<data::ShardProblem> problems;
+  if (s3::is_s3_url(a.dir)) {
+    auto client = s3::client_from_environment();
+    ScratchDir scratch("verify-data");
+    problems = data::verify_remote_dataset(a.dir, opt, scratch.path, *client);
+  } else {
+    problems = data::verify_dataset(a.dir, opt);
+  }
   for (const auto& p : problems) {
     std::fprintf(stderr, "verify-data: %s: %s\n", p.file.c_str(), p.reason.c_str());
   }
@@ -430,7 +480,9 @@ CLI::App* add_prepare_command(CLI::App& app, data::PrepareOptions& prep) {
   auto* pd = app.add_subcommand("prepare-data",
                                 "Tokenize text files into HDF5 shards with a checksummed manifest");
   pd->add_option("inputs", prep.inputs, "Text files, directories or globs")->required();
-  pd->add_option("-o,--out", prep.out_dir, "New dataset directory")->required();
+  pd->add_option("-o,--out", prep.out_dir,
+                 "New dataset directory, or s3://bucket/prefix (staged in $TMPDIR, then uploaded)")
+      ->required();
   pd->add_option("--tokenizer", prep.tokenizer, "byte (default), sentencepiece or hf")
       ->check(CLI::IsMember({"byte", "sentencepiece", "hf"}));
   pd->add_option("--tokenizer-file", prep.tokenizer_file,
@@ -569,7 +621,9 @@ CLI::App* add_synthetic_command(CLI::App& app, SynthArgs& synth) {
 CLI::App* add_verify_command(CLI::App& app, VerifyArgs& verify) {
   auto* vd = app.add_subcommand("verify-data",
                                 "Recompute checksums and check shards against manifest.json");
-  vd->add_option("dir", verify.dir, "Dataset directory (holds manifest.json)")->required();
+  vd->add_option("dir", verify.dir,
+                 "Dataset directory (holds manifest.json), or s3://bucket/prefix")
+      ->required();
   vd->add_option("-c,--config", verify.config_path,
                  "Also check against this config's model.vocab_size")
       ->check(CLI::ExistingFile);

@@ -199,6 +199,8 @@ void visit_fields(auto& v, Section<DataConfig> auto& d) {
   v.field("reset_attention_at_eod", d.reset_attention_at_eod);
   v.field("eod_id", d.eod_id, at_least(-1, "-1 = none"));
   v.field("blend", d.blend);  // each entry is checked by validate()
+  v.field("cache_dir", d.cache_dir);
+  v.field("cache_max_bytes", d.cache_max_bytes, at_least(0, "0 = unbounded"));
 }
 
 void visit_fields(auto& v, Section<TrainingConfig> auto& t) {
@@ -225,6 +227,8 @@ void visit_fields(auto& v, Section<CheckpointConfig> auto& k) {
   v.field("save_initial", k.save_initial);
   v.field("save_final", k.save_final);
   v.field("on_failure", k.on_failure);
+  v.field("remote", k.remote);
+  v.field("remote_grace_s", k.remote_grace_s, at_least(0));
   // DeepSpeed's own checkpoint keys: consistency and layout across ranks.
   for (const char* key :
        {"tag_validation", "load_universal", "use_node_local_storage", "parallel_write"}) {

@@ -14,6 +14,7 @@
 #include "moe/config/lora.h"
 #include "moe/env/placement.h"
 #include "moe/util/errors.h"
+#include "moe/util/s3_client.h"
 
 namespace moe::config {
 
@@ -248,7 +249,31 @@ void check_weight_precision(const Config& c, const Rules& rules) {
   }
 }
 
+// s3:// locations: well formed before anything touches the network.
+void check_remote_paths(const Config& c, const Rules& rules) {
+  auto url = [&](const std::string& key, const std::string& v, bool required) {
+    if (v.empty() || (!required && !s3::is_s3_url(v))) return;
+    try {
+      s3::parse_url(v, key);
+    } catch (const UserError& e) {
+      const std::string what = e.what();
+      rules.check(false, key, v, what.substr(what.find(v) + v.size() + 2));
+    }
+  };
+  url("checkpoint.remote", c.checkpoint.remote, true);
+  url("data.path", c.data.path, false);
+  for (size_t i = 0; i < c.data.blend.size(); ++i) {
+    url("data.blend[" + std::to_string(i) + "].path", c.data.blend[i].path, false);
+  }
+  rules.check(!s3::is_s3_url(c.data.train_path), "data.train_path", c.data.train_path,
+              "s3:// works for prepare-data datasets (their manifest carries the checksums each "
+              "fetched shard is verified against); give it as data.path");
+  rules.check(!s3::is_s3_url(c.data.valid_path), "data.valid_path", c.data.valid_path,
+              "s3:// works for prepare-data datasets; give it as data.path (its valid split)");
+}
+
 void check_relations(Config& c, const Rules& rules) {
+  check_remote_paths(c, rules);
   const auto& s = c.scheduler;
   if (s.total_num_steps > 0 && s.type != SchedulerType::kWarmupLR &&
       s.type != SchedulerType::kConstant) {

@@ -5,9 +5,11 @@
 #include <unordered_map>
 
 #include "moe/data/manifest.h"
+#include "moe/data/remote_dataset.h"
 #include "moe/data/streaming_loader.h"
 #include "moe/data/verify.h"
 #include "moe/util/errors.h"
+#include "moe/util/s3_client.h"
 
 namespace moe::data {
 
@@ -35,9 +37,23 @@ std::vector<ShardInfo> open_raw(const std::string& path, int64_t model_vocab_siz
 }  // namespace
 
 DatasetShards open_dataset(const DatasetPaths& paths, int64_t model_vocab_size, int64_t seq_len,
-                           bool checksums) {
+                           bool checksums, const RemoteCacheOptions& cache) {
   DatasetShards d;
-  if (!paths.dataset_dir.empty()) {
+  for (const std::string* raw : {&paths.train_path, &paths.valid_path}) {
+    if (s3::is_s3_url(*raw)) {
+      throw UserError("data: " + *raw +
+                      ": s3:// works for prepare-data datasets (their manifest carries the "
+                      "checksums each fetched shard is verified against); give it as data.path");
+    }
+  }
+  if (s3::is_s3_url(paths.dataset_dir)) {
+    const s3::Url url = s3::parse_url(paths.dataset_dir, "data");
+    RemoteCacheOptions one = cache;
+    one.dir = (std::filesystem::path(cache.dir) / url.bucket / url.key).string();
+    RemoteDataset r = open_remote_dataset(paths.dataset_dir, one, model_vocab_size);
+    d.train = std::move(r.train);
+    d.valid = std::move(r.valid);
+  } else if (!paths.dataset_dir.empty()) {
     d.train = open_split(paths.dataset_dir, "train", model_vocab_size, checksums);
     Manifest m = load_manifest(paths.dataset_dir);
     if (m.splits.count("valid") != 0 && !m.splits["valid"].empty()) {
@@ -54,12 +70,13 @@ DatasetShards open_dataset(const DatasetPaths& paths, int64_t model_vocab_size, 
 }
 
 DatasetShards open_blend(const std::vector<BlendSourcePaths>& sources, int64_t model_vocab_size,
-                         int64_t seq_len, bool checksums) {
+                         int64_t seq_len, bool checksums, const RemoteCacheOptions& cache) {
   DatasetShards all;
   for (size_t i = 0; i < sources.size(); ++i) {
     const auto& s = sources[i];
     DatasetPaths paths;
-    if (std::filesystem::exists(std::filesystem::path(s.path) / "manifest.json")) {
+    if (s3::is_s3_url(s.path) ||
+        std::filesystem::exists(std::filesystem::path(s.path) / "manifest.json")) {
       paths.dataset_dir = s.path;
       if (!s.valid_path.empty()) {
         throw UserError("data.blend[" + std::to_string(i) + "] (" + s.name +
@@ -72,7 +89,7 @@ DatasetShards open_blend(const std::vector<BlendSourcePaths>& sources, int64_t m
     }
     DatasetShards one;
     try {
-      one = open_dataset(paths, model_vocab_size, seq_len, checksums);
+      one = open_dataset(paths, model_vocab_size, seq_len, checksums, cache);
     } catch (const UserError& e) {
       throw UserError("data.blend[" + std::to_string(i) + "] (" + s.name + "): " + e.what());
     }

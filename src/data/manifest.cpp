@@ -53,9 +53,13 @@ Manifest load_manifest(const std::string& dir) {
   if (!in) bad(file, "cannot open for reading");
   std::stringstream ss;
   ss << in.rdbuf();
+  return parse_manifest(ss.str(), file);
+}
+
+Manifest parse_manifest(const std::string& text, const std::string& file) {
   json j;
   try {
-    j = json::parse(ss.str());
+    j = json::parse(text);
   } catch (const json::exception& e) {  // parse_error, or out_of_range for huge numbers
     bad(file, std::string("invalid JSON: ") + e.what());
   }

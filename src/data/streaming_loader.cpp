@@ -106,6 +106,23 @@ struct StreamingLoader::Impl {
     cv.notify_all();
   }
 
+  // Shards that are not local (s3://) are fetched ahead: those of the next few blocks of this
+  // epoch's order, so the readers find them in the cache.
+  void prefetch_after(const Plan& plan, int64_t g) const {
+    constexpr int kShardsAhead = 2;
+    int asked = 0;
+    size_t last = SIZE_MAX;
+    for (int64_t k = g + 1; k < (g / nblocks() + 1) * nblocks() && asked < kShardsAhead; ++k) {
+      const size_t shard = blocks[plan.order[static_cast<size_t>(k % nblocks())]].shard;
+      if (shard == last) continue;
+      last = shard;
+      if (!shards[shard].remote) return;
+      shards[shard].remote->prefetch(shards[shard].path);
+      ++asked;
+      if (k > g + 64) break;
+    }
+  }
+
   void reader_loop() {
     Plan plan;
     try {
@@ -120,6 +137,7 @@ struct StreamingLoader::Impl {
         const int64_t epoch = g / nblocks();
         if (plan.epoch != epoch) plan = plan_for(epoch);
         const Block& b = blocks[plan.order[static_cast<size_t>(g % nblocks())]];
+        prefetch_after(plan, g);
         auto tokens = read_tokens(shards[b.shard], b.first_window * window, b.count * window);
         std::lock_guard<std::mutex> lock(mu);
         ready.emplace(g, std::move(tokens));

@@ -183,6 +183,7 @@ std::vector<int32_t> read_tokens(const ShardInfo& shard, int64_t offset, int64_t
   }
   std::vector<int32_t> out(static_cast<size_t>(count));
   if (count == 0) return out;
+  const std::shared_ptr<void> present = shard.remote ? shard.remote->pin(path) : nullptr;
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) fail(path, "cannot open as HDF5");
   H5Id ds(H5Dopen2(file.get(), "tokens", H5P_DEFAULT), H5Dclose);
@@ -233,11 +234,18 @@ void write_shard(const std::string& path, std::span<const uint32_t> tokens, int6
   const bool narrow = vocab_size <= 65536;
   std::string tmp = path + ".tmp";
   {
-    H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    // No object timestamps: the same input gives byte-identical shards (and manifest
+    // checksums), so a dataset prepared twice, or locally and into S3, compares equal.
+    H5Id fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+    H5Pset_obj_track_times(fcpl.get(), false);
+    H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT), H5Fclose);
     if (!file.ok()) fail(tmp, "cannot create HDF5 file");
     hsize_t n = tokens.size();
     H5Id space(H5Screate_simple(1, &n, nullptr), H5Sclose);
     H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_obj_track_times(dcpl.get(), false);
+    H5Id plain_dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_obj_track_times(plain_dcpl.get(), false);
     hsize_t chunk = std::clamp<hsize_t>(n, 1, 1 << 20);  // 1 Mi tokens per chunk
     H5Pset_chunk(dcpl.get(), 1, &chunk);
     H5Id ds(H5Dcreate2(file.get(), "tokens", narrow ? H5T_STD_U16LE : H5T_STD_U32LE, space.get(),
@@ -252,7 +260,7 @@ void write_shard(const std::string& path, std::span<const uint32_t> tokens, int6
       hsize_t nd = doc_offsets.size();
       H5Id dspace(H5Screate_simple(1, &nd, nullptr), H5Sclose);
       H5Id docs(H5Dcreate2(file.get(), "doc_offsets", H5T_STD_I64LE, dspace.get(), H5P_DEFAULT,
-                           H5P_DEFAULT, H5P_DEFAULT),
+                           plain_dcpl.get(), H5P_DEFAULT),
                 H5Dclose);
       if (!docs.ok() || H5Dwrite(docs.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                                  doc_offsets.data()) < 0) {

@@ -10,9 +10,6 @@ namespace moe::data {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// Problems of one shard against its manifest entry; "" when it is fine.
 std::string check_shard(const std::string& path, const ManifestShard& s, const Manifest& m,
                         const VerifyOptions& opt) {
   std::error_code ec;
@@ -57,8 +54,6 @@ std::string check_shard(const std::string& path, const ManifestShard& s, const M
   }
   return "";
 }
-
-}  // namespace
 
 std::vector<ShardProblem> verify_dataset(const std::string& dir, const VerifyOptions& opt) {
   std::vector<ShardProblem> problems;

@@ -40,7 +40,10 @@ void CheckpointStore::clean_partial() const {
   if (!fs::is_directory(root_, ec)) return;
   for (const auto& e : fs::directory_iterator(root_, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind(".tmp-", 0) == 0 || name == "latest.tmp") remove_tree(e.path(), ec);
+    // .upload-*: hard-linked snapshots of a checkpoint.remote upload that did not finish.
+    if (name.rfind(".tmp-", 0) == 0 || name.rfind(".upload-", 0) == 0 || name == "latest.tmp") {
+      remove_tree(e.path(), ec);
+    }
   }
 }
 

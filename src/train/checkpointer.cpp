@@ -57,6 +57,7 @@ void Checkpointer::save(const char* why, int64_t metrics_lines, const OptimizerS
         store_.commit(tmp, state_.step, cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every);
     if (!hf_source_.empty()) hf_source_ = dir;  // the next one copies from here
     log_.info("checkpoint ({}): {}", why, dir);
+    if (after_commit_) after_commit_(dir, state_.step);
   } catch (const TrainingError& e) {
     std::error_code ec;
     remove_tree(tmp, ec);  // the previous checkpoint and `latest` are untouched

@@ -2,11 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "moe/env/environment.h"
 #include "moe/train/device.h"
 #include "moe/util/errors.h"
+#include "moe/util/s3_client.h"
 
 namespace moe::train {
 
@@ -15,6 +17,7 @@ namespace fs = std::filesystem;
 namespace {
 
 void require_path(const config::Config& cfg, const std::string& key, const std::string& path) {
+  if (s3::is_s3_url(path)) return;  // its manifest is fetched when the data is opened
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     throw UserError("config: " + cfg.source_file + ": " + key + " = " + path +
@@ -33,15 +36,31 @@ void check_output_dir(const config::Config& cfg) {
 
 }  // namespace
 
+data::RemoteCacheOptions shard_cache_options(const config::Config& cfg) {
+  data::RemoteCacheOptions c;
+  c.dir = cfg.data.cache_dir.empty() ? (fs::path(cfg.training.output_dir) / "shard-cache").string()
+                                     : cfg.data.cache_dir;
+  // Ranks of one node keep separate caches: one rank's eviction never removes a file another
+  // is reading.
+  const char* world = std::getenv("WORLD_SIZE");
+  const char* rank = std::getenv("RANK");
+  if (world && rank && std::string(world) != "1")
+    c.dir = (fs::path(c.dir) / ("rank-" + std::string(rank))).string();
+  c.max_bytes = cfg.data.cache_max_bytes;
+  return c;
+}
+
 data::DatasetShards open_training_data(const config::Config& cfg) {
   const auto& d = cfg.data;
+  const data::RemoteCacheOptions cache = shard_cache_options(cfg);
   if (d.blend.empty()) {
     return data::open_dataset({d.path, d.train_path, d.valid_path}, cfg.model.vocab_size,
-                              cfg.model.seq_len, d.verify_checksums);
+                              cfg.model.seq_len, d.verify_checksums, cache);
   }
   std::vector<data::BlendSourcePaths> sources;
   for (const auto& s : d.blend) sources.push_back({s.name, s.weight, s.path, s.valid_path});
-  return data::open_blend(sources, cfg.model.vocab_size, cfg.model.seq_len, d.verify_checksums);
+  return data::open_blend(sources, cfg.model.vocab_size, cfg.model.seq_len, d.verify_checksums,
+                          cache);
 }
 
 RunInputs check_run_inputs(const config::Config& cfg, const TrainOptions& opt,
@@ -70,6 +89,10 @@ RunInputs check_run_inputs(const config::Config& cfg, const TrainOptions& opt,
   if (cfg.data.verify_checksums) log.info("data: verifying shard checksums");
   for (size_t i = 0; i < cfg.data.blend.size(); ++i) {
     require_path(cfg, "data.blend[" + std::to_string(i) + "].path", cfg.data.blend[i].path);
+  }
+  if (!cfg.checkpoint.remote.empty()) {  // credentials and bucket, before anything is written
+    s3::client_from_environment()->check_access(
+        s3::parse_url(cfg.checkpoint.remote, "checkpoint.remote"));
   }
   in.shards = open_training_data(cfg);
   in.has_valid = !in.shards.valid.empty();

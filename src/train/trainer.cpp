@@ -49,6 +49,7 @@
 #include "moe/train/loss_scaler.h"
 #include "moe/train/lr_schedule.h"
 #include "moe/train/metrics_log.h"
+#include "moe/train/remote_checkpoints.h"
 #include "moe/train/resume_policy.h"
 #include "moe/train/run_inputs.h"
 #include "moe/train/step_runner.h"
@@ -234,6 +235,7 @@ class TrainingSession {
       throw TrainingError(oom_report(cfg_, in_.device, current_step_, e.what_without_backtrace()));
     }
     check_base_unchanged();
+    finish_uploads();
     return summary_;
   }
 
@@ -252,6 +254,7 @@ class TrainingSession {
                  cfg_.model.init_from.empty() ? "randomly initialised" : cfg_.model.init_from,
                  c10::toString(model_->base_dtype()), model_->base_fingerprint(), lora_summary());
     }
+    open_remote_checkpoints();
     const auto candidates = store_.candidates();
     ResumeDecision d = decide_resume(opt_, candidates, in_.total_steps, store_.root());
     while (d.action == ResumeDecision::Action::kLoad) {
@@ -277,6 +280,46 @@ class TrainingSession {
       log_->info("initial weights from {} ({})", cfg_.model.init_from, what);
     }
     scaler_.restore(summary_.resumed_from >= 0 ? state_.scaler : scaler_.state());
+  }
+
+  // checkpoint.remote: rank 0 uploads (it writes the checkpoints) and, when the output
+  // directory holds no checkpoint (a new Spot instance), first restores the newest remote one.
+  void open_remote_checkpoints() {
+    if (cfg_.checkpoint.remote.empty()) return;
+    if (dp_->writes()) {
+      remote_ = std::make_unique<RemoteCheckpoints>(
+          s3::client_from_environment(), s3::parse_url(cfg_.checkpoint.remote, "checkpoint.remote"),
+          store_.root(), cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every, *log_);
+      if (store_.candidates().empty() && opt_.resume_from.empty()) {
+        const std::string dir = remote_->restore();
+        if (dir.empty())
+          log_->info("checkpoint: {} holds no checkpoint yet", cfg_.checkpoint.remote);
+      }
+    }
+    dp_->barrier();  // the other ranks look for checkpoints after rank 0 restored one
+  }
+
+  // After the last step: the queued uploads finish. After SIGTERM they get
+  // checkpoint.remote_grace_s (systemd's TimeoutStopSec must leave room for it); an upload that
+  // did not complete is a failed run (exit 3), the remote `latest` naming the previous one.
+  void finish_uploads() {
+    if (!remote_ || last_enqueued_ < 0) return;
+    const bool signalled = g_stop_signal.load() != 0;
+    const double limit = signalled ? cfg_.checkpoint.remote_grace_s : 7 * 24 * 3600.0;
+    log_->info("checkpoint: waiting for the upload of step {} to {}{}", last_enqueued_,
+               cfg_.checkpoint.remote,
+               signalled ? fmt::format(" (at most {} s)", cfg_.checkpoint.remote_grace_s) : "");
+    const bool done = remote_->wait(limit);
+    if (!done || remote_->last_uploaded() < last_enqueued_) {
+      throw TrainingError(fmt::format(
+          "checkpoint: step {} was not uploaded to {} ({}); the local copy is complete, the "
+          "remote latest is step {}",
+          last_enqueued_, cfg_.checkpoint.remote,
+          done ? "the upload failed, see above"
+               : fmt::format("not done within checkpoint.remote_grace_s = {} s",
+                             cfg_.checkpoint.remote_grace_s),
+          remote_->last_uploaded()));
+    }
   }
 
   // LoRA: frozen means frozen. The base is hashed again at the end and must be bit for bit
@@ -353,6 +396,16 @@ class TrainingSession {
   void start() {
     checkpointer_ = std::make_unique<Checkpointer>(cfg_, store_, model_, optimizer_, scaler_,
                                                    state_, *log_, resumed_dir_);
+    if (remote_) {
+      checkpointer_->after_commit([this](const std::string& dir, int64_t step) {
+        try {
+          remote_->enqueue(dir, step);
+          last_enqueued_ = step;
+        } catch (const std::exception& e) {  // the local checkpoint stands; the next one retries
+          log_->error("checkpoint: cannot stage {} for upload: {}", dir, e.what());
+        }
+      });
+    }
     auto write = [this](const json& rec) {
       metrics_->write(rec);
       sinks_->record(rec);
@@ -580,6 +633,8 @@ class TrainingSession {
   LrSchedule schedule_;
   LossScaler scaler_;
   CheckpointStore store_;
+  std::unique_ptr<RemoteCheckpoints> remote_;  // checkpoint.remote, on rank 0
+  int64_t last_enqueued_ = -1;
   Cadence cadence_;
   NonFiniteGuard guard_;
   TrainingState state_;

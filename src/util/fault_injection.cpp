@@ -51,6 +51,7 @@ FaultInjection FaultInjection::from(const char* (*getenv)(const char*)) {
   f.abort_in_checkpoint_step = integer_or(getenv("MOE_TEST_ABORT_IN_CHECKPOINT"), -1);
   f.slow_update_ms = static_cast<int>(integer_or(getenv("MOE_TEST_SLOW_UPDATE_MS"), 0));
   f.die_in_all_to_all = integer_or(getenv("MOE_TEST_DIE_IN_ALL_TO_ALL"), -1);
+  f.die_in_upload = integer_or(getenv("MOE_TEST_DIE_IN_UPLOAD"), -1);
   return f;
 }
 

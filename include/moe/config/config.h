@@ -171,6 +171,10 @@ struct DataConfig {
   bool reset_attention_at_eod = false;
   int64_t eod_id = -1;  // the end-of-document id (prepare-data --append-eod; manifest eod_id)
   std::vector<BlendSource> blend;  // a weighted blend instead of path/train_path
+  // s3:// datasets: shards are fetched into this directory (default: OUTPUT_DIR/shard-cache),
+  // at most cache_max_bytes of them at a time (least recently used evicted; 0 = unbounded).
+  std::string cache_dir;
+  int64_t cache_max_bytes = 0;
 };
 
 struct MonitorConfig {
@@ -193,6 +197,8 @@ struct CheckpointConfig {
   bool save_initial = false;                // a checkpoint of the initial weights (step 0)
   bool save_final = true;                   // a checkpoint when training ends
   OnFailure on_failure = OnFailure::kStop;  // a failed write (disk full): stop (exit 3) or not
+  std::string remote;             // s3://bucket/prefix: completed checkpoints mirrored there
+  double remote_grace_s = 120.0;  // on SIGTERM: how long the final upload may take
 };
 
 // LoRA over a frozen base (docs/finetune.md), in PEFT's LoraConfig names. r = 0: no LoRA, every

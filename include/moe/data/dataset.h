@@ -15,8 +15,16 @@ struct LoaderState {  // small and exact: enough to resume the same batch sequen
   int64_t position = 0;  // windows consumed in this epoch
 };
 
+// s3:// datasets (remote_dataset.h): their local shard cache. Each dataset gets its own
+// subdirectory DIR/BUCKET/PREFIX.
+struct RemoteCacheOptions {
+  std::string dir;        // where shards are kept
+  int64_t max_bytes = 0;  // 0 = unbounded
+  int prefetch_threads = 1;
+};
+
 struct DatasetPaths {
-  std::string dataset_dir;  // with manifest.json: splits "train" and (optional) "valid"
+  std::string dataset_dir;  // with manifest.json (or s3://bucket/prefix): splits "train", "valid"
   std::string train_path;   // else raw shards
   std::string valid_path;
 };
@@ -48,11 +56,11 @@ struct DatasetShards {
 // manifest: sizes and max token id, and full checksums when `checksums`; without one: a scan of
 // all token ids, since nothing else vouches for them). Throws UserError naming the file.
 DatasetShards open_dataset(const DatasetPaths& paths, int64_t model_vocab_size, int64_t seq_len,
-                           bool checksums);
+                           bool checksums, const RemoteCacheOptions& cache = {});
 
 // open_dataset for each source of a blend; an error names the source ("data.blend[1] (web): ").
 DatasetShards open_blend(const std::vector<BlendSourcePaths>& sources, int64_t model_vocab_size,
-                         int64_t seq_len, bool checksums);
+                         int64_t seq_len, bool checksums, const RemoteCacheOptions& cache = {});
 
 // Share of next-token targets (all window positions but the first) equal to the most frequent
 // one: the accuracy of always predicting that token. Reads the shards in bounded chunks.

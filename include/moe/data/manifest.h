@@ -38,6 +38,8 @@ struct Manifest {
 
 // Reads DIR/manifest.json; throws UserError naming the file and the bad field.
 Manifest load_manifest(const std::string& dir);
+// The same from manifest.json's text; `file` names it in errors (a path or an s3:// URL).
+Manifest parse_manifest(const std::string& text, const std::string& file);
 // Writes DIR/manifest.json atomically (temporary file, fsync, rename).
 void save_manifest(const std::string& dir, const Manifest& m);
 bool has_manifest(const std::string& dir);

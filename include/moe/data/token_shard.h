@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,8 +21,19 @@ inline constexpr int64_t kShardFormatVersion = 1;
 inline constexpr int32_t kNotTargetBit = int32_t(1) << 30;
 inline constexpr int32_t kTokenIdBits = kNotTargetBit - 1;
 
+// Where a shard's file comes from when it is not on a local filesystem (remote_dataset.h):
+// pin() makes the file present at ShardInfo::path until the returned handle is dropped;
+// prefetch() asks for it ahead of need, without waiting.
+class ShardFetcher {
+ public:
+  virtual ~ShardFetcher() = default;
+  virtual std::shared_ptr<void> pin(const std::string& path) = 0;
+  virtual void prefetch(const std::string& path) = 0;
+};
+
 struct ShardInfo {
   std::string path;
+  std::shared_ptr<ShardFetcher> remote;  // set for shards of an s3:// dataset
   int64_t num_tokens = 0;
   int64_t vocab_size = 0;
   int64_t format_version = 0;

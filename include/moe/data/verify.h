@@ -23,6 +23,9 @@ struct VerifyOptions {
   int threads = 2;               // shards hashed concurrently
 };
 
+// Problems of one shard (at `path`) against its manifest entry; "" when it is fine.
+std::string check_shard(const std::string& path, const ManifestShard& s, const Manifest& m,
+                        const VerifyOptions& opt);
 // Every problem of every shard of every split (empty = all good).
 std::vector<ShardProblem> verify_dataset(const std::string& dir, const VerifyOptions& opt);
 

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "moe/config/config.h"
@@ -31,6 +32,10 @@ class Checkpointer {
   void save(const char* why, int64_t metrics_lines, const OptimizerStream* optimizer = nullptr);
   // Since the last successful checkpoint, or since this object was made.
   double minutes_since_save() const;
+  // Called with each committed checkpoint's directory and step (checkpoint.remote's upload).
+  void after_commit(std::function<void(const std::string& dir, int64_t step)> fn) {
+    after_commit_ = std::move(fn);
+  }
 
  private:
   const config::Config& cfg_;
@@ -44,6 +49,7 @@ class Checkpointer {
   // A model descending from an import: where its HF config and tokenizer files are copied from
   // into each checkpoint (hf_files.h); "" for a model trained from scratch.
   std::string hf_source_;
+  std::function<void(const std::string&, int64_t)> after_commit_;
 };
 
 }  // namespace moe::train

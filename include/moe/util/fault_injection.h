@@ -7,6 +7,8 @@
 //   MOE_TEST_ABORT_IN_CHECKPOINT=N       abort() half-way through step N's checkpoint
 //   MOE_TEST_SLOW_UPDATE_MS=MS           each optimizer update takes MS longer (step timing)
 //   MOE_TEST_DIE_IN_ALL_TO_ALL=N         the process dies (SIGKILL) at its N-th expert all-to-all
+//   MOE_TEST_DIE_IN_UPLOAD=N             the process dies (SIGKILL) after uploading N checkpoint
+//                                        files to checkpoint.remote (a killed upload)
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,7 @@ struct FaultInjection {
   int64_t abort_in_checkpoint_step = -1;
   int slow_update_ms = 0;
   int64_t die_in_all_to_all = -1;
+  int64_t die_in_upload = -1;
 
   bool nan_at(int64_t step) const;
   // Parsed from a getenv-like lookup (tests pass their own).
