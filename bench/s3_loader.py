@@ -4,6 +4,7 @@ loader_bench --dataset: one epoch with a cold shard cache (every shard fetched w
 verified, then read) and one with it warm. Prints the markdown tables for docs/benchmarks.md.
 usage: python bench/s3_loader.py BUILD_DIR [MiB of text, default 64]
 """
+import json
 import os
 import pathlib
 import random
@@ -36,7 +37,12 @@ with tempfile.TemporaryDirectory() as d:
     # Straight to moto: the fault proxy is for the tests, not a server's throughput.
     env = {**os.environ, **srv.env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{srv.moto_port}"}
     try:
-        prep = [binary, "prepare-data", tmp / "corpus.txt", "--shard-tokens", str(4 << 20)]
+        # Shards of a quarter of the tokens each (prepare-data's last shard would otherwise be a
+        # remainder, possibly shorter than one window).
+        subprocess.run([binary, "prepare-data", tmp / "corpus.txt", "--out", tmp / "count", "--shard-tokens",
+                        str(1 << 40)], check=True, capture_output=True)
+        total = json.loads((tmp / "count" / "manifest.json").read_text())["splits"]["train"][0]["tokens"]
+        prep = [binary, "prepare-data", tmp / "corpus.txt", "--shard-tokens", str((total + 3) // 4)]
         subprocess.run(prep + ["--out", tmp / "local"], check=True, capture_output=True)
         t0 = time.time()
         subprocess.run(prep + ["--out", "s3://moe-test/bench"], check=True, capture_output=True, env=env)
@@ -44,7 +50,8 @@ with tempfile.TemporaryDirectory() as d:
         for path in (tmp / "local", "s3://moe-test/bench"):
             shutil.rmtree(tmp / "cache", ignore_errors=True)
             r = subprocess.run([bench, "--dataset", path, "--cache", tmp / "cache", "--seq-len", "2048",
-                                "--batch", "8"], check=True, capture_output=True, text=True, env=env)
+                                "--batch", "8"], capture_output=True, text=True, env=env)
+            assert r.returncode == 0, r.stderr[-2000:]
             print(r.stdout.replace(str(tmp / "local"), "local files"))
     finally:
         srv.close()
