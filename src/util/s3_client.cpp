@@ -324,91 +324,104 @@ Client::~Client() { curl_share_cleanup(state_->share); }
 
 int64_t Client::retries() const { return state_->retries.load(); }
 
-Client::Response Client::perform(const Request& r) {
-  std::string base =
-      opt_.endpoint.empty() ? "https://s3." + opt_.region + ".amazonaws.com" : opt_.endpoint;
-  std::string url;
+namespace {
+
+// The request's URL: path-style (endpoint/bucket/key) or virtual-hosted (bucket.endpoint/key).
+std::string request_url(const Options& opt, const std::string& base, const Client::Request& r) {
   const std::string key = uri_encode(r.url.key, true);
-  if (opt_.path_style) {
+  std::string url;
+  if (opt.path_style) {
     url = base + "/" + r.url.bucket + (key.empty() ? "" : "/" + key);
   } else {
     const size_t scheme = base.find("://");
     url = base.substr(0, scheme + 3) + r.url.bucket + "." + base.substr(scheme + 3) + "/" + key;
   }
-  if (!r.query.empty()) url += "?" + r.query;
-  const std::string sigv4 = "aws:amz:" + opt_.region + ":s3";
-  std::string last_error;
+  return r.query.empty() ? url : url + "?" + r.query;
+}
+
+// One try of a request; libcurl signs it (SigV4) and keeps connections in `share`.
+CURLcode attempt_once(const Options& opt, CURLSH* share, const std::string& url,
+                      const Client::Request& r, Client::Response& resp, std::string* sink) {
+  const std::string sigv4 = "aws:amz:" + opt.region + ":s3";
+  CURL* h = curl_easy_init();
+  curl_slist* headers = nullptr;
+  // libcurl signs with this header's value as the payload hash (curl >= 7.87).
+  headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+  if (!opt.session_token.empty()) {
+    headers = curl_slist_append(headers, ("x-amz-security-token: " + opt.session_token).c_str());
+  }
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_SHARE, share);
+  curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4.c_str());
+  curl_easy_setopt(h, CURLOPT_USERNAME, opt.access_key.c_str());
+  curl_easy_setopt(h, CURLOPT_PASSWORD, opt.secret_key.c_str());
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, long(opt.connect_timeout_s * 1000));
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, long(opt.low_speed_timeout_s));
+  curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+  curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (!opt.ca_bundle.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, opt.ca_bundle.c_str());
+  sink->clear();
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, sink);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, write_header);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, &resp.headers);
+  Upload up{r.body};
+  if (r.method == "HEAD") {
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  } else if (r.method == "PUT") {
+    curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+    // curl asks `Expect: 100-continue` and waits 1 s for servers that never answer it (an
+    // "Expect:" header to drop it would be signed as an empty header by libcurl 7.88).
+    curl_easy_setopt(h, CURLOPT_EXPECT_100_TIMEOUT_MS, 50L);
+    curl_easy_setopt(h, CURLOPT_READFUNCTION, read_body);
+    curl_easy_setopt(h, CURLOPT_READDATA, &up);
+    curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, curl_off_t(r.body ? r.body->size() : 0));
+  } else if (r.method == "POST") {
+    // Not curl's default form type: servers would parse the XML body as a form.
+    headers = curl_slist_append(headers, "Content-Type: application/xml");
+    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, r.body ? r.body->c_str() : "");
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(r.body ? r.body->size() : 0));
+  } else if (r.method != "GET") {
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r.method.c_str());
+  }
+  if (!r.range.empty()) curl_easy_setopt(h, CURLOPT_RANGE, r.range.c_str());
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+  const CURLcode rc = curl_easy_perform(h);
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp.status);
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(h);
+  return rc;
+}
+
+}  // namespace
+
+Client::Response Client::perform(const Request& r) {
+  const std::string base =
+      opt_.endpoint.empty() ? "https://s3." + opt_.region + ".amazonaws.com" : opt_.endpoint;
+  const std::string url = request_url(opt_, base, r);
   for (int attempt = 1;; ++attempt) {
     Response resp;
-    CURL* h = curl_easy_init();
-    curl_slist* headers = nullptr;
-    // libcurl signs with this header's value as the payload hash (curl >= 7.87).
-    headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
-    if (!opt_.session_token.empty()) {
-      headers = curl_slist_append(headers, ("x-amz-security-token: " + opt_.session_token).c_str());
-    }
-    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(h, CURLOPT_SHARE, state_->share);
-    curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4.c_str());
-    curl_easy_setopt(h, CURLOPT_USERNAME, opt_.access_key.c_str());
-    curl_easy_setopt(h, CURLOPT_PASSWORD, opt_.secret_key.c_str());
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, long(opt_.connect_timeout_s * 1000));
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, long(opt_.low_speed_timeout_s));
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
-    if (!opt_.ca_bundle.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, opt_.ca_bundle.c_str());
     std::string* sink = r.sink ? r.sink : &resp.body;
-    sink->clear();
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_body);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, sink);
-    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, write_header);
-    curl_easy_setopt(h, CURLOPT_HEADERDATA, &resp.headers);
-    Upload up{r.body};
-    if (r.method == "HEAD") {
-      curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-    } else if (r.method == "PUT") {
-      curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
-      // curl asks `Expect: 100-continue` and waits 1 s for servers that never answer it (an
-      // "Expect:" header to drop it would be signed as an empty header by libcurl 7.88).
-      curl_easy_setopt(h, CURLOPT_EXPECT_100_TIMEOUT_MS, 50L);
-      curl_easy_setopt(h, CURLOPT_READFUNCTION, read_body);
-      curl_easy_setopt(h, CURLOPT_READDATA, &up);
-      curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, curl_off_t(r.body ? r.body->size() : 0));
-    } else if (r.method == "POST") {
-      // Not curl's default form type: servers would parse the XML body as a form.
-      headers = curl_slist_append(headers, "Content-Type: application/xml");
-      curl_easy_setopt(h, CURLOPT_POST, 1L);
-      curl_easy_setopt(h, CURLOPT_POSTFIELDS, r.body ? r.body->c_str() : "");
-      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(r.body ? r.body->size() : 0));
-    } else if (r.method != "GET") {
-      curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r.method.c_str());
-    }
-    if (!r.range.empty()) curl_easy_setopt(h, CURLOPT_RANGE, r.range.c_str());
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
-    const CURLcode rc = curl_easy_perform(h);
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp.status);
-    curl_slist_free_all(headers);
-    curl_easy_cleanup(h);
-
-    bool transient = false;
+    const CURLcode rc = attempt_once(opt_, state_->share, url, r, resp, sink);
+    // Why this try should be repeated ("" = it is the answer).
+    std::string transient;
     if (rc != CURLE_OK) {
-      last_error = curl_easy_strerror(rc);
       if (!transient_curl_error(rc)) {
-        throw UserError("s3: " + r.method + " " + r.url.str() + ": " + last_error + " (endpoint " +
-                        base + "; check AWS_ENDPOINT_URL and, for TLS, AWS_CA_BUNDLE)");
+        throw UserError("s3: " + r.method + " " + r.url.str() + ": " + curl_easy_strerror(rc) +
+                        " (endpoint " + base +
+                        "; check AWS_ENDPOINT_URL and, for TLS, AWS_CA_BUNDLE)");
       }
-      transient = true;
+      transient = curl_easy_strerror(rc);
     } else if (resp.status >= 500 || resp.status == 429) {
-      transient = true;
-      last_error = "HTTP " + std::to_string(resp.status);
+      transient = "HTTP " + std::to_string(resp.status);
     } else if (r.range.empty() && resp.headers.count("content-length") != 0 && r.method == "GET" &&
                std::to_string(sink->size()) != resp.headers["content-length"]) {
-      transient = true;  // a short body that curl did not flag
-      last_error = "short body";
+      transient = "short body";  // a cut connection that curl did not flag
     }
-    if (!transient) {
+    if (transient.empty()) {
       // A missing object may be an answer; a missing bucket never is.
       if (resp.status == 404 && r.missing_ok && xml_text(*sink, "Code") != "NoSuchBucket") {
         return resp;
@@ -418,17 +431,18 @@ Client::Response Client::perform(const Request& r) {
     }
     if (attempt >= opt_.max_attempts) {
       throw TrainingError("s3: " + r.method + " " + r.url.str() + ": gave up after " +
-                          std::to_string(attempt) + " attempts: " + last_error);
+                          std::to_string(attempt) + " attempts: " + transient);
     }
     ++state_->retries;
-    double cap = std::min(opt_.max_backoff_s, 0.25 * std::pow(2.0, attempt - 1));
+    // Exponential backoff with full jitter: uniform in [0, min(cap, 0.25 s x 2^(attempt-1))].
+    const double cap = std::min(opt_.max_backoff_s, 0.25 * std::pow(2.0, attempt - 1));
     double sleep_s;
     {
       std::lock_guard<std::mutex> lock(state_->rng_mu);
       sleep_s = std::uniform_real_distribution<double>(0.0, cap)(state_->rng);
     }
     spdlog::debug("s3: {} {}: {} (attempt {} of {}); retrying in {:.2f} s", r.method, r.url.str(),
-                  last_error, attempt, opt_.max_attempts, sleep_s);
+                  transient, attempt, opt_.max_attempts, sleep_s);
     std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
   }
 }
