@@ -1,9 +1,14 @@
 #include "moe/data/remote_dataset.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -58,7 +63,9 @@ class ShardCache : public ShardFetcher {
       stop_ = true;
     }
     cv_.notify_all();
+    client_->abort();  // a prefetch in flight (or in its retries) ends now
     for (auto& t : workers_) t.join();
+    if (lock_fd_ >= 0) ::close(lock_fd_);
     if (stats_.fetched_shards + stats_.hits > 0) {
       spdlog::info(
           "data: shard cache {}: {} shards fetched ({:.1f} MiB in {:.1f} s), {} reads from the "
@@ -174,6 +181,9 @@ class ShardCache : public ShardFetcher {
       bytes_ += e.meta.bytes;
     }
     e.state = State::kFetching;
+    // A name of this fetch's own: nothing else ever writes into it.
+    const std::string part =
+        path + ".part-" + std::to_string(::getpid()) + "-" + std::to_string(++parts_);
     lock.unlock();
     const auto start = Clock::now();
     std::string problem;
@@ -181,19 +191,19 @@ class ShardCache : public ShardFetcher {
     try {
       problem = had_file ? verify(path, e.meta) : "stale";
       if (!problem.empty()) {
-        download(path, e.meta);
+        download(part, e.meta);
         downloaded = true;
-        problem = verify(path + ".part", e.meta);
-        if (problem.empty()) fs::rename(path + ".part", path);
+        problem = verify(part, e.meta);
+        if (problem.empty()) fs::rename(part, path);
       }
     } catch (...) {
       lock.lock();
-      fail_locked(path, e);
+      fail_locked(path, part, e);
       throw;
     }
     lock.lock();
     if (!problem.empty()) {
-      fail_locked(path, e);
+      fail_locked(path, part, e);
       throw UserError("data: " + root_.child(e.meta.file).str() + ": " + problem +
                       " (the object is damaged or was replaced; upload the dataset again with "
                       "prepare-data --out)");
@@ -209,20 +219,40 @@ class ShardCache : public ShardFetcher {
     cv_.notify_all();
   }
 
-  void fail_locked(const std::string& path, Entry& e) {
+  void fail_locked(const std::string& path, const std::string& part, Entry& e) {
     std::error_code ec;
-    fs::remove(path + ".part", ec);
+    fs::remove(part, ec);
     fs::remove(path, ec);
     e.state = State::kAbsent;
     bytes_ -= e.meta.bytes;
     cv_.notify_all();
   }
 
-  void download(const std::string& path, const ManifestShard& s) {
+  void download(const std::string& part, const ManifestShard& s) {
+    lock_directory();
+    client_->get_to_file(root_.child(s.file), s.bytes, part);
+  }
+
+  // One process per cache directory: another's eviction would remove files this one reads.
+  void lock_directory() {
+    std::lock_guard<std::mutex> lock(lock_mu_);
+    if (lock_fd_ >= 0) return;
     std::error_code ec;
     fs::create_directories(opt_.dir, ec);
     if (ec) throw UserError("data.cache_dir: " + opt_.dir + ": cannot create: " + ec.message());
-    client_->get_to_file(root_.child(s.file), s.bytes, path + ".part");
+    const std::string file = (fs::path(opt_.dir) / ".lock").string();
+    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+      throw UserError("data.cache_dir: " + file + ": cannot open: " + std::strerror(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      throw UserError("data.cache_dir: " + opt_.dir +
+                      " is in use by another moe-train process; give each run its own cache_dir");
+    }
+    lock_fd_ = fd;
+    for (const auto& f : fs::directory_iterator(opt_.dir, ec)) {  // a killed run's downloads
+      if (f.path().filename().string().find(".part-") != std::string::npos) fs::remove(f, ec);
+    }
   }
 
   // Checksums first, then the HDF5 structure: a damaged object never reaches libhdf5's parser.
@@ -268,6 +298,9 @@ class ShardCache : public ShardFetcher {
   uint64_t clock_ = 0;
   bool stop_ = false;
   bool warned_over_ = false;
+  uint64_t parts_ = 0;
+  std::mutex lock_mu_;
+  int lock_fd_ = -1;  // flock(2) on DIR/.lock, held while this cache lives
   RemoteCacheStats stats_;
   std::vector<std::thread> workers_;
 };

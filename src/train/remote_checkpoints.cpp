@@ -65,6 +65,7 @@ struct RemoteCheckpoints::Impl {
   bool busy = false, stop = false;
   int64_t last_uploaded = -1;
   int64_t files_uploaded = 0;  // for MOE_TEST_DIE_IN_UPLOAD
+  int64_t snapshots = 0;       // snapshot names are unique: two saves of one step may overlap
   std::thread worker;
 
   Impl(std::shared_ptr<s3::Client> c, s3::Url r, std::string local, int64_t kl, int64_t ke,
@@ -90,12 +91,18 @@ struct RemoteCheckpoints::Impl {
       const auto start = std::chrono::steady_clock::now();
       try {
         const int64_t bytes = upload(snapshot, step);
-        prune(step);
+        {
+          std::lock_guard<std::mutex> l(mu);
+          last_uploaded = std::max(last_uploaded, step);
+        }
         log.info("checkpoint: uploaded {} to {} ({:.1f} MiB in {:.1f} s)",
                  CheckpointStore::dir_name(step), root.str(), double(bytes) / (1 << 20),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-        std::lock_guard<std::mutex> l(mu);
-        last_uploaded = std::max(last_uploaded, step);
+        try {
+          prune(step);
+        } catch (const std::exception& e) {  // the upload stands; retention retries next time
+          log.warn("checkpoint: remote retention in {} failed: {}", root.str(), e.what());
+        }
       } catch (const std::exception& e) {
         // The local checkpoint is intact and the remote `latest` still names a complete one;
         // the next checkpoint tries again.
@@ -185,7 +192,9 @@ struct RemoteCheckpoints::Impl {
     for (int64_t step : order) {
       try {
         return download(step);
-      } catch (const UserError& e) {
+      } catch (const TrainingError&) {
+        throw;  // the store is unreachable (retries spent) or the disk failed: not the checkpoint
+      } catch (const std::exception& e) {
         log.error("checkpoint: remote {} is unusable ({}); trying an older one",
                   CheckpointStore::dir_name(step), e.what());
       }
@@ -204,12 +213,17 @@ struct RemoteCheckpoints::Impl {
     } catch (const json::exception& e) {
       throw UserError(dir.child(kChecksums).str() + ": " + e.what());
     }
+    if (!sums.is_object())
+      throw UserError(dir.child(kChecksums).str() + ": 'files' is not an object");
     CheckpointStore store(local_root);
     const std::string tmp = store.begin(step);
     try {
       for (const auto& [rel, want] : sums.items()) {
-        if (rel.find("..") != std::string::npos || rel.front() == '/') {
-          throw UserError(dir.child(kChecksums).str() + ": bad file name " + rel);
+        if (rel.empty() || rel.find("..") != std::string::npos || rel.front() == '/' ||
+            !want.is_object() || !want.contains("bytes") || !want.contains("xxh3") ||
+            !want["bytes"].is_number_integer() || !want["xxh3"].is_string()) {
+          throw UserError(dir.child(kChecksums).str() + ": bad entry '" + rel +
+                          "' (expected a relative name with bytes and xxh3)");
         }
         const fs::path local = fs::path(tmp) / rel;
         fs::create_directories(local.parent_path());
@@ -241,6 +255,7 @@ RemoteCheckpoints::RemoteCheckpoints(std::shared_ptr<s3::Client> client, s3::Url
                                    keep_last, keep_every, log)) {}
 
 RemoteCheckpoints::~RemoteCheckpoints() {
+  impl_->client->abort();  // an upload in flight ends now, not after its last part
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stop = true;
@@ -256,8 +271,14 @@ RemoteCheckpoints::~RemoteCheckpoints() {
 
 void RemoteCheckpoints::enqueue(const std::string& dir, int64_t step) {
   // Hard links: the same bytes, immune to local retention removing `dir` before the upload.
+  int64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    seq = ++impl_->snapshots;
+  }
   const fs::path snapshot =
-      fs::path(impl_->local_root) / (".upload-" + CheckpointStore::dir_name(step));
+      fs::path(impl_->local_root) /
+      (".upload-" + CheckpointStore::dir_name(step) + "-" + std::to_string(seq));
   std::error_code ec;
   remove_tree(snapshot, ec);
   for (const auto& rel : files_below(dir)) {

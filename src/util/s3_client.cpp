@@ -64,6 +64,10 @@ std::string xml_text(const std::string& xml, const std::string& tag, size_t* fro
       continue;
     }
     const size_t semi = raw.find(';', i);
+    if (semi == std::string::npos) {  // a stray '&': keep the rest as it is
+      out += raw.substr(i);
+      break;
+    }
     const std::string ent = raw.substr(i + 1, semi - i - 1);
     if (ent == "amp")
       out += '&';
@@ -119,6 +123,7 @@ bool transient_curl_error(CURLcode rc) {
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
     case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_SEND_FAIL_REWIND:
       return true;
     default:
       return false;
@@ -242,19 +247,13 @@ struct Client::Response {
 };
 
 struct Client::State {
-  CURLSH* share = nullptr;
-  std::mutex locks[CURL_LOCK_DATA_LAST];
   std::atomic<int64_t> retries{0};
+  std::atomic<bool> aborted{false};
   std::mutex rng_mu;
   std::mt19937_64 rng{std::random_device{}()};
 };
 
 namespace {
-
-void share_lock(CURL*, curl_lock_data d, curl_lock_access, void* p) {
-  static_cast<std::mutex*>(p)[d].lock();
-}
-void share_unlock(CURL*, curl_lock_data d, void* p) { static_cast<std::mutex*>(p)[d].unlock(); }
 
 size_t write_body(char* data, size_t size, size_t n, void* out) {
   static_cast<std::string*>(out)->append(data, size * n);
@@ -286,12 +285,43 @@ size_t read_body(char* into, size_t size, size_t n, void* p) {
   return k;
 }
 
+// curl rewinds an upload to send it again (a reused connection found dead).
+int seek_body(void* p, curl_off_t offset, int origin) {
+  auto* u = static_cast<Upload*>(p);
+  if (origin != SEEK_SET || offset < 0 || static_cast<size_t>(offset) > u->body->size()) {
+    return CURL_SEEKFUNC_CANTSEEK;
+  }
+  u->at = static_cast<size_t>(offset);
+  return CURL_SEEKFUNC_OK;
+}
+
+// Progress callback: a non-zero return ends the transfer (Client::abort()).
+int check_abort(void* aborted, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  return static_cast<std::atomic<bool>*>(aborted)->load() ? 1 : 0;
+}
+
+// One easy handle per thread, reset for each request: its connection and DNS caches are reused
+// across requests (libcurl does not support sharing connections between concurrent threads, and
+// a share handle would tie the thread's handle to one Client's lifetime).
+CURL* thread_handle() {
+  struct Handle {
+    CURL* h = curl_easy_init();
+    ~Handle() { curl_easy_cleanup(h); }
+  };
+  thread_local Handle t;
+  curl_easy_reset(t.h);
+  return t.h;
+}
+
 // One line for a 4xx: bucket, key, status and what to check.
 std::string client_error(const std::string& method, const Url& u, long status,
                          const std::string& body) {
   std::string code = xml_text(body, "Code"), message = xml_text(body, "Message");
   std::string hint;
-  if (code == "NoSuchBucket")
+  if (status >= 300 && status < 400)
+    hint = "redirected (" + std::string(status == 301 ? "the bucket is in another region: " : "") +
+           "set AWS_REGION to the bucket's region, or AWS_ENDPOINT_URL to the address it names)";
+  else if (code == "NoSuchBucket")
     hint = "the bucket does not exist: check the bucket name and AWS_ENDPOINT_URL";
   else if (code == "NoSuchKey" || status == 404)
     hint = "no such object: check the path";
@@ -312,15 +342,11 @@ std::string client_error(const std::string& method, const Url& u, long status,
 
 Client::Client(Options opt) : opt_(std::move(opt)), state_(std::make_unique<State>()) {
   global_init();
-  state_->share = curl_share_init();
-  curl_share_setopt(state_->share, CURLSHOPT_LOCKFUNC, share_lock);
-  curl_share_setopt(state_->share, CURLSHOPT_UNLOCKFUNC, share_unlock);
-  curl_share_setopt(state_->share, CURLSHOPT_USERDATA, state_->locks);
-  curl_share_setopt(state_->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
-  curl_share_setopt(state_->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
 }
 
-Client::~Client() { curl_share_cleanup(state_->share); }
+void Client::abort() { state_->aborted = true; }
+
+Client::~Client() = default;
 
 int64_t Client::retries() const { return state_->retries.load(); }
 
@@ -339,11 +365,11 @@ std::string request_url(const Options& opt, const std::string& base, const Clien
   return r.query.empty() ? url : url + "?" + r.query;
 }
 
-// One try of a request; libcurl signs it (SigV4) and keeps connections in `share`.
-CURLcode attempt_once(const Options& opt, CURLSH* share, const std::string& url,
+// One try of a request on this thread's handle; libcurl signs it (SigV4).
+CURLcode attempt_once(const Options& opt, std::atomic<bool>* aborted, const std::string& url,
                       const Client::Request& r, Client::Response& resp, std::string* sink) {
   const std::string sigv4 = "aws:amz:" + opt.region + ":s3";
-  CURL* h = curl_easy_init();
+  CURL* h = thread_handle();
   curl_slist* headers = nullptr;
   // libcurl signs with this header's value as the payload hash (curl >= 7.87).
   headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
@@ -351,11 +377,13 @@ CURLcode attempt_once(const Options& opt, CURLSH* share, const std::string& url,
     headers = curl_slist_append(headers, ("x-amz-security-token: " + opt.session_token).c_str());
   }
   curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h, CURLOPT_SHARE, share);
   curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4.c_str());
   curl_easy_setopt(h, CURLOPT_USERNAME, opt.access_key.c_str());
   curl_easy_setopt(h, CURLOPT_PASSWORD, opt.secret_key.c_str());
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, check_abort);
+  curl_easy_setopt(h, CURLOPT_XFERINFODATA, aborted);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, long(opt.connect_timeout_s * 1000));
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, long(opt.low_speed_timeout_s));
@@ -377,6 +405,8 @@ CURLcode attempt_once(const Options& opt, CURLSH* share, const std::string& url,
     curl_easy_setopt(h, CURLOPT_EXPECT_100_TIMEOUT_MS, 50L);
     curl_easy_setopt(h, CURLOPT_READFUNCTION, read_body);
     curl_easy_setopt(h, CURLOPT_READDATA, &up);
+    curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, seek_body);
+    curl_easy_setopt(h, CURLOPT_SEEKDATA, &up);
     curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, curl_off_t(r.body ? r.body->size() : 0));
   } else if (r.method == "POST") {
     // Not curl's default form type: servers would parse the XML body as a form.
@@ -391,8 +421,8 @@ CURLcode attempt_once(const Options& opt, CURLSH* share, const std::string& url,
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
   const CURLcode rc = curl_easy_perform(h);
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp.status);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, nullptr);
   curl_slist_free_all(headers);
-  curl_easy_cleanup(h);
   return rc;
 }
 
@@ -405,9 +435,13 @@ Client::Response Client::perform(const Request& r) {
   for (int attempt = 1;; ++attempt) {
     Response resp;
     std::string* sink = r.sink ? r.sink : &resp.body;
-    const CURLcode rc = attempt_once(opt_, state_->share, url, r, resp, sink);
+    if (state_->aborted) throw TrainingError("s3: " + r.method + " " + r.url.str() + ": abandoned");
+    const CURLcode rc = attempt_once(opt_, &state_->aborted, url, r, resp, sink);
     // Why this try should be repeated ("" = it is the answer).
     std::string transient;
+    if (rc == CURLE_ABORTED_BY_CALLBACK) {
+      throw TrainingError("s3: " + r.method + " " + r.url.str() + ": abandoned");
+    }
     if (rc != CURLE_OK) {
       if (!transient_curl_error(rc)) {
         throw UserError("s3: " + r.method + " " + r.url.str() + ": " + curl_easy_strerror(rc) +
@@ -415,7 +449,8 @@ Client::Response Client::perform(const Request& r) {
                         "; check AWS_ENDPOINT_URL and, for TLS, AWS_CA_BUNDLE)");
       }
       transient = curl_easy_strerror(rc);
-    } else if (resp.status >= 500 || resp.status == 429) {
+    } else if (resp.status >= 500 || resp.status == 429 ||
+               (resp.status == 400 && xml_text(*sink, "Code") == "RequestTimeout")) {
       transient = "HTTP " + std::to_string(resp.status);
     } else if (r.range.empty() && resp.headers.count("content-length") != 0 && r.method == "GET" &&
                std::to_string(sink->size()) != resp.headers["content-length"]) {
@@ -426,7 +461,11 @@ Client::Response Client::perform(const Request& r) {
       if (resp.status == 404 && r.missing_ok && xml_text(*sink, "Code") != "NoSuchBucket") {
         return resp;
       }
-      if (resp.status >= 400) throw UserError(client_error(r.method, r.url, resp.status, *sink));
+      // Not 2xx: refused, or redirected (curl does not follow, and a PUT redirected elsewhere
+      // would be a lost write).
+      if (resp.status < 200 || resp.status >= 300) {
+        throw UserError(client_error(r.method, r.url, resp.status, *sink));
+      }
       return resp;
     }
     if (attempt >= opt_.max_attempts) {
@@ -443,7 +482,10 @@ Client::Response Client::perform(const Request& r) {
     }
     spdlog::debug("s3: {} {}: {} (attempt {} of {}); retrying in {:.2f} s", r.method, r.url.str(),
                   transient, attempt, opt_.max_attempts, sleep_s);
-    std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(sleep_s);
+    while (std::chrono::steady_clock::now() < until && !state_->aborted) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
 }
 
@@ -501,7 +543,12 @@ std::optional<int64_t> Client::head(const Url& u) {
   r.missing_ok = true;
   Response resp = perform(r);
   if (resp.status == 404) return std::nullopt;
-  return std::stoll(resp.headers["content-length"]);
+  try {
+    return std::stoll(resp.headers.at("content-length"));
+  } catch (const std::exception&) {
+    throw UserError("s3: HEAD " + u.str() + ": no Content-Length in the reply (is " +
+                    "AWS_ENDPOINT_URL an S3-compatible server?)");
+  }
 }
 
 void Client::put(const Url& u, const std::string& body) {
@@ -536,11 +583,13 @@ void Client::put_file(const Url& u, const std::string& path) {
   if (upload_id.empty())
     throw TrainingError("s3: POST " + u.str() + "?uploads: no UploadId in the reply");
   const std::string id_q = "uploadId=" + uri_encode(upload_id, false);
+  // S3 takes at most 10,000 parts: larger files get larger parts.
+  const int64_t part_bytes = std::max(opt_.part_bytes, (size + 9999) / 10000);
   try {
     std::string done = "<CompleteMultipartUpload>";
     int part_no = 1;
-    for (int64_t at = 0; at < size; at += opt_.part_bytes, ++part_no) {
-      const std::string body = read_part(std::min(opt_.part_bytes, size - at));
+    for (int64_t at = 0; at < size; at += part_bytes, ++part_no) {
+      const std::string body = read_part(std::min(part_bytes, size - at));
       Request part;
       part.method = "PUT";
       part.url = u;

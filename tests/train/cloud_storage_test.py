@@ -254,5 +254,29 @@ with tempfile.TemporaryDirectory() as d:
             assert r.returncode == 2 and len(lines) == 1, (what, r.returncode, r.stderr[-2000:])
             assert not out.exists(), f"{what}: something was written"
             print(f"{what}: exit 2: {lines[0][:170]}")
+        # A redirect (a bucket in another region) is not a success: uploads would be lost.
+        srv.proxy.redirect = True
+        r = subprocess.run([BIN, "prepare-data", corpus, "--out", "s3://moe-test/elsewhere"], capture_output=True,
+                           text=True, env=env)
+        srv.proxy.redirect = False
+        assert r.returncode == 2 and "HTTP 301" in r.stderr and "AWS_REGION" in r.stderr, r.stderr[-2000:]
+        assert "moe-test/elsewhere/manifest.json" not in srv.keys("elsewhere/"), "nothing uploaded"
+        print(f"301 PermanentRedirect: exit 2: {r.stderr.strip().splitlines()[-1][:170]}")
+
+        # One cache directory, two processes: the second is refused, the first trains on.
+        shared = tmp / "shared-cache"
+        first = subprocess.Popen([BIN, "--config", cfg, "-q", "--set", f"training.output_dir={tmp / 'share-a'}",
+                                  "--set", 'data.path="s3://moe-test/ds"', "--set", f'data.cache_dir="{shared}"',
+                                  "--set", "training.train_iters=200"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, **slow})
+        while not (shared / "moe-test/ds/.lock").exists():
+            assert first.poll() is None, first.communicate()[1][-2000:]
+            time.sleep(0.05)
+        r = train(tmp / "share-b", "s3://moe-test/ds", f'data.cache_dir="{shared}"', ok=False)
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=300)
+        assert first.returncode == 0, err[-2000:]
+        assert r.returncode == 2 and "in use by another moe-train process" in r.stderr, r.stderr[-2000:]
+        print("a second run on the same data.cache_dir: exit 2 (in use by another process); the first unharmed")
     finally:
         srv.close()

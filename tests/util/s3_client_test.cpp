@@ -105,8 +105,10 @@ TEST(S3Options, ProfileFromTheCredentialsFile) {
 }
 
 TEST(S3Options, NoCredentialsIsOneUserErrorWithoutSecrets) {
+  // Only a session token and an access key id: no secret, and none of the values may appear.
   ScopedEnv env({{"AWS_ACCESS_KEY_ID", "AKIAONLYKEY"},
                  {"AWS_SECRET_ACCESS_KEY", nullptr},
+                 {"AWS_SESSION_TOKEN", "SESSIONTOKENVALUE"},
                  {"AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials"},
                  {"AWS_PROFILE", nullptr}});
   try {
@@ -115,6 +117,8 @@ TEST(S3Options, NoCredentialsIsOneUserErrorWithoutSecrets) {
   } catch (const moe::UserError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("AWS_SECRET_ACCESS_KEY"), std::string::npos) << what;
+    EXPECT_EQ(what.find("AKIAONLYKEY"), std::string::npos) << what;
+    EXPECT_EQ(what.find("SESSIONTOKENVALUE"), std::string::npos) << what;
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
 }

@@ -5,7 +5,9 @@ fault-injecting proxy the tests steer:
   - proxy.fail_for(seconds): every request answered `503 SlowDown` meanwhile;
   - proxy.drop_next(n): the next n object GETs are cut half-way (connection closed mid-body);
   - proxy.stop() / proxy.start(): the endpoint goes away (connections refused) and comes back,
-    as a restarted server; moto keeps its objects in memory, so the proxy is what restarts.
+    as a restarted server; moto keeps its objects in memory, so the proxy is what restarts;
+  - proxy.redirect = True: every request answered `301 PermanentRedirect` (a bucket in another
+    region), which a client must not take for success.
 """
 import json
 import os
@@ -55,6 +57,7 @@ class FaultProxy:
         self.port = free_port()
         self.fail_until = 0.0
         self.drops_left = 0
+        self.redirect = False
         self.requests = 0
         self.injected = {"503": 0, "dropped": 0}
         self.lock = threading.Lock()
@@ -104,6 +107,13 @@ class FaultProxy:
                     buf += chunk
                 body, buf = buf[:n], buf[n:]
                 self.requests += 1
+                if self.redirect:
+                    msg = (b"<Error><Code>PermanentRedirect</Code><Message>The bucket you are attempting to access "
+                           b"must be addressed using the specified endpoint.</Message></Error>")
+                    conn.sendall(b"HTTP/1.1 301 Moved Permanently\r\nx-amz-bucket-region: eu-west-1\r\n"
+                                 b"Content-Type: application/xml\r\nContent-Length: " + str(len(msg)).encode() +
+                                 b"\r\n\r\n" + msg)
+                    continue
                 if time.time() < self.fail_until:
                     self.injected["503"] += 1
                     msg = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"

@@ -80,6 +80,10 @@ class Client {
   // bucket, the status and what to check. Call before writing anything.
   void check_access(const Url& u);
 
+  // Ends transfers in flight and refuses new ones (each throws TrainingError): a process that
+  // must exit stops waiting on the network.
+  void abort();
+
   const Options& options() const { return opt_; }
   // Retries so far (transient failures that were tried again), for logs and tests.
   int64_t retries() const;
