@@ -69,9 +69,10 @@ class ShardCache : public ShardFetcher {
     if (stats_.fetched_shards + stats_.hits > 0) {
       spdlog::info(
           "data: shard cache {}: {} shards fetched ({:.1f} MiB in {:.1f} s), {} reads from the "
-          "cache, {} evicted, readers waited {:.2f} s",
+          "cache, {} evicted, readers waited {:.2f} s, {} requests retried",
           opt_.dir, stats_.fetched_shards, double(stats_.fetched_bytes) / (1 << 20),
-          stats_.fetch_seconds, stats_.hits, stats_.evictions, stats_.waited_seconds);
+          stats_.fetch_seconds, stats_.hits, stats_.evictions, stats_.waited_seconds,
+          client_->retries());
     }
   }
 
@@ -169,6 +170,8 @@ class ShardCache : public ShardFetcher {
   // error, which is rethrown). The lock is released while bytes move.
   void fetch_locked(const std::string& path, Entry& e, std::unique_lock<std::mutex>& lock,
                     bool for_prefetch) {
+    // Before anything here is read, written or removed: this process owns the directory.
+    lock_directory();
     const bool had_file = e.state == State::kUnverified;
     if (!had_file) {
       if (!make_room(e.meta.bytes, /*spare_prefetched=*/for_prefetch) && !warned_over_) {
@@ -229,7 +232,6 @@ class ShardCache : public ShardFetcher {
   }
 
   void download(const std::string& part, const ManifestShard& s) {
-    lock_directory();
     client_->get_to_file(root_.child(s.file), s.bytes, part);
   }
 

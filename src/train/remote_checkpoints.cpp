@@ -267,6 +267,8 @@ RemoteCheckpoints::~RemoteCheckpoints() {
   }
   impl_->cv.notify_all();
   impl_->worker.join();
+  impl_->log.info("checkpoint: uploads to {}: {} requests retried", impl_->root.str(),
+                  impl_->client->retries());
 }
 
 void RemoteCheckpoints::enqueue(const std::string& dir, int64_t step) {

@@ -134,7 +134,7 @@ with tempfile.TemporaryDirectory() as d:
         train(tmp / "local-100", tmp / "local", "training.train_iters=100")
         want100 = losses(tmp / "local-100")
         out = tmp / "faults"
-        args = [BIN, "--config", cfg, "-q", "--set", f"training.output_dir={out}", "--set",
+        args = [BIN, "--config", cfg, "--set", f"training.output_dir={out}", "--set",
                 'data.path="s3://moe-test/ds"', "--set", "training.train_iters=100", "--set",
                 f"data.cache_max_bytes={2 * shard_bytes}", "--set", 'checkpoint.remote="s3://moe-test/faults"']
         p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, **slow})
@@ -164,9 +164,15 @@ with tempfile.TemporaryDirectory() as d:
         assert final_weights(out, 100) == final_weights(tmp / "local-100", 100)
         assert srv.get("faults/latest").decode().strip() == "step-00000100"
         assert srv.proxy.injected["503"] > 0 and srv.proxy.injected["dropped"] > 0, srv.proxy.injected
+        # Every injected fault costs one retry; retries beyond them were attempts refused while
+        # the endpoint was down, so the outage was really hit.
+        retried = sum(int(l.split(" requests retried")[0].split()[-1]) for l in err.splitlines()
+                      if " requests retried" in l)
+        injected = srv.proxy.injected["503"] + srv.proxy.injected["dropped"]
+        assert retried > injected, (retried, srv.proxy.injected, err[-3000:])
         print(f"faults (503s for 4 s: {srv.proxy.injected['503']} answered; {srv.proxy.injected['dropped']} "
-              f"objects cut mid-body; endpoint down 4 s): exit 0, 100 losses and weights bitwise, remote "
-              f"latest = step-00000100")
+              f"objects cut mid-body; endpoint down 4 s: {retried - injected} refused attempts): exit 0, 100 "
+              f"losses and weights bitwise, remote latest = step-00000100")
 
         # Remote checkpoints: kill -9 after an upload, local output gone, resume from the remote.
         out = tmp / "spot"
