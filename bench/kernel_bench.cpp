@@ -174,11 +174,13 @@ int main(int argc, char** argv) {
                        reps),
                plan_bytes);
       }
-      // Bytes really moved. permute: the gather reads one x row per assignment (N*d: each token
-      // k times), N*8 (index); writes N*d.
-      const double permute_bytes = static_cast<double>((N * d + N * d) * elt + N * 8);
+      // Bytes each implementation must move. permute: the reference gathers one x row per
+      // assignment (N*d) and the index (N*8); the kernel reads x once per token (T*d) and the
+      // rows of each assignment (T*k*8). Both write N*d.
+      const double permute_ref_bytes = static_cast<double>((N * d + N * d) * elt + N * 8);
+      const double permute_bytes = static_cast<double>((T * d + N * d) * elt + T * k * 8);
       report("permute", "reference", E, k,
-             time_ms([&] { (void)moe::moe::permute(x, plan); }, cuda, reps), permute_bytes);
+             time_ms([&] { (void)moe::moe::permute(x, plan); }, cuda, reps), permute_ref_bytes);
       // combine: read N*d (y), T*k*4 (weights), T*k*8 (rows of each assignment); write T*d.
       const double combine_bytes =
           static_cast<double>((N * d + T * d) * elt + T * k * 4 + T * k * 8);
@@ -187,8 +189,8 @@ int main(int argc, char** argv) {
       if (kernels) {
         auto rows_of = moe::kernels::detail::assignment_rows(plan.source_assignment, T * k);
         report("permute", "cuda", E, k,
-               time_ms([&] { (void)moe::kernels::detail::permute_forward(x, plan.source_token); },
-                       cuda, reps),
+               time_ms([&] { (void)moe::kernels::detail::permute_forward(x, rows_of, k, N); }, cuda,
+                       reps),
                permute_bytes);
         report("permute_bwd", "cuda", E, k,
                time_ms([&] { (void)moe::kernels::detail::permute_backward(y, rows_of, k); }, cuda,
@@ -198,17 +200,14 @@ int main(int argc, char** argv) {
                time_ms([&] { (void)moe::kernels::detail::combine_forward(y, rows_of, w); }, cuda,
                        reps),
                combine_bytes);
-        // combine backward: read the output gradient once per assignment (N*d) and y (N*d, for
-        // the weights' gradient), the weights and indices; write grad_y (N*d) and grad_w.
+        // combine backward: read the output gradient once per token (T*d) and y (N*d, for the
+        // weights' gradient), weights and rows (T*k*12); write grad_y (N*d) and grad_w (T*k*4).
         auto grad_out = torch::randn({T, d}, opts.dtype(dtype));
-        report("combine_bwd", "cuda", E, k,
-               time_ms(
-                   [&] {
-                     (void)moe::kernels::detail::combine_backward(
-                         grad_out, y, plan.source_token, plan.source_assignment, rows_of, w);
-                   },
-                   cuda, reps),
-               static_cast<double>(3 * N * d * elt + T * k * (4 + 4 + 8) + 2 * N * 8));
+        report(
+            "combine_bwd", "cuda", E, k,
+            time_ms([&] { (void)moe::kernels::detail::combine_backward(grad_out, y, rows_of, w); },
+                    cuda, reps),
+            static_cast<double>((T * d + 2 * N * d) * elt + T * k * 16));
       }
 
       // Router forward + backward from fp32 logits: probs, top-k, weights, lse; a loss that

@@ -37,9 +37,11 @@ DEVICE_MAX_S = 600    # the longest one command may run on the GPU machine
 DEVICE_MARGIN_S = 60  # its timeout beyond our budget: start-up, and the files' way back
 MAX_FILES = 8         # the GPU machine sends back at most this many files of OUTDIR
 # Small shapes only, none of which skips on a device: edge cases (1 token, 1 expert), a k > 1 case
-# per dtype family, the dispatch plan small and at T 4096 / E 256, the router with softmax and with
-# sigmoid scores, and the poison test. gtest's '*' also matches '/' and '.'.
+# per dtype family, the row kernels' packed (unrolled k = 8) and per-element (two chunks) shapes,
+# the dispatch plan small and at T 4096 / E 256, the router with softmax and with sigmoid scores,
+# and the poison test. gtest's '*' also matches '/' and '.'.
 SAN_FILTER = ("Grid/PermuteGpu.*/fp32_T7_E8_k2:Grid/PermuteGpu.*/bf16_T7_E64_k8:"
+              "Shapes/PermuteGpu.*/bf16_T33_E16_k8_d1000:Shapes/PermuteGpu.*/fp16_T33_E16_k10_d3:"
               "Grid/PermuteGpu.*/fp16_T1_E1_k1:PlanGrid/DispatchPlanGpu.*/T7_E8_k2:"
               "PlanGrid/DispatchPlanGpu.*/T4096_E256_k8:Grid/RouterGpu.*/fp32_T7_E8_k2:"
               "Grid/RouterGpu.*/fp32_T7_E64_k8_sigmoid:PermuteGpuPoison.*")

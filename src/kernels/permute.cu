@@ -1,16 +1,18 @@
 // The permute family's kernels and raw launches (detail::dispatch_plan, permute_forward/backward,
 // combine_forward/backward; autograd ops in permute_ops.cpp).
 //
-// Layout of this file: kernels, then checked launchers, then tensor-level wrappers.
+// Layout of this file: kernels, then checked launchers, then tensor-level wrappers. The row
+// kernels (permute, combine and their backwards) work per token: their bodies live in
+// moe/kernels/permute_token.h, which the CPU emulation runs too.
 // Deterministic by construction: no atomics; every output element is written by exactly one
 // thread, which sums its inputs in a fixed order (j = 0..k-1).
 //
-// Byte counts that bound each kernel (N = kept assignments, T tokens, d hidden, b bytes/elem):
-//   plan (dropless, A = T*k): read 2*A*8 + tiles*E*8, write 2*A*8 (+ tiles*E*4 counts)
-//   permute fwd:   read N*d*b, write N*d*b
-//   permute bwd:   read N*d*b, write T*d*b
-//   combine fwd:   read N*d*b + T*k*4, write T*d*b
-//   combine bwd:   read T*d*b + N*d*b, write N*d*b + N*4
+// Bytes each kernel must move (N = kept assignments, T tokens, A = T*k, d hidden, b bytes/elem):
+//   plan (dropless): read 2*A*8 + tiles*E*8, write 2*A*8 (+ tiles*E*4 counts)
+//   permute fwd:   read T*d*b + A*8, write N*d*b          (x read once per token)
+//   permute bwd:   read N*d*b + A*8, write T*d*b
+//   combine fwd:   read N*d*b + A*12, write T*d*b
+//   combine bwd:   read T*d*b + N*d*b + A*12, write N*d*b + A*4   (grad_out read once per token)
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -22,6 +24,7 @@
 #include "device_helpers.cuh"
 #include "moe/kernels/kernel_args.h"
 #include "moe/kernels/permute.h"
+#include "moe/kernels/permute_token.h"
 
 namespace moe::kernels {
 namespace {
@@ -92,85 +95,86 @@ __global__ void plan_tiles_kernel(const int64_t* __restrict__ topk_idx, int64_t 
   }
 }
 
-// One block per destination row; copies 16-byte vectors when the row allows (vec_bytes = 16),
-// else elements. Row offsets are int64: rows * row_bytes can pass 2^31.
-template <typename VecT>
-__global__ void gather_rows_kernel(const char* __restrict__ x, const int64_t* __restrict__ src,
-                                   int64_t src_rows, int64_t row_vecs, char* __restrict__ out) {
-  const int64_t r = blockIdx.x;
-  const int64_t s = src[r];
-  MOE_DEVICE_ASSERT(s >= 0 && s < src_rows);
-  if (s < 0 || s >= src_rows) return;  // uniform per block
-  const VecT* in_row = reinterpret_cast<const VecT*>(x) + s * row_vecs;
-  VecT* out_row = reinterpret_cast<VecT*>(out) + r * row_vecs;
-  for (int64_t i = threadIdx.x; i < row_vecs; i += blockDim.x) out_row[i] = in_row[i];
+// ---- the per-token row kernels (bodies in moe/kernels/permute_token.h) -------------------
+// Token t = blockIdx.x * tokens_per_block + threadIdx.x / lanes; its `lanes` threads split the
+// row's packs. Out-of-range rows are asserted in debug builds and skipped in release (the body
+// treats them as dropped).
+
+namespace tr = token_rows;
+
+__device__ inline void assert_rows(const int64_t* rows_t, int64_t k, int64_t n) {
+#ifndef NDEBUG
+  for (int64_t j = 0; j < k; ++j) MOE_DEVICE_ASSERT(rows_t[j] >= -1 && rows_t[j] < n);
+#else
+  (void)rows_t, (void)k, (void)n;
+#endif
 }
 
-// grad_x[t] = sum_j grad_out[rows[t*k + j]] (rows < 0 skipped), fp32 accumulation.
-template <typename scalar_t>
-__global__ void permute_backward_kernel(const scalar_t* __restrict__ grad_out,
-                                        const int64_t* __restrict__ rows, int64_t n, int64_t k,
-                                        int64_t d, scalar_t* __restrict__ grad_x) {
-  const int64_t t = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    float acc = 0.f;
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t r = rows[t * k + j];
-      MOE_DEVICE_ASSERT(r >= -1 && r < n);
-      if (r >= 0 && r < n) acc += static_cast<float>(grad_out[r * d + c]);
+// permute forward: out[rows[t*k + j]] = x[t] for each kept j (x read once per token).
+template <int K, int V, typename T>
+__global__ void scatter_rows_kernel(const T* __restrict__ x, const int64_t* __restrict__ rows,
+                                    int64_t tokens, int64_t k, int64_t n, tr::TokenLayout l,
+                                    T* __restrict__ out) {
+  const int64_t t = int64_t(blockIdx.x) * l.tokens_per_block + threadIdx.x / l.lanes;
+  if (t >= tokens) return;
+  assert_rows(rows + t * k, k, n);
+  tr::scatter_row_lane<K, V>(x + t * l.row_vecs * V, n, rows + t * k, k, l,
+                             static_cast<int>(threadIdx.x % l.lanes), out);
+}
+
+// combine forward (weights != nullptr): out[t] = sum_j w[t, j] * src[rows[t*k + j]];
+// permute backward (weights == nullptr): grad_x[t] = sum_j grad[rows[t*k + j]]. fp32 sums.
+template <int K, int V, typename T>
+__global__ void sum_rows_kernel(const T* __restrict__ src, const int64_t* __restrict__ rows,
+                                const float* __restrict__ weights, int64_t tokens, int64_t k,
+                                int64_t n, tr::TokenLayout l, T* __restrict__ out) {
+  const int64_t t = int64_t(blockIdx.x) * l.tokens_per_block + threadIdx.x / l.lanes;
+  if (t >= tokens) return;
+  assert_rows(rows + t * k, k, n);
+  tr::sum_rows_lane<K, V>(src, n, rows + t * k, weights != nullptr ? weights + t * k : nullptr, k,
+                          l, static_cast<int>(threadIdx.x % l.lanes), out + t * l.row_vecs * V);
+}
+
+// combine backward, per token t and kept assignment j (row r):
+//   grad_y[r] = w[t, j] * grad_out[t];  grad_w[t, j] = dot(grad_out[t], y[r]) (0 if dropped).
+// grad_out[t] is read once for all k. Each lane's fmaf chain is reduced across the token's
+// lanes by an xor butterfly (fixed order: deterministic). Threads past the last token still
+// take part in the shuffles (full-warp mask), with nothing to add.
+template <int K, int V, typename T>
+__global__ void combine_backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ y,
+                                        const int64_t* __restrict__ rows,
+                                        const float* __restrict__ weights, int64_t tokens,
+                                        int64_t k, int64_t n, tr::TokenLayout l,
+                                        T* __restrict__ grad_y, float* __restrict__ grad_w) {
+  const int64_t t = int64_t(blockIdx.x) * l.tokens_per_block + threadIdx.x / l.lanes;
+  const bool active = t < tokens;
+  const int64_t tt = active ? t : 0;
+  const int lane = static_cast<int>(threadIdx.x % l.lanes);
+  if (active) assert_rows(rows + t * k, k, n);
+  for (int64_t j0 = 0; j0 < (K > 0 ? K : k); j0 += tr::chunk_step<K>()) {
+    const tr::Chunk<K> c = tr::load_chunk<K>(rows + tt * k, weights + tt * k, j0, k, n);
+    float dots[tr::Chunk<K>::kSlots];
+    if (active) {
+      tr::combine_backward_lane<K, V>(grad_out + t * l.row_vecs * V, y, n, c, l, lane, grad_y,
+                                      dots);
+    } else {
+#pragma unroll
+      for (int jj = 0; jj < tr::Chunk<K>::kSlots; ++jj) dots[jj] = 0.f;
     }
-    grad_x[t * d + c] = static_cast<scalar_t>(acc);
-  }
-}
-
-// out[t] = sum_j w[t, j] * y[rows[t*k + j]], fp32 accumulation.
-template <typename scalar_t>
-__global__ void combine_forward_kernel(const scalar_t* __restrict__ y,
-                                       const int64_t* __restrict__ rows,
-                                       const float* __restrict__ w, int64_t n, int64_t k, int64_t d,
-                                       scalar_t* __restrict__ out) {
-  const int64_t t = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    float acc = 0.f;
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t r = rows[t * k + j];
-      MOE_DEVICE_ASSERT(r >= -1 && r < n);
-      if (r >= 0 && r < n) acc += w[t * k + j] * static_cast<float>(y[r * d + c]);
+#pragma unroll
+    for (int jj = 0; jj < tr::Chunk<K>::kSlots; ++jj) {
+      for (int offset = l.lanes / 2; offset > 0; offset /= 2) {
+        dots[jj] += __shfl_xor_sync(0xffffffffu, dots[jj], offset);
+      }
     }
-    out[t * d + c] = static_cast<scalar_t>(acc);
+    if (active && lane == 0) {
+#pragma unroll
+      for (int jj = 0; jj < tr::Chunk<K>::kSlots; ++jj) {
+        const int64_t j = j0 + jj;
+        if (K > 0 || j < k) grad_w[t * k + j] = c.kept[jj] ? dots[jj] : 0.f;
+      }
+    }
   }
-}
-
-// One block per destination row r (assignment a, token t):
-//   grad_y[r] = w[a] * grad_out[t];  grad_w[a] = dot(grad_out[t], y[r]) (block reduction).
-template <typename scalar_t>
-__global__ void combine_backward_kernel(const scalar_t* __restrict__ grad_out,
-                                        const scalar_t* __restrict__ y,
-                                        const int64_t* __restrict__ src_token,
-                                        const int64_t* __restrict__ src_assignment,
-                                        const float* __restrict__ w, int64_t T, int64_t A,
-                                        int64_t d, scalar_t* __restrict__ grad_y,
-                                        float* __restrict__ grad_w) {
-  __shared__ float partial[kThreads];
-  const int64_t r = blockIdx.x;
-  const int64_t t = src_token[r];
-  const int64_t a = src_assignment[r];
-  MOE_DEVICE_ASSERT(t >= 0 && t < T && a >= 0 && a < A);
-  if (t < 0 || t >= T || a < 0 || a >= A) return;  // uniform per block
-  const float wa = w[a];
-  float dot = 0.f;
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    float g = static_cast<float>(grad_out[t * d + c]);
-    grad_y[r * d + c] = static_cast<scalar_t>(wa * g);
-    dot += g * static_cast<float>(y[r * d + c]);
-  }
-  partial[threadIdx.x] = dot;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {  // fixed tree order: deterministic
-    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) grad_w[a] = partial[0];
 }
 
 // ---- checked launchers -------------------------------------------------------------------
@@ -203,10 +207,14 @@ void poison_fill(at::Tensor& t) {
   }
 }
 
-int threads_for_row(int64_t d) {
-  int t = 32;
-  while (t < kThreads && t < d) t *= 2;
-  return t;
+using token_rows::rows_aligned16;
+using token_rows::with_row_dtype;
+using token_rows::with_row_shape;
+
+unsigned row_blocks(int64_t tokens, const token_rows::TokenLayout& l, const char* kernel) {
+  const int64_t blocks = (tokens + l.tokens_per_block - 1) / l.tokens_per_block;
+  check_grid(blocks, tokens, kernel);
+  return static_cast<unsigned>(blocks);
 }
 
 }  // namespace
@@ -274,45 +282,70 @@ std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_
   return {source_token, source_assignment, tokens_per_expert};
 }
 
-at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& source_token, bool poison) {
+at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& rows_of_assignment, int64_t top_k,
+                           int64_t num_rows, bool poison) {
   check_cuda_2d(x, "x");
-  check_index(source_token, "source_token");
+  check_index(rows_of_assignment, "rows_of_assignment");
+  TORCH_CHECK(top_k >= 1 && rows_of_assignment.numel() == x.size(0) * top_k,
+              "moe kernels: permute: ", rows_of_assignment.numel(), " assignments for ", x.size(0),
+              " tokens x top_k ", top_k);
+  TORCH_CHECK(num_rows >= 0 && num_rows <= rows_of_assignment.numel(),
+              "moe kernels: permute: ", num_rows, " rows for ", rows_of_assignment.numel(),
+              " assignments");
   c10::cuda::CUDAGuard guard(x.device());
-  const int64_t n = source_token.numel(), d = x.size(1);
-  auto out = at::empty({n, d}, x.options());
+  const int64_t T = x.size(0), d = x.size(1);
+  auto out = at::empty({num_rows, d}, x.options());
   if (poison) poison_fill(out);
-  if (n == 0 || d == 0) return out;
-  check_grid(n, n, "permute_forward");
-  if (argument_checks()) check_values_in_range(source_token, 0, x.size(0), "source_token");
-  const int64_t row_bytes = d * x.element_size();
-  auto stream = at::cuda::getCurrentCUDAStream();
-  const bool vec16 = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
-                     reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
-  const int64_t vec_bytes = vec16 ? 16 : x.element_size();
-  const int64_t row_vecs = row_bytes / vec_bytes;
-  const int threads = threads_for_row(row_vecs);
-  const char* in = static_cast<const char*>(x.data_ptr());
-  char* o = static_cast<char*>(out.data_ptr());
-  const int64_t* src = source_token.data_ptr<int64_t>();
-  switch (vec_bytes) {
-    case 16:
-      gather_rows_kernel<uint4><<<n, threads, 0, stream>>>(in, src, x.size(0), row_vecs, o);
-      break;
-    case 8:
-      gather_rows_kernel<uint2><<<n, threads, 0, stream>>>(in, src, x.size(0), row_vecs, o);
-      break;
-    case 4:
-      gather_rows_kernel<uint32_t><<<n, threads, 0, stream>>>(in, src, x.size(0), row_vecs, o);
-      break;
-    case 2:
-      gather_rows_kernel<uint16_t><<<n, threads, 0, stream>>>(in, src, x.size(0), row_vecs, o);
-      break;
-    default:
-      gather_rows_kernel<uint8_t><<<n, threads, 0, stream>>>(in, src, x.size(0), row_vecs, o);
+  if (T == 0 || d == 0 || num_rows == 0) return out;
+  if (argument_checks()) {
+    check_values_in_range(rows_of_assignment, -1, num_rows, "rows_of_assignment");
   }
+  const auto l = token_rows::token_layout(
+      d, x.element_size(), rows_aligned16(d, x.element_size(), {x.data_ptr(), out.data_ptr()}));
+  const unsigned blocks = row_blocks(T, l, "permute_forward");
+  auto stream = at::cuda::getCurrentCUDAStream();
+  with_row_dtype(x.scalar_type(), "permute", [&](auto tag) {
+    using T_ = decltype(tag);
+    with_row_shape<T_>(top_k, l.vec, [&](auto K, auto V) {
+      scatter_rows_kernel<decltype(K)::value, decltype(V)::value, T_>
+          <<<blocks, token_rows::kThreads, 0, stream>>>(x.data_ptr<T_>(),
+                                                        rows_of_assignment.data_ptr<int64_t>(), T,
+                                                        top_k, num_rows, l, out.data_ptr<T_>());
+    });
+  });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
+
+namespace {
+// permute backward and combine forward: out[t] = sum over token t's kept rows of src (weighted
+// when weights is defined).
+at::Tensor sum_rows(const at::Tensor& src, const at::Tensor& rows_of_assignment,
+                    const at::Tensor& weights, int64_t top_k, bool poison, const char* kernel) {
+  const int64_t T = rows_of_assignment.numel() / top_k, d = src.size(1), n = src.size(0);
+  auto out = at::empty({T, d}, src.options());
+  if (poison) poison_fill(out);
+  if (T == 0 || d == 0) return out;
+  if (argument_checks()) check_values_in_range(rows_of_assignment, -1, n, "rows_of_assignment");
+  const auto l = token_rows::token_layout(
+      d, src.element_size(),
+      rows_aligned16(d, src.element_size(), {src.data_ptr(), out.data_ptr()}));
+  const unsigned blocks = row_blocks(T, l, kernel);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const float* w = weights.defined() ? weights.data_ptr<float>() : nullptr;
+  with_row_dtype(src.scalar_type(), kernel, [&](auto tag) {
+    using T_ = decltype(tag);
+    with_row_shape<T_>(top_k, l.vec, [&](auto K, auto V) {
+      sum_rows_kernel<decltype(K)::value, decltype(V)::value, T_>
+          <<<blocks, token_rows::kThreads, 0, stream>>>(src.data_ptr<T_>(),
+                                                        rows_of_assignment.data_ptr<int64_t>(), w,
+                                                        T, top_k, n, l, out.data_ptr<T_>());
+    });
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+}  // namespace
 
 at::Tensor permute_backward(const at::Tensor& grad_out, const at::Tensor& rows_of_assignment,
                             int64_t top_k, bool poison) {
@@ -321,23 +354,7 @@ at::Tensor permute_backward(const at::Tensor& grad_out, const at::Tensor& rows_o
   TORCH_CHECK(top_k >= 1 && rows_of_assignment.numel() % top_k == 0, "moe kernels: top_k = ", top_k,
               " does not divide ", rows_of_assignment.numel(), " assignments");
   c10::cuda::CUDAGuard guard(grad_out.device());
-  const int64_t T = rows_of_assignment.numel() / top_k, d = grad_out.size(1);
-  auto grad_x = at::empty({T, d}, grad_out.options());
-  if (poison) poison_fill(grad_x);
-  if (T == 0 || d == 0) return grad_x;
-  check_grid(T, T, "permute_backward");
-  if (argument_checks()) {
-    check_values_in_range(rows_of_assignment, -1, grad_out.size(0), "rows_of_assignment");
-  }
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, grad_out.scalar_type(), "permute_bwd", [&] {
-        permute_backward_kernel<scalar_t>
-            <<<T, threads_for_row(d), 0, at::cuda::getCurrentCUDAStream()>>>(
-                grad_out.data_ptr<scalar_t>(), rows_of_assignment.data_ptr<int64_t>(),
-                grad_out.size(0), top_k, d, grad_x.data_ptr<scalar_t>());
-      });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return grad_x;
+  return sum_rows(grad_out, rows_of_assignment, at::Tensor(), top_k, poison, "permute_backward");
 }
 
 at::Tensor combine_forward(const at::Tensor& y, const at::Tensor& rows_of_assignment,
@@ -347,64 +364,55 @@ at::Tensor combine_forward(const at::Tensor& y, const at::Tensor& rows_of_assign
   check_index(rows_of_assignment, "rows_of_assignment");
   TORCH_CHECK(weights.scalar_type() == at::kFloat, "moe kernels: weights must be fp32, got ",
               weights.scalar_type());
-  TORCH_CHECK(weights.numel() == rows_of_assignment.numel(), "moe kernels: weights hold ",
-              weights.numel(), " entries for ", rows_of_assignment.numel(), " assignments");
+  TORCH_CHECK(weights.numel() == rows_of_assignment.numel() && weights.size(1) >= 1,
+              "moe kernels: weights hold ", weights.numel(), " entries for ",
+              rows_of_assignment.numel(), " assignments");
   c10::cuda::CUDAGuard guard(y.device());
-  const int64_t T = weights.size(0), k = weights.size(1), d = y.size(1);
-  auto out = at::empty({T, d}, y.options());
-  if (poison) poison_fill(out);
-  if (T == 0 || d == 0) return out;
-  check_grid(T, T, "combine_forward");
-  if (argument_checks()) {
-    check_values_in_range(rows_of_assignment, -1, y.size(0), "rows_of_assignment");
-  }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "combine_fwd", [&] {
-    combine_forward_kernel<scalar_t>
-        <<<T, threads_for_row(d), 0, at::cuda::getCurrentCUDAStream()>>>(
-            y.data_ptr<scalar_t>(), rows_of_assignment.data_ptr<int64_t>(),
-            weights.data_ptr<float>(), y.size(0), k, d, out.data_ptr<scalar_t>());
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
+  return sum_rows(y, rows_of_assignment, weights, weights.size(1), poison, "combine_forward");
 }
 
 std::pair<at::Tensor, at::Tensor> combine_backward(const at::Tensor& grad_out, const at::Tensor& y,
-                                                   const at::Tensor& source_token,
-                                                   const at::Tensor& source_assignment,
                                                    const at::Tensor& rows_of_assignment,
                                                    const at::Tensor& weights, bool poison) {
   check_cuda_2d(grad_out, "grad_out");
   check_cuda_2d(y, "y");
   check_cuda_2d(weights, "weights");
-  check_index(source_token, "source_token");
-  check_index(source_assignment, "source_assignment");
-  (void)rows_of_assignment;
+  check_index(rows_of_assignment, "rows_of_assignment");
   TORCH_CHECK(weights.scalar_type() == at::kFloat, "moe kernels: weights must be fp32, got ",
               weights.scalar_type());
   TORCH_CHECK(grad_out.size(1) == y.size(1) && grad_out.scalar_type() == y.scalar_type() &&
-                  source_token.numel() == y.size(0) && source_assignment.numel() == y.size(0),
+                  weights.size(0) == grad_out.size(0) && weights.size(1) >= 1 &&
+                  rows_of_assignment.numel() == weights.numel(),
               "moe kernels: combine backward: grad_out ", grad_out.sizes(), " ",
-              grad_out.scalar_type(), ", y ", y.sizes(), " ", y.scalar_type(), ", ",
-              source_token.numel(), " source tokens, ", source_assignment.numel(),
-              " source assignments");
+              grad_out.scalar_type(), ", y ", y.sizes(), " ", y.scalar_type(), ", weights ",
+              weights.sizes(), ", ", rows_of_assignment.numel(), " assignment rows");
   c10::cuda::CUDAGuard guard(y.device());
-  const int64_t n = y.size(0), d = y.size(1);
+  const int64_t n = y.size(0), d = y.size(1), T = weights.size(0), k = weights.size(1);
   auto grad_y = at::empty_like(y);
-  if (poison) poison_fill(grad_y);
-  // Dropped assignments receive no row, so their weight gradient is 0 (not poisoned: the zero
-  // is part of the result).
-  auto grad_w = at::zeros(weights.sizes(), weights.options().dtype(at::kFloat));
-  if (n == 0) return {grad_y, grad_w};
-  check_grid(n, n, "combine_backward");
-  if (argument_checks()) {
-    check_values_in_range(source_token, 0, grad_out.size(0), "source_token");
-    check_values_in_range(source_assignment, 0, weights.numel(), "source_assignment");
+  // Every entry of grad_w is written: a dropped assignment receives no row, so its 0 is part of
+  // the result.
+  auto grad_w = at::empty(weights.sizes(), weights.options());
+  if (poison) {
+    poison_fill(grad_y);
+    poison_fill(grad_w);
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "combine_bwd", [&] {
-    combine_backward_kernel<scalar_t><<<n, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        grad_out.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), source_token.data_ptr<int64_t>(),
-        source_assignment.data_ptr<int64_t>(), weights.data_ptr<float>(), grad_out.size(0),
-        weights.numel(), d, grad_y.data_ptr<scalar_t>(), grad_w.data_ptr<float>());
+  if (T == 0) return {grad_y, grad_w};
+  if (d == 0) return {grad_y, grad_w.zero_()};
+  if (argument_checks()) check_values_in_range(rows_of_assignment, -1, n, "rows_of_assignment");
+  const auto l = token_rows::token_layout(
+      d, y.element_size(),
+      rows_aligned16(d, y.element_size(), {grad_out.data_ptr(), y.data_ptr(), grad_y.data_ptr()}));
+  const unsigned blocks = row_blocks(T, l, "combine_backward");
+  auto stream = at::cuda::getCurrentCUDAStream();
+  with_row_dtype(y.scalar_type(), "combine backward", [&](auto tag) {
+    using T_ = decltype(tag);
+    with_row_shape<T_>(k, l.vec, [&](auto K, auto V) {
+      combine_backward_kernel<decltype(K)::value, decltype(V)::value, T_>
+          <<<blocks, token_rows::kThreads, 0, stream>>>(
+              grad_out.data_ptr<T_>(), y.data_ptr<T_>(), rows_of_assignment.data_ptr<int64_t>(),
+              weights.data_ptr<float>(), T, k, n, l, grad_y.data_ptr<T_>(),
+              grad_w.data_ptr<float>());
+    });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {grad_y, grad_w};

@@ -21,7 +21,7 @@ class Permute : public torch::autograd::Function<Permute> {
                                const torch::Tensor& rows_of_assignment, int64_t top_k) {
     ctx->save_for_backward({rows_of_assignment});
     ctx->saved_data["top_k"] = top_k;
-    return detail::permute_forward(x.contiguous(), source_token);
+    return detail::permute_forward(x.contiguous(), rows_of_assignment, top_k, source_token.numel());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -35,21 +35,20 @@ class Permute : public torch::autograd::Function<Permute> {
 class Combine : public torch::autograd::Function<Combine> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& y,
-                               const torch::Tensor& weights, const torch::Tensor& source_token,
-                               const torch::Tensor& source_assignment,
+                               const torch::Tensor& weights,
                                const torch::Tensor& rows_of_assignment) {
     auto yc = y.contiguous();
     auto w = weights.to(torch::kFloat).contiguous();
-    ctx->save_for_backward({yc, w, source_token, source_assignment, rows_of_assignment});
+    ctx->save_for_backward({yc, w, rows_of_assignment});
     ctx->saved_data["weights_dtype"] = static_cast<int64_t>(weights.scalar_type());
     return detail::combine_forward(yc, rows_of_assignment, w);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto s = ctx->get_saved_variables();
-    auto [gy, gw] = detail::combine_backward(grads[0].contiguous(), s[0], s[2], s[3], s[4], s[1]);
+    auto [gy, gw] = detail::combine_backward(grads[0].contiguous(), s[0], s[2], s[1]);
     auto wdtype = static_cast<torch::ScalarType>(ctx->saved_data["weights_dtype"].toInt());
-    return {gy, gw.to(wdtype), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {gy, gw.to(wdtype), torch::Tensor()};
   }
 };
 
@@ -72,7 +71,8 @@ at::Tensor combine(const at::Tensor& y, const at::Tensor& source_token,
   TORCH_CHECK(weights.dim() == 2 && weights.size(0) == num_tokens, "moe kernels: weights must be [",
               num_tokens, ", k], got ", weights.sizes());
   auto rows = detail::assignment_rows(source_assignment, weights.numel());
-  return Combine::apply(y, weights, source_token, source_assignment, rows);
+  (void)source_token;  // the rows of the inverse map say everything the kernels need
+  return Combine::apply(y, weights, rows);
 }
 
 #else
@@ -97,13 +97,14 @@ namespace detail {
 [[noreturn]] void no_kernels() { TORCH_CHECK(false, "moe-train was built without CUDA kernels"); }
 std::array<at::Tensor, 3> dispatch_plan(const at::Tensor&, int64_t, bool) { no_kernels(); }
 at::Tensor assignment_rows(const at::Tensor&, int64_t) { no_kernels(); }
-at::Tensor permute_forward(const at::Tensor&, const at::Tensor&, bool) { no_kernels(); }
+at::Tensor permute_forward(const at::Tensor&, const at::Tensor&, int64_t, int64_t, bool) {
+  no_kernels();
+}
 at::Tensor permute_backward(const at::Tensor&, const at::Tensor&, int64_t, bool) { no_kernels(); }
 at::Tensor combine_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool) {
   no_kernels();
 }
 std::pair<at::Tensor, at::Tensor> combine_backward(const at::Tensor&, const at::Tensor&,
-                                                   const at::Tensor&, const at::Tensor&,
                                                    const at::Tensor&, const at::Tensor&, bool) {
   no_kernels();
 }

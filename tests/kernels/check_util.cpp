@@ -144,6 +144,16 @@ std::vector<PermuteCase> permute_cases() {
   return v;
 }
 
+std::vector<PermuteCase> permute_shape_cases() {
+  std::vector<PermuteCase> v;
+  for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int64_t d : {1, 3, 8, 72, 200, 1000, 2056}) {
+      for (int64_t k = 1; k <= 10; ++k) v.push_back({dt, 33, 16, k, d});
+    }
+  }
+  return v;
+}
+
 std::vector<PlanCase> plan_cases() {
   std::vector<PlanCase> v;
   for (int64_t t : {1, 7, 4096, 65537}) {
@@ -169,7 +179,8 @@ std::vector<RouterCase> router_cases() {
 }
 
 std::string case_name(const PermuteCase& c) {
-  return std::string(dtype_name(c.dtype)) + "_" + case_name(PlanCase{c.tokens, c.experts, c.k});
+  return std::string(dtype_name(c.dtype)) + "_" + case_name(PlanCase{c.tokens, c.experts, c.k}) +
+         (c.d != 64 ? "_d" + std::to_string(c.d) : "");
 }
 
 std::string case_name(const PlanCase& c) {

@@ -60,6 +60,7 @@ Verdict shape_mismatch(const std::string& name, const torch::Tensor& got,
 struct PermuteCase {
   torch::ScalarType dtype;
   int64_t tokens, experts, k;
+  int64_t d = 64;  // hidden size of the rows permuted and combined
 };
 struct PlanCase {
   int64_t tokens, experts, k;
@@ -71,6 +72,10 @@ struct RouterCase {
 };
 // dtype {fp32, bf16, fp16} x T {1, 7, 4096, 65537} x E {1, 8, 64, 256} x k {1, 2, 8}, k <= E.
 std::vector<PermuteCase> permute_cases();
+// The row kernels' launch shapes: dtype x d {1, 3, 8, 72, 200, 1000, 2056} (one element per
+// thread or 16-byte packs, 1 to 32 lanes per token, partial last packs per lane) x k 1..10
+// (every unrolled K, the runtime fallback, two chunks), T = 33, E = 16.
+std::vector<PermuteCase> permute_shape_cases();
 std::vector<PlanCase> plan_cases();
 // The permute grid's shapes; fp32 also with sigmoid scores and with an expert bias.
 std::vector<RouterCase> router_cases();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "moe/kernels/permute_token.h"
 #include "moe/moe/dispatcher.h"
 #include "moe/moe/router.h"
 
@@ -18,8 +19,9 @@ PermuteInputs make_permute_inputs(const PermuteCase& c, const torch::Device& dev
   PermuteInputs in;
   in.tokens = c.tokens;
   in.k = std::min(c.k, c.experts);
+  in.d = c.d;
   const int64_t T = c.tokens, k = in.k, d = in.d;
-  torch::manual_seed(T * 31 + c.experts * 7 + k);
+  torch::manual_seed(T * 31 + c.experts * 7 + k + (d != 64 ? d * 1009 : 0));
   auto [w, idx] = moe::topk_lower_id_wins(torch::softmax(torch::randn({T, c.experts}), -1), k);
   auto keep = torch::rand({T, k}) > 0.1;
   moe::DispatchPlan plan = moe::dispatch_plan(idx, keep, c.experts);
@@ -89,12 +91,20 @@ std::vector<Verdict> check_permute(const PermuteInputs& in, const PermuteOutputs
   auto w_rows = in.weights.reshape(-1).to(f64).index_select(0, in.source_assignment).unsqueeze(1);
   auto gy_ref = w_rows * go_rows;
   vs.push_back(within("combine_bwd_y", out.grad_y, gy_ref, ulp(gy_ref, dtype)));
-  // grad_w[a] = dot(grad_out[t], y[r]) over d: each of 256 threads runs an fma chain over
-  // ceil(d / 256) elements, then a fixed 8-level tree adds the partials. Every term passes
-  // through at most n = ceil(d / 256) + 8 roundings: |err| <= n u sum_c |g_c y_c| (+ a margin
-  // for the second order). Dropped assignments get exactly 0.
+  // grad_w[a] = dot(grad_out[t], y[r]) over d: each of the token's lanes runs an fma chain over
+  // its packs (moe/kernels/permute_token.h), then a butterfly of log2(lanes) levels adds the
+  // lanes. Every term passes through at most n = (packs per lane) x (elements per pack) + levels
+  // roundings, for either launch shape (16-byte packs or one element per thread):
+  // |err| <= n u sum_c |g_c y_c| (+ a margin for the second order). Dropped assignments get
+  // exactly 0.
   auto prods = go_rows * in.y.to(f64);
-  const double n_round = static_cast<double>((d + 255) / 256 + 8);
+  double n_round = 0;
+  for (bool packs : {true, false}) {
+    const auto l = kernels::token_rows::token_layout(d, in.y.element_size(), packs);
+    const int64_t per_lane = (l.row_vecs + l.lanes - 1) / l.lanes * l.vec;
+    n_round = std::max(n_round,
+                       static_cast<double>(per_lane + kernels::token_rows::reduce_levels(l.lanes)));
+  }
   auto dot_tol = 1.01 * n_round * kU32 * prods.abs().sum(1);
   auto gw_ref = torch::zeros({T * k}, prods.options());
   gw_ref.index_put_({in.source_assignment}, prods.sum(1));

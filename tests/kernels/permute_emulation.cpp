@@ -1,14 +1,19 @@
 // CPU emulations of the permute family's kernels (permute_emulation.h): the dispatch plan's tile
-// walk, the row gather, and the fp32 sums of the permute backward and the combine.
+// walk, and the per-token row kernels run through their own bodies (moe/kernels/permute_token.h)
+// for every token and lane, with the cross-lane butterfly of the combine backward spelled out.
 #include "permute_emulation.h"
+
+#include "moe/kernels/permute_token.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 namespace moe::kernel_emulation {
@@ -18,7 +23,6 @@ using namespace kernel_checks;
 namespace {
 
 constexpr int kWarp = 32;
-constexpr int kThreads = 256;        // permute.cu kThreads (the combine backward's block)
 constexpr int64_t kPlanTile = 1024;  // permute.cu kPlanTile
 
 }  // namespace
@@ -93,127 +97,169 @@ std::array<torch::Tensor, 3> dispatch_plan(const torch::Tensor& topk_idx, int64_
   return {source_token, source_assignment, tokens_per_expert};
 }
 
-torch::Tensor permute_forward(const torch::Tensor& x, const torch::Tensor& source_token) {
+namespace {
+
+namespace tr = ::moe::kernels::token_rows;
+
+// The launch shape the CUDA launcher picks for these tensors.
+tr::TokenLayout layout_for(int64_t d, int64_t elem_size, std::initializer_list<const void*> bases) {
+  return tr::token_layout(d, elem_size, tr::rows_aligned16(d, elem_size, bases));
+}
+
+// Lanes of one token that run: all of them, or (kHalfTheLanes) the first half, while the stride
+// still assumes them all: the packs of the missing lanes stay unwritten.
+int running_lanes(const tr::TokenLayout& l, EmulatedFault fault) {
+  return fault == EmulatedFault::kHalfTheLanes ? std::max(1, l.lanes / 2) : l.lanes;
+}
+
+// The k the kernel believes in (kLastAssignmentSkipped: one fewer).
+int64_t kernel_k(int64_t k, EmulatedFault fault) {
+  return fault == EmulatedFault::kLastAssignmentSkipped && k > 1 ? k - 1 : k;
+}
+
+}  // namespace
+
+torch::Tensor permute_forward(const torch::Tensor& x, const torch::Tensor& rows, int64_t k,
+                              int64_t num_rows, EmulatedFault fault) {
   auto xc = x.contiguous();
-  const int64_t n = source_token.numel(), rows = xc.size(0);
-  const int64_t row_bytes = xc.size(1) * static_cast<int64_t>(xc.element_size());
-  auto out = torch::full({n, xc.size(1)}, NAN, xc.options());
-  const int64_t* src = source_token.data_ptr<int64_t>();
-  const char* in = static_cast<const char*>(xc.data_ptr());
-  char* o = static_cast<char*>(out.data_ptr());
-  for (int64_t r = 0; r < n; ++r) {
-    if (src[r] < 0 || src[r] >= rows) continue;
-    std::memcpy(o + r * row_bytes, in + src[r] * row_bytes, static_cast<size_t>(row_bytes));
-  }
+  const int64_t T = xc.size(0), d = xc.size(1);
+  auto out = torch::full({num_rows, d}, NAN, xc.options());
+  if (T == 0 || d == 0 || num_rows == 0) return out;
+  const auto l = layout_for(d, xc.element_size(), {xc.data_ptr(), out.data_ptr()});
+  const int64_t* rw = rows.data_ptr<int64_t>();
+  const int64_t kk = kernel_k(k, fault);
+  tr::with_row_dtype(xc.scalar_type(), "permute", [&](auto tag) {
+    using T_ = decltype(tag);
+    tr::with_row_shape<T_>(kk, l.vec, [&](auto K, auto V) {
+      const T_* xp = xc.data_ptr<T_>();
+      T_* op = out.data_ptr<T_>();
+      at::parallel_for(0, T, 64, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          for (int lane = 0; lane < running_lanes(l, fault); ++lane) {
+            tr::scatter_row_lane<decltype(K)::value, decltype(V)::value>(
+                xp + t * d, num_rows, rw + t * k, kk, l, lane, op);
+          }
+        }
+      });
+    });
+  });
   return out;
 }
 
-torch::Tensor permute_backward(const torch::Tensor& grad_out, const torch::Tensor& rows,
-                               int64_t k) {
-  auto g = grad_out.contiguous();
-  const int64_t n = g.size(0), d = g.size(1), T = rows.numel() / k;
-  auto grad_x = torch::empty({T, d}, g.options());
+namespace {
+torch::Tensor sum_rows(const torch::Tensor& src, const torch::Tensor& rows,
+                       const torch::Tensor& weights, int64_t k, EmulatedFault fault) {
+  auto sc = src.contiguous();
+  const int64_t n = sc.size(0), d = sc.size(1), T = rows.numel() / k;
+  auto out = torch::full({T, d}, NAN, sc.options());
+  if (T == 0 || d == 0) return out;
+  const auto l = layout_for(d, sc.element_size(), {sc.data_ptr(), out.data_ptr()});
   const int64_t* rw = rows.data_ptr<int64_t>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "emu_perm_bwd", [&] {
-    const scalar_t* gp = g.data_ptr<scalar_t>();
-    scalar_t* out = grad_x.data_ptr<scalar_t>();
-    at::parallel_for(0, T, 256, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        for (int64_t c = 0; c < d; ++c) {
-          float acc = 0.f;
-          for (int64_t j = 0; j < k; ++j) {
-            const int64_t r = rw[t * k + j];
-            if (r >= 0 && r < n) acc += static_cast<float>(gp[r * d + c]);
+  const float* wp = weights.defined() ? weights.data_ptr<float>() : nullptr;
+  const int64_t kk = kernel_k(k, fault);
+  tr::with_row_dtype(sc.scalar_type(), "sum_rows", [&](auto tag) {
+    using T_ = decltype(tag);
+    tr::with_row_shape<T_>(kk, l.vec, [&](auto K, auto V) {
+      const T_* sp = sc.data_ptr<T_>();
+      T_* op = out.data_ptr<T_>();
+      at::parallel_for(0, T, 64, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          for (int lane = 0; lane < running_lanes(l, fault); ++lane) {
+            tr::sum_rows_lane<decltype(K)::value, decltype(V)::value>(
+                sp, n, rw + t * k, wp != nullptr ? wp + t * k : nullptr, kk, l, lane, op + t * d);
           }
-          out[t * d + c] = static_cast<scalar_t>(acc);
         }
-      }
+      });
     });
   });
-  return grad_x;
+  return out;
+}
+}  // namespace
+
+torch::Tensor permute_backward(const torch::Tensor& grad_out, const torch::Tensor& rows, int64_t k,
+                               EmulatedFault fault) {
+  return sum_rows(grad_out, rows, torch::Tensor(), k, fault);
 }
 
 torch::Tensor combine_forward(const torch::Tensor& y, const torch::Tensor& rows,
-                              const torch::Tensor& weights) {
-  auto yc = y.contiguous();
-  auto w = weights.contiguous();
-  const int64_t n = yc.size(0), d = yc.size(1), T = w.size(0), k = w.size(1);
-  auto out = torch::empty({T, d}, yc.options());
-  const int64_t* rw = rows.data_ptr<int64_t>();
-  const float* wp = w.data_ptr<float>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, yc.scalar_type(), "emu_comb_fwd", [&] {
-    const scalar_t* yp = yc.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, T, 256, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        for (int64_t c = 0; c < d; ++c) {
-          float acc = 0.f;
-          for (int64_t j = 0; j < k; ++j) {
-            const int64_t r = rw[t * k + j];
-            // acc += w * y: nvcc contracts it into one fma (one rounding).
-            if (r >= 0 && r < n)
-              acc = std::fma(wp[t * k + j], static_cast<float>(yp[r * d + c]), acc);
-          }
-          op[t * d + c] = static_cast<scalar_t>(acc);
-        }
-      }
-    });
-  });
-  return out;
+                              const torch::Tensor& weights, EmulatedFault fault) {
+  return sum_rows(y, rows, weights.contiguous(), weights.size(1), fault);
 }
 
 std::pair<torch::Tensor, torch::Tensor> combine_backward(const torch::Tensor& grad_out,
                                                          const torch::Tensor& y,
-                                                         const torch::Tensor& source_token,
-                                                         const torch::Tensor& source_assignment,
-                                                         const torch::Tensor& weights) {
+                                                         const torch::Tensor& rows,
+                                                         const torch::Tensor& weights,
+                                                         EmulatedFault fault) {
   auto go = grad_out.contiguous();
   auto yc = y.contiguous();
   auto w = weights.contiguous();
-  const int64_t n = yc.size(0), d = yc.size(1), T = go.size(0), A = w.numel();
+  const int64_t n = yc.size(0), d = yc.size(1), T = w.size(0), k = w.size(1);
   auto grad_y = torch::full_like(yc, NAN);
-  auto grad_w = torch::zeros(w.sizes(), w.options());
-  const int64_t* st = source_token.data_ptr<int64_t>();
-  const int64_t* sa = source_assignment.data_ptr<int64_t>();
+  auto grad_w = torch::full(w.sizes(), NAN, w.options());
+  if (T == 0) return {grad_y, grad_w};
+  if (d == 0) return {grad_y, grad_w.zero_()};
+  const auto l =
+      layout_for(d, yc.element_size(), {go.data_ptr(), yc.data_ptr(), grad_y.data_ptr()});
+  const int levels =
+      tr::reduce_levels(l.lanes) - (fault == EmulatedFault::kShortReduction && l.lanes > 1 ? 1 : 0);
+  const int64_t* rw = rows.data_ptr<int64_t>();
   const float* wp = w.data_ptr<float>();
   float* gw = grad_w.data_ptr<float>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, yc.scalar_type(), "emu_comb_bwd", [&] {
-    const scalar_t* gp = go.data_ptr<scalar_t>();
-    const scalar_t* yp = yc.data_ptr<scalar_t>();
-    scalar_t* gy = grad_y.data_ptr<scalar_t>();
-    at::parallel_for(0, n, 64, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        const int64_t t = st[r], a = sa[r];
-        if (t < 0 || t >= T || a < 0 || a >= A) continue;
-        const float wa = wp[a];
-        float partial[kThreads];
-        for (int i = 0; i < kThreads; ++i) {  // thread i: columns i, i + 256, ...
-          float dot = 0.f;
-          for (int64_t c = i; c < d; c += kThreads) {
-            const float g = static_cast<float>(gp[t * d + c]);
-            gy[r * d + c] = static_cast<scalar_t>(wa * g);
-            dot = std::fma(g, static_cast<float>(yp[r * d + c]), dot);
+  const int64_t kk = kernel_k(k, fault);
+  tr::with_row_dtype(yc.scalar_type(), "combine backward", [&](auto tag) {
+    using T_ = decltype(tag);
+    tr::with_row_shape<T_>(kk, l.vec, [&](auto K, auto V) {
+      constexpr int kK = decltype(K)::value;
+      constexpr int kSlots = tr::Chunk<kK>::kSlots;
+      const T_* gp = go.data_ptr<T_>();
+      const T_* yp = yc.data_ptr<T_>();
+      T_* gy = grad_y.data_ptr<T_>();
+      at::parallel_for(0, T, 16, [&](int64_t b, int64_t e) {
+        std::vector<std::array<float, kSlots>> dots(static_cast<size_t>(l.lanes));
+        for (int64_t t = b; t < e; ++t) {
+          for (int64_t j0 = 0; j0 < (kK > 0 ? kK : kk); j0 += tr::chunk_step<kK>()) {
+            const auto c = tr::load_chunk<kK>(rw + t * k, wp + t * k, j0, kk, n);
+            for (auto& lane_dots : dots) lane_dots.fill(0.f);  // lanes that do not run add 0
+            for (int lane = 0; lane < running_lanes(l, fault); ++lane) {
+              float lane_dots[kSlots];
+              tr::combine_backward_lane<kK, decltype(V)::value>(gp + t * d, yp, n, c, l, lane, gy,
+                                                                lane_dots);
+              std::copy(lane_dots, lane_dots + kSlots, dots[static_cast<size_t>(lane)].begin());
+            }
+            // The kernel's xor butterfly: lane i adds lane i ^ offset, offsets lanes/2 .. 1.
+            for (int level = 0; level < levels; ++level) {
+              const int offset = l.lanes >> (level + 1);
+              auto before = dots;
+              for (int lane = 0; lane < l.lanes; ++lane) {
+                for (int jj = 0; jj < kSlots; ++jj) {
+                  dots[static_cast<size_t>(lane)][static_cast<size_t>(jj)] +=
+                      before[static_cast<size_t>(lane ^ offset)][static_cast<size_t>(jj)];
+                }
+              }
+            }
+            for (int jj = 0; jj < kSlots; ++jj) {
+              const int64_t j = j0 + jj;
+              if (kK > 0 || j < kk)
+                gw[t * k + j] = c.kept[jj] ? dots[0][static_cast<size_t>(jj)] : 0.f;
+            }
           }
-          partial[i] = dot;
         }
-        for (int s = kThreads / 2; s > 0; s >>= 1) {  // the kernel's fixed tree
-          for (int i = 0; i < s; ++i) partial[i] += partial[i + s];
-        }
-        gw[a] = partial[0];
-      }
+      });
     });
   });
+  // With kLastAssignmentSkipped the kernel never wrote the last column of grad_w.
   return {grad_y, grad_w};
 }
 
-PermuteOutputs permute_all(const PermuteInputs& in) {
+PermuteOutputs permute_all(const PermuteInputs& in, EmulatedFault fault) {
   PermuteOutputs out;
   out.rows_of_assignment = assignment_rows(in.source_assignment, in.tokens * in.k);
-  out.permuted = permute_forward(in.x, in.source_token);
-  out.grad_x = permute_backward(in.grad_permuted, out.rows_of_assignment, in.k);
-  out.combined = combine_forward(in.y, out.rows_of_assignment, in.weights);
-  auto [gy, gw] =
-      combine_backward(in.grad_out, in.y, in.source_token, in.source_assignment, in.weights);
+  const int64_t N = in.source_token.numel();
+  out.permuted = permute_forward(in.x, out.rows_of_assignment, in.k, N, fault);
+  out.grad_x = permute_backward(in.grad_permuted, out.rows_of_assignment, in.k, fault);
+  out.combined = combine_forward(in.y, out.rows_of_assignment, in.weights, fault);
+  auto [gy, gw] = combine_backward(in.grad_out, in.y, out.rows_of_assignment, in.weights, fault);
   out.grad_y = gy;
   out.grad_w = gw;
   return out;

@@ -21,20 +21,31 @@ namespace moe::kernel_emulation {
 torch::Tensor assignment_rows(const torch::Tensor& source_assignment, int64_t num_assignments);
 // permute.cu plan_tiles_kernel<false>, the integer scan, plan_tiles_kernel<true>
 std::array<torch::Tensor, 3> dispatch_plan(const torch::Tensor& topk_idx, int64_t num_experts);
-// permute.cu gather_rows_kernel
-torch::Tensor permute_forward(const torch::Tensor& x, const torch::Tensor& source_token);
-// permute.cu permute_backward_kernel
-torch::Tensor permute_backward(const torch::Tensor& grad_out, const torch::Tensor& rows, int64_t k);
-// permute.cu combine_forward_kernel
+// Deliberate kernel bugs, for the mutation tests: the emulation runs the kernels' own bodies, so
+// a fault here is the bug a kernel edit could make.
+enum class EmulatedFault {
+  kNone,
+  kLastAssignmentSkipped,  // launched with k - 1 (a wrong K template argument)
+  kHalfTheLanes,           // half of each token's threads launched; the stride assumes all
+  kShortReduction,         // the combine backward's butterfly one level short
+};
+
+// permute.cu scatter_rows_kernel (x read once per token, written to each kept row)
+torch::Tensor permute_forward(const torch::Tensor& x, const torch::Tensor& rows, int64_t k,
+                              int64_t num_rows, EmulatedFault fault = EmulatedFault::kNone);
+// permute.cu sum_rows_kernel without weights
+torch::Tensor permute_backward(const torch::Tensor& grad_out, const torch::Tensor& rows, int64_t k,
+                               EmulatedFault fault = EmulatedFault::kNone);
+// permute.cu sum_rows_kernel with weights
 torch::Tensor combine_forward(const torch::Tensor& y, const torch::Tensor& rows,
-                              const torch::Tensor& weights);
+                              const torch::Tensor& weights,
+                              EmulatedFault fault = EmulatedFault::kNone);
 // permute.cu combine_backward_kernel: {grad_y, grad_w}
-std::pair<torch::Tensor, torch::Tensor> combine_backward(const torch::Tensor& grad_out,
-                                                         const torch::Tensor& y,
-                                                         const torch::Tensor& source_token,
-                                                         const torch::Tensor& source_assignment,
-                                                         const torch::Tensor& weights);
+std::pair<torch::Tensor, torch::Tensor> combine_backward(
+    const torch::Tensor& grad_out, const torch::Tensor& y, const torch::Tensor& rows,
+    const torch::Tensor& weights, EmulatedFault fault = EmulatedFault::kNone);
 // All six for one set of inputs, as the GPU test runs the kernels.
-kernel_checks::PermuteOutputs permute_all(const kernel_checks::PermuteInputs& in);
+kernel_checks::PermuteOutputs permute_all(const kernel_checks::PermuteInputs& in,
+                                          EmulatedFault fault = EmulatedFault::kNone);
 
 }  // namespace moe::kernel_emulation

@@ -26,6 +26,8 @@ TEST_P(PermuteEmulation, PassesTheGpuChecks) {
 }
 INSTANTIATE_TEST_SUITE_P(Grid, PermuteEmulation, ::testing::ValuesIn(permute_cases()),
                          [](const auto& i) { return case_name(i.param); });
+INSTANTIATE_TEST_SUITE_P(Shapes, PermuteEmulation, ::testing::ValuesIn(permute_shape_cases()),
+                         [](const auto& i) { return case_name(i.param); });
 
 class PlanEmulation : public ::testing::TestWithParam<PlanCase> {};
 TEST_P(PlanEmulation, PassesTheGpuChecks) {
@@ -98,6 +100,50 @@ TEST(KernelCheckMutations, PermuteSwappedIndexAndUnwrittenRowFail) {
   gw.grad_w = good.grad_w.clone();
   gw.grad_w.view({-1})[in.source_assignment[3].item<int64_t>()] = 0.f;  // a kept weight unwritten
   expect_fails_only(check_permute(in, gw), "combine_bwd_w");
+}
+
+// Bugs a kernel edit could make, run through the kernels' own per-token bodies: each must fail
+// the checks of the outputs it touches, on every launch shape it applies to.
+TEST(KernelCheckMutations, RowKernelFaultsFail) {
+  using emu::EmulatedFault;
+  const std::vector<PermuteCase> cases = {
+      {torch::kBFloat16, 33, 16, 8, 1000},  // 16-byte packs, 32 lanes, unrolled K = 8
+      {torch::kHalf, 33, 16, 2, 200},       // packs, 32 lanes (25 packs), K = 2
+      {torch::kFloat, 33, 16, 7, 72},       // packs, 32 lanes (18 packs), runtime k
+      {torch::kBFloat16, 33, 16, 10, 3},    // one element per thread, 4 lanes, two chunks
+  };
+  for (const PermuteCase& c : cases) {
+    SCOPED_TRACE(case_name(c));
+    const PermuteInputs in = make_permute_inputs(c, kCpu);
+    ASSERT_TRUE(all_ok(check_permute(in, emu::permute_all(in)), nullptr));
+    // k - 1: the last assignment of each token is neither scattered, summed nor differentiated.
+    {
+      const auto vs =
+          check_permute(in, emu::permute_all(in, EmulatedFault::kLastAssignmentSkipped));
+      for (const char* name :
+           {"permute", "permute_bwd", "combine", "combine_bwd_y", "combine_bwd_w"}) {
+        EXPECT_FALSE(find(vs, name).ok()) << name << " passed with the last assignment skipped";
+      }
+    }
+    // Half the lanes: the other half's packs stay unwritten (NaN) in every row output.
+    {
+      const auto vs = check_permute(in, emu::permute_all(in, EmulatedFault::kHalfTheLanes));
+      for (const char* name : {"permute", "permute_bwd", "combine", "combine_bwd_y"}) {
+        EXPECT_FALSE(find(vs, name).ok()) << name << " passed with half the lanes";
+      }
+    }
+    // A butterfly one level short: lane 0 holds half the dot product.
+    expect_fails_only(check_permute(in, emu::permute_all(in, EmulatedFault::kShortReduction)),
+                      "combine_bwd_w");
+  }
+  // A dropped assignment's weight gradient left unwritten (NaN) instead of 0.
+  const PermuteInputs in = make_permute_inputs({torch::kFloat, 33, 16, 4, 8}, kCpu);
+  PermuteOutputs good = emu::permute_all(in);
+  auto dropped = in.rows_of_assignment.lt(0).nonzero();
+  ASSERT_GT(dropped.size(0), 0);
+  good.grad_w = good.grad_w.clone();
+  good.grad_w.view({-1})[dropped[0][0].item<int64_t>()] = NAN;
+  expect_fails_only(check_permute(in, good), "combine_bwd_w");
 }
 
 TEST(KernelCheckMutations, PlanSwappedIndexAndUnwrittenRowFail) {

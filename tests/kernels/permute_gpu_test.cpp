@@ -23,11 +23,11 @@ bool gpu_ready() { return torch::cuda::is_available() && kernels::cuda_kernels_c
 PermuteOutputs run_kernels(const PermuteInputs& in) {
   PermuteOutputs out;
   out.rows_of_assignment = kd::assignment_rows(in.source_assignment, in.tokens * in.k);
-  out.permuted = kd::permute_forward(in.x, in.source_token, /*poison=*/true);
+  out.permuted = kd::permute_forward(in.x, in.rows_of_assignment, in.k, in.source_token.numel(),
+                                     /*poison=*/true);
   out.grad_x = kd::permute_backward(in.grad_permuted, in.rows_of_assignment, in.k, true);
   out.combined = kd::combine_forward(in.y, in.rows_of_assignment, in.weights, true);
-  auto [gy, gw] = kd::combine_backward(in.grad_out, in.y, in.source_token, in.source_assignment,
-                                       in.rows_of_assignment, in.weights, true);
+  auto [gy, gw] = kd::combine_backward(in.grad_out, in.y, in.rows_of_assignment, in.weights, true);
   out.grad_y = gy;
   out.grad_w = gw;
   return out;
@@ -69,6 +69,8 @@ TEST_P(PermuteGpu, ForwardAndBackwardMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Grid, PermuteGpu, ::testing::ValuesIn(permute_cases()),
                          [](const auto& i) { return case_name(i.param); });
+INSTANTIATE_TEST_SUITE_P(Shapes, PermuteGpu, ::testing::ValuesIn(permute_shape_cases()),
+                         [](const auto& i) { return case_name(i.param); });
 
 // The dropless plan kernel (counts -> prefix sum -> stable rows) against the sort-based
 // reference: bitwise, and run to run. Tiles of 1024 assignments: the grid's T x k covers one
@@ -97,18 +99,23 @@ TEST(PermuteGpuPoison, EveryOutputIsWritten) {
   if (!gpu_ready()) GTEST_SKIP() << "no CUDA device";
   auto dev = torch::TensorOptions(torch::kCUDA);
   auto x = torch::arange(0, 5 * 8, dev.dtype(torch::kFloat)).view({5, 8});
-  auto src = torch::tensor({4, 0, 0, 3}, dev.dtype(torch::kLong));
-  auto out = kd::permute_forward(x, src, /*poison=*/true);
-  EXPECT_TRUE(torch::equal(out, x.index_select(0, src)));
+  // Tokens 0 and 3 (k = 1): rows 1 and 0; tokens 1, 2, 4 dropped. Every row written.
+  auto rows = torch::tensor({1, -1, -1, 0, -1}, dev.dtype(torch::kLong));
+  auto out = kd::permute_forward(x, rows, 1, 2, /*poison=*/true);
+  EXPECT_TRUE(torch::equal(out, x.index_select(0, torch::tensor({3, 0}, dev.dtype(torch::kLong)))));
+  // The poison is really there: a row no assignment maps to keeps its NaN.
+  auto gap = kd::permute_forward(x, rows, 1, 3, true);
+  EXPECT_TRUE(gap[2].isnan().all().item<bool>()) << gap;
 #ifdef NDEBUG
-  // The poison is really there: a source index out of range (argument checks off) makes the
-  // release kernel skip that row, which keeps the NaN poison. (Debug builds assert instead.)
+  // A row index out of range (argument checks off) is skipped by the release kernel instead of
+  // written out of bounds. (Debug builds assert instead.)
   const bool checks = kernels::argument_checks();
   kernels::set_argument_checks(false);
-  auto bad = kd::permute_forward(x, torch::tensor({4, 9, 0}, dev.dtype(torch::kLong)), true);
+  auto bad = kd::permute_forward(x, torch::tensor({1, -1, -1, 9, -1}, dev.dtype(torch::kLong)), 1,
+                                 2, true);
   kernels::set_argument_checks(checks);
-  EXPECT_TRUE(bad[1].isnan().all().item<bool>()) << bad;
-  EXPECT_TRUE(torch::equal(bad[0], x[4]));
+  EXPECT_TRUE(bad[0].isnan().all().item<bool>()) << bad;
+  EXPECT_TRUE(torch::equal(bad[1], x[0]));
 #endif
 }
 
@@ -134,7 +141,11 @@ TEST(KernelArgsGpu, OutOfRangeIndicesAreRefusedWithValues) {
   expect_error([&] { kd::dispatch_plan(big, 4); },
                "holds 4 at position 3 of 4; expected values in [0, 4)");
   auto x = torch::randn({3, 8}, torch::TensorOptions(torch::kCUDA));
-  expect_error([&] { kd::permute_forward(x, torch::tensor({0, 3}, dev)); }, "source_token holds 3");
+  expect_error(
+      [&] {
+        kd::permute_forward(x, torch::tensor({0, -1, 3}, dev), 1, 2);
+      },
+      "rows_of_assignment holds 3");
   expect_error(
       [&] {
         kd::assignment_rows(torch::tensor({0, 5}, dev), 4);

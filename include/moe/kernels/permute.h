@@ -40,16 +40,16 @@ namespace detail {  // raw launches (no autograd), exposed for tests and benchma
 std::array<at::Tensor, 3> dispatch_plan(const at::Tensor& topk_idx, int64_t num_experts,
                                         bool poison = false);
 at::Tensor assignment_rows(const at::Tensor& source_assignment, int64_t num_assignments);
-at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& source_token,
-                           bool poison = false);
+// rows_of_assignment [T*k]: the destination row of each assignment (-1 = dropped), the inverse
+// of source_assignment (assignment_rows); num_rows = N.
+at::Tensor permute_forward(const at::Tensor& x, const at::Tensor& rows_of_assignment, int64_t top_k,
+                           int64_t num_rows, bool poison = false);
 at::Tensor permute_backward(const at::Tensor& grad_out, const at::Tensor& rows_of_assignment,
                             int64_t top_k, bool poison = false);
 at::Tensor combine_forward(const at::Tensor& y, const at::Tensor& rows_of_assignment,
                            const at::Tensor& weights, bool poison = false);
 // Returns {grad_y [N, d], grad_weights [T, k] fp32}.
 std::pair<at::Tensor, at::Tensor> combine_backward(const at::Tensor& grad_out, const at::Tensor& y,
-                                                   const at::Tensor& source_token,
-                                                   const at::Tensor& source_assignment,
                                                    const at::Tensor& rows_of_assignment,
                                                    const at::Tensor& weights, bool poison = false);
 }  // namespace detail
