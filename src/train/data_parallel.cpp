@@ -235,6 +235,10 @@ class RankGroup final : public DataParallel {
   }
 
   double clip(const std::vector<torch::Tensor>& grads, double max_norm) override {
+    // One rank holds every gradient: the local arithmetic (torch's clip_grad_norm_), so that a
+    // group of one is the identity. ZeRO's double-precision sum of squares is the same norm but
+    // can round to a neighbouring float (seen on an AMD EPYC: last-bit differences from step 1).
+    if (mode_.world_size == 1) return DataParallel::clip(grads, max_norm);
     if (mode_.shards_gradients()) return zero_->clip_global(grads, max_norm).item<double>();
     if (mode_.expert_parallel > 1) return clip_expert_parallel(grads, max_norm);
     return DataParallel::clip(grads, max_norm);
