@@ -215,6 +215,7 @@ void visit_fields(auto& v, Section<TrainingConfig> auto& t) {
   v.field("max_bad_steps", t.max_bad_steps, at_least(1));
   v.field("exit_duration_minutes", t.exit_duration_minutes, at_least(0, "0 = off"));
   v.field("cuda_graph", t.cuda_graph);
+  v.field("head_chunk_tokens", t.head_chunk_tokens, at_least(0, "0 = the whole micro-batch"));
   v.field("cpu_affinity", t.cpu_affinity);
   v.field("param_dtype", t.param_dtype);
 }

@@ -157,7 +157,22 @@ Walk walk_backward(const Config& c, const Shape& s, bool checkpoint_all,
   const bool tied = c.model.tie_embeddings;
   const bool frozen_head =
       lora_enabled(c) && !saved_in_full(c.lora, tied ? "embed.weight" : "lm_head.weight", tied);
-  const double head = head_saved(s) - (frozen_head ? s.T * s.d * s.a : 0);
+  double head = head_saved(s) - (frozen_head ? s.T * s.d * s.a : 0);
+  // Head backward: the gradient of the fp32 log-softmax and of the logits.
+  double head_transient = 2 * s.T * s.V * 4;
+  if (c.training.head_chunk_tokens > 0) {
+    // Chunked (train/chunked_lm_loss.h): no logits kept; the norm's input and statistics stay,
+    // with the gradients the forward computed (hidden states fp32, the head's weight fp32 unless
+    // frozen). Transient: one chunk's fp32 logits (softmax in place) with its 16-bit product and
+    // gradient, the 16-bit copy of the weight; in the backward, the scaled copies of both
+    // gradients.
+    const double rows = std::min(static_cast<double>(c.training.head_chunk_tokens), s.T);
+    const double weight_grad = frozen_head ? 0 : s.V * s.d * 4;
+    head = s.T * s.d * s.a + s.T * 4 + s.T * s.d * 4 + weight_grad;
+    const double forward =
+        rows * s.V * (4 + (s.a < 4 ? 2 * s.a : 4)) + (s.a < 4 ? s.V * s.d * s.a : 0);
+    head_transient = std::max(forward, s.T * s.d * 4 + weight_grad);
+  }
   Walk w;
   w.activations = acts + head;
   // The head's own gradients (untied head, final norm) come first in the backward.
@@ -166,8 +181,6 @@ Walk walk_backward(const Config& c, const Shape& s, bool checkpoint_all,
                           c.model.hidden_size);
   double grads =
       grads_preexist ? static_cast<double>(count_parameters(c)) * grad_bytes_per_param : 0;
-  // Head backward: the gradient of the fp32 log-softmax and of the logits.
-  const double head_transient = 2 * s.T * s.V * 4;
   double peak = acts + head + head_transient;
   w.transient = head_transient;
   if (!grads_preexist) grads += head_params * grad_bytes_per_param;

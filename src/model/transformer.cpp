@@ -413,7 +413,11 @@ void TransformerLMImpl::merge_lora() {
   }
 }
 
-LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
+torch::Tensor TransformerLMImpl::head_weight() const {
+  return lm_head ? lm_head->weight : embed->weight;
+}
+
+LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens, bool logits) {
   LmOutput out;
   const int64_t S = tokens.size(1);
   torch::Tensor x;
@@ -454,7 +458,8 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens) {
   }
   profile::Scope scope("head");
   x = final_norm->forward(x);
-  out.logits = lm_head ? lm_head->forward(x) : F::linear(x, embed->weight);
+  out.hidden = x;
+  if (logits) out.logits = lm_head ? lm_head->forward(x) : F::linear(x, embed->weight);
   return out;
 }
 

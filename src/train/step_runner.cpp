@@ -12,6 +12,7 @@
 #include <cstdlib>
 
 #include "moe/model/profile_scope.h"
+#include "moe/train/chunked_lm_loss.h"
 #include "moe/train/cuda_graph_step.h"
 #include "moe/train/loss_targets.h"
 #include "moe/util/errors.h"
@@ -23,13 +24,19 @@ MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& bat
                            const config::Config& cfg) {
   profile::ForwardPhase phase;  // the flops profiler times forward passes only
   const LossTargets targets = loss_targets(batch, cfg);
+  const int64_t chunk = cfg.training.head_chunk_tokens;
   model::LmOutput out;
-  {
-    model::BaseDtypeAutocast autocast(model);  // 16-bit matrices: autocast on their device
-    out = model->forward(targets.inputs);
-  }
   MicroLosses l;
   {
+    model::BaseDtypeAutocast autocast(model);  // 16-bit matrices: autocast on their device
+    out = model->forward(targets.inputs, /*logits=*/chunk == 0);
+    if (chunk > 0) {
+      profile::Scope scope("head");
+      const auto hidden = out.hidden.reshape({-1, out.hidden.size(-1)});
+      l.lm = chunked_lm_loss(hidden, model->head_weight(), targets, chunk);
+    }
+  }
+  if (chunk == 0) {
     profile::Scope scope("head");  // the loss belongs to the head
     const auto logits = out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat);
     l.lm = masked_lm_loss(logits, targets);

@@ -60,6 +60,11 @@ CASES = {
                                                                 "optimizer.exp_avg_sq_dtype=8bit",
                                                                 "model.hidden_size=384", "model.num_heads=6",
                                                                 "moe.num_experts=16", "moe.top_k=4"]),
+    # The LM head at a vocabulary where its logits dominate: whole, and chunked
+    # (training.head_chunk_tokens: no [tokens, vocab] logits)
+    "head-full-vocab16k": ("bench-cpu-small.json", ["model.vocab_size=16384"]),
+    "head-chunked-vocab16k": ("bench-cpu-small.json", ["model.vocab_size=16384",
+                                                       "training.head_chunk_tokens=512"]),
 }
 # 16-bit working weights (training.param_dtype): fp32 master on the device, bf16 master with a
 # Kahan compensation, fp32 master offloaded (whose host buffers a CPU run counts too); three

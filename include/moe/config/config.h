@@ -230,6 +230,9 @@ struct TrainingConfig {
   int64_t max_bad_steps = 3;  // bf16/fp32: stop (exit 3) at this many non-finite steps in a row
   int64_t exit_interval = 0;  // Megatron's: checkpoint and exit 0 after steps divisible by it
   bool cuda_graph = false;    // capture the whole step in a CUDA graph (when eligible)
+  // The LM head + cross-entropy this many tokens at a time, without the [tokens, vocab] logits
+  // (train/chunked_lm_loss.h); 0 = the whole micro-batch at once.
+  int64_t head_chunk_tokens = 0;
   // Every thread of the process on these CPUs: "" = the OS's placement, "auto" = the CPUs near
   // the run's GPU (its NUMA node), or a CPU list such as "0-7,16-23" (env/placement.h).
   std::string cpu_affinity;

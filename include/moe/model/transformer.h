@@ -121,9 +121,10 @@ class BlockImpl : public torch::nn::Module {
 TORCH_MODULE(Block);
 
 struct LmOutput {
-  torch::Tensor logits;                          // [B, S, V]
-  torch::Tensor aux_loss;                        // sum over layers (unweighted)
-  torch::Tensor z_loss;                          // sum over layers (unweighted)
+  torch::Tensor logits;    // [B, S, V]; undefined when not asked for
+  torch::Tensor hidden;    // [B, S, d] the head's input (after the final norm)
+  torch::Tensor aux_loss;  // sum over layers (unweighted)
+  torch::Tensor z_loss;    // sum over layers (unweighted)
   std::vector<torch::Tensor> tokens_per_expert;  // per MoE layer (dense layers skipped) [E]
   int64_t dropped = 0;
 };
@@ -136,7 +137,11 @@ class TransformerLMImpl : public torch::nn::Module {
   explicit TransformerLMImpl(const config::Config& cfg,
                              const torch::Device& device = torch::Device(torch::kCPU),
                              const moe::MoeParallel& parallel = {});
-  LmOutput forward(const torch::Tensor& tokens);  // [B, S] int64
+  // tokens [B, S] int64. logits = false stops at the head's input (out.hidden), for a loss that
+  // applies the head itself (train/chunked_lm_loss.h).
+  LmOutput forward(const torch::Tensor& tokens, bool logits = true);
+  // The head's weight [V, d]: lm_head's, or the embedding's when tied.
+  torch::Tensor head_weight() const;
 
   torch::nn::Embedding embed{nullptr}, pos_embed{nullptr};  // pos_embed: learned positions only
   std::vector<Block> blocks;

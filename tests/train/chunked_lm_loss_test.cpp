@@ -1,0 +1,161 @@
+// The chunked LM head + cross-entropy (train/chunked_lm_loss.h) against the head's linear and
+// masked_lm_loss: the value and both gradients, for every chunk size (one row, uneven chunks,
+// one chunk, a chunk larger than the batch), ignored positions, none kept, a frozen head, an
+// upstream gradient scale, bf16 autocast, and through the whole model (tied and untied heads).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ATen/autocast_mode.h>
+#include <nlohmann/json.hpp>
+
+#include "moe/config/config.h"
+#include "moe/model/transformer.h"
+#include "moe/train/chunked_lm_loss.h"
+#include "moe/train/loss_targets.h"
+#include "moe/train/step_runner.h"
+
+namespace moe::train {
+namespace {
+
+constexpr int64_t kN = 37, kD = 16, kV = 101;
+
+LossTargets targets_with_ignored(int64_t n, int64_t vocab, int64_t every_ignored) {
+  LossTargets t;
+  t.targets = torch::randint(0, vocab, {n}, torch::kLong);
+  for (int64_t i = 0; i < n; i += every_ignored) t.targets[i] = kIgnoredTarget;
+  t.keep = t.targets.ne(kIgnoredTarget);
+  t.count = t.keep.sum().to(torch::kFloat);
+  return t;
+}
+
+double rel(const torch::Tensor& got, const torch::Tensor& want) {
+  return ((got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max() /
+          want.to(torch::kDouble).abs().max().clamp_min(1e-30))
+      .item<double>();
+}
+
+struct Result {
+  torch::Tensor loss, grad_hidden, grad_weight;
+};
+
+Result run(const torch::Tensor& h0, const torch::Tensor& w0, const LossTargets& t, int64_t chunk,
+           double upstream = 1.0, bool weight_grad = true) {
+  auto h = h0.clone().requires_grad_(true);
+  auto w = w0.clone().requires_grad_(weight_grad);
+  torch::Tensor loss =
+      chunk > 0 ? chunked_lm_loss(h, w, t, chunk)
+                : masked_lm_loss(torch::nn::functional::linear(h, w).to(torch::kFloat), t);
+  (loss * upstream).backward();
+  return {loss.detach(), h.grad(), w.grad()};
+}
+
+TEST(ChunkedLmLoss, MatchesTheFullHeadAndLossForEveryChunkSize) {
+  torch::manual_seed(3);
+  const auto h = torch::randn({kN, kD});
+  const auto w = torch::randn({kV, kD}) * 0.3;
+  const auto t = targets_with_ignored(kN, kV, 5);
+  const Result full = run(h, w, t, 0);
+  for (int64_t chunk : {1, 5, 36, 37, 100}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    const Result c = run(h, w, t, chunk);
+    // fp32 both ways; only the summation order differs.
+    EXPECT_LT(rel(c.loss, full.loss), 1e-6);
+    EXPECT_LT(rel(c.grad_hidden, full.grad_hidden), 1e-5);
+    EXPECT_LT(rel(c.grad_weight, full.grad_weight), 1e-5);
+    // Ignored positions get no gradient at all.
+    EXPECT_TRUE(c.grad_hidden.index({t.keep.logical_not()}).eq(0).all().item<bool>());
+  }
+}
+
+TEST(ChunkedLmLoss, UpstreamScaleFrozenHeadAndNothingKept) {
+  torch::manual_seed(4);
+  const auto h = torch::randn({kN, kD});
+  const auto w = torch::randn({kV, kD}) * 0.3;
+  const auto t = targets_with_ignored(kN, kV, 3);
+  const Result full = run(h, w, t, 0, 1024.0);
+  const Result c = run(h, w, t, 8, 1024.0);  // a loss scale multiplies both gradients
+  EXPECT_LT(rel(c.grad_hidden, full.grad_hidden), 1e-5);
+  EXPECT_LT(rel(c.grad_weight, full.grad_weight), 1e-5);
+  const Result frozen = run(h, w, t, 8, 1.0, /*weight_grad=*/false);
+  EXPECT_FALSE(frozen.grad_weight.defined());
+  EXPECT_LT(rel(frozen.grad_hidden, run(h, w, t, 0, 1.0, false).grad_hidden), 1e-5);
+  // Every position ignored (a micro-batch that is all prompt): 0, not NaN, and zero gradients.
+  auto none = targets_with_ignored(kN, kV, 1);
+  const Result z = run(h, w, none, 8);
+  EXPECT_EQ(z.loss.item<float>(), 0.0f);
+  EXPECT_TRUE(z.grad_hidden.eq(0).all().item<bool>());
+  EXPECT_TRUE(z.grad_weight.eq(0).all().item<bool>());
+}
+
+TEST(ChunkedLmLoss, FollowsBf16Autocast) {
+  torch::manual_seed(5);
+  const auto h = torch::randn({kN, kD});
+  const auto w = torch::randn({kV, kD}) * 0.3;
+  const auto t = targets_with_ignored(kN, kV, 6);
+  const bool was = at::autocast::is_autocast_enabled(at::kCPU);
+  const auto was_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, torch::kBFloat16);
+  const Result full = run(h, w, t, 0);
+  const Result c = run(h, w, t, 8);
+  at::autocast::set_autocast_enabled(at::kCPU, was);
+  at::autocast::set_autocast_dtype(at::kCPU, was_dtype);
+  at::autocast::clear_cache();
+  const Result f32 = run(h, w, t, 0);
+  // Both multiply bf16 operands (the logits round to bf16 the same way); their gradients' bf16
+  // operands round alike, the chunked weight gradient adds chunks in fp32. Against each other:
+  // within a few bf16 ulps (2^-8) of the largest value; and both really are bf16 (they differ
+  // from the fp32 head by more than fp32 rounding would).
+  EXPECT_LT(rel(c.loss, full.loss), 1e-3);
+  EXPECT_LT(rel(c.grad_hidden, full.grad_hidden), 2e-2);
+  EXPECT_LT(rel(c.grad_weight, full.grad_weight), 2e-2);
+  EXPECT_GT(rel(c.grad_hidden, f32.grad_hidden), 1e-5);
+  EXPECT_EQ(c.grad_hidden.scalar_type(), torch::kFloat);
+}
+
+config::Config model_config(bool tied, int64_t chunk) {
+  nlohmann::json j = {{"train_batch_size", 2},
+                      {"model",
+                       {{"vocab_size", 97},
+                        {"seq_len", 12},
+                        {"hidden_size", 16},
+                        {"num_layers", 2},
+                        {"num_heads", 2},
+                        {"tie_embeddings", tied}}},
+                      {"moe", {{"num_experts", 4}, {"top_k", 2}, {"expert_hidden_size", 24}}},
+                      {"data", {{"train_path", "unused.h5"}}},
+                      {"training", {{"output_dir", "unused"}, {"head_chunk_tokens", chunk}}}};
+  config::Config cfg = config::from_json(j, "chunked.json");
+  config::validate(cfg);
+  return cfg;
+}
+
+TEST(ChunkedLmLoss, TrainsTheModelLikeTheFullHead) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied head" : "own head");
+    torch::manual_seed(6);
+    const auto batch = torch::randint(0, 97, {2, 13}, torch::kLong);
+    std::vector<std::vector<torch::Tensor>> grads;
+    std::vector<double> losses;
+    for (int64_t chunk : {0, 7}) {
+      const config::Config cfg = model_config(tied, chunk);
+      torch::manual_seed(7);
+      model::TransformerLM model(cfg);
+      model->train();
+      MicroLosses l = compute_losses(model, batch, cfg);
+      l.total.backward();
+      losses.push_back(l.lm.item<double>());
+      std::vector<torch::Tensor> g;
+      for (const auto& p : model->parameters()) g.push_back(p.grad().clone());
+      grads.push_back(g);
+    }
+    EXPECT_NEAR(losses[1], losses[0], 1e-6 * losses[0]);
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      EXPECT_LT(rel(grads[1][i], grads[0][i]), 1e-4) << "parameter " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moe::train
