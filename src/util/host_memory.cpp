@@ -4,6 +4,8 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <atomic>
+#include <mutex>
+#include <unordered_map>
 
 namespace moe {
 
@@ -12,15 +14,30 @@ namespace {
 std::atomic<int64_t> g_live{0}, g_peak{0};
 std::atomic<bool> g_installed{false};
 
+// Each counted allocation: the base allocator's DataPtr and its size, by data pointer. The
+// DataPtr we hand out keeps the data pointer as its context (a "simple" DataPtr): LibTorch's
+// Allocator::raw_allocate asserts that (oneDNN's scratch buffers on CPUs without AVX512-BF16 go
+// through it), and raw_deallocate then needs raw_deleter().
 struct Counted {
   c10::DataPtr inner;
   int64_t bytes;
 };
+std::mutex g_mutex;
+std::unordered_map<void*, Counted>& allocations() {
+  static auto* m = new std::unordered_map<void*, Counted>();  // outlives static destructors
+  return *m;
+}
 
-void release(void* ctx) {
-  auto* c = static_cast<Counted*>(ctx);
-  g_live.fetch_sub(c->bytes, std::memory_order_relaxed);
-  delete c;  // frees the inner allocation through its own deleter
+void release(void* data) {
+  c10::DataPtr inner;  // freed through its own deleter after the lock is dropped
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = allocations().find(data);
+    if (it == allocations().end()) return;
+    g_live.fetch_sub(it->second.bytes, std::memory_order_relaxed);
+    inner = std::move(it->second.inner);
+    allocations().erase(it);
+  }
 }
 
 class CountingAllocator final : public c10::Allocator {
@@ -29,14 +46,20 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
+    if (data == nullptr) return inner;  // zero bytes: nothing to count
     const c10::Device device = inner.device();
     const auto bytes = static_cast<int64_t>(n);
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      allocations().emplace(data, Counted{std::move(inner), bytes});
+    }
     const int64_t live = g_live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     int64_t peak = g_peak.load(std::memory_order_relaxed);
     while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
     }
-    return {data, new Counted{std::move(inner), bytes}, &release, device};
+    return {data, data, &release, device};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
