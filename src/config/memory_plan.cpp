@@ -169,8 +169,10 @@ Walk walk_backward(const Config& c, const Shape& s, bool checkpoint_all,
     const double rows = std::min(static_cast<double>(c.training.head_chunk_tokens), s.T);
     const double weight_grad = frozen_head ? 0 : s.V * s.d * 4;
     head = s.T * s.d * s.a + s.T * 4 + s.T * s.d * 4 + weight_grad;
+    // ... and each chunk's weight-gradient product [V, d] (fp32 under fp16) before its add.
+    const double product = frozen_head ? 0 : s.V * s.d * (c.fp16.enabled ? 4 : s.a);
     const double forward =
-        rows * s.V * (4 + (s.a < 4 ? 2 * s.a : 4)) + (s.a < 4 ? s.V * s.d * s.a : 0);
+        rows * s.V * (4 + (s.a < 4 ? 2 * s.a : 4)) + (s.a < 4 ? s.V * s.d * s.a : 0) + product;
     head_transient = std::max(forward, s.T * s.d * 4 + weight_grad);
   }
   Walk w;

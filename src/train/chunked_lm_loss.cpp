@@ -14,20 +14,25 @@ using torch::autograd::variable_list;
 
 class ChunkedLmLoss : public torch::autograd::Function<ChunkedLmLoss> {
  public:
+  static constexpr int64_t kHiddenGrad = 1, kWeightGrad = 2;  // which gradients to compute
+
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& targets,
                                const torch::Tensor& keep, const torch::Tensor& count, int64_t chunk,
-                               int64_t compute_dtype) {
+                               int64_t compute_dtype, int64_t grads) {
     const auto compute = static_cast<torch::ScalarType>(compute_dtype);
-    const bool weight_grad = weight.requires_grad();
+    const bool hidden_grad = (grads & kHiddenGrad) != 0, weight_grad = (grads & kWeightGrad) != 0;
     const int64_t N = hidden.size(0);
     const auto f32 = hidden.options().dtype(torch::kFloat);
     const auto w = weight.to(compute);
     const auto kept = keep.to(torch::kFloat);
     auto loss_sum = torch::zeros({}, f32);
     // Gradients of the loss *sum*; 1 / count is applied in fp32 at the end, so the 16-bit
-    // operands hold softmax - one-hot in [-1, 1] (no underflow before a loss scale).
-    auto grad_hidden = torch::empty(hidden.sizes(), f32);
+    // operands hold softmax - one-hot in [-1, 1]. fp16 takes the weight gradient's product in
+    // fp32: summed over a chunk of rows it could pass fp16's 65504, and a loss scale, applied
+    // only in the backward, could not bring it back.
+    const bool fp16 = compute == torch::kHalf;
+    torch::Tensor grad_hidden = hidden_grad ? torch::empty(hidden.sizes(), f32) : torch::Tensor();
     torch::Tensor grad_weight = weight_grad ? torch::zeros(weight.sizes(), f32) : torch::Tensor();
     for (int64_t s = 0; s < N; s += chunk) {
       const int64_t n = std::min(chunk, N - s);
@@ -42,11 +47,14 @@ class ChunkedLmLoss : public torch::autograd::Function<ChunkedLmLoss> {
       g.scatter_add_(1, target, torch::full({n, 1}, -1.0f, f32));
       g.mul_(keep_c.unsqueeze(1));
       const auto g16 = g.to(compute);
-      grad_hidden.narrow(0, s, n).copy_(torch::matmul(g16, w));
-      if (weight_grad) grad_weight.add_(torch::matmul(g16.t(), h));
+      if (hidden_grad) grad_hidden.narrow(0, s, n).copy_(torch::matmul(g16, w));
+      if (weight_grad) {
+        grad_weight.add_(fp16 ? torch::matmul(g.t(), h.to(torch::kFloat))
+                              : torch::matmul(g16.t(), h));
+      }
     }
     const auto inv_count = count.to(torch::kFloat).clamp_min(1.0).reciprocal();
-    grad_hidden.mul_(inv_count);
+    if (hidden_grad) grad_hidden.mul_(inv_count);
     if (weight_grad) grad_weight.mul_(inv_count);
     ctx->save_for_backward({grad_hidden, grad_weight});
     ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
@@ -61,10 +69,12 @@ class ChunkedLmLoss : public torch::autograd::Function<ChunkedLmLoss> {
         static_cast<torch::ScalarType>(ctx->saved_data["hidden_dtype"].toInt());
     const auto weight_dtype =
         static_cast<torch::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
-    torch::Tensor gw;
+    torch::Tensor gh, gw;
+    if (saved[0].defined()) gh = (saved[0] * go).to(hidden_dtype);
     if (saved[1].defined()) gw = (saved[1] * go).to(weight_dtype);
-    return {(saved[0] * go).to(hidden_dtype),
+    return {gh,
             gw,
+            torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
@@ -87,8 +97,12 @@ torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& 
                            : weight.scalar_type();
   // The function casts by itself; autocast would otherwise re-cast each matmul's operands.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  // Only the gradients a backward will ask for (none under no_grad: evaluation-style calls).
+  const bool grad = torch::GradMode::is_enabled();
+  const int64_t grads = (grad && hidden.requires_grad() ? ChunkedLmLoss::kHiddenGrad : 0) |
+                        (grad && weight.requires_grad() ? ChunkedLmLoss::kWeightGrad : 0);
   return ChunkedLmLoss::apply(hidden, weight, t.targets, t.keep, t.count, chunk_tokens,
-                              static_cast<int64_t>(compute));
+                              static_cast<int64_t>(compute), grads);
 }
 
 }  // namespace moe::train

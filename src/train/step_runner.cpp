@@ -31,6 +31,8 @@ MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& bat
     model::BaseDtypeAutocast autocast(model);  // 16-bit matrices: autocast on their device
     out = model->forward(targets.inputs, /*logits=*/chunk == 0);
     if (chunk > 0) {
+      // The chunked head computes its gradients here too: the flops profiler's "head" scope
+      // (forward passes only) then also holds the head's backward matmuls.
       profile::Scope scope("head");
       const auto hidden = out.hidden.reshape({-1, out.hidden.size(-1)});
       l.lm = chunked_lm_loss(hidden, model->head_weight(), targets, chunk);

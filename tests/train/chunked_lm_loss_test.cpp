@@ -87,30 +87,45 @@ TEST(ChunkedLmLoss, UpstreamScaleFrozenHeadAndNothingKept) {
   EXPECT_TRUE(z.grad_weight.eq(0).all().item<bool>());
 }
 
-TEST(ChunkedLmLoss, FollowsBf16Autocast) {
-  torch::manual_seed(5);
-  const auto h = torch::randn({kN, kD});
-  const auto w = torch::randn({kV, kD}) * 0.3;
-  const auto t = targets_with_ignored(kN, kV, 6);
-  const bool was = at::autocast::is_autocast_enabled(at::kCPU);
-  const auto was_dtype = at::autocast::get_autocast_dtype(at::kCPU);
-  at::autocast::set_autocast_enabled(at::kCPU, true);
-  at::autocast::set_autocast_dtype(at::kCPU, torch::kBFloat16);
-  const Result full = run(h, w, t, 0);
-  const Result c = run(h, w, t, 8);
-  at::autocast::set_autocast_enabled(at::kCPU, was);
-  at::autocast::set_autocast_dtype(at::kCPU, was_dtype);
-  at::autocast::clear_cache();
-  const Result f32 = run(h, w, t, 0);
-  // Both multiply bf16 operands (the logits round to bf16 the same way); their gradients' bf16
-  // operands round alike, the chunked weight gradient adds chunks in fp32. Against each other:
-  // within a few bf16 ulps (2^-8) of the largest value; and both really are bf16 (they differ
-  // from the fp32 head by more than fp32 rounding would).
-  EXPECT_LT(rel(c.loss, full.loss), 1e-3);
-  EXPECT_LT(rel(c.grad_hidden, full.grad_hidden), 2e-2);
-  EXPECT_LT(rel(c.grad_weight, full.grad_weight), 2e-2);
-  EXPECT_GT(rel(c.grad_hidden, f32.grad_hidden), 1e-5);
-  EXPECT_EQ(c.grad_hidden.scalar_type(), torch::kFloat);
+// Both multiply 16-bit operands (the logits round alike); their gradients' 16-bit operands
+// round alike, the chunked weight gradient adds chunks in fp32 (under fp16 its product is fp32).
+// Against each other: within a few 16-bit ulps of the largest value; and both really are 16-bit
+// (they differ from the fp32 head by more than fp32 rounding would).
+TEST(ChunkedLmLoss, FollowsBf16AndFp16Autocast) {
+  for (const auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    SCOPED_TRACE(dtype == torch::kHalf ? "fp16" : "bf16");
+    torch::manual_seed(5);
+    const auto h = torch::randn({kN, kD});
+    const auto w = torch::randn({kV, kD}) * 0.3;
+    const auto t = targets_with_ignored(kN, kV, 6);
+    const bool was = at::autocast::is_autocast_enabled(at::kCPU);
+    const auto was_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, dtype);
+    const Result full = run(h, w, t, 0);
+    const Result c = run(h, w, t, 8);
+    at::autocast::set_autocast_enabled(at::kCPU, was);
+    at::autocast::set_autocast_dtype(at::kCPU, was_dtype);
+    at::autocast::clear_cache();
+    const Result f32 = run(h, w, t, 0);
+    EXPECT_LT(rel(c.loss, full.loss), 1e-3);
+    EXPECT_LT(rel(c.grad_hidden, full.grad_hidden), 2e-2);
+    EXPECT_LT(rel(c.grad_weight, full.grad_weight), 2e-2);
+    EXPECT_GT(rel(c.grad_hidden, f32.grad_hidden), 1e-5);
+    EXPECT_EQ(c.grad_hidden.scalar_type(), torch::kFloat);
+  }
+}
+
+// Under no_grad (nothing will call the backward) only the loss is computed: the same value.
+TEST(ChunkedLmLoss, NoGradComputesTheLossOnly) {
+  torch::manual_seed(8);
+  const auto h = torch::randn({kN, kD}).requires_grad_(true);
+  const auto w = (torch::randn({kV, kD}) * 0.3).requires_grad_(true);
+  const auto t = targets_with_ignored(kN, kV, 4);
+  torch::NoGradGuard no_grad;
+  const auto loss = chunked_lm_loss(h, w, t, 8);
+  EXPECT_FALSE(loss.requires_grad());
+  EXPECT_LT(rel(loss, masked_lm_loss(torch::nn::functional::linear(h, w), t)), 1e-6);
 }
 
 config::Config model_config(bool tied, int64_t chunk) {
