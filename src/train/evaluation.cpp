@@ -33,18 +33,33 @@ EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardIn
     // The positions training takes its loss at: SFT data's answers only, no EOD inputs with
     // reset_attention_at_eod.
     const LossTargets t = loss_targets(batch, cfg);
-    model::LmOutput out = model->forward(t.inputs);
-    auto logits = out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat).index({t.keep});
+    // training.head_chunk_tokens: the head over the kept positions a chunk at a time, as in
+    // training (no [tokens, vocab] logits); a logits dump needs them whole.
+    const int64_t chunk = dump == nullptr ? cfg.training.head_chunk_tokens : 0;
+    model::LmOutput out = model->forward(t.inputs, /*logits=*/chunk == 0);
     auto targets = t.targets.index({t.keep});
     if (dump != nullptr) {
       dump->windows.push_back(batch.to(torch::kCPU));
       dump->logits.push_back(out.logits.to(torch::kFloat).to(torch::kCPU));
     }
-    loss_sum += torch::nn::functional::cross_entropy(
-                    logits, targets,
-                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                    .item<double>();
-    correct += logits.argmax(-1).eq(targets).sum().item<int64_t>();
+    const auto rows = chunk == 0 ? out.logits.reshape({-1, out.logits.size(-1)}).index({t.keep})
+                                 : out.hidden.reshape({-1, out.hidden.size(-1)}).index({t.keep});
+    auto batch_loss = torch::zeros({}, rows.options().dtype(torch::kFloat));
+    auto batch_correct = torch::zeros({}, targets.options());
+    const int64_t n = rows.size(0), step = chunk == 0 ? std::max<int64_t>(n, 1) : chunk;
+    for (int64_t s = 0; s < n; s += step) {
+      const int64_t m = std::min(step, n - s);
+      const auto part = rows.narrow(0, s, m);
+      const auto logits =
+          (chunk == 0 ? part : torch::nn::functional::linear(part, model->head_weight()))
+              .to(torch::kFloat);
+      const auto tc = targets.narrow(0, s, m);
+      batch_loss += torch::nn::functional::cross_entropy(
+          logits, tc, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      batch_correct += logits.argmax(-1).eq(tc).sum();
+    }
+    loss_sum += batch_loss.item<double>();
+    correct += batch_correct.item<int64_t>();
     count += targets.numel();
     for (size_t l = 0; l < out.tokens_per_expert.size(); ++l) {
       if (load.size() <= l)

@@ -185,6 +185,14 @@ TEST(LossTargets, EvaluationCountsAnswersOnly) {
   EXPECT_EQ(count, r.tokens);
   EXPECT_NEAR(r.loss, loss / static_cast<double>(count), 1e-6);
   EXPECT_DOUBLE_EQ(r.accuracy, static_cast<double>(correct) / static_cast<double>(count));
+  // training.head_chunk_tokens: the head over the answers a chunk at a time (3 of the 16 answer
+  // rows, so chunks end mid-window): the same figures (no dump: a dump keeps whole logits).
+  config::Config chunked = cfg;
+  chunked.training.head_chunk_tokens = 3;
+  const EvalResult rc = evaluate(m, {info}, chunked, torch::Device(torch::kCPU));
+  EXPECT_EQ(rc.tokens, r.tokens);
+  EXPECT_NEAR(rc.loss, r.loss, 1e-6 * r.loss);
+  EXPECT_DOUBLE_EQ(rc.accuracy, r.accuracy);
   ::moe::remove_tree(dir);
 }
 
