@@ -155,8 +155,7 @@ __global__ void combine_backward_kernel(const T* __restrict__ grad_out, const T*
     const tr::Chunk<K> c = tr::load_chunk<K>(rows + tt * k, weights + tt * k, j0, k, n);
     float dots[tr::Chunk<K>::kSlots];
     if (active) {
-      tr::combine_backward_lane<K, V>(grad_out + t * l.row_vecs * V, y, n, c, l, lane, grad_y,
-                                      dots);
+      tr::combine_backward_lane<K, V>(grad_out + t * l.row_vecs * V, y, c, l, lane, grad_y, dots);
     } else {
 #pragma unroll
       for (int jj = 0; jj < tr::Chunk<K>::kSlots; ++jj) dots[jj] = 0.f;

@@ -223,7 +223,7 @@ std::pair<torch::Tensor, torch::Tensor> combine_backward(const torch::Tensor& gr
             for (auto& lane_dots : dots) lane_dots.fill(0.f);  // lanes that do not run add 0
             for (int lane = 0; lane < running_lanes(l, fault); ++lane) {
               float lane_dots[kSlots];
-              tr::combine_backward_lane<kK, decltype(V)::value>(gp + t * d, yp, n, c, l, lane, gy,
+              tr::combine_backward_lane<kK, decltype(V)::value>(gp + t * d, yp, c, l, lane, gy,
                                                                 lane_dots);
               std::copy(lane_dots, lane_dots + kSlots, dots[static_cast<size_t>(lane)].begin());
             }

@@ -228,13 +228,12 @@ C10_HOST_DEVICE inline void scatter_row_lane(const T* x_t, int64_t n, const int6
 // grad_y[row_j] = w_j * grad_out[t] (one rounding) and dots[jj] = this lane's fmaf chain of
 // grad_out[t][c] * y[row_j][c] over its packs in order (the caller reduces dots across lanes).
 template <int K, int V, typename T>
-C10_HOST_DEVICE inline void combine_backward_lane(const T* grad_out_t, const T* y, int64_t n,
+C10_HOST_DEVICE inline void combine_backward_lane(const T* grad_out_t, const T* y,
                                                   const Chunk<K>& c, const TokenLayout& l, int lane,
                                                   T* grad_y, float (&dots)[Chunk<K>::kSlots]) {
   const int64_t d = l.row_vecs * V;
   MOE_UNROLL
   for (int jj = 0; jj < Chunk<K>::kSlots; ++jj) dots[jj] = 0.f;
-  (void)n;
   for (int64_t p = lane; p < l.row_vecs; p += l.lanes) {
     const Pack<T, V> g = load_pack<T, V>(grad_out_t + p * V);
     Pack<T, V> yv[Chunk<K>::kSlots];
