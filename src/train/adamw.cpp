@@ -515,12 +515,13 @@ std::vector<std::pair<std::string, at::Tensor>> FusedAdamW::named_compensation()
   return out;
 }
 
-void FusedAdamW::step_capturable(const torch::Tensor& lr, const torch::Tensor& found_inf) {
+void FusedAdamW::step_capturable(const torch::Tensor& lr, const torch::Tensor& found_inf,
+                                 const std::optional<torch::Tensor>& grad_scale) {
   TORCH_CHECK(!offload_.enabled, "optimizer: the capturable step does not support offload");
   TORCH_CHECK(sixteen_bit_ == 0, "optimizer: the capturable step needs fp32 working weights");
   TORCH_CHECK(precision_.fp32(), "optimizer: the capturable step needs fp32 moments");
   at::NoGradGuard no_grad;
-  update_groups(lr, std::nullopt, found_inf);
+  update_groups(lr, grad_scale, found_inf);
 }
 
 void FusedAdamW::reload_master_weights() {

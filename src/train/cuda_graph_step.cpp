@@ -83,11 +83,11 @@ void CudaGraphStep::body() {
     accumulate_loads(load, l.tokens_per_expert);
   }
   torch::NoGradGuard no_grad;
-  // The eager runner's clipping (step_runner.h), on the device; a non-finite norm or loss skips
-  // the update.
-  auto norm = clip_grad_norm(defined_grads(params_), max_norm_);
+  // The eager runner's clipping (step_runner.h), on the device and folded into the update; a
+  // non-finite norm or loss skips the update.
+  auto norm = gradient_norm(defined_grads(params_));
   found_inf = (~(norm.isfinite() & lm.isfinite())).to(torch::kFloat);
-  optimizer_.step_capturable(lr_, found_inf);
+  optimizer_.step_capturable(lr_, found_inf, clip_divisor(norm, max_norm_));
   lm_sum = lm;
   aux_sum = aux;
   z_sum = z;

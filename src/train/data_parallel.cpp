@@ -32,8 +32,10 @@ void DataParallel::begin_step(model::TransformerLM& model, FusedAdamW& optimizer
 
 void DataParallel::backward(const torch::Tensor& scaled_loss, bool last) { scaled_loss.backward(); }
 
-double DataParallel::clip(const std::vector<torch::Tensor>& grads, double max_norm) {
-  return grads.empty() ? 0.0 : clip_grad_norm(grads, max_norm).item<double>();
+Clipping DataParallel::clip(const std::vector<torch::Tensor>& grads, double max_norm) {
+  if (grads.empty()) return {};
+  const torch::Tensor norm = gradient_norm(grads);
+  return {norm.item<double>(), clip_divisor(norm, max_norm)};
 }
 
 void DataParallel::checkpoint(FusedAdamW& optimizer,
@@ -234,13 +236,13 @@ class RankGroup final : public DataParallel {
     if (mode_.shards_gradients() || mode_.expert_parallel > 1) group_->allreduce_sum(found_inf);
   }
 
-  double clip(const std::vector<torch::Tensor>& grads, double max_norm) override {
+  Clipping clip(const std::vector<torch::Tensor>& grads, double max_norm) override {
     // One rank holds every gradient: the local arithmetic (torch's clip_grad_norm_), so that a
     // group of one is the identity. ZeRO's double-precision sum of squares is the same norm but
     // can round to a neighbouring float (seen on an AMD EPYC: last-bit differences from step 1).
     if (mode_.world_size == 1) return DataParallel::clip(grads, max_norm);
-    if (mode_.shards_gradients()) return zero_->clip_global(grads, max_norm).item<double>();
-    if (mode_.expert_parallel > 1) return clip_expert_parallel(grads, max_norm);
+    if (mode_.shards_gradients()) return {zero_->clip_global(grads, max_norm).item<double>(), {}};
+    if (mode_.expert_parallel > 1) return {clip_expert_parallel(grads, max_norm), {}};
     return DataParallel::clip(grads, max_norm);
   }
 

@@ -147,12 +147,25 @@ class EagerStepRunner : public StepRunner {
       r.overflow = found_inf.item<float>() > 0;
     }
     inject_nan_for_tests(model_, step + 1, r.lm_sum);
-    r.grad_norm = r.overflow ? std::nan("") : dp.clip(grads, opt_.max_norm);
+    grad_divisor_ = torch::Tensor();
+    if (r.overflow) {
+      r.grad_norm = std::nan("");
+    } else {
+      const Clipping c = dp.clip(grads, opt_.max_norm);
+      r.grad_norm = c.norm;
+      grad_divisor_ = c.grad_divisor;
+    }
     return r;
   }
 
   void update(double lr) override {
-    optimizer_.step(lr);
+    // Clipping folded into the update (DataParallel::clip): the fused AdamW divides by it.
+    if (grad_divisor_.defined()) {
+      optimizer_.step(lr, grad_divisor_);
+    } else {
+      optimizer_.step(lr);
+    }
+    grad_divisor_ = torch::Tensor();
     opt_.dp->after_update();
   }
 
@@ -176,6 +189,7 @@ class EagerStepRunner : public StepRunner {
   FusedAdamW& optimizer_;
   LossScaler& scaler_;
   StepRunnerOptions opt_;
+  torch::Tensor grad_divisor_;  // this step's clipping, for update()
 };
 
 // training.cuda_graph: eager warm-up steps first (allocator, cuBLAS, autograd settle), then one
@@ -265,15 +279,25 @@ std::vector<torch::Tensor> defined_grads(const std::vector<torch::Tensor>& param
   return grads;
 }
 
-torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& grads, double max_norm) {
+torch::Tensor gradient_norm(const std::vector<torch::Tensor>& grads) {
   // 16-bit gradients' norms are taken in fp32 (fp32 ones exactly as before: no dtype argument).
   const bool all_fp32 = std::all_of(grads.begin(), grads.end(), [](const torch::Tensor& g) {
     return g.scalar_type() == torch::kFloat;
   });
-  auto norm = at::linalg_vector_norm(
+  return at::linalg_vector_norm(
       at::stack(all_fp32 ? at::_foreach_norm(grads, 2) : at::_foreach_norm(grads, 2, at::kFloat)),
       2);
-  if (std::isfinite(max_norm)) {
+}
+
+torch::Tensor clip_divisor(const torch::Tensor& norm, double max_norm) {
+  if (!std::isfinite(max_norm)) return torch::ones_like(norm);
+  const auto divisor = ((norm + 1e-6) / max_norm).clamp_min(1.0);
+  return at::where(norm.isfinite(), divisor, torch::ones_like(divisor));
+}
+
+torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& grads, double max_norm) {
+  auto norm = gradient_norm(grads);
+  if (std::isfinite(max_norm)) {  // clip_grad_norm_'s own arithmetic: times the coefficient
     auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
     coef = at::where(norm.isfinite(), coef, at::ones_like(coef));
     at::_foreach_mul_(grads, coef);

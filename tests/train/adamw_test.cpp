@@ -9,6 +9,7 @@
 
 #include "moe/train/adamw.h"
 #include "moe/train/blockwise_quant.h"
+#include "moe/train/step_runner.h"
 
 namespace moe::train {
 namespace {
@@ -365,6 +366,88 @@ TEST(MomentPrecision, QuantisationRoundTrip) {
   EXPECT_EQ(map.size(0), 256);
   EXPECT_EQ(map[255].item<float>(), 1.0f);
   EXPECT_TRUE(torch::all(map.slice(0, 1) >= map.slice(0, 0, 255)).item<bool>());
+}
+
+// Clipping folded into the update: clip_divisor as grad_scale is clip_grad_norm_ followed by the
+// step (within fp32 rounding while clipping; bitwise when the norm is under the limit), for the
+// fused fp32 update, its offloaded twin and the bf16-moment reference update.
+std::vector<torch::Tensor> grads_of(std::vector<AdamWGroup>& groups) {
+  std::vector<torch::Tensor> out;
+  for (auto& g : groups) {
+    for (auto& p : g.params) {
+      if (p.grad().defined()) out.push_back(p.grad());
+    }
+  }
+  return out;
+}
+
+double worst_rel(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kFloat) - b.to(torch::kFloat)).abs().max() /
+          b.to(torch::kFloat).abs().max().clamp_min(1e-30))
+      .item<double>();
+}
+
+TEST(ClipFolding, DivisorAsGradScaleIsTheClippedUpdate) {
+  EXPECT_EQ(clip_divisor(torch::tensor(2.0f), 0.5).item<float>(), (2.0f + 1e-6f) / 0.5f);
+  EXPECT_EQ(clip_divisor(torch::tensor(0.3f), 0.5).item<float>(), 1.0f);
+  EXPECT_EQ(clip_divisor(torch::tensor(NAN), 0.5).item<float>(), 1.0f);
+  EXPECT_EQ(clip_divisor(torch::tensor(2.0f), INFINITY).item<float>(), 1.0f);
+  const MomentPrecision bf16_moments{config::StateDtype::kBf16, config::StateDtype::kBf16};
+  for (const MomentPrecision precision : {MomentPrecision{}, bf16_moments}) {
+    for (const bool offload : {false, true}) {
+      for (const double max_norm : {0.5, 1e9, double(INFINITY)}) {
+        SCOPED_TRACE("offload " + std::to_string(offload) + " max_norm " +
+                     std::to_string(max_norm) + (precision.fp32() ? " fp32" : " bf16 moments"));
+        auto ga = make_groups(21), gb = clone_groups(ga);
+        OffloadOptions off;
+        off.enabled = offload;
+        FusedAdamW separate(ga, 0.9, 0.95, 1e-8, off, precision);
+        FusedAdamW folded(gb, 0.9, 0.95, 1e-8, off, precision);
+        for (int step = 1; step <= 4; ++step) {
+          set_grads(ga, step);
+          set_grads(gb, step);
+          const auto norm_a = clip_grad_norm(grads_of(ga), max_norm);
+          const auto norm_b = gradient_norm(grads_of(gb));
+          EXPECT_TRUE(torch::equal(norm_a, norm_b));
+          separate.step(1e-2);
+          folded.step(1e-2, clip_divisor(norm_b, max_norm));
+        }
+        if (max_norm > 1e8) {  // nothing clipped: a divisor of exactly 1
+          expect_bitwise_equal(separate, ga, folded, gb);
+          continue;
+        }
+        auto sa = separate.named_state(), sb = folded.named_state();
+        const double bar = precision.fp32() ? 1e-6 : 1e-2;  // bf16 moments round to 2^-8
+        for (size_t i = 0; i < sa.size(); ++i) {
+          // Adam's step hardly depends on the gradients' scale: the moments are what show a
+          // wrong divisor, so they are compared too.
+          EXPECT_LT(worst_rel(sb[i].second->exp_avg, sa[i].second->exp_avg), bar) << sa[i].first;
+          EXPECT_LT(worst_rel(sb[i].second->exp_avg_sq, sa[i].second->exp_avg_sq), 2 * bar)
+              << sa[i].first;
+        }
+        for (size_t g = 0; g < ga.size(); ++g) {
+          for (size_t i = 0; i < ga[g].params.size(); ++i) {
+            EXPECT_LT(worst_rel(gb[g].params[i], ga[g].params[i]), 1e-5) << ga[g].names[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+// The comparison above sees a divisor applied the wrong way round (times instead of divided).
+TEST(ClipFolding, AnInvertedDivisorIsCaught) {
+  auto ga = make_groups(22), gb = clone_groups(ga);
+  FusedAdamW separate(ga, 0.9, 0.95, 1e-8);
+  FusedAdamW wrong(gb, 0.9, 0.95, 1e-8);
+  set_grads(ga, 1);
+  set_grads(gb, 1);
+  (void)clip_grad_norm(grads_of(ga), 0.5);
+  separate.step(1e-2);
+  wrong.step(1e-2, 1.0 / clip_divisor(gradient_norm(grads_of(gb)), 0.5));
+  EXPECT_GT(
+      worst_rel(wrong.named_state()[0].second->exp_avg, separate.named_state()[0].second->exp_avg),
+      1.0);
 }
 
 }  // namespace

@@ -92,7 +92,8 @@ class FusedAdamW {
             const std::optional<torch::Tensor>& found_inf = std::nullopt);
   // The same update with the learning rate in a device tensor and the skip decided on the device
   // (found_inf != 0 skips): no host values, so a CUDA graph can capture it. Not with offload.
-  void step_capturable(const torch::Tensor& lr, const torch::Tensor& found_inf);
+  void step_capturable(const torch::Tensor& lr, const torch::Tensor& found_inf,
+                       const std::optional<torch::Tensor>& grad_scale = std::nullopt);
   void zero_grad();
   // Gradient accumulation of 16-bit parameters in fp32: after each micro-batch's backward, their
   // 16-bit gradients are added into fp32 sums and released; after the last one the sums become

@@ -36,6 +36,12 @@ namespace moe::train {
 
 struct StepResult;
 
+// DataParallel::clip's answer.
+struct Clipping {
+  double norm = 0.0;           // the global L2 norm before clipping
+  torch::Tensor grad_divisor;  // for the optimizer's grad_scale; undefined: already applied
+};
+
 // The inputs of the save and stop decisions, the same on every rank once agreed: rank 0's
 // clocks, and a signal or checkpoint request that reached any rank.
 struct StopInputs {
@@ -92,8 +98,11 @@ class DataParallel {
   virtual void finish_gradients(model::TransformerLM& model, StepResult& r) {}
   // fp16: an overflow in any rank's gradient share skips the step everywhere.
   virtual void agree_on_overflow(torch::Tensor& found_inf) {}
-  // The global L2 gradient norm before clipping; clips like clip_grad_norm.
-  virtual double clip(const std::vector<torch::Tensor>& grads, double max_norm);
+  // Clipping to max_norm (clip_grad_norm's arithmetic): the global L2 norm before it, and the
+  // divisor the optimizer applies as its grad_scale (clip_divisor in step_runner.h): the
+  // gradients are left as they are, one pass over them fewer. ZeRO and expert-parallel groups
+  // scale the gradients here and return no divisor.
+  virtual Clipping clip(const std::vector<torch::Tensor>& grads, double max_norm);
   // After the optimizer's update: ZeRO owners broadcast their parameters.
   virtual void after_update() {}
 
