@@ -12,7 +12,11 @@ section times what the step is made of, at the bench-gpu-1b shapes:
   head_ce   LM head + cross-entropy forward + backward: full fp32 logits vs chunked (no [N, V]
             logits): time and peak memory, and the loss/gradient agreement of the two
   adamw     gradient clipping + fused AdamW over 1.14 B parameters: clipping as a separate
-            multiply vs folded into _fused_adamw_'s grad_scale, and their agreement
+            multiply vs folded into _fused_adamw_'s grad_scale (what the trainer does), and
+            their agreement
+  router    one MoE layer's router gate forward + backward, moe.router_dtype fp32 (the hidden
+            states widened to fp32) vs input (the bf16 product): time, the memory the forward
+            keeps for the backward, the logits' agreement and how many top-k choices differ
 
 Times are medians of CUDA-event-timed repetitions (perf_counter on the CPU). --smoke runs every
 section at toy sizes on the CPU (the ctest entry Bench.GpuMicroSmoke) and exits 1 when an
@@ -229,13 +233,13 @@ def bench_adamw(clock, device, params, max_norm, reps):
     def norm():
         return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(state["g"], 2)), 2)
 
-    def separate():  # what the trainer does today: scale the grads, then the update
+    def separate():  # clip_grad_norm_'s way: scale the grads, then the update
         total = norm()
         coef = (max_norm / (total + 1e-6)).clamp_max(1.0)
         torch._foreach_mul_(state["g"], coef)
         adam(None)
 
-    def folded():  # the grads untouched; the update divides by 1 / coef
+    def folded():  # the trainer's: the grads untouched; the update divides by 1 / coef
         total = norm()
         coef = (max_norm / (total + 1e-6)).clamp_max(1.0)
         adam((1.0 / coef).to(torch.float32))
@@ -265,19 +269,55 @@ def bench_adamw(clock, device, params, max_norm, reps):
     return out
 
 
-SECTIONS = ("copy", "matmul", "sdpa", "grouped", "head_ce", "adamw")
+def bench_router(clock, device, tokens, d, experts, top_k, dtype, reps):
+    torch.manual_seed(2)
+    x0 = torch.randn(tokens, d, device=device).to(dtype)
+    w = (torch.randn(experts, d, device=device) * 0.02).requires_grad_()
+    probe = torch.randn(tokens, experts, device=device)
+
+    def gate(x, kind):
+        if kind == "fp32":
+            return F.linear(x.float(), w)
+        return F.linear(x, w.to(x.dtype)).float()
+
+    def step(kind):
+        x = x0.clone().requires_grad_()
+        logits = gate(x, kind)
+        (logits.softmax(-1) * probe).sum().backward()
+        return logits.detach()
+
+    out = {"shape": {"tokens": tokens, "d": d, "experts": experts}, "dtype": str(dtype)}
+    logits = {}
+    for kind in ("fp32", "input"):
+        x = x0.clone().requires_grad_()
+        peak_reset(device)
+        before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+        kept = gate(x, kind)  # what autograd keeps for the backward, with the logits
+        held = (torch.cuda.memory_allocated() - before) / 2**20 if device.type == "cuda" else None
+        del kept, x
+        logits[kind] = step(kind)
+        out[kind] = {"ms": clock.median_ms(lambda: step(kind), reps), "kept_for_backward_MiB": held}
+    a, b = logits["input"], logits["fp32"]
+    top_a, top_b = a.topk(top_k, -1).indices.sort(-1).values, b.topk(top_k, -1).indices.sort(-1).values
+    out["agreement"] = {"logits_rel": ((a - b).norm() / b.norm()).item(),
+                        "tokens_with_other_experts": (top_a != top_b).any(-1).float().mean().item()}
+    return out
+
+
+SECTIONS = ("copy", "matmul", "sdpa", "grouped", "head_ce", "adamw", "router")
 
 
 def shapes(smoke):
     if smoke:
         return {"copy": 1 << 22, "matmul": 256, "sdpa": (1, 2, 128, 32), "grouped": (4, 64, 2, 32, 48),
-                "head_ce": (96, 32, 500, 40), "adamw": (300_000, 0.1), "reps": 3}
+                "head_ce": (96, 32, 500, 40), "adamw": (300_000, 0.1), "router": (256, 64, 8, 2),
+                "reps": 3}
     # bench-gpu-1b: micro-batch 8 x 2048 tokens, hidden 2048, 16 heads, 8 experts top-2 of width
     # 1024, vocab 32000; 1.14 B parameters. AdamW's max_norm is below the gradients' norm (~34 on
     # the GPU, ~0.55 in the smoke run), so clipping is active and the agreement check can fail.
     return {"copy": 1 << 30, "matmul": 8192, "sdpa": (8, 16, 2048, 128),
             "grouped": (8, 16384, 2, 2048, 2 * 1024), "head_ce": (16384, 2048, 32000, 2048),
-            "adamw": (1_140_000_000, 1.0), "reps": 10}
+            "adamw": (1_140_000_000, 1.0), "router": (16384, 2048, 8, 2), "reps": 10}
 
 
 def run(args):
@@ -313,8 +353,10 @@ def run(args):
                 r = bench_grouped(clock, device, *s["grouped"], half, reps)
             elif name == "head_ce":
                 r = bench_head_ce(clock, device, *s["head_ce"], half, reps)
-            else:
+            elif name == "adamw":
                 r = bench_adamw(clock, device, *s["adamw"], max(3, reps // 2))
+            else:
+                r = bench_router(clock, device, *s["router"], half, reps)
         except torch.OutOfMemoryError as e:
             r = {"error": "out of memory: " + str(e).splitlines()[0][:120]}
         r["wall_s"] = round(time.monotonic() - t0, 2)
@@ -339,6 +381,11 @@ def check(report, smoke):
     ad = report["sections"].get("adamw", {}).get("agreement")
     if ad:
         bad += [f"adamw {k} = {v:.3g} > 1e-3" for k, v in ad.items() if not v <= 1e-3]
+    ro = report["sections"].get("router", {}).get("agreement")
+    if ro:  # bf16 operands: the product within bf16's rounding of the fp32 one
+        bar = 1e-6 if smoke else 1e-2
+        if not ro["logits_rel"] <= bar:
+            bad.append(f"router logits_rel = {ro['logits_rel']:.3g} > {bar}")
     for b in bad:
         print("gpu_micro: FAILED " + b, file=sys.stderr)
     return 1 if bad else 0

@@ -160,6 +160,7 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("clip_qkv", m.clip_qkv, at_least(0, "0 = off"));
   v.field("dense_hidden_size", m.dense_hidden_size, at_least(0, "0 = derived from hidden_size"));
   v.field("init_from", m.init_from);
+  v.field("attention_backend", m.attention_backend);
 }
 
 void visit_fields(auto& v, Section<MoeConfig> auto& m) {
@@ -178,6 +179,7 @@ void visit_fields(auto& v, Section<MoeConfig> auto& m) {
   v.field("router_bias_update_rate", m.router_bias_update_rate,
           in_open(0, 1, "0 = no expert bias"));
   v.field("kernels", m.kernels);
+  v.field("router_dtype", m.router_dtype);
   v.field("decoder_sparse_step", m.decoder_sparse_step, at_least(1));
   v.field("mlp_only_layers", m.mlp_only_layers, at_least(0));
 }

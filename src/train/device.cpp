@@ -4,6 +4,7 @@
 
 #include "moe/env/environment.h"
 #include "moe/env/placement.h"
+#include "moe/model/attention_backend.h"
 #include "moe/moe/dispatcher.h"
 #include "moe/util/errors.h"
 
@@ -33,6 +34,7 @@ torch::Device pick_device(const config::Config& cfg) {
   } catch (const UserError& e) {
     throw UserError("config: " + cfg.source_file + ": " + e.what());
   }
+  model::apply_attention_backend(cfg.model.attention_backend);
   return device;
 }
 

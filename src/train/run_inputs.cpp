@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "moe/env/environment.h"
+#include "moe/model/attention_backend.h"
 #include "moe/train/device.h"
 #include "moe/util/errors.h"
 #include "moe/util/s3_client.h"
@@ -67,6 +68,10 @@ RunInputs check_run_inputs(const config::Config& cfg, const TrainOptions& opt,
                            spdlog::logger& log) {
   RunInputs in;
   in.device = pick_device(cfg);
+  if (in.device.is_cuda()) {
+    log.info("attention: SDPA kernels tried in the order {} (model.attention_backend = {})",
+             model::attention_priority_names(), config::name(cfg.model.attention_backend));
+  }
   // 16-bit working weights (training.param_dtype) compute in their dtype on the CPU too.
   const bool sixteen_bit_weights = cfg.training.param_dtype != config::ParamDtype::kFp32;
   if (in.device.is_cpu() && (cfg.fp16.enabled || cfg.bf16.enabled) && !sixteen_bit_weights) {

@@ -123,6 +123,9 @@ struct ModelConfig {
   double clip_qkv = 0.0;          // > 0: clamp q, k, v to [-c, c] (OLMoE's clip_qkv)
   int64_t dense_hidden_size = 0;  // dense FFN layers' width; 0 = as expert_hidden_size's rule
   std::string init_from;          // a moe-train checkpoint or Hugging Face directory to start from
+  // The SDPA kernel torch tries first on CUDA (the others follow in torch's order, so a shape
+  // the first cannot run still runs); auto = torch's own order. No effect on CPU.
+  AttentionBackend attention_backend = AttentionBackend::kAuto;
 };
 
 struct MoeConfig {
@@ -138,6 +141,7 @@ struct MoeConfig {
   int64_t shared_expert_hidden_size = 0;   // > 0: a dense SwiGLU expert every token passes through
   double router_bias_update_rate = 0.0;    // > 0: aux-loss-free expert bias (DeepSeek-V3)
   MoeKernels kernels = MoeKernels::kAuto;  // auto | cuda | reference
+  RouterDtype router_dtype = RouterDtype::kFp32;  // the gate's product: fp32 | input
   // Expert parallelism (docs/distributed.md): the experts spread over groups of this many ranks,
   // each holding num_experts / expert_parallel_size of them; 1 = every rank holds every expert.
   int64_t expert_parallel_size = 1;
