@@ -185,5 +185,31 @@ TEST(RouterDtype, Fp32WidensAndInputKeepsTheGivenDtype) {
   EXPECT_LT(((gw - ww).norm() / ww.norm()).item<double>(), 1e-2);
 }
 
+// The config key reaches every MoE layer's router.
+TEST(RouterDtype, ConfigReachesEveryRouter) {
+  for (const std::string dtype : {"fp32", "input"}) {
+    nlohmann::json j = {{"train_batch_size", 2},
+                        {"model",
+                         {{"vocab_size", 64},
+                          {"seq_len", 8},
+                          {"hidden_size", 16},
+                          {"num_layers", 3},
+                          {"num_heads", 2}}},
+                        {"moe", {{"num_experts", 4}, {"top_k", 2}, {"router_dtype", dtype}}},
+                        {"data", {{"train_path", "unused.h5"}}},
+                        {"training", {{"output_dir", "unused"}}}};
+    config::Config cfg = config::from_json(j, "router.json");
+    config::validate(cfg);
+    model::TransformerLM m(cfg);
+    int routers = 0;
+    for (auto& block : m->blocks) {
+      ASSERT_TRUE(block->is_moe());
+      EXPECT_EQ(config::name(block->moe->router->options().dtype), dtype);
+      ++routers;
+    }
+    EXPECT_EQ(routers, 3);
+  }
+}
+
 }  // namespace
 }  // namespace moe::moe
