@@ -23,11 +23,13 @@ and the expert bias are rejected.
 `--moe grouped` is the peer a user would pick for speed (what torchtitan and Megatron-Core do):
 stacked expert weights [E, d, f], sort-based dispatch (a stable argsort of the expert ids, one
 gather), the three expert projections as `torch._grouped_mm` over per-expert offsets, and one
-index_add_ back; with `--compile` the rest of the model is fused by torch.compile. bench/run's
-headline ratio is against the strongest peer measured in the same run.
+index_add_ back; with `--compile` the rest of the model is fused by torch.compile.
+`--moe torchtitan` is torchtitan's own MoE layer in the same model (TitanMoeBlock: its experts
+always compute in bf16, also on the CPU). bench/run's headline ratio is against the strongest
+peer measured in the same run.
 
 Usage: peer.py --config CONFIG.json [--steps N] [--warmup W] [--device cpu|cuda] [--compile]
-               [--moe loop|grouped] [--threads T] [--json]
+               [--moe loop|grouped|torchtitan] [--threads T] [--json]
 Relative data paths are resolved against the current directory, as moe-train does.
 """
 import argparse
@@ -89,7 +91,7 @@ class Config:
     train_path: str
     seed: int
     device: str
-    grouped_moe: bool = False  # --moe grouped
+    moe_impl: str = "loop"  # --moe: loop | grouped | torchtitan
 
 
 def resolve_batch(tbs, mbs, gas):
@@ -216,11 +218,20 @@ class Expert(nn.Module):
         return self.w_down(self.dropout(F.silu(self.w_gate(x)) * self.w_up(x)))
 
 
+def router_losses(logits, scores, tokens_per_expert, sigmoid, k):
+    """The Switch/GShard load-balancing loss (E * sum_e fraction of assignments to e * mean prob
+    of e) and the z-loss, from fp32 router logits [T, E], their scores and the expert counts."""
+    T, E = logits.shape
+    probs = scores / scores.sum(-1, keepdim=True).clamp_min(1e-20) if sigmoid else scores
+    aux_loss = E * (tokens_per_expert.float() / max(1, T * k) * probs.mean(0)).sum()
+    z_loss = torch.logsumexp(logits, dim=-1).square().mean()
+    return aux_loss, z_loss
+
+
 def route(block, x):
     """Top-k routing of both MoE blocks: fp32 router (whatever the autocast dtype), softmax or
-    sigmoid scores, renormalised top-k weights, per-expert counts, and the Switch/GShard
-    load-balancing loss (E * sum_e fraction of assignments to e * mean prob of e) and z-loss."""
-    T, E, k = x.shape[0], block.num_experts, block.top_k
+    sigmoid scores, renormalised top-k weights, per-expert counts, and the router losses."""
+    E, k = block.num_experts, block.top_k
     with torch.autocast(x.device.type, enabled=False):
         logits = F.linear(x.float(), block.router.weight.float())
     scores = torch.sigmoid(logits) if block.sigmoid else logits.softmax(dim=-1)
@@ -228,9 +239,7 @@ def route(block, x):
     if block.normalize_topk and (k > 1 or block.sigmoid):
         weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-20)
     tokens_per_expert = torch.bincount(selected.flatten(), minlength=E)
-    probs = scores / scores.sum(-1, keepdim=True).clamp_min(1e-20) if block.sigmoid else scores
-    aux_loss = E * (tokens_per_expert.float() / max(1, T * k) * probs.mean(0)).sum()
-    z_loss = torch.logsumexp(logits, dim=-1).square().mean()
+    aux_loss, z_loss = router_losses(logits, scores, tokens_per_expert, block.sigmoid, k)
     return weights, selected, tokens_per_expert, aux_loss, z_loss
 
 
@@ -300,13 +309,65 @@ class GroupedMoeBlock(nn.Module):
         return out.to(x.dtype), aux_loss, z_loss
 
 
+class TitanMoeBlock(nn.Module):
+    """torchtitan's own MoE layer (torchtitan.models.common.moe.MoE, pinned 0.3.0 in
+    scripts/setup): its fp32 top-k router, LocalTokenDispatcher and GroupedExperts (the three
+    projections as torch._grouped_mm in bf16), at the config's shape, its auxiliary-loss-free
+    bias off. torchtitan leaves the load-balancing and z losses to its trainer; they are computed
+    here from its router's logits and choices (forward hooks), as the other blocks compute them,
+    so every peer does the same work."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        try:
+            from torchtitan.models.common.linear import Linear
+            from torchtitan.models.common.moe import (MoE, GroupedExperts, RoutedExperts,
+                                                      TokenChoiceTopKRouter)
+            from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
+        except ImportError as e:
+            sys.exit(f"--moe torchtitan: torchtitan's MoE layer is not importable ({e}); "
+                     "scripts/setup installs it")
+        E, d, f, k = cfg.num_experts, cfg.hidden_size, cfg.expert_hidden_size, cfg.top_k
+        self.num_experts, self.top_k = E, k
+        self.sigmoid = cfg.score_function == "sigmoid"
+        self.moe = MoE.Config(
+            num_experts=E,
+            routed_experts=RoutedExperts.Config(
+                inner_experts=GroupedExperts.Config(dim=d, hidden_dim=f, num_experts=E),
+                token_dispatcher=LocalTokenDispatcher.Config(num_experts=E, top_k=k)),
+            router=TokenChoiceTopKRouter.Config(
+                num_experts=E, gate=Linear.Config(in_features=d, out_features=E), top_k=k,
+                score_func=cfg.score_function,
+                route_norm=cfg.normalize_topk and (k > 1 or self.sigmoid)),
+            load_balance_coeff=None).build()
+        self._seen = {}
+        self.moe.router.gate.register_forward_hook(
+            lambda module, args, out: self._seen.__setitem__("logits", out))
+        self.moe.router.register_forward_hook(
+            lambda module, args, out: self._seen.__setitem__("selected", out[1]))
+
+    def forward(self, x):  # x: [tokens, hidden]
+        T, d = x.shape
+        out = self.moe(x.view(1, T, d)).view(T, d)
+        logits = self._seen.pop("logits").view(T, self.num_experts).float()
+        selected = self._seen.pop("selected").view(T, self.top_k)
+        scores = torch.sigmoid(logits) if self.sigmoid else logits.softmax(dim=-1)
+        tokens_per_expert = torch.bincount(selected.flatten(), minlength=self.num_experts)
+        aux_loss, z_loss = router_losses(logits, scores, tokens_per_expert, self.sigmoid,
+                                         self.top_k)
+        return out, aux_loss, z_loss
+
+
+MOE_BLOCKS = {"loop": "SparseMoeBlock", "grouped": "GroupedMoeBlock", "torchtitan": "TitanMoeBlock"}
+
+
 class Block(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.attn_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.attn = CausalSelfAttention(cfg)
         self.moe_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.moe = GroupedMoeBlock(cfg) if cfg.grouped_moe else SparseMoeBlock(cfg)
+        self.moe = globals()[MOE_BLOCKS[cfg.moe_impl]](cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
@@ -332,14 +393,15 @@ class MoeLM(nn.Module):
     @torch.no_grad()
     def init_weights(self, cfg):
         # moe-train's rules: normal(init_std); residual-output projections (attention out,
-        # expert w_down) scaled by 1/sqrt(2 * num_layers); router xavier-uniform; norms ones.
+        # expert w_down; torchtitan's w2) scaled by 1/sqrt(2 * num_layers); router (torchtitan's
+        # gate) xavier-uniform; norms ones.
         std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2.0 * cfg.num_layers)
         for name, p in self.named_parameters():
             if p.dim() == 1:
                 continue  # RMSNorm weights stay ones
-            if name.endswith("router.weight"):
+            if name.endswith(("router.weight", "router.gate.weight")):
                 nn.init.xavier_uniform_(p)
-            elif name.endswith(("attn.out.weight", "w_down.weight", "moe.w_down")):
+            elif name.endswith(("attn.out.weight", "w_down.weight", "moe.w_down", "w2_EDF")):
                 nn.init.normal_(p, 0.0, out_std)
             else:
                 nn.init.normal_(p, 0.0, std)
@@ -440,9 +502,10 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"],
                     help="default: training.device, and for 'auto' cuda when available")
     ap.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
-    ap.add_argument("--moe", choices=["loop", "grouped"], default="loop",
+    ap.add_argument("--moe", choices=sorted(MOE_BLOCKS), default="loop",
                     help="loop: HF Mixtral-style per-expert loop; grouped: stacked weights + "
-                         "torch._grouped_mm (the fast peer)")
+                         "torch._grouped_mm (the fast peer); torchtitan: torchtitan's own MoE "
+                         "layer (bf16 grouped GEMMs)")
     ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: PyTorch's)")
     ap.add_argument("--json", action="store_true", help="print one JSON line as the result")
     args = ap.parse_args()
@@ -451,7 +514,7 @@ def main():
 
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
     cfg = load_config(args.config)
-    cfg.grouped_moe = args.moe == "grouped"
+    cfg.moe_impl = args.moe
     if args.threads:
         torch.set_num_threads(args.threads)
     name = args.device or cfg.device
@@ -524,7 +587,8 @@ def main():
 
     tokens_per_s = args.steps * cfg.train_batch_size * cfg.seq_len / seconds
     result = {
-        "impl": ("pytorch-grouped" if cfg.grouped_moe else "pytorch") +
+        "impl": {"loop": "pytorch", "grouped": "pytorch-grouped",
+                 "torchtitan": "torchtitan-moe"}[cfg.moe_impl] +
                 ("-compile" if args.compile else "-eager"),
         "config": args.config,
         "device": str(device),
