@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 #include <torch/torch.h>
 #include <atomic>
@@ -31,6 +32,48 @@ struct RngSnapshot {
   }
 };
 
+// Autocast on the CPU and CUDA (enabled, dtype): the forward's state is the recompute's, as
+// torch.utils.checkpoint does. The backward runs after the trainer has switched autocast off, so
+// without it a bf16 forward would be recomputed in fp32 (other numerics, other routing).
+struct AutocastState {
+  bool cpu = false, cuda = false;
+  at::ScalarType cpu_dtype = at::kBFloat16, cuda_dtype = at::kHalf;
+  static AutocastState take() {
+    return {
+        at::autocast::is_autocast_enabled(at::kCPU), at::autocast::is_autocast_enabled(at::kCUDA),
+        at::autocast::get_autocast_dtype(at::kCPU), at::autocast::get_autocast_dtype(at::kCUDA)};
+  }
+  void apply() const {
+    at::autocast::set_autocast_enabled(at::kCPU, cpu);
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda);
+    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+  }
+  void save(torch::autograd::AutogradContext* ctx) const {
+    ctx->saved_data["autocast_cpu"] = cpu;
+    ctx->saved_data["autocast_cuda"] = cuda;
+    ctx->saved_data["autocast_cpu_dtype"] = static_cast<int64_t>(cpu_dtype);
+    ctx->saved_data["autocast_cuda_dtype"] = static_cast<int64_t>(cuda_dtype);
+  }
+  static AutocastState saved(torch::autograd::AutogradContext* ctx) {
+    return {ctx->saved_data["autocast_cpu"].toBool(), ctx->saved_data["autocast_cuda"].toBool(),
+            static_cast<at::ScalarType>(ctx->saved_data["autocast_cpu_dtype"].toInt()),
+            static_cast<at::ScalarType>(ctx->saved_data["autocast_cuda_dtype"].toInt())};
+  }
+};
+
+// The forward's autocast for the recompute, the caller's again afterwards (also on a throw).
+class AutocastAsIn {
+ public:
+  explicit AutocastAsIn(const AutocastState& then) : now_(AutocastState::take()) { then.apply(); }
+  ~AutocastAsIn() { now_.apply(); }
+  AutocastAsIn(const AutocastAsIn&) = delete;
+  AutocastAsIn& operator=(const AutocastAsIn&) = delete;
+
+ private:
+  AutocastState now_;
+};
+
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   // Outputs: block output, aux loss, z loss, then the per-expert counts (not differentiable).
@@ -41,6 +84,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     auto rng = std::make_shared<RngSnapshot>(RngSnapshot::take());
     ctx->saved_data["rng_cpu"] = rng->cpu;
     if (rng->cuda.defined()) ctx->saved_data["rng_cuda"] = rng->cuda;
+    AutocastState::take().save(ctx);
     ctx->save_for_backward({x});
     BlockOutput o;
     {
@@ -65,6 +109,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     BlockOutput o;
     {
       torch::AutoGradMode enable(true);
+      AutocastAsIn autocast(AutocastState::saved(ctx));
       o = (*block)->forward(x);
     }
     now.restore();

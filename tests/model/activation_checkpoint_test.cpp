@@ -1,4 +1,5 @@
 // Activation checkpointing changes memory, not math: same loss and gradients, dropout included.
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -59,6 +60,41 @@ TEST(ActivationCheckpointing, SameLossAndGradients) {
           << "parameter " << i << " with " << n << " checkpointed blocks";
     }
   }
+}
+
+// The recompute runs under the forward's autocast, although the trainer switches autocast off
+// before the backward: a bf16 forward is recomputed in bf16, so the gradients are the plain
+// run's (an fp32 recompute differs at bf16's rounding).
+TEST(ActivationCheckpointing, RecomputesUnderTheForwardsAutocast) {
+  torch::manual_seed(3);
+  config::Config c = small_config();
+  c.model.dropout = 0;
+  c.moe.expert_dropout = 0;
+  TransformerLM model(c);
+  model->train();
+  const auto tokens = torch::randint(0, 50, {2, 12}, torch::kLong);
+  auto run = [&](int64_t checkpointed) {
+    model->set_checkpoint_blocks(checkpointed);
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    auto out = model->forward(tokens);
+    at::autocast::set_autocast_enabled(at::kCPU, false);  // as the step runner does
+    (out.logits.to(torch::kFloat).square().mean() + 0.01 * out.aux_loss).backward();
+    at::autocast::clear_cache();
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU)) << "the caller's state restored";
+    std::vector<torch::Tensor> grads;
+    for (auto& p : model->parameters()) grads.push_back(p.grad().clone());
+    return grads;
+  };
+  const auto plain = run(0), checkpointed = run(3);
+  double worst = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    worst = std::max(
+        worst, ((checkpointed[i] - plain[i]).abs().max() / plain[i].abs().max().clamp_min(1e-30))
+                   .item<double>());
+  }
+  EXPECT_LT(worst, 1e-5) << "a checkpointed block's gradients are not the plain run's";
 }
 
 // A capacity limit's drops are reported by checkpointed blocks too (they used to say 0).
