@@ -14,9 +14,11 @@ section times what the step is made of, at the bench-gpu-1b shapes:
   adamw     gradient clipping + fused AdamW over 1.14 B parameters: clipping as a separate
             multiply vs folded into _fused_adamw_'s grad_scale (what the trainer does), and
             their agreement
-  router    one MoE layer's router gate forward + backward, moe.router_dtype fp32 (the hidden
-            states widened to fp32) vs input (the bf16 product): time, the memory the forward
-            keeps for the backward, the logits' agreement and how many top-k choices differ
+  router    one MoE layer's router gate forward + backward on bf16 hidden states (what the
+            MoE layer's input would be if it were cast before the dispatch; today it is fp32):
+            widened to fp32 (Megatron's moe_router_dtype fp32) vs a bf16 product (HF's gate):
+            time, the memory the forward keeps for the backward, the logits' agreement and how
+            many top-k choices differ
 
 Times are medians of CUDA-event-timed repetitions (perf_counter on the CPU). --smoke runs every
 section at toy sizes on the CPU (the ctest entry Bench.GpuMicroSmoke) and exits 1 when an

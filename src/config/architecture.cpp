@@ -19,8 +19,7 @@ bool is_training_setting(const std::string& key, const json& sections) {
                                               "moe.capacity_factor",
                                               "moe.kernels",
                                               "moe.router_bias_update_rate",
-                                              "moe.expert_parallel_size",
-                                              "moe.router_dtype"};
+                                              "moe.expert_parallel_size"};
   if (kFree.count(key) != 0) return true;
   // With rotary positions the window length is no weight's shape: any seq_len evaluates.
   if (key == "model.seq_len") {

@@ -111,15 +111,10 @@ double ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
   b += lora_ffn_saved(c, s, moe_layer);
   if (!moe_layer) return b + 4 * T * s.fd * a;  // gate, silu, up, product of the dense FFN
   b += 3 * T * s.E * 4;                         // router logits, probabilities, z-loss terms
-  // moe.router_dtype fp32 on 16-bit activations: the gate's fp32 copy of its input, kept for
-  // the router weight's gradient (none when LoRA leaves the router frozen).
-  const bool router_trained =
-      !lora_enabled(c) || saved_in_full(c.lora, "blocks.0.moe.router.weight", false);
-  if (a < 4 && c.moe.router_dtype == RouterDtype::kFp32 && router_trained) b += T * s.d * 4;
-  b += T * s.k * (s.d * a + 3 * 8);     // dispatched rows + plan indices
-  b += 4 * T * s.k * s.f * a;           // gate, silu(gate), up, product per row
-  b += T * s.k * s.d * a;               // expert outputs (the combine's input)
-  if (s.fs > 0) b += 4 * T * s.fs * a;  // shared expert
+  b += T * s.k * (s.d * a + 3 * 8);             // dispatched rows + plan indices
+  b += 4 * T * s.k * s.f * a;                   // gate, silu(gate), up, product per row
+  b += T * s.k * s.d * a;                       // expert outputs (the combine's input)
+  if (s.fs > 0) b += 4 * T * s.fs * a;          // shared expert
   return b;
 }
 

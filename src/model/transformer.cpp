@@ -175,7 +175,6 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.router.score_function = cfg.moe.score_function;
   o.router.normalize_topk = cfg.moe.normalize_topk;
   o.router.capacity_factor = cfg.moe.capacity_factor;
-  o.router.dtype = cfg.moe.router_dtype;
   o.router.router_bias_update_rate = cfg.moe.router_bias_update_rate;
   o.router.load_reduction = parallel.loads;
   o.ep = parallel.ep;

@@ -2,7 +2,6 @@
 // kernel of the same name, capacity dropping and the router losses.
 #include "moe/moe/router.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/nn/init.h>
 #include <torch/torch.h>
 
@@ -99,24 +98,14 @@ torch::Tensor RouterImpl::keep_within_capacity(const torch::Tensor& topk_idx,
   return keep.narrow(0, ranks.rank * T, T).contiguous();
 }
 
-torch::Tensor RouterImpl::gate_logits(const torch::Tensor& x) const {
-  // The dtype chosen here, not by the surrounding autocast: fp32 (x widened, the default), or
-  // the autocast dtype / x's own (HF's gate: a bf16 product, widened after). The widened x of
-  // the fp32 product is what its backward keeps: [T, hidden] fp32 per MoE layer.
-  const auto device = x.device().type();
-  torch::ScalarType dtype = torch::kFloat;
-  if (opt_.dtype == config::RouterDtype::kInput) {
-    dtype = at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device)
-                                                      : x.scalar_type();
-  }
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  return torch::nn::functional::linear(x.to(dtype), weight.to(dtype)).to(torch::kFloat);
-}
-
 Routing RouterImpl::forward(const torch::Tensor& x) {
   Routing r;
   const int64_t T = x.size(0), E = opt_.num_experts, k = opt_.top_k;
-  r.logits = gate_logits(x);
+  {
+    // Router math in fp32 whatever the surrounding autocast dtype.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    r.logits = torch::nn::functional::linear(x.to(torch::kFloat), weight.to(torch::kFloat));
+  }
   // The bias takes part only when it is in use: a zero bias changes no selection.
   const torch::Tensor bias = opt_.router_bias_update_rate > 0 ? expert_bias : torch::Tensor();
   const bool sigmoid = opt_.score_function == config::ScoreFunction::kSigmoid;

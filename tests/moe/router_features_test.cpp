@@ -1,6 +1,5 @@
 // Router features beyond plain top-k: the aux-loss-free expert bias (selection only, updated from
 // loads), the shared expert, and the score_and_select contract the CUDA kernel follows.
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -133,82 +132,6 @@ TEST(SharedExpert, ParameterCountMatchesModel) {
   for (const auto& b : m->named_buffers())
     biases += b.key().find("expert_bias") != std::string::npos;
   EXPECT_EQ(biases, 2);
-}
-
-// moe.router_dtype: fp32 widens the hidden states before the gate product (the default, as
-// before); input takes the product in the dtype given (bf16 x, or the autocast dtype).
-TEST(RouterDtype, Fp32WidensAndInputKeepsTheGivenDtype) {
-  torch::manual_seed(11);
-  RouterOptions o;
-  o.hidden_size = 64;
-  o.num_experts = 8;
-  o.top_k = 2;
-  Router wide(o);
-  o.dtype = config::RouterDtype::kInput;
-  Router given(o);
-  {
-    torch::NoGradGuard g;
-    given->weight.copy_(wide->weight);
-  }
-  const auto x = torch::randn({37, 64});
-  const auto xb = x.to(torch::kBFloat16);
-  const auto w = wide->weight.detach();
-  auto fp32_product = torch::nn::functional::linear(xb.to(torch::kFloat), w);
-  auto bf16_product = torch::nn::functional::linear(xb, w.to(torch::kBFloat16)).to(torch::kFloat);
-  ASSERT_FALSE(torch::equal(fp32_product, bf16_product));  // else the test tells nothing
-  EXPECT_TRUE(torch::equal(wide->forward(xb).logits, fp32_product));
-  EXPECT_TRUE(torch::equal(given->forward(xb).logits, bf16_product));
-  EXPECT_EQ(given->forward(xb).logits.scalar_type(), torch::kFloat);
-  // fp32 x without autocast: both settings are the same fp32 product.
-  EXPECT_TRUE(torch::equal(given->forward(x).logits, wide->forward(x).logits));
-  {  // fp32 x under bf16 autocast: input follows the autocast dtype, fp32 ignores it
-    at::autocast::set_autocast_enabled(at::kCPU, true);
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    auto under_autocast = given->forward(x).logits;
-    auto fp32_under_autocast = wide->forward(x).logits;
-    at::autocast::set_autocast_enabled(at::kCPU, false);
-    at::autocast::clear_cache();
-    EXPECT_TRUE(torch::equal(under_autocast, bf16_product));
-    EXPECT_TRUE(torch::equal(fp32_under_autocast, torch::nn::functional::linear(x, w)));
-  }
-  // Gradients reach the fp32 weight in fp32 and x in its own dtype; the bf16 product's weight
-  // gradient is the fp32 one within bf16 rounding.
-  auto xg = xb.clone().requires_grad_(true);
-  given->zero_grad();
-  wide->zero_grad();
-  given->forward(xg).logits.pow(2).sum().backward();
-  EXPECT_EQ(xg.grad().scalar_type(), torch::kBFloat16);
-  wide->forward(xb).logits.pow(2).sum().backward();
-  ASSERT_EQ(given->weight.grad().scalar_type(), torch::kFloat);
-  const auto& gw = given->weight.grad();
-  const auto& ww = wide->weight.grad();
-  EXPECT_LT(((gw - ww).norm() / ww.norm()).item<double>(), 1e-2);
-}
-
-// The config key reaches every MoE layer's router.
-TEST(RouterDtype, ConfigReachesEveryRouter) {
-  for (const std::string dtype : {"fp32", "input"}) {
-    nlohmann::json j = {{"train_batch_size", 2},
-                        {"model",
-                         {{"vocab_size", 64},
-                          {"seq_len", 8},
-                          {"hidden_size", 16},
-                          {"num_layers", 3},
-                          {"num_heads", 2}}},
-                        {"moe", {{"num_experts", 4}, {"top_k", 2}, {"router_dtype", dtype}}},
-                        {"data", {{"train_path", "unused.h5"}}},
-                        {"training", {{"output_dir", "unused"}}}};
-    config::Config cfg = config::from_json(j, "router.json");
-    config::validate(cfg);
-    model::TransformerLM m(cfg);
-    int routers = 0;
-    for (auto& block : m->blocks) {
-      ASSERT_TRUE(block->is_moe());
-      EXPECT_EQ(config::name(block->moe->router->options().dtype), dtype);
-      ++routers;
-    }
-    EXPECT_EQ(routers, 3);
-  }
 }
 
 }  // namespace

@@ -83,9 +83,6 @@ for tier, extra in {"w16": [], "w16-kahan": ["optimizer.main_params_dtype=bf16"]
     CASES[f"{tier}-tiny"] = ("tiny.json", W16 + extra)
     CASES[f"{tier}-small"] = ("bench-cpu-small.json", W16 + extra + SMALL)
     CASES[f"{tier}-wide-accumulation"] = ("bench-cpu-small.json", W16 + extra + WIDE + ACCUMULATION)
-# moe.router_dtype input: the router's gate in bf16 keeps no fp32 copy of its input.
-CASES["w16-router-input-small"] = ("bench-cpu-small.json",
-                                   W16 + SMALL + ["moe.router_dtype=input"])
 # CASE_PREFIX: only the cases whose name starts with it (then no data-parallel part); without
 # it, every case but the 16-bit weight ones.
 ONLY = sys.argv[3] if len(sys.argv) > 3 else ""

@@ -29,9 +29,6 @@ enum class OnFailure { kStop, kContinue };         // checkpoint.on_failure
 enum class QkNormScope { kHead, kFull };
 enum class MoeKernels { kAuto, kCuda, kReference };  // moe.kernels
 enum class DistBackend { kAuto, kGloo, kNccl };      // distributed.backend
-// moe.router_dtype: the gate's product in fp32 (Megatron's moe_router_dtype fp32), or in the
-// dtype it is given (HF Mixtral / Qwen3-MoE / OLMoE: bf16 under bf16 autocast).
-enum class RouterDtype { kFp32, kInput };
 // model.attention_backend: which scaled-dot-product-attention kernel torch tries first on CUDA.
 enum class AttentionBackend { kAuto, kFlash, kCudnn, kEfficient, kMath };
 // optimizer.exp_avg_dtype / exp_avg_sq_dtype: how Adam's moments are stored.
@@ -91,10 +88,6 @@ struct ChoiceNames<DistBackend> {
   static constexpr std::array<std::string_view, 3> kNames = {"auto", "gloo", "nccl"};
 };
 
-template <>
-struct ChoiceNames<RouterDtype> {
-  static constexpr std::array<std::string_view, 2> kNames = {"fp32", "input"};
-};
 template <>
 struct ChoiceNames<AttentionBackend> {
   static constexpr std::array<std::string_view, 5> kNames = {"auto", "flash", "cudnn", "efficient",

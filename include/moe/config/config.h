@@ -141,7 +141,6 @@ struct MoeConfig {
   int64_t shared_expert_hidden_size = 0;   // > 0: a dense SwiGLU expert every token passes through
   double router_bias_update_rate = 0.0;    // > 0: aux-loss-free expert bias (DeepSeek-V3)
   MoeKernels kernels = MoeKernels::kAuto;  // auto | cuda | reference
-  RouterDtype router_dtype = RouterDtype::kFp32;  // the gate's product: fp32 | input
   // Expert parallelism (docs/distributed.md): the experts spread over groups of this many ranks,
   // each holding num_experts / expert_parallel_size of them; 1 = every rank holds every expert.
   int64_t expert_parallel_size = 1;

@@ -23,9 +23,6 @@ struct RouterOptions {
   // Scores and selection in our fused CUDA kernel (moe/kernels/router.h) instead of the ATen
   // reference; settled when the layer is built (resolve_kernel_path in dispatcher.h).
   bool fused_kernel = false;
-  // moe.router_dtype: the gate product in fp32, or in the dtype it is given (the autocast dtype
-  // under autocast); the logits are fp32 either way.
-  config::RouterDtype dtype = config::RouterDtype::kFp32;
   // Data parallel: the expert counts of the aux loss summed over the ranks (moe_math.h).
   LoadReduction load_reduction;
 };
@@ -73,8 +70,6 @@ class RouterImpl : public torch::nn::Module {
   // How many ranks' micro-batches a capacity limit covers: every rank's in training with data
   // parallelism (their assignments ranked together), else 1.
   int64_t capacity_ranks() const;
-  // [T, E] fp32 logits: the gate product in the dtype options().dtype says.
-  torch::Tensor gate_logits(const torch::Tensor& x) const;
   // The capacity mask [T, k]: over this rank's assignments, or in training over every rank's.
   torch::Tensor keep_within_capacity(const torch::Tensor& topk_idx,
                                      const torch::Tensor& topk_weight) const;
