@@ -312,8 +312,8 @@ class GroupedMoeBlock(nn.Module):
 class TitanMoeBlock(nn.Module):
     """torchtitan's own MoE layer (torchtitan.models.common.moe.MoE, pinned 0.3.0 in
     scripts/setup): its fp32 top-k router, LocalTokenDispatcher and GroupedExperts (the three
-    projections as torch._grouped_mm in bf16), at the config's shape, its auxiliary-loss-free
-    bias off. torchtitan leaves the load-balancing and z losses to its trainer; they are computed
+    projections as torch._grouped_mm in bf16, also under fp16 autocast and on the CPU), at the
+    config's shape, its auxiliary-loss-free bias off; moe.expert_dropout is refused. torchtitan leaves the load-balancing and z losses to its trainer; they are computed
     here from its router's logits and choices (forward hooks), as the other blocks compute them,
     so every peer does the same work."""
 
@@ -327,6 +327,8 @@ class TitanMoeBlock(nn.Module):
         except ImportError as e:
             sys.exit(f"--moe torchtitan: torchtitan's MoE layer is not importable ({e}); "
                      "scripts/setup installs it")
+        if cfg.expert_dropout > 0:
+            sys.exit("--moe torchtitan: moe.expert_dropout > 0 is not part of torchtitan's MoE layer")
         E, d, f, k = cfg.num_experts, cfg.hidden_size, cfg.expert_hidden_size, cfg.top_k
         self.num_experts, self.top_k = E, k
         self.sigmoid = cfg.score_function == "sigmoid"

@@ -87,7 +87,9 @@ void CudaGraphStep::body() {
   // non-finite norm or loss skips the update.
   auto norm = gradient_norm(defined_grads(params_));
   found_inf = (~(norm.isfinite() & lm.isfinite())).to(torch::kFloat);
-  optimizer_.step_capturable(lr_, found_inf, clip_divisor(norm, max_norm_));
+  const torch::Tensor divisor = clip_divisor(norm, max_norm_);
+  optimizer_.step_capturable(lr_, found_inf,
+                             divisor.defined() ? std::optional(divisor) : std::nullopt);
   lm_sum = lm;
   aux_sum = aux;
   z_sum = z;

@@ -290,7 +290,7 @@ torch::Tensor gradient_norm(const std::vector<torch::Tensor>& grads) {
 }
 
 torch::Tensor clip_divisor(const torch::Tensor& norm, double max_norm) {
-  if (!std::isfinite(max_norm)) return torch::ones_like(norm);
+  if (!std::isfinite(max_norm)) return {};  // no clipping: no grad_scale (no write-back pass)
   const auto divisor = ((norm + 1e-6) / max_norm).clamp_min(1.0);
   return at::where(norm.isfinite(), divisor, torch::ones_like(divisor));
 }

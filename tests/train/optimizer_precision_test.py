@@ -6,9 +6,9 @@ optimizer.main_params_dtype bf16 with a Kahan compensation, or the fp32 master o
    tensors: the same dynamic maps, codes, scales and weights after 20 steps;
 2. the bf16 update against the same formula written in PyTorch with bf16 moments;
 3. each tier trains the demo (configs/tiny.json, 300 steps) to validation accuracy >= 0.90 and a
-   final validation loss at most 2% above the fp32 run's (one-sided: the fp32 run's own
-   seed-to-seed spread is about that wide, 0.02815-0.02921 over seeds 1234/1/2/3, so a tier
-   ending lower is noise, not a defect);
+   final validation loss at most 2% above the fp32 run's and at most 5% below it (the fp32
+   run's own seed-to-seed spread is about 2% wide, 0.02815-0.02921 over seeds 1234/1/2/3, so a
+   tier ending a little lower is noise, not a defect);
 4. 20 + 20 steps resumed = 40 straight, bitwise (model and optimizer files), for each tier;
 5. a checkpoint of one tier resumes under another (8-bit -> fp32, fp32 -> 8-bit, each 16-bit
    weight tier -> fp32 weights: model.safetensors holds the fp32 master, and fp32 -> 16-bit).
@@ -216,6 +216,8 @@ def tiers_train(tmp):
               f"({rel:+.2%} vs fp32), accuracy {e['accuracy']:.4f}")
         check(e["accuracy"] >= 0.90, f"{tier}: validation accuracy {e['accuracy']:.4f} >= 0.90")
         check(rel <= 0.02, f"{tier}: final validation loss at most 2% above fp32's ({rel:+.2%})")
+        # ... and not far below it either: a tier far off in either direction is suspect.
+        check(rel >= -0.05, f"{tier}: final validation loss at most 5% below fp32's ({rel:+.2%})")
 
 
 def tiers_resume(tmp):

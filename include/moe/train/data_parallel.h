@@ -100,8 +100,8 @@ class DataParallel {
   virtual void agree_on_overflow(torch::Tensor& found_inf) {}
   // Clipping to max_norm (clip_grad_norm's arithmetic): the global L2 norm before it, and the
   // divisor the optimizer applies as its grad_scale (clip_divisor in step_runner.h): the
-  // gradients are left as they are, one pass over them fewer. ZeRO and expert-parallel groups
-  // scale the gradients here and return no divisor.
+  // gradients are left as they are, one pass over them fewer. ZeRO-2 (sharded gradients) and
+  // expert-parallel groups scale the gradients here and return no divisor.
   virtual Clipping clip(const std::vector<torch::Tensor>& grads, double max_norm);
   // After the optimizer's update: ZeRO owners broadcast their parameters.
   virtual void after_update() {}

@@ -93,8 +93,9 @@ std::vector<torch::Tensor> defined_grads(const std::vector<torch::Tensor>& param
 torch::Tensor gradient_norm(const std::vector<torch::Tensor>& grads);
 // What clipping to max_norm divides the gradients by: max(1, (norm + 1e-6) / max_norm), the
 // reciprocal of clip_grad_norm_'s coefficient; 1 when the norm is non-finite (the gradients stay
-// as they are, so the first bad parameter can be found) or max_norm is infinite. Given to the
-// fused AdamW as grad_scale it clips inside the update, which reads the gradients anyway.
+// as they are, so the first bad parameter can be found); undefined when max_norm is infinite
+// (clipping off: the update takes no grad_scale, whose CUDA kernel would write every gradient
+// back). Given to the fused AdamW as grad_scale it clips inside the update.
 torch::Tensor clip_divisor(const torch::Tensor& norm, double max_norm);
 // gradient_norm, and the gradients scaled in place by min(1, max_norm / (norm + 1e-6)) as
 // clip_grad_norm_ does (ZeRO and expert-parallel groups clip before their own update paths).
