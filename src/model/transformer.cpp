@@ -108,9 +108,11 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
         torch::cat({update(lora_q, H * hd), update(lora_k, KV * hd), update(lora_v, KV * hd)}, -1)
             .to(proj.scalar_type());
   }
-  // Views of [B, S, n, hd] as [B, n, S, hd] (the strides of a plain multi-head split).
-  auto q = proj.narrow(-1, 0, H * hd), k = proj.narrow(-1, H * hd, KV * hd),
-       v = proj.narrow(-1, (H + KV) * hd, KV * hd);
+  // Views of [B, S, n, hd] as [B, n, S, hd] (the strides of a plain multi-head split). One
+  // split, not three narrows: split's backward is one cat of the three gradients; each narrow's
+  // backward zero-fills a whole projection-sized gradient and the engine adds the three.
+  const auto parts = proj.split_with_sizes({H * hd, KV * hd, KV * hd}, -1);
+  auto q = parts[0], k = parts[1], v = parts[2];
   if (opt_.qk_norm && opt_.qk_norm_full) {  // OLMoE: over the whole projection
     q = q_norm->forward(q);
     k = k_norm->forward(k);

@@ -68,9 +68,9 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
     auto gate = at::_grouped_mm(xb, w_gate.to(torch::kBFloat16), offs);
     auto up = at::_grouped_mm(xb, w_up.to(torch::kBFloat16), offs);
     if (lora_gate_up) {  // (x A) B through the same offsets: W + B A is never formed
-      const auto delta = lora_gate_up->forward_grouped(xb, offs);
-      gate = gate + delta.narrow(1, 0, opt_.ffn_size);
-      up = up + delta.narrow(1, opt_.ffn_size, opt_.ffn_size);
+      const auto delta = lora_gate_up->forward_grouped(xb, offs).chunk(2, 1);
+      gate = gate + delta[0];
+      up = up + delta[1];
     }
     auto h = torch::silu(gate) * up;
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
@@ -89,22 +89,23 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   const auto gate_up_lora =
       lora_gate_up ? lora_gate_up->slices() : model::ExpertLora::Impl::Slices{};
   const auto down_lora = lora_down ? lora_down->slices() : model::ExpertLora::Impl::Slices{};
-  int64_t offset = 0;
+  // One split into the experts' segments, not a narrow per expert: each narrow's backward would
+  // zero-fill a gradient the size of all of x, E of them summed; split's is one cat.
+  const auto segments = x.split_with_sizes(c10::IntArrayRef(c, opt_.num_experts), 0);
   for (int64_t e = 0; e < opt_.num_experts; ++e) {
     if (c[e] == 0) continue;  // experts without tokens are normal
-    auto seg = x.narrow(0, offset, c[e]);
+    const auto& seg = segments[static_cast<size_t>(e)];
     auto g = seg.matmul(gate[e]), u = seg.matmul(up[e]);
     if (lora_gate_up) {
-      const auto delta = lora_gate_up->forward_expert(seg, gate_up_lora, e);
-      g = g + delta.narrow(1, 0, opt_.ffn_size);
-      u = u + delta.narrow(1, opt_.ffn_size, opt_.ffn_size);
+      const auto delta = lora_gate_up->forward_expert(seg, gate_up_lora, e).chunk(2, 1);
+      g = g + delta[0];
+      u = u + delta[1];
     }
     auto h = torch::silu(g) * u;
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
     auto y = h.matmul(down[e]);
     if (lora_down) y = y + lora_down->forward_expert(h, down_lora, e);
     outs.push_back(y);
-    offset += c[e];
   }
   if (outs.empty()) return torch::zeros_like(x);
   return torch::cat(outs, 0);
