@@ -219,6 +219,8 @@ void visit_fields(auto& v, Section<TrainingConfig> auto& t) {
   v.field("head_chunk_tokens", t.head_chunk_tokens, at_least(0, "0 = the whole micro-batch"));
   v.field("cpu_affinity", t.cpu_affinity);
   v.field("param_dtype", t.param_dtype);
+  v.field("profile_step_start", t.profile_step_start, at_least(0, "0 = off"));
+  v.field("profile_step_end", t.profile_step_end, at_least(0, "0 = profile_step_start + 1"));
 }
 
 void visit_fields(auto& v, Section<CheckpointConfig> auto& k) {

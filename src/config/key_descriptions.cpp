@@ -146,6 +146,8 @@ constexpr KeyDescription kDescriptions[] = {
     {"training.exit_interval", "checkpoint and exit 0 after steps divisible by it (Megatron's name); 0 = off"},
     {"training.exit_duration_minutes", "checkpoint and exit 0 after this many minutes (time-limited or Spot jobs)"},
     {"training.cpu_affinity", "pin every thread of the process (loader, prefetch, host optimizer, LibTorch's pools) to these CPUs: \"auto\" = the CPUs near the run's GPU (its PCI device's NUMA node), or a list such as \"0-7,16-23\"; \"\" = the OS decides (docs/operations.md)"},
+    {"training.profile_step_start", "the first step (1-based) the torch profiler records (Megatron's `--profile-step-start`): host operators, and on CUDA every kernel, copy and fill; the window's Chrome trace goes to OUTPUT_DIR/profile/rank<R>.steps<A>-<B>.pt.trace.json (Perfetto, chrome://tracing, TensorBoard's profiler plugin) and a table of the time by kind of kernel and by kernel (on the CPU: by operator) to the log. Profiling slows the window's steps. 0 = off (docs/monitoring.md)"},
+    {"training.profile_step_end", "the step after the profiled window (Megatron's `--profile-step-end`, exclusive); 0 = one step"},
     {"training.head_chunk_tokens", "the LM head and cross-entropy this many tokens at a time, in training and evaluation: no [tokens, vocab] logits are kept (each chunk's gradients are computed in the forward); 0 = the whole micro-batch at once (docs/memory.md)"},
     {"training.cuda_graph", "capture the whole step in a CUDA graph after 3 eager steps (bf16, sm_90, dropless, cuda kernels; docs/training.md), else eager with a warning"},
     {"training.max_bad_steps", "bf16/fp32: non-finite steps in a row (each skipped) before the run stops with exit 3 (docs/reliability.md)"},

@@ -310,6 +310,15 @@ void check_relations(Config& c, const Rules& rules) {
                            "losses differ (slightly) from a run at another world size");
     }
   }
+  const auto& t = c.training;
+  if (t.profile_step_end > 0) {
+    rules.check(t.profile_step_start > 0, "training.profile_step_end", t.profile_step_end,
+                "needs training.profile_step_start (the window's first step)");
+    rules.check(t.profile_step_end > t.profile_step_start, "training.profile_step_end",
+                t.profile_step_end,
+                "must be > training.profile_step_start (" + std::to_string(t.profile_step_start) +
+                    "): the window is [start, end)");
+  }
   const auto& m = c.model;
   if (m.head_dim == 0) {
     rules.check(m.hidden_size % m.num_heads == 0, "model.num_heads", m.num_heads,

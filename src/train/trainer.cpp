@@ -37,6 +37,7 @@
 #include "moe/monitor/flops_report.h"
 #include "moe/monitor/monitor.h"
 #include "moe/monitor/step_report.h"
+#include "moe/monitor/step_trace.h"
 #include "moe/train/adamw.h"
 #include "moe/train/cadence.h"
 #include "moe/train/checkpoint.h"
@@ -459,6 +460,7 @@ class TrainingSession {
         make_step_runner(model_, cfg_, optimizer_, scaler_, so, in_.device, state_.step, *log_);
     install_signal_handlers();
     sd_notify(0, "READY=1");
+    open_trace();
     run_start_ = Clock::now();
     lap_start_ = run_start_;
     reporter_->start_clock();  // rates and ETA count from the first step
@@ -484,6 +486,7 @@ class TrainingSession {
     const bool profiled =
         cfg_.flops_profiler.enabled && step + 1 == cfg_.flops_profiler.profile_step;
     if (profiled) profile::start(in_.device.is_cuda());
+    if (trace_) trace_->before_step(step + 1);
     const double lr = schedule_.lr_at(step);
     const double wait_before = loader_->wait_seconds();
     std::vector<data::Batch> hosts;  // host buffers stay ours until this step's copies are done
@@ -541,7 +544,40 @@ class TrainingSession {
     if (in_.fp16) f.loss_scale = scaler_.scale(), f.skipped_steps = scaler_.state().skipped_steps;
     reporter_->step(f);
     if (profiled) report_flops(f);
-    return after_step(step + 1);
+    // The trace window closes before validation and checkpoints (not a step's time), or after
+    // them when the run stops inside the window.
+    if (trace_ && (trace_->end_step(step + 1) || step + 1 == in_.total_steps)) report_trace();
+    const bool more = after_step(step + 1);
+    if (trace_ && !more) report_trace();
+    return more;
+  }
+
+  // training.profile_step_start/end: the torch profiler's window (monitor/step_trace.h).
+  void open_trace() {
+    const auto& t = cfg_.training;
+    if (t.profile_step_start == 0) return;
+    const int64_t end = t.profile_step_end > 0 ? t.profile_step_end : t.profile_step_start + 1;
+    if (t.profile_step_start > in_.total_steps || end <= state_.step + 1) {
+      log_->warn(
+          "training.profile_step_start = {}: steps [{}, {}) lie outside this run's steps "
+          "{}-{}; nothing is profiled",
+          t.profile_step_start, t.profile_step_start, end, state_.step + 1, in_.total_steps);
+      return;
+    }
+    const auto file =
+        fs::path(t.output_dir) / "profile" /
+        fmt::format("rank{}.steps{}-{}.pt.trace.json", dp_->rank(), t.profile_step_start, end - 1);
+    trace_ =
+        std::make_unique<monitor::StepTrace>(t.profile_step_start, end, file, in_.device.is_cuda());
+  }
+
+  void report_trace() {
+    const auto table = trace_->finish();
+    if (!table) return;
+    std::istringstream lines(*table);
+    for (std::string line; std::getline(lines, line);) log_->info("{}", line);
+    log_->info("trace: written to {}", trace_->file().string());
+    trace_.reset();
   }
 
   // flops_profiler: the table of the profiled step, in the log and in output_file.
@@ -646,6 +682,7 @@ class TrainingSession {
   std::vector<int64_t> source_passes_;  // data.blend: last reported pass of each source
   std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<monitor::StepReporter> reporter_;
+  std::unique_ptr<monitor::StepTrace> trace_;  // training.profile_step_start, while it lasts
   int64_t first_step_ = 0, current_step_ = 0;
   Clock::time_point run_start_, lap_start_;
   std::string resumed_dir_;  // the checkpoint this run continues from; empty on a fresh start

@@ -243,6 +243,11 @@ struct TrainingConfig {
   // compute dtype itself (16-bit matrices, the fp32 master in the optimizer: DeepSpeed's bf16).
   ParamDtype param_dtype = ParamDtype::kFp32;
   double exit_duration_minutes = 0.0;  // checkpoint and exit 0 once this much time has passed
+  // The torch profiler over steps [profile_step_start, profile_step_end) (1-based, Megatron's
+  // --profile-step-start/end): a Chrome trace per rank and a table in the log. 0 = off; an end
+  // of 0 = one step.
+  int64_t profile_step_start = 0;
+  int64_t profile_step_end = 0;
 };
 
 struct Config {
