@@ -1,5 +1,6 @@
 #include "moe/model/transformer.h"
 
+#include "moe/kernels/rotary.h"
 #include "moe/model/activation_checkpoint.h"
 #include "moe/model/profile_scope.h"
 
@@ -63,11 +64,6 @@ void CausalSelfAttentionImpl::merge_lora() {
   fold(lora_o, out->weight);
 }
 
-namespace {
-
-// cos and sin of the rotary angles for tensors like `x` [B, H, S, hd]: [S, hd], or per window
-// [B, 1, S, hd] with restarting positions. In fp32 as Hugging Face computes them, then in x's
-// dtype.
 std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch::Tensor& x, double theta,
                                                       const torch::Tensor& positions) {
   const int64_t S = x.size(2), hd = x.size(3);
@@ -87,8 +83,6 @@ torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const tor
   auto rotated = torch::cat({-half[1], half[0]}, -1);
   return x * cos + rotated * sin;
 }
-
-}  // namespace
 
 torch::Tensor apply_rotary(const torch::Tensor& x, double theta, const torch::Tensor& positions) {
   const auto [cos, sin] = rotary_tables(x, theta, positions);
@@ -130,8 +124,13 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   q = q.transpose(1, 2), k = k.transpose(1, 2), v = v.transpose(1, 2);
   if (opt_.rope_theta > 0) {
     const auto [cos, sin] = rotary_tables(q, opt_.rope_theta, positions_);  // q and k share them
-    q = rotate(q, cos, sin);
-    k = rotate(k, cos, sin);
+    if (opt_.fused_rotary && q.is_cuda()) {
+      q = kernels::rotary(q, cos, sin);
+      k = kernels::rotary(k, cos, sin);
+    } else {
+      q = rotate(q, cos, sin);
+      k = rotate(k, cos, sin);
+    }
   }
   if (KV != H) {  // each key/value head serves H / KV query heads
     k = k.repeat_interleave(H / KV, 1);
@@ -263,6 +262,8 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   a.out_init_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers));
   a.lora = lora_spec(cfg);
   a.lora_targets = config::lora_targets(cfg.lora);
+  a.fused_rotary =
+      moe::resolve_kernel_path(cfg.moe.kernels, device.is_cuda()) == moe::KernelPath::kCuda;
   attn = register_module("attn", CausalSelfAttention(a));
   moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps));
   if (config::is_moe_layer(cfg, layer)) {

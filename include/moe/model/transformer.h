@@ -43,6 +43,9 @@ struct AttentionOptions {
   double dropout = 0, init_std = 0.02, out_init_std = 0.02;
   LoraSpec lora;  // adapters on the projections lora_targets names
   config::LoraTargets lora_targets;
+  // Rotary embedding by our fused CUDA kernel (moe/kernels/rotary.h) on CUDA tensors; else the
+  // ATen reference `rotate`. The two are bitwise equal. Set from moe.kernels.
+  bool fused_rotary = false;
 };
 
 // Causal self-attention: one fused projection to [q (heads) | k (kv_heads) | v (kv_heads)] x
@@ -74,6 +77,13 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 // `positions` [B, S] int64 (optional): each token's position (restarting per document).
 torch::Tensor apply_rotary(const torch::Tensor& x, double theta,
                            const torch::Tensor& positions = {});
+
+// cos and sin of the rotary angles for tensors like x [B, H, S, hd]: [S, hd], or per document
+// [B, 1, S, hd] with `positions` [B, S]. In fp32 as Hugging Face computes them, then in x's dtype.
+std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch::Tensor& x, double theta,
+                                                      const torch::Tensor& positions = {});
+// The ATen reference of the rotation: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1).
+torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
 // The document structure of token windows [B, S] split at `eod` (the EOD token ends its
 // document): mask [B, 1, S, S] (causal and within a document) and positions [B, S] restarting
