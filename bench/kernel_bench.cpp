@@ -24,7 +24,9 @@
 #endif
 
 #include "moe/kernels/permute.h"
+#include "moe/kernels/rotary.h"
 #include "moe/kernels/router.h"
+#include "moe/model/transformer.h"
 #include "moe/moe/dispatcher.h"
 #include "moe/moe/router.h"
 
@@ -237,6 +239,38 @@ int main(int argc, char** argv) {
         report("router_fwd_bwd", "cuda", E, k, fused_ms, router_bytes);
         std::printf("router speed-up (reference / fused): %.2fx\n", ref_ms / fused_ms);
       }
+    }
+  }
+  // Rotary embedding of q as attention holds it: a view of a fused [T, 3 d] projection, heads of
+  // 128, one [T, 128] table (B = 1, S = T). Both paths must read x and the tables once and write
+  // the output once (the reference moves about five times that: neg, cat, two products, a sum).
+  {
+    const int64_t hd = 128, heads = std::max<int64_t>(d / hd, 1);
+    auto proj = torch::randn({1, T, 3 * heads * hd}, opts.dtype(dtype));
+    auto q = proj.narrow(-1, 0, heads * hd).reshape({1, T, heads, hd}).transpose(1, 2);
+    auto grad = torch::randn({1, heads, T, hd}, opts.dtype(dtype));
+    auto cos = torch::rand({T, hd}, opts.dtype(dtype)),
+         sin = torch::rand({T, hd}, opts.dtype(dtype));
+    const double bytes = static_cast<double>((2 * T * heads * hd + 2 * T * hd) * elt);
+    auto fwd_bwd = [&](bool fused) {
+      torch::AutoGradMode grad_mode(true);
+      auto x = q.detach().requires_grad_(true);
+      auto y = fused ? moe::kernels::rotary(x, cos, sin) : moe::model::rotate(x, cos, sin);
+      y.backward(grad);
+    };
+    report("rotary_fwd_bwd", "reference", 0, 0, time_ms([&] { fwd_bwd(false); }, cuda, reps),
+           2 * bytes);
+    if (kernels) {
+      report("rotary", "cuda", 0, 0,
+             time_ms([&] { (void)moe::kernels::detail::rotary_apply(q, cos, sin, false); }, cuda,
+                     reps),
+             bytes);
+      report("rotary_bwd", "cuda", 0, 0,
+             time_ms([&] { (void)moe::kernels::detail::rotary_apply(grad, cos, sin, true); }, cuda,
+                     reps),
+             bytes);
+      report("rotary_fwd_bwd", "cuda", 0, 0, time_ms([&] { fwd_bwd(true); }, cuda, reps),
+             2 * bytes);
     }
   }
   if (!o.json_path.empty()) {
