@@ -1,5 +1,6 @@
 #include "moe/model/transformer.h"
 
+#include "moe/kernels/permute.h"
 #include "moe/kernels/rotary.h"
 #include "moe/model/activation_checkpoint.h"
 #include "moe/model/profile_scope.h"
@@ -124,7 +125,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   q = q.transpose(1, 2), k = k.transpose(1, 2), v = v.transpose(1, 2);
   if (opt_.rope_theta > 0) {
     const auto [cos, sin] = rotary_tables(q, opt_.rope_theta, positions_);  // q and k share them
-    if (opt_.fused_rotary && q.is_cuda()) {
+    const auto dt = q.scalar_type();
+    if (opt_.fused_rotary && q.is_cuda() &&
+        (dt == torch::kFloat || dt == torch::kBFloat16 || dt == torch::kHalf)) {
       q = kernels::rotary(q, cos, sin);
       k = kernels::rotary(k, cos, sin);
     } else {
@@ -262,8 +265,10 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   a.out_init_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers));
   a.lora = lora_spec(cfg);
   a.lora_targets = config::lora_targets(cfg.lora);
-  a.fused_rotary =
-      moe::resolve_kernel_path(cfg.moe.kernels, device.is_cuda()) == moe::KernelPath::kCuda;
+  // Not resolve_kernel_path: its errors are about the MoE layers' kernels (a dense model asking
+  // for "cuda" on the CPU is not refused for want of a rotary kernel).
+  a.fused_rotary = device.is_cuda() && cfg.moe.kernels != config::MoeKernels::kReference &&
+                   kernels::cuda_kernels_compiled();
   attn = register_module("attn", CausalSelfAttention(a));
   moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps));
   if (config::is_moe_layer(cfg, layer)) {

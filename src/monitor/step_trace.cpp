@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <ATen/record_function.h>
+#include <kineto/ActivityType.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include "moe/monitor/trace_summary.h"
@@ -38,15 +39,21 @@ pimpl::ProfilerConfig profiler_config() {
 }
 
 std::vector<TraceEvent> trace_events(const kineto::ProfilerResult& result) {
+  constexpr auto kGpuAnnotation =
+      static_cast<uint8_t>(libkineto::ActivityType::GPU_USER_ANNOTATION);
   std::vector<TraceEvent> events;
   events.reserve(result.events().size());
   for (const auto& e : result.events()) {
-    if (e.isAsync()) continue;  // spans that do not nest on their thread
+    // Async spans do not nest on their thread; hidden events are the profiler's own; a user
+    // scope's GPU shadow (ProfilerStep#N on the device: first to last kernel) is no kernel.
+    if (e.isAsync() || e.isHiddenEvent() || e.activityType() == kGpuAnnotation) continue;
     TraceEvent t;
     t.device = e.deviceType() != c10::DeviceType::CPU;
     t.name = e.name();
-    // One row for every step's host time outside any operator, not one per step.
-    if (t.name.rfind("ProfilerStep#", 0) == 0) t.name = "ProfilerStep (outside operators)";
+    if (!t.device && t.name.rfind("ProfilerStep#", 0) == 0) {
+      t.step = true;
+      t.name = "ProfilerStep (outside operators)";  // one row for every step's host time
+    }
     t.thread = t.device ? static_cast<uint64_t>(e.deviceResourceId()) : e.startThreadId();
     t.start_ns = e.startNs();
     t.end_ns = e.endNs();
@@ -58,9 +65,7 @@ std::vector<TraceEvent> trace_events(const kineto::ProfilerResult& result) {
 }  // namespace
 
 StepTrace::StepTrace(int64_t first, int64_t end, std::filesystem::path file, bool cuda)
-    : first_(first), end_(end), file_(std::move(file)), cuda_(cuda) {
-  if (first_ > 0) kineto::prepareProfiler(profiler_config(), activities(cuda_));
-}
+    : first_(first), end_(end), file_(std::move(file)), cuda_(cuda) {}
 
 StepTrace::~StepTrace() {
   if (!running_) return;
@@ -74,9 +79,11 @@ StepTrace::~StepTrace() {
 void StepTrace::before_step(int64_t step) {
   if (step < first_ || step >= end_) return;
   if (!running_) {
+    // Prepared here, not earlier: a prepared profiler already records (CUPTI) every kernel,
+    // into buffers that a late window would find full.
+    kineto::prepareProfiler(profiler_config(), activities(cuda_));
     kineto::enableProfiler(profiler_config(), activities(cuda_));
     running_ = true;
-    started_ = std::chrono::steady_clock::now();
   }
   step_scope_ = std::make_unique<StepScope>(step);
 }
@@ -84,22 +91,23 @@ void StepTrace::before_step(int64_t step) {
 bool StepTrace::end_step(int64_t step) {
   if (!running_ || !step_scope_) return false;
   step_scope_.reset();
-  ++traced_steps_;
   return step + 1 >= end_;
 }
 
 std::optional<std::string> StepTrace::finish() {
   if (!running_) return std::nullopt;
   step_scope_.reset();
-  const double wall_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started_)
-          .count();
   running_ = false;
   auto result = kineto::disableProfiler();
-  std::filesystem::create_directories(file_.parent_path());
-  result->save(file_.string());
-  return format_trace_summary(summarize_trace(trace_events(*result)), wall_ms, traced_steps_,
-                              /*top=*/15);
+  std::string table = format_trace_summary(summarize_trace(trace_events(*result)), /*top=*/15);
+  try {  // a trace that cannot be written is no reason to stop the training
+    std::filesystem::create_directories(file_.parent_path());
+    result->save(file_.string());
+    table += "trace: written to " + file_.string();
+  } catch (const std::exception& e) {
+    table += "trace: not written to " + file_.string() + ": " + e.what();
+  }
+  return table;
 }
 
 }  // namespace moe::monitor

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
+#include <iterator>
 #include <map>
 #include <utility>
 
@@ -87,11 +89,24 @@ TraceSummary summarize_trace(std::vector<TraceEvent> events) {
     return a.start_ns != b.start_ns ? a.start_ns < b.start_ns : a.end_ns > b.end_ns;
   });
   TraceSummary s;
+  std::vector<std::pair<uint64_t, uint64_t>> spans;  // sorted by start, as the events
+  for (const TraceEvent& e : events) {
+    if (e.step && e.end_ns >= e.start_ns) {
+      spans.emplace_back(e.start_ns, e.end_ns);
+      s.wall_ms += ms(e.end_ns - e.start_ns);
+    }
+  }
+  s.steps = static_cast<int64_t>(spans.size());
+  auto in_a_step = [&](uint64_t t) {
+    auto after = std::upper_bound(spans.begin(), spans.end(), std::make_pair(t, UINT64_MAX));
+    return after != spans.begin() && t <= std::prev(after)->second;
+  };
   std::map<std::string, TraceRow> kernels, kinds, host;
   std::map<uint64_t, std::vector<const TraceEvent*>> by_thread;
   uint64_t busy_until = 0;
   for (const TraceEvent& e : events) {
     if (e.end_ns < e.start_ns) continue;  // never recorded an end
+    if (!spans.empty() && !in_a_step(e.start_ns)) continue;
     if (!e.device) {
       by_thread[e.thread].push_back(&e);
       continue;
@@ -113,15 +128,15 @@ TraceSummary summarize_trace(std::vector<TraceEvent> events) {
   return s;
 }
 
-std::string format_trace_summary(const TraceSummary& s, double wall_ms, int64_t steps, size_t top) {
+std::string format_trace_summary(const TraceSummary& s, size_t top) {
   std::string out;
-  const double per_step = wall_ms / static_cast<double>(std::max<int64_t>(steps, 1));
+  const double steps = static_cast<double>(std::max<int64_t>(s.steps, 1));
   auto table = [&](const char* what, const std::vector<TraceRow>& rows, double total) {
     out += fmt::format("  {:>10} {:>7} {:>7}  {}\n", "ms/step", "share", "calls",
                        what);  // calls: in the window
     for (size_t i = 0; i < std::min(top, rows.size()); ++i) {
       const TraceRow& r = rows[i];
-      out += fmt::format("  {:>10.3f} {:>6.1f}% {:>7}  {}\n", r.ms / static_cast<double>(steps),
+      out += fmt::format("  {:>10.3f} {:>6.1f}% {:>7}  {}\n", r.ms / steps,
                          total > 0 ? 100.0 * r.ms / total : 0.0, r.calls, shown_name(r.name));
     }
   };
@@ -129,17 +144,17 @@ std::string format_trace_summary(const TraceSummary& s, double wall_ms, int64_t 
     out += fmt::format(
         "trace: {} step(s), {:.3f} ms/step wall; device busy {:.3f} ms/step ({:.1f}% of the "
         "wall time; kernels' share of the busy time below)\n",
-        steps, per_step, s.device_busy_ms / static_cast<double>(steps),
-        wall_ms > 0 ? 100.0 * s.device_busy_ms / wall_ms : 0.0);
+        s.steps, s.wall_ms / steps, s.device_busy_ms / steps,
+        s.wall_ms > 0 ? 100.0 * s.device_busy_ms / s.wall_ms : 0.0);
     double kernel_ms = 0;
     for (const auto& r : s.device_kinds) kernel_ms += r.ms;
     table("kind of kernel", s.device_kinds, kernel_ms);
     table("kernel", s.device_kernels, kernel_ms);
     return out;
   }
-  out += fmt::format("trace: {} step(s), {:.3f} ms/step wall; host operators by self time\n", steps,
-                     per_step);
-  table("operator", s.host_ops, wall_ms);
+  out += fmt::format("trace: {} step(s), {:.3f} ms/step wall; host operators by self time\n",
+                     s.steps, s.wall_ms / steps);
+  table("operator", s.host_ops, s.wall_ms);
   return out;
 }
 

@@ -544,8 +544,8 @@ class TrainingSession {
     if (in_.fp16) f.loss_scale = scaler_.scale(), f.skipped_steps = scaler_.state().skipped_steps;
     reporter_->step(f);
     if (profiled) report_flops(f);
-    // The trace window closes before validation and checkpoints (not a step's time), or after
-    // them when the run stops inside the window.
+    // The trace window closes before this step's validation and checkpoint, or after them when
+    // the run stops inside it (the table counts only the steps' own spans either way).
     if (trace_ && (trace_->end_step(step + 1) || step + 1 == in_.total_steps)) report_trace();
     const bool more = after_step(step + 1);
     if (trace_ && !more) report_trace();
@@ -575,9 +575,15 @@ class TrainingSession {
     const auto table = trace_->finish();
     if (!table) return;
     std::istringstream lines(*table);
-    for (std::string line; std::getline(lines, line);) log_->info("{}", line);
-    log_->info("trace: written to {}", trace_->file().string());
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("trace: not written", 0) == 0) {
+        log_->warn("{}", line);
+      } else {
+        log_->info("{}", line);
+      }
+    }
     trace_.reset();
+    lap_start_ = Clock::now();  // stopping the profiler and writing the trace is no step's time
   }
 
   // flops_profiler: the table of the profiled step, in the log and in output_file.

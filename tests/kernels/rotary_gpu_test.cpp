@@ -4,6 +4,7 @@
 // under bf16 autocast: the same outputs and gradients, bit for bit.
 #include <gtest/gtest.h>
 
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
@@ -33,8 +34,21 @@ TEST_P(RotaryGpu, PassesTheChecks) {
 INSTANTIATE_TEST_SUITE_P(Grid, RotaryGpu, ::testing::ValuesIn(rotary_cases()),
                          [](const auto& i) { return case_name(i.param); });
 
+// Deterministic algorithms for one test (SDPA's backward accumulates dQ with atomics across key
+// blocks otherwise), restored after it: the GPU tests share one process.
+struct DeterministicAlgorithms {
+  DeterministicAlgorithms()
+      : was(at::globalContext().deterministicAlgorithms()),
+        warn_only(at::globalContext().deterministicAlgorithmsWarnOnly()) {
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  }
+  ~DeterministicAlgorithms() { at::globalContext().setDeterministicAlgorithms(was, warn_only); }
+  bool was, warn_only;
+};
+
 TEST(RotaryAttentionGpu, FusedAndReferenceAttentionAreBitwiseEqualUnderBf16) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  DeterministicAlgorithms deterministic;
   for (int64_t kv_heads : {8, 2}) {  // multi-head and grouped-query attention
     SCOPED_TRACE(kv_heads);
     model::AttentionOptions o;

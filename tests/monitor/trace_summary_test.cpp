@@ -26,6 +26,10 @@ TraceEvent kernel(const char* name, uint64_t stream, uint64_t from_ms, uint64_t 
   return {name, true, stream, from_ms * kMs, to_ms * kMs};
 }
 
+TraceEvent step(uint64_t thread, uint64_t from_ms, uint64_t to_ms) {
+  return {"ProfilerStep (outside operators)", false, thread, from_ms * kMs, to_ms * kMs, true};
+}
+
 const TraceRow& row(const std::vector<TraceRow>& rows, const std::string& name) {
   for (const auto& r : rows) {
     if (r.name == name) return r;
@@ -115,9 +119,13 @@ TEST(TraceSummary, DeviceBusyTimeIsTheUnionOfTheStreams) {
 }
 
 TEST(TraceSummary, TheTableShowsKernelsOnADeviceAndOperatorsOtherwise) {
-  const auto gpu = summarize_trace({kernel("nvjet_tst_a", 7, 0, 30), kernel("flash_fwd", 7, 30, 40),
-                                    host("aten::mm", 1, 0, 50)});
-  const std::string g = format_trace_summary(gpu, /*wall_ms=*/100.0, /*steps=*/2, /*top=*/1);
+  // Two steps of 50 ms; 40 ms of kernels in them.
+  const auto gpu =
+      summarize_trace({step(1, 0, 50), step(1, 60, 110), kernel("nvjet_tst_a", 7, 0, 30),
+                       kernel("flash_fwd", 7, 60, 70), host("aten::mm", 1, 0, 50)});
+  EXPECT_EQ(gpu.steps, 2);
+  EXPECT_DOUBLE_EQ(gpu.wall_ms, 100.0);
+  const std::string g = format_trace_summary(gpu, /*top=*/1);
   EXPECT_NE(g.find("2 step(s), 50.000 ms/step wall; device busy 20.000 ms/step (40.0% of the"),
             std::string::npos)
       << g;
@@ -126,16 +134,39 @@ TEST(TraceSummary, TheTableShowsKernelsOnADeviceAndOperatorsOtherwise) {
   EXPECT_EQ(g.find("flash_fwd"), std::string::npos) << "top = 1 shows one kernel\n" << g;
   EXPECT_EQ(g.find("aten::mm"), std::string::npos) << g;
 
-  const auto cpu = summarize_trace({host("aten::mm", 1, 0, 50), host("aten::add", 1, 60, 70)});
-  const std::string c = format_trace_summary(cpu, 100.0, 1, 5);
-  EXPECT_NE(c.find("host operators by self time"), std::string::npos) << c;
+  const auto cpu =
+      summarize_trace({step(1, 0, 100), host("aten::mm", 1, 0, 50), host("aten::add", 1, 60, 70)});
+  const std::string c = format_trace_summary(cpu, 5);
+  EXPECT_NE(c.find("1 step(s), 100.000 ms/step wall; host operators by self time"),
+            std::string::npos)
+      << c;
   EXPECT_NE(c.find("50.000   50.0%       1  aten::mm"), std::string::npos) << c;
   EXPECT_NE(c.find("aten::add"), std::string::npos) << c;
+  EXPECT_NE(c.find("40.000   40.0%       1  ProfilerStep (outside operators)"), std::string::npos)
+      << "the step's host time in no operator\n"
+      << c;
+}
+
+TEST(TraceSummary, OnlyWhatStartsInsideAStepCounts) {
+  // Step 1 [0, 40], validation between the steps [40, 60], step 2 [60, 100].
+  const auto s =
+      summarize_trace({step(1, 0, 40), step(1, 60, 100), kernel("nvjet_tst_a", 7, 5, 35),
+                       kernel("nvjet_tst_a", 7, 65, 95), kernel("validation_gemm", 7, 42, 58),
+                       host("aten::mm", 1, 10, 20), host("evaluate", 1, 41, 59)});
+  EXPECT_EQ(s.steps, 2);
+  EXPECT_DOUBLE_EQ(s.wall_ms, 80.0);
+  EXPECT_DOUBLE_EQ(s.device_busy_ms, 60.0);
+  ASSERT_EQ(s.device_kernels.size(), 1u);
+  EXPECT_EQ(s.device_kernels[0].calls, 2);
+  for (const auto& r : s.host_ops) EXPECT_NE(r.name, "evaluate");
+  EXPECT_DOUBLE_EQ(row(s.host_ops, "aten::mm").ms, 10.0);
 }
 
 TEST(TraceSummary, AnEventWithoutAnEndIsLeftOut) {
   const auto s = summarize_trace({{"aten::mm", false, 1, 10 * kMs, 5 * kMs}});
   EXPECT_TRUE(s.host_ops.empty());
+  EXPECT_EQ(s.steps, 0);
+  EXPECT_NE(format_trace_summary(s, 3).find("0 step(s), 0.000 ms/step wall"), std::string::npos);
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 // table for the log (monitor/trace_summary.h).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -25,8 +24,8 @@ class StepTrace {
   void before_step(int64_t step);
   // After step `step` has finished on the device: true when it was the window's last step.
   bool end_step(int64_t step);
-  // Stops the profiler, writes the trace and returns the summary table; none when not running
-  // (also for a run that stops inside the window).
+  // Stops the profiler, writes the trace and returns the summary table, its last line saying
+  // where the trace went (or why it could not be written); none when not running.
   std::optional<std::string> finish();
 
   const std::filesystem::path& file() const { return file_; }
@@ -37,8 +36,6 @@ class StepTrace {
   std::filesystem::path file_;
   bool cuda_;
   bool running_ = false;
-  int64_t traced_steps_ = 0;
-  std::chrono::steady_clock::time_point started_;
   std::unique_ptr<StepScope> step_scope_;  // the trace's ProfilerStep#N span
 };
 
