@@ -18,6 +18,7 @@ bool is_training_setting(const std::string& key, const json& sections) {
                                               "moe.expert_dropout",
                                               "moe.capacity_factor",
                                               "moe.kernels",
+                                              "moe.dispatch_dtype",
                                               "moe.router_bias_update_rate",
                                               "moe.expert_parallel_size"};
   if (kFree.count(key) != 0) return true;

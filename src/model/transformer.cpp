@@ -183,6 +183,7 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.router.load_reduction = parallel.loads;
   o.ep = parallel.ep;
   o.shared_expert_hidden_size = cfg.moe.shared_expert_hidden_size;
+  o.dispatch_in_compute_dtype = cfg.moe.dispatch_dtype == config::DispatchDtype::kCompute;
   o.experts.num_experts = cfg.moe.num_experts;
   o.experts.hidden_size = m.hidden_size;
   o.experts.ffn_size = config::expert_hidden_size(cfg);

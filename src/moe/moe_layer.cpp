@@ -1,5 +1,6 @@
 #include "moe/moe/moe_layer.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "moe/model/profile_scope.h"
@@ -36,6 +37,15 @@ MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt)
   }
 }
 
+torch::Tensor MoeLayerImpl::dispatch_rows(const torch::Tensor& x) const {
+  if (!opt_.dispatch_in_compute_dtype || x.scalar_type() != torch::kFloat) return x;
+  const auto device = x.device().type();
+  if (!at::autocast::is_autocast_enabled(device)) return x;
+  // The experts' GEMMs would cast each of the k copies of a row to this dtype: casting the T rows
+  // once gives them the same values, and the permute and the exchange move half the bytes.
+  return x.to(at::autocast::get_autocast_dtype(device));
+}
+
 MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
   const int64_t T = x.size(0);
   // Scopes: the flops profiler's module kinds (moe/model/profile_scope.h; off otherwise).
@@ -49,7 +59,7 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
   {
     profile::Scope scope("dispatch");
     plan = dispatcher_.plan(r.topk_idx, r.keep, r.all_kept, r.tokens_per_expert);
-    permuted = dispatcher_.permute(x, plan);
+    permuted = dispatcher_.permute(dispatch_rows(x), plan);
   }
   {
     profile::Scope scope("experts");

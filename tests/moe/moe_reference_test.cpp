@@ -1,5 +1,7 @@
 // The ATen reference MoE path against naive per-token loops, plus gradient checks in double.
 #include <gtest/gtest.h>
+
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "moe/moe/dispatcher.h"
@@ -162,6 +164,40 @@ TEST(MoeLayer, ForwardBackwardShapesAndDeterminism) {
   EXPECT_TRUE(torch::equal(a.y, b.y));
   EXPECT_TRUE(torch::equal(gx, x.grad()));
   for (auto& p : layer->parameters()) EXPECT_TRUE(p.grad().defined());
+}
+
+// moe.dispatch_dtype = compute under bf16 autocast: the same forward bit for bit (the experts
+// cast the rows to bf16 either way), the input gradient within bf16 rounding of the fp32
+// dispatch's (each token's k row gradients summed in bf16); without autocast nothing changes.
+TEST(MoeLayer, DispatchInTheComputeDtype) {
+  for (bool autocast : {true, false}) {
+    SCOPED_TRACE(autocast);
+    auto run = [&](bool compute) {
+      torch::manual_seed(5);
+      MoeLayerOptions o = small_layer(0.0);
+      o.dispatch_in_compute_dtype = compute;
+      MoeLayer layer(o);
+      torch::manual_seed(6);
+      auto x = torch::randn({64, 8}, torch::requires_grad());
+      at::autocast::set_autocast_enabled(at::kCPU, autocast);
+      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+      auto out = layer->forward(x);
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();
+      (out.y.to(torch::kFloat) * torch::linspace(-1, 1, 8)).sum().backward();
+      return std::make_pair(out.y.detach(), x.grad());
+    };
+    const auto [y32, g32] = run(false);
+    const auto [y16, g16] = run(true);
+    EXPECT_TRUE(torch::equal(y16, y32)) << "the forward is the same bit for bit";
+    const double rel = ((g16 - g32).abs().max() / g32.abs().max()).item<double>();
+    if (autocast) {
+      EXPECT_LT(rel, 1e-2) << "within bf16 rounding";
+      EXPECT_GT(rel, 0.0) << "the row gradients were summed in bf16: the rows moved in bf16";
+    } else {
+      EXPECT_EQ(rel, 0.0) << "no autocast: no cast";
+    }
+  }
 }
 
 TEST(MoeLayer, CapacityDropsAreReported) {

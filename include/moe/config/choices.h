@@ -31,6 +31,8 @@ enum class MoeKernels { kAuto, kCuda, kReference };  // moe.kernels
 enum class DistBackend { kAuto, kGloo, kNccl };      // distributed.backend
 // model.attention_backend: which scaled-dot-product-attention kernel torch tries first on CUDA.
 enum class AttentionBackend { kAuto, kFlash, kCudnn, kEfficient, kMath };
+// moe.dispatch_dtype: the dtype the routed rows move in (permute, expert-parallel all-to-all).
+enum class DispatchDtype { kFp32, kCompute };
 // optimizer.exp_avg_dtype / exp_avg_sq_dtype: how Adam's moments are stored.
 enum class StateDtype { kFp32, kBf16, k8Bit };
 // training.param_dtype (the working weights) and optimizer.main_params_dtype (the master).
@@ -82,6 +84,10 @@ struct ChoiceNames<QkNormScope> {
 template <>
 struct ChoiceNames<MoeKernels> {
   static constexpr std::array<std::string_view, 3> kNames = {"auto", "cuda", "reference"};
+};
+template <>
+struct ChoiceNames<DispatchDtype> {
+  static constexpr std::array<std::string_view, 2> kNames = {"fp32", "compute"};
 };
 template <>
 struct ChoiceNames<DistBackend> {

@@ -141,6 +141,10 @@ struct MoeConfig {
   int64_t shared_expert_hidden_size = 0;   // > 0: a dense SwiGLU expert every token passes through
   double router_bias_update_rate = 0.0;    // > 0: aux-loss-free expert bias (DeepSeek-V3)
   MoeKernels kernels = MoeKernels::kAuto;  // auto | cuda | reference
+  // The routed rows' dtype through the dispatch: fp32 (the MoE layer's input as it is), or the
+  // mixed-precision compute dtype the experts cast them to anyway (Megatron's and DeepSpeed's
+  // bf16 rows: half the bytes for permute and the expert-parallel all-to-all).
+  DispatchDtype dispatch_dtype = DispatchDtype::kFp32;
   // Expert parallelism (docs/distributed.md): the experts spread over groups of this many ranks,
   // each holding num_experts / expert_parallel_size of them; 1 = every rank holds every expert.
   int64_t expert_parallel_size = 1;

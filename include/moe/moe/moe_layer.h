@@ -21,6 +21,9 @@ struct MoeLayerOptions {
   // when the model is built for its device (resolve_kernel_path), never per call.
   KernelPath kernel_path = KernelPath::kReference;
   int64_t shared_expert_hidden_size = 0;  // > 0: a dense SwiGLU expert for every token
+  // moe.dispatch_dtype = compute: under autocast, fp32 rows are cast to its dtype before the
+  // dispatch (permute, the EP exchange), not by the experts after it.
+  bool dispatch_in_compute_dtype = false;
   // Expert parallelism: the routed experts spread over an EP group (expert_parallel.h).
   ExpertParallel ep;
 };
@@ -57,6 +60,7 @@ class MoeLayerImpl : public torch::nn::Module {
   Experts shared_expert{nullptr};
 
  private:
+  torch::Tensor dispatch_rows(const torch::Tensor& x) const;  // x, or x in the compute dtype
   MoeLayerOptions opt_;
   Dispatcher dispatcher_;
 };
