@@ -28,8 +28,6 @@ class StepTrace {
   // where the trace went (or why it could not be written); none when not running.
   std::optional<std::string> finish();
 
-  const std::filesystem::path& file() const { return file_; }
-
  private:
   struct StepScope;
   int64_t first_, end_;
