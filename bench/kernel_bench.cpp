@@ -26,6 +26,7 @@
 #include "moe/kernels/permute.h"
 #include "moe/kernels/rotary.h"
 #include "moe/kernels/router.h"
+#include "moe/kernels/swiglu.h"
 #include "moe/model/transformer.h"
 #include "moe/moe/dispatcher.h"
 #include "moe/moe/router.h"
@@ -271,6 +272,35 @@ int main(int argc, char** argv) {
              bytes);
       report("rotary_fwd_bwd", "cuda", 0, 0, time_ms([&] { fwd_bwd(true); }, cuda, reps),
              2 * bytes);
+    }
+  }
+  // SwiGLU of the expert FFN's rows: 2 T rows (top-2) of d / 4, as the 1 B config's experts.
+  // The fused forward must read gate and up once and write h (3 n b); its backward read dh, gate
+  // and up and write both gradients (5 n b). The reference moves 5 n b forward, 9 n b backward.
+  {
+    const int64_t n_rows = 2 * T, cols = std::max<int64_t>(d / 4, 8);
+    auto gate = torch::randn({n_rows, cols}, opts.dtype(dtype)),
+         up = torch::randn({n_rows, cols}, opts.dtype(dtype)),
+         dh = torch::randn({n_rows, cols}, opts.dtype(dtype));
+    const double n_bytes = static_cast<double>(n_rows * cols * elt);
+    auto fwd_bwd = [&](bool fused) {
+      torch::AutoGradMode grad_mode(true);
+      auto g = gate.detach().requires_grad_(true), u = up.detach().requires_grad_(true);
+      auto h = fused ? moe::kernels::swiglu(g, u) : moe::kernels::swiglu_reference(g, u);
+      h.backward(dh);
+    };
+    report("swiglu_fwd_bwd", "reference", 0, 0, time_ms([&] { fwd_bwd(false); }, cuda, reps),
+           8 * n_bytes);
+    if (kernels) {
+      report("swiglu", "cuda", 0, 0,
+             time_ms([&] { (void)moe::kernels::detail::swiglu_forward(gate, up); }, cuda, reps),
+             3 * n_bytes);
+      report(
+          "swiglu_bwd", "cuda", 0, 0,
+          time_ms([&] { (void)moe::kernels::detail::swiglu_backward(dh, gate, up); }, cuda, reps),
+          5 * n_bytes);
+      report("swiglu_fwd_bwd", "cuda", 0, 0, time_ms([&] { fwd_bwd(true); }, cuda, reps),
+             8 * n_bytes);
     }
   }
   if (!o.json_path.empty()) {

@@ -42,6 +42,9 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 struct Shape {
   double T, d, H, KV, hd, E, k, f, fd, V, fs;
   double a;  // bytes of an activation element (2 under bf16/fp16 autocast on a GPU, else 4)
+  // silu(gate) * up kept per FFN row: 3 (gate, up, the product) with the fused kernel
+  // (kernels/swiglu.h: silu(gate) recomputed in the backward), 4 with ATen's two ops.
+  double swiglu_kept;
 };
 
 Shape shape_of(const Config& c, int64_t micro_batch, bool cpu) {
@@ -61,6 +64,7 @@ Shape shape_of(const Config& c, int64_t micro_batch, bool cpu) {
       ((!cpu && (c.bf16.enabled || c.fp16.enabled)) || c.training.param_dtype != ParamDtype::kFp32)
           ? 2.0
           : 4.0;
+  s.swiglu_kept = !cpu && c.moe.kernels != MoeKernels::kReference ? 3.0 : 4.0;
   return s;
 }
 
@@ -109,12 +113,12 @@ double ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
   const double T = s.T, a = s.a;
   double b = T * s.d * a + T * 4 + T * s.d * a;  // residual (RMSNorm input), rstd, normalised
   b += lora_ffn_saved(c, s, moe_layer);
-  if (!moe_layer) return b + 4 * T * s.fd * a;  // gate, silu, up, product of the dense FFN
-  b += 3 * T * s.E * 4;                         // router logits, probabilities, z-loss terms
-  b += T * s.k * (s.d * a + 3 * 8);             // dispatched rows + plan indices
-  b += 4 * T * s.k * s.f * a;                   // gate, silu(gate), up, product per row
-  b += T * s.k * s.d * a;                       // expert outputs (the combine's input)
-  if (s.fs > 0) b += 4 * T * s.fs * a;          // shared expert
+  if (!moe_layer) return b + s.swiglu_kept * T * s.fd * a;  // gate, (silu,) up, product
+  b += 3 * T * s.E * 4;                             // router logits, probabilities, z-loss terms
+  b += T * s.k * (s.d * a + 3 * 8);                 // dispatched rows + plan indices
+  b += s.swiglu_kept * T * s.k * s.f * a;           // gate, (silu(gate),) up, product per row
+  b += T * s.k * s.d * a;                           // expert outputs (the combine's input)
+  if (s.fs > 0) b += s.swiglu_kept * T * s.fs * a;  // shared expert
   return b;
 }
 

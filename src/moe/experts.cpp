@@ -4,6 +4,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/torch.h>
 
+#include "moe/kernels/swiglu.h"
+
 namespace moe::moe {
 
 ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
@@ -72,7 +74,7 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
       gate = gate + delta[0];
       up = up + delta[1];
     }
-    auto h = torch::silu(gate) * up;
+    auto h = kernels::swiglu_activation(gate, up, opt_.fused_swiglu);
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
     auto y = at::_grouped_mm(h, w_down.to(torch::kBFloat16), offs);
     if (lora_down) y = y + lora_down->forward_grouped(h, offs);
@@ -101,7 +103,7 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
       g = g + delta[0];
       u = u + delta[1];
     }
-    auto h = torch::silu(g) * u;
+    auto h = kernels::swiglu_activation(g, u, opt_.fused_swiglu);
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
     auto y = h.matmul(down[e]);
     if (lora_down) y = y + lora_down->forward_expert(h, down_lora, e);

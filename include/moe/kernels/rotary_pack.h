@@ -20,8 +20,13 @@
 #include <cstdint>
 
 #include "moe/kernels/permute_token.h"  // Pack, load_pack, store_pack, MOE_UNROLL
+#include "moe/kernels/rounding.h"       // mul_rn, add_rn, in_t
 
 namespace moe::kernels::rotary_rows {
+
+using rounding::add_rn;
+using rounding::in_t;
+using rounding::mul_rn;
 
 struct RotaryShape {
   int64_t B = 0, N = 0, S = 0, hd = 0;  // x viewed as [B, N, S, hd]
@@ -32,28 +37,6 @@ struct RotaryShape {
 };
 
 inline int64_t thread_count(const RotaryShape& s) { return s.B * s.N * s.S * (s.hd / 2 / s.vec); }
-
-C10_HOST_DEVICE inline float mul_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-C10_HOST_DEVICE inline float add_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-// A value rounded to T and back, as an ATen op on T tensors stores it.
-template <typename T>
-C10_HOST_DEVICE inline float in_t(float v) {
-  return static_cast<float>(static_cast<T>(v));
-}
 
 template <int V, typename T>
 C10_HOST_DEVICE inline void rotary_thread(const T* x, const T* cos, const T* sin, T* out,

@@ -20,6 +20,9 @@ struct ExpertsOptions {
   // CUDA + bf16 activations + Hopper or newer + rows of a multiple of 8: one at::_grouped_mm per
   // projection (no host sync on the counts). Off, or elsewhere: one GEMM per expert.
   bool grouped_mm = true;
+  // silu(gate) * up as one fused CUDA kernel (kernels/swiglu.h) where the operands allow; set
+  // when the model is built (moe.kernels not `reference` on a CUDA device).
+  bool fused_swiglu = false;
   // Expert parallelism: this module holds experts [first_expert, first_expert + local_experts)
   // of num_experts (local_experts < 0: all). Initialised as the whole stack and sliced, so every
   // expert starts with the values it has without expert parallelism.

@@ -1,0 +1,43 @@
+// The SwiGLU family's CUDA kernel (src/kernels/swiglu.cu, swiglu_ops.cpp): silu(gate) * up in
+// one pass forward and one backward, an autograd-aware op and its raw launches (detail::). The
+// ATen reference of the same contract is torch::silu(gate) * up (two kernels forward, five
+// backward, silu(gate) kept for the backward). The fused op keeps gate and up only and
+// reproduces the reference's rounding (moe/kernels/swiglu_pack.h); the GPU tests compare them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
+#include "moe/kernels/swiglu_pack.h"
+
+namespace moe::kernels {
+
+// gate, up: CUDA tensors of one shape and dtype (fp32, fp16 or bf16). Returns silu(gate) * up,
+// contiguous; gradients flow to gate and up.
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+// The ATen reference (the CPU path and the tests' oracle): torch::silu(gate) * up.
+at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up);
+
+// The FFNs' activation: the fused op where `fused` (moe.kernels not `reference` on a CUDA
+// device, settled when the model is built) and swiglu_supported(gate, up), else the reference.
+at::Tensor swiglu_activation(const at::Tensor& gate, const at::Tensor& up, bool fused);
+
+// Whether swiglu() takes these operands (else the caller uses the ATen reference): CUDA, one
+// dtype and shape, fp32/fp16/bf16.
+bool swiglu_supported(const at::Tensor& gate, const at::Tensor& up);
+
+namespace detail {  // raw launches (no autograd), exposed for tests and benchmarks
+// poison: fill the outputs with NaN first, so the tests catch elements never written.
+at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up, bool poison = false);
+// -> {d_gate, d_up}
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dh, const at::Tensor& gate,
+                                                  const at::Tensor& up, bool poison = false);
+// The launch shape over contiguous tensors (checks shapes and dtypes; both builds, the emulation
+// uses it): 16-byte packs when every buffer is 16-byte aligned and n a multiple of the pack.
+swiglu_rows::SwigluShape swiglu_shape(const at::Tensor& gate, const at::Tensor& up,
+                                      std::initializer_list<const at::Tensor*> others = {});
+}  // namespace detail
+
+}  // namespace moe::kernels

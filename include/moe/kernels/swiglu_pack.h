@@ -1,0 +1,90 @@
+// The SwiGLU family's per-thread body (src/kernels/swiglu.cu), shared with its CPU emulation
+// (tests/kernels/swiglu_emulation.cpp), which runs this very code for every thread index.
+//
+// h = silu(gate) * up as ATen computes it in two ops, each rounding to T (fp32/fp16/bf16):
+//   forward   s = T(gate / (1 + exp(-gate)))          h = T(s * up)
+//   backward  ds = T(dh * up)  d_up = T(dh * s)       d_gate = T(ds * sig * (1 + gate (1 - sig)))
+//             with sig = 1 / (1 + exp(-gate)): ATen's silu_backward, whose 1 + gate (1 - sig)
+//             nvcc contracts into one fma.
+// The fused op reads gate and up once and writes h (forward), or reads dh, gate and up once and
+// writes both gradients (backward); silu(gate) is recomputed, never stored. On the device every
+// step matches ATen's CUDA kernels' rounding, so the two agree bit for bit (the GPU test checks).
+//
+// One thread owns one pack of V elements of the flattened tensors: n / V threads.
+#pragma once
+
+#include <c10/macros/Macros.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "moe/kernels/permute_token.h"  // Pack, load_pack, store_pack, MOE_UNROLL
+#include "moe/kernels/rounding.h"
+
+namespace moe::kernels::swiglu_rows {
+
+struct SwigluShape {
+  int64_t n = 0;  // elements of gate (= of up, h and the gradients)
+  int vec = 1;    // elements per pack
+};
+
+inline int64_t thread_count(const SwigluShape& s) { return s.n / s.vec; }
+
+// 1 + e^-x as ATen's CUDA silu kernels compute it: the very expression, which nvcc compiles
+// alike there and here. It does not round twice: nvcc inlines expf and contracts its final
+// scaling with the + 1 into one fma (their sm_90 SASS: MUFU.EX2, then FFMA r, scale, ex2, 1).
+// On the host (the emulation, -ffp-contract=off): the C library's exp, then the sum.
+C10_HOST_DEVICE inline float one_plus_exp_neg(float x) {
+#ifdef __CUDA_ARCH__
+  return 1.f + expf(-x);
+#else
+  return 1.f + std::exp(-x);
+#endif
+}
+
+// silu(x) in fp32, as ATen's CUDA silu kernel: x / (1 + exp(-x)), an IEEE division.
+C10_HOST_DEVICE inline float silu_f(float x) { return rounding::div_rn(x, one_plus_exp_neg(x)); }
+
+// dy times d silu / dx, as ATen's CUDA silu_backward kernel: dy * sig * (1 + x (1 - sig)), whose
+// 1 + x (1 - sig) nvcc contracts into one fma there (FADD 1 - sig, FFMA x, ., 1, FMUL, FMUL).
+C10_HOST_DEVICE inline float silu_grad_f(float dy, float x) {
+  using namespace rounding;
+  const float sig = div_rn(1.f, one_plus_exp_neg(x));
+  return mul_rn(mul_rn(dy, sig), fma_rn(x, sub_rn(1.f, sig), 1.f));
+}
+
+template <int V, typename T>
+C10_HOST_DEVICE inline void swiglu_forward_thread(const T* gate, const T* up, T* h, int64_t i) {
+  using namespace rounding;
+  const auto g = token_rows::load_pack<T, V>(gate + i * V),
+             u = token_rows::load_pack<T, V>(up + i * V);
+  token_rows::Pack<T, V> o;
+  MOE_UNROLL
+  for (int e = 0; e < V; ++e) {
+    const float s = in_t<T>(silu_f(static_cast<float>(g.v[e])));
+    o.v[e] = static_cast<T>(mul_rn(s, static_cast<float>(u.v[e])));
+  }
+  token_rows::store_pack<T, V>(h + i * V, o);
+}
+
+template <int V, typename T>
+C10_HOST_DEVICE inline void swiglu_backward_thread(const T* dh, const T* gate, const T* up,
+                                                   T* d_gate, T* d_up, int64_t i) {
+  using namespace rounding;
+  const auto d = token_rows::load_pack<T, V>(dh + i * V);
+  const auto g = token_rows::load_pack<T, V>(gate + i * V),
+             u = token_rows::load_pack<T, V>(up + i * V);
+  token_rows::Pack<T, V> dg, du;
+  MOE_UNROLL
+  for (int e = 0; e < V; ++e) {
+    const float x = static_cast<float>(g.v[e]), dy = static_cast<float>(d.v[e]);
+    const float s = in_t<T>(silu_f(x));  // the silu output autograd would have saved
+    du.v[e] = static_cast<T>(mul_rn(dy, s));
+    const float ds = in_t<T>(mul_rn(dy, static_cast<float>(u.v[e])));
+    dg.v[e] = static_cast<T>(silu_grad_f(ds, x));
+  }
+  token_rows::store_pack<T, V>(d_gate + i * V, dg);
+  token_rows::store_pack<T, V>(d_up + i * V, du);
+}
+
+}  // namespace moe::kernels::swiglu_rows

@@ -1,0 +1,110 @@
+// The SwiGLU family's kernels and raw launches (detail::swiglu_forward/backward; autograd op in
+// swiglu_ops.cpp). Elementwise over the flattened operands, one 16-byte pack per thread (the
+// per-thread bodies, shared with the CPU emulation, are moe/kernels/swiglu_pack.h).
+// Deterministic: every output element has one writer.
+//
+// Bytes moved (n elements of b bytes): forward reads 2 n b and writes n b; backward reads 3 n b
+// and writes 2 n b. The ATen reference: silu (2 n b) and the product (3 n b) forward; backward
+// the product's two gradients (6 n b) and silu_backward (3 n b), and it keeps silu(gate) alive
+// from the forward to the backward (n b more activation memory per FFN).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "moe/kernels/kernel_args.h"
+#include "moe/kernels/swiglu.h"
+
+namespace moe::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <int V, typename T>
+__global__ void swiglu_forward_kernel(const T* __restrict__ gate, const T* __restrict__ up,
+                                      T* __restrict__ h, int64_t threads) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < threads) swiglu_rows::swiglu_forward_thread<V, T>(gate, up, h, i);
+}
+
+template <int V, typename T>
+__global__ void swiglu_backward_kernel(const T* __restrict__ dh, const T* __restrict__ gate,
+                                       const T* __restrict__ up, T* __restrict__ d_gate,
+                                       T* __restrict__ d_up, int64_t threads) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < threads) swiglu_rows::swiglu_backward_thread<V, T>(dh, gate, up, d_gate, d_up, i);
+}
+
+// Runs launch(kernel pack width V as an integral constant, blocks) for the shape's pack width.
+template <typename T, typename Launch>
+void with_pack(const swiglu_rows::SwigluShape& s, const char* what, Launch&& launch) {
+  const int64_t threads = swiglu_rows::thread_count(s);
+  if (threads == 0) return;
+  const int64_t blocks = (threads + kThreads - 1) / kThreads;
+  check_grid(blocks, threads, what);
+  constexpr int kPack = static_cast<int>(16 / sizeof(T));
+  if (s.vec == kPack) {
+    launch(std::integral_constant<int, kPack>{}, blocks, threads);
+  } else {
+    launch(std::integral_constant<int, 1>{}, blocks, threads);
+  }
+}
+
+void check_cuda(std::initializer_list<const at::Tensor*> ts) {
+  for (const at::Tensor* t : ts) {
+    TORCH_CHECK(t->is_cuda(), "moe kernels: swiglu: operands must be CUDA tensors, got ",
+                t->device());
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+at::Tensor swiglu_forward(const at::Tensor& gate_in, const at::Tensor& up_in, bool poison) {
+  check_cuda({&gate_in, &up_in});
+  const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
+  c10::cuda::CUDAGuard guard(gate.device());
+  at::Tensor h = at::empty_like(gate, at::MemoryFormat::Contiguous);
+  if (poison) h.fill_(NAN);
+  const auto s = swiglu_shape(gate, up, {&h});
+  auto stream = at::cuda::getCurrentCUDAStream();
+  token_rows::with_row_dtype(gate.scalar_type(), "swiglu", [&](auto tag) {
+    using T = decltype(tag);
+    with_pack<T>(s, "swiglu", [&](auto v, int64_t blocks, int64_t threads) {
+      swiglu_forward_kernel<decltype(v)::value, T>
+          <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+              gate.data_ptr<T>(), up.data_ptr<T>(), h.data_ptr<T>(), threads);
+    });
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return h;
+}
+
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dh_in,
+                                                  const at::Tensor& gate_in,
+                                                  const at::Tensor& up_in, bool poison) {
+  check_cuda({&dh_in, &gate_in, &up_in});
+  // A gradient may arrive with any strides (or expanded); the kernel reads flat buffers.
+  const at::Tensor dh = dh_in.contiguous(), gate = gate_in.contiguous(), up = up_in.contiguous();
+  c10::cuda::CUDAGuard guard(gate.device());
+  at::Tensor d_gate = at::empty_like(gate, at::MemoryFormat::Contiguous);
+  at::Tensor d_up = at::empty_like(up, at::MemoryFormat::Contiguous);
+  if (poison) d_gate.fill_(NAN), d_up.fill_(NAN);
+  const auto s = swiglu_shape(gate, up, {&dh, &d_gate, &d_up});
+  auto stream = at::cuda::getCurrentCUDAStream();
+  token_rows::with_row_dtype(gate.scalar_type(), "swiglu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    with_pack<T>(s, "swiglu_backward", [&](auto v, int64_t blocks, int64_t threads) {
+      swiglu_backward_kernel<decltype(v)::value, T>
+          <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+              dh.data_ptr<T>(), gate.data_ptr<T>(), up.data_ptr<T>(), d_gate.data_ptr<T>(),
+              d_up.data_ptr<T>(), threads);
+    });
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {d_gate, d_up};
+}
+
+}  // namespace detail
+}  // namespace moe::kernels

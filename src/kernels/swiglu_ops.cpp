@@ -1,0 +1,97 @@
+// The SwiGLU family's autograd op around the raw launches of src/kernels/swiglu.cu, and the
+// launch shape both the launcher and the CPU emulation use. In a CPU-only build the op reports
+// that the kernels are absent; the FFNs never select it there.
+#include <torch/autograd.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/types.h>
+
+#include <vector>
+
+#include "moe/kernels/permute.h"  // cuda_kernels_compiled
+#include "moe/kernels/swiglu.h"
+
+namespace moe::kernels {
+
+namespace detail {
+
+swiglu_rows::SwigluShape swiglu_shape(const at::Tensor& gate, const at::Tensor& up,
+                                      std::initializer_list<const at::Tensor*> others) {
+  const auto dt = gate.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
+              "moe kernels: swiglu: gate must be fp32, fp16 or bf16, got ", dt);
+  std::vector<const at::Tensor*> all{&gate, &up};
+  all.insert(all.end(), others.begin(), others.end());
+  bool aligned = true;
+  for (const at::Tensor* t : all) {
+    TORCH_CHECK(t->sizes() == gate.sizes() && t->scalar_type() == dt,
+                "moe kernels: swiglu: an operand of ", t->sizes(), " ", t->scalar_type(),
+                " for gate ", gate.sizes(), " ", dt);
+    TORCH_CHECK(t->is_contiguous(), "moe kernels: swiglu: operands must be contiguous");
+    aligned = aligned && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
+  }
+  swiglu_rows::SwigluShape s;
+  s.n = gate.numel();
+  const int pack = static_cast<int>(16 / gate.element_size());
+  s.vec = aligned && s.n % pack == 0 ? pack : 1;
+  return s;
+}
+
+}  // namespace detail
+
+bool swiglu_supported(const at::Tensor& gate, const at::Tensor& up) {
+  const auto dt = gate.scalar_type();
+  return cuda_kernels_compiled() && gate.is_cuda() && up.device() == gate.device() &&
+         up.scalar_type() == dt && up.sizes() == gate.sizes() &&
+         (dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16);
+}
+
+at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up) {
+  return torch::silu(gate) * up;
+}
+
+at::Tensor swiglu_activation(const at::Tensor& gate, const at::Tensor& up, bool fused) {
+  return fused && swiglu_supported(gate, up) ? swiglu(gate, up) : swiglu_reference(gate, up);
+}
+
+#ifdef MOE_HAVE_CUDA
+
+namespace {
+
+class Swiglu : public torch::autograd::Function<Swiglu> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate,
+                            const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    return detail::swiglu_forward(gate, up);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto [d_gate, d_up] = detail::swiglu_backward(grads[0], s[0], s[1]);
+    return {d_gate, d_up};
+  }
+};
+
+}  // namespace
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return Swiglu::apply(gate, up); }
+
+#else
+
+at::Tensor swiglu(const at::Tensor&, const at::Tensor&) {
+  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+}
+
+namespace detail {
+at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&, bool) {
+  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+}
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor&, const at::Tensor&,
+                                                  const at::Tensor&, bool) {
+  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+}
+}  // namespace detail
+
+#endif
+
+}  // namespace moe::kernels

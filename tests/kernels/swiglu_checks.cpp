@@ -1,0 +1,117 @@
+// The SwiGLU family's oracles and tolerances (swiglu_checks.h).
+#include "swiglu_checks.h"
+
+#include <torch/torch.h>
+
+#include "moe/kernels/swiglu.h"
+
+namespace moe::kernel_checks {
+
+std::vector<SwigluCase> swiglu_cases() {
+  std::vector<SwigluCase> v;
+  for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (auto [r, c] :
+         {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {7, 64}, {33, 1024}, {2, 4104}}) {
+      v.push_back({dt, r, c, false});
+      if (r * c > 1000) v.push_back({dt, r, c, true});
+    }
+  }
+  v.push_back({torch::kBFloat16, 4096, 1024, false});
+  return v;
+}
+
+std::string case_name(const SwigluCase& c) {
+  const char* dt = c.dtype == torch::kFloat ? "fp32" : c.dtype == torch::kHalf ? "fp16" : "bf16";
+  return std::string(dt) + "_" + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
+         (c.misaligned ? "_misaligned" : "");
+}
+
+namespace {
+
+// A [rows, cols] tensor of `values`' contents whose data starts one element past an allocation
+// (misaligned for 16-byte packs) when asked.
+torch::Tensor placed(const torch::Tensor& values, bool misaligned) {
+  if (!misaligned) return values.contiguous();
+  auto buffer = torch::empty({values.numel() + 1}, values.options());
+  auto view = buffer.narrow(0, 1, values.numel()).view(values.sizes());
+  view.copy_(values);
+  return view;
+}
+
+}  // namespace
+
+SwigluInputs make_swiglu_inputs(const SwigluCase& c, const torch::Device& device) {
+  torch::manual_seed(static_cast<uint64_t>(c.rows * 7919 + c.cols));
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+  auto gate = torch::randn({c.rows * c.cols}, f32) * 3;
+  // Edges: zero, silu's minimum (d silu = 0 there), where expf(-x) overflows (x < -88.72) or
+  // nears it, large values of both signs, tiny ones.
+  const std::vector<float> edges{0.f,   -1.2784645f, 1.f,   -1.f,   20.f,  -20.f,  87.f,
+                                 -87.f, -88.5f,      -89.f, -100.f, 100.f, 1e-30f, -3e-8f};
+  const int64_t n = std::min<int64_t>(gate.numel(), static_cast<int64_t>(edges.size()));
+  gate.narrow(0, 0, n).copy_(torch::tensor(edges, f32).narrow(0, 0, n));
+  SwigluInputs in;
+  const auto opts = torch::TensorOptions(device).dtype(c.dtype);
+  in.gate = placed(gate.view({c.rows, c.cols}).to(opts), c.misaligned);
+  in.up = placed(torch::randn({c.rows, c.cols}, f32).to(opts), c.misaligned);
+  in.grad = placed(torch::randn({c.rows, c.cols}, f32).to(opts), c.misaligned);
+  return in;
+}
+
+// Tolerances, per element, from the kernel's arithmetic (moe/kernels/swiglu_pack.h), with
+// u = 2^-24 (fp32 unit roundoff) and h(x) = half an ulp of T at |x| (a rounding to T):
+//  - expf(-g): <= 2 ulp (CUDA; the C library's is under 1) = 4u relative; d = 1 + e rounded:
+//    5u; s = g / d and sig = 1 / d rounded: 6u. Where expf overflows (g < -88.7) the kernel's
+//    s and sig are 0: their exact values (< 4e-37) are the error. Any fp32 rounding may land
+//    among the subnormals: 2^-149 (absolute) each.
+//  - forward: s_T = T(s): e_s = 6u|s| + h(s); h = T(s_T * up): e_s|up| + u|h| + h(h).
+//  - grad_up = T(dh * s_T): |dh| e_s + u|dh s| + h(dh s).
+//  - grad_gate = T(T(dh * up) * sig * fma(g, 1 - sig, 1)): the product's rounding to T and
+//    fp32 (A = |dh up|: u A + h(A)), sig's error (6u sig), 1 - sig rounded (u |1 - sig|), scaled
+//    by |g| in the fma (which cancels near silu's minimum: the error there is absolute), the fma
+//    and the two products rounded (u each), then T: h(result).
+std::vector<Verdict> check_swiglu(const SwigluInputs& in, const SwigluOutputs& got) {
+  const auto dt = in.gate.scalar_type();
+  const double u = kU32, tiny = 0x1p-149;
+  const auto g = in.gate.to(torch::kDouble), up = in.up.to(torch::kDouble),
+             dh = in.grad.to(torch::kDouble);
+  auto half_ulp = [&](const torch::Tensor& x) { return 0.5 * ulp(x.abs() * (1 + 16 * u), dt); };
+  const auto sig = torch::sigmoid(g), s = g * sig, h = s * up;
+  const auto overflow = (g < -88.0).to(torch::kDouble);  // expf(-g) is inf or nearly so
+  const auto e_sig = 6 * u * sig + tiny + overflow * sig;
+  const auto e_s = 6 * u * s.abs() + g.abs() * tiny + overflow * s.abs() + half_ulp(s);
+  const auto tol_h =
+      e_s * up.abs() * (1 + u) + u * h.abs() + tiny + half_ulp(h.abs() + e_s * up.abs());
+
+  const auto gu = dh * s;
+  const auto tol_gu =
+      dh.abs() * e_s * (1 + u) + u * gu.abs() + tiny + half_ulp(gu.abs() + dh.abs() * e_s);
+
+  const auto F = 1 + g * (1 - sig), A = (dh * up).abs();
+  const auto gg = dh * up * sig * F;
+  const auto e_ds = u * A + half_ulp(A * (1 + u));
+  const auto e_1ms = e_sig + u * (1 - sig);
+  const auto e_F = g.abs() * e_1ms * (1 + u) + u * F.abs();
+  const auto M1 = (A + e_ds) * (sig + e_sig);  // |T(dh up) * sig| bounded
+  const auto e_P1 = e_ds * (sig + e_sig) + A * e_sig + u * M1 + tiny;
+  const auto e_P = e_P1 * (F.abs() + e_F) + M1 * e_F + u * M1 * (F.abs() + e_F) + tiny;
+  const auto tol_gg = e_P + half_ulp(gg.abs() + e_P);
+
+  return {within("h", got.h, h, tol_h), within("grad_gate", got.grad_gate, gg, tol_gg),
+          within("grad_up", got.grad_up, gu, tol_gu)};
+}
+
+std::vector<Verdict> check_swiglu_matches_aten(const SwigluInputs& in, const SwigluOutputs& got) {
+  torch::Tensor h, grad_gate, grad_up;
+  {
+    torch::AutoGradMode on(true);
+    const auto g = in.gate.detach().requires_grad_(true), u = in.up.detach().requires_grad_(true);
+    h = kernels::swiglu_reference(g, u);
+    h.backward(in.grad);
+    grad_gate = g.grad(), grad_up = u.grad();
+  }
+  return {exact("h_aten", got.h, h.detach()), exact("grad_gate_aten", got.grad_gate, grad_gate),
+          exact("grad_up_aten", got.grad_up, grad_up)};
+}
+
+}  // namespace moe::kernel_checks

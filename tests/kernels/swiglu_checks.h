@@ -1,0 +1,49 @@
+// The oracle and comparisons of the SwiGLU family (src/kernels/swiglu.cu), shared by
+// swiglu_gpu_test.cpp and swiglu_emulation_test.cpp.
+//
+// Two oracles. check_swiglu: silu(gate) * up and its gradients in double precision from the
+// inputs the kernel saw, each element within a tolerance derived from the kernel's arithmetic
+// (swiglu_checks.cpp): holds on any device, so the CPU emulation runs it in CI.
+// check_swiglu_matches_aten: the ATen reference itself (torch::silu(gate) * up and its autograd
+// backward) compared exactly: the kernel reproduces ATen's CUDA rounding, expf included, so on
+// the GPU any difference is a defect. (On the CPU ATen's exp is SLEEF's, not the C library's the
+// emulation calls: not comparable bit for bit there.)
+#pragma once
+
+#include <torch/types.h>
+
+#include <string>
+#include <vector>
+
+#include "check_util.h"
+
+namespace moe::kernel_checks {
+
+struct SwigluCase {
+  torch::ScalarType dtype;
+  int64_t rows, cols;
+  bool misaligned;  // operands starting one element past a 16-byte boundary: one element/thread
+};
+// dtype {fp32, bf16, fp16} x shapes {1x1, 3x5, 7x64, 33x1024, 2x4104} x {aligned, misaligned
+// (the larger two)}; plus bf16 4096x1024 (an expert FFN's rows at the 1 B config).
+std::vector<SwigluCase> swiglu_cases();
+std::string case_name(const SwigluCase& c);
+
+struct SwigluInputs {
+  torch::Tensor gate;  // [rows, cols]; the first elements are the edge values (0, +-100,
+                       // exp's overflow near -88.7, silu's minimum at -1.278, ...)
+  torch::Tensor up;
+  torch::Tensor grad;  // upstream gradient of h
+};
+SwigluInputs make_swiglu_inputs(const SwigluCase& c, const torch::Device& device);
+
+struct SwigluOutputs {
+  torch::Tensor h;                   // forward
+  torch::Tensor grad_gate, grad_up;  // backward of `grad`
+};
+// Verdicts "h", "grad_gate", "grad_up" against the double-precision oracle.
+std::vector<Verdict> check_swiglu(const SwigluInputs& in, const SwigluOutputs& got);
+// Verdicts "h_aten", "grad_gate_aten", "grad_up_aten": equal to ATen's bit for bit.
+std::vector<Verdict> check_swiglu_matches_aten(const SwigluInputs& in, const SwigluOutputs& got);
+
+}  // namespace moe::kernel_checks

@@ -1,0 +1,24 @@
+// CPU emulation of the SwiGLU family's kernels (src/kernels/swiglu.cu), run through the GPU
+// tests' own comparisons (swiglu_checks.h) in CI: the kernels' per-thread bodies
+// (moe/kernels/swiglu_pack.h) for every thread index, with the launcher's shape and pack width.
+#pragma once
+
+#include <torch/types.h>
+
+#include "swiglu_checks.h"
+
+namespace moe::kernel_emulation {
+
+// Deliberate kernel bugs, for the mutation tests.
+enum class SwigluFault {
+  kNone,
+  kLastPackSkipped,    // the grid one thread short
+  kOperandsSwapped,    // silu(up) * gate
+  kDerivativeSigmoid,  // d silu taken as sigmoid(gate) (the gate (1 - sig) term dropped)
+};
+
+// swiglu.cu forward and backward kernels over `in` (outputs poisoned with NaN first).
+kernel_checks::SwigluOutputs swiglu_all(const kernel_checks::SwigluInputs& in,
+                                        SwigluFault fault = SwigluFault::kNone);
+
+}  // namespace moe::kernel_emulation

@@ -1,0 +1,92 @@
+// The SwiGLU family's GPU checks (swiglu_checks.h) run on the CPU with the kernels' emulation
+// (swiglu_emulation.h) over the GPU test's grid, the pack width the launcher picks, and mutation
+// cases that must fail.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "moe/kernels/swiglu.h"
+#include "swiglu_checks.h"
+#include "swiglu_emulation.h"
+
+namespace moe::kernel_checks {
+namespace {
+
+namespace emu = ::moe::kernel_emulation;
+const torch::Device kCpu(torch::kCPU);
+
+class SwigluEmulation : public ::testing::TestWithParam<SwigluCase> {};
+TEST_P(SwigluEmulation, PassesTheGpuChecks) {
+  const SwigluInputs in = make_swiglu_inputs(GetParam(), kCpu);
+  const auto vs = check_swiglu(in, emu::swiglu_all(in));
+  EXPECT_TRUE(all_ok(vs, nullptr)) << failures(vs);
+}
+INSTANTIATE_TEST_SUITE_P(Grid, SwigluEmulation, ::testing::ValuesIn(swiglu_cases()),
+                         [](const auto& i) { return case_name(i.param); });
+
+TEST(SwigluShape, PacksWhereEveryBufferIsAlignedElseOneElement) {
+  auto vec = [](const SwigluCase& c) {
+    const SwigluInputs in = make_swiglu_inputs(c, kCpu);
+    return kernels::detail::swiglu_shape(in.gate, in.up, {&in.grad}).vec;
+  };
+  EXPECT_EQ(vec({torch::kBFloat16, 7, 64, false}), 8);
+  EXPECT_EQ(vec({torch::kFloat, 7, 64, false}), 4);
+  EXPECT_EQ(vec({torch::kHalf, 3, 5, false}), 1);  // 15 elements: no whole packs
+  EXPECT_EQ(vec({torch::kBFloat16, 33, 1024, true}), 1);
+  const SwigluInputs in = make_swiglu_inputs({torch::kFloat, 2, 4104, false}, kCpu);
+  const auto s = kernels::detail::swiglu_shape(in.gate, in.up);
+  EXPECT_EQ(s.n, 2 * 4104);
+  EXPECT_EQ(kernels::swiglu_rows::thread_count(s), 2 * 4104 / 4);
+}
+
+TEST(SwigluShape, BadArgumentsAreNamed) {
+  const SwigluInputs in = make_swiglu_inputs({torch::kFloat, 7, 64, false}, kCpu);
+  EXPECT_THROW(kernels::detail::swiglu_shape(in.gate, in.up.to(torch::kHalf)), c10::Error);
+  EXPECT_THROW(kernels::detail::swiglu_shape(in.gate, in.up.narrow(0, 0, 6)), c10::Error);
+  EXPECT_THROW(kernels::detail::swiglu_shape(in.gate, in.up.t()), c10::Error);  // not contiguous
+  const auto d = in.gate.to(torch::kDouble);
+  EXPECT_THROW(kernels::detail::swiglu_shape(d, d), c10::Error);
+  // On the CPU the FFNs take the reference, whatever they ask for.
+  EXPECT_FALSE(kernels::swiglu_supported(in.gate, in.up));
+  EXPECT_TRUE(torch::equal(kernels::swiglu_activation(in.gate, in.up, /*fused=*/true),
+                           torch::silu(in.gate) * in.up));
+}
+
+// ---- mutations: each check can fail -----------------------------------------------------------
+
+TEST(KernelCheckMutations, SwigluSkippedSwappedDerivativeAndFewUlpFail) {
+  for (const SwigluCase& c :
+       {SwigluCase{torch::kBFloat16, 33, 1024, false}, SwigluCase{torch::kHalf, 2, 4104, true},
+        SwigluCase{torch::kFloat, 7, 64, false}}) {
+    SCOPED_TRACE(case_name(c));
+    const SwigluInputs in = make_swiglu_inputs(c, kCpu);
+    const SwigluOutputs good = emu::swiglu_all(in);
+    const auto vs = check_swiglu(in, good);
+    ASSERT_TRUE(all_ok(vs, nullptr)) << failures(vs);
+    // fp32 outputs carry the error of ~6 fp32 roundings and expf's: a tolerance of a few ulp of
+    // their own dtype (6.2 at grad_gate's tightest). 16-bit outputs: 0.5-0.8 ulp there.
+    const double off = c.dtype == torch::kFloat ? 16 : 4;
+    for (const char* name : {"h", "grad_gate", "grad_up"}) {
+      EXPECT_LT(find(vs, name).tightest_ulps, off) << name;  // the nudges below must fail
+    }
+    // The grid one thread short: the last pack of every output stays unwritten.
+    auto bad = check_swiglu(in, emu::swiglu_all(in, emu::SwigluFault::kLastPackSkipped));
+    for (const char* name : {"h", "grad_gate", "grad_up"}) EXPECT_FALSE(find(bad, name).ok());
+    bad = check_swiglu(in, emu::swiglu_all(in, emu::SwigluFault::kOperandsSwapped));
+    for (const char* name : {"h", "grad_gate", "grad_up"}) EXPECT_FALSE(find(bad, name).ok());
+    expect_fails_only(check_swiglu(in, emu::swiglu_all(in, emu::SwigluFault::kDerivativeSigmoid)),
+                      "grad_gate");
+    // One element `off` ulp off, where each tolerance is tightest.
+    SwigluOutputs nudge = good;
+    nudge.h = nudged(good.h, find(vs, "h").tightest, off);
+    expect_fails_only(check_swiglu(in, nudge), "h");
+    nudge = good;
+    nudge.grad_gate = nudged(good.grad_gate, find(vs, "grad_gate").tightest, off);
+    expect_fails_only(check_swiglu(in, nudge), "grad_gate");
+    nudge = good;
+    nudge.grad_up = nudged(good.grad_up, find(vs, "grad_up").tightest, off);
+    expect_fails_only(check_swiglu(in, nudge), "grad_up");
+  }
+}
+
+}  // namespace
+}  // namespace moe::kernel_checks
