@@ -2,6 +2,7 @@
 
 #include "moe/kernels/permute.h"
 #include "moe/kernels/rotary.h"
+#include "moe/kernels/swiglu.h"
 #include "moe/model/activation_checkpoint.h"
 #include "moe/model/profile_scope.h"
 
@@ -79,6 +80,18 @@ std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch::Tensor& x, do
   return {emb.cos().to(x.scalar_type()), emb.sin().to(x.scalar_type())};
 }
 
+std::pair<torch::Tensor, torch::Tensor> RotaryTableCache::get(const torch::Tensor& x, double theta,
+                                                              const torch::Tensor& positions) {
+  const bool fresh = cos_.defined() && S_ == x.size(2) && hd_ == x.size(3) && theta_ == theta &&
+                     cos_.scalar_type() == x.scalar_type() && cos_.device() == x.device() &&
+                     cos_.is_inference() == c10::InferenceMode::is_enabled();
+  if (!fresh) {
+    std::tie(cos_, sin_) = rotary_tables(x, theta, positions);
+    S_ = x.size(2), hd_ = x.size(3), theta_ = theta;
+  }
+  return {cos_, sin_};
+}
+
 torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   auto half = x.chunk(2, -1);
   auto rotated = torch::cat({-half[1], half[0]}, -1);
@@ -124,7 +137,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   }
   q = q.transpose(1, 2), k = k.transpose(1, 2), v = v.transpose(1, 2);
   if (opt_.rope_theta > 0) {
-    const auto [cos, sin] = rotary_tables(q, opt_.rope_theta, positions_);  // q and k share them
+    // q and k share them; so do the other layers of this forward (RotaryTableCache).
+    const auto [cos, sin] = rotary_->get(q, opt_.rope_theta, positions_);
     const auto dt = q.scalar_type();
     if (opt_.fused_rotary && q.is_cuda() &&
         (dt == torch::kFloat || dt == torch::kBFloat16 || dt == torch::kHalf)) {
@@ -192,6 +206,7 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   // GPT-2/Megatron: residual-output projections scaled by 1/sqrt(2L).
   o.experts.output_init_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers));
   o.kernel_path = moe::resolve_kernel_path(cfg.moe.kernels, device.is_cuda());
+  o.experts.fused_swiglu = o.kernel_path == moe::KernelPath::kCuda;
   if (config::lora_enabled(cfg)) {
     const config::LoraTargets t = config::lora_targets(cfg.lora);
     if (t.experts_gate_up_rank > 0) {  // its own rank and alpha (config/lora.h)
@@ -231,7 +246,8 @@ torch::Tensor DenseMlpImpl::forward(const torch::Tensor& x) {
   auto project = [](torch::nn::Linear& base, LoraAdapter& a, const torch::Tensor& in) {
     return a ? base->forward(in) + a->forward(in) : base->forward(in);
   };
-  const auto h = torch::silu(project(gate_proj, lora_gate, x)) * project(up_proj, lora_up, x);
+  const auto h = kernels::swiglu_activation(project(gate_proj, lora_gate, x),
+                                            project(up_proj, lora_up, x), fused_swiglu);
   return project(down_proj, lora_down, h);
 }
 
@@ -279,6 +295,7 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
                           DenseMlp(m.hidden_size, config::dense_hidden_size(cfg), m.init_std,
                                    m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers)),
                                    lora_spec(cfg), config::lora_targets(cfg.lora)));
+    mlp->fused_swiglu = a.fused_rotary;  // the same rule: CUDA, kernels compiled, not `reference`
   }
 }
 
@@ -329,8 +346,10 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
   // compute dtype): the host never holds the whole model, the device never its fp32 base.
   const bool to_device = device.is_cuda();
   auto list = register_module("blocks", torch::nn::ModuleList());  // names blocks.0, blocks.1...
+  const auto shared_tables = std::make_shared<RotaryTableCache>();
   for (int64_t i = 0; i < m.num_layers; ++i) {
     blocks.push_back(Block(cfg, device, i, parallel));
+    blocks.back()->attn->share_rotary_tables(shared_tables);
     const std::string prefix = "blocks." + std::to_string(i) + ".";
     if (lora_) freeze_for_lora(*blocks.back(), cfg, prefix);
     if (!lora_) hold_matrices_in_16_bits(*blocks.back(), prefix);

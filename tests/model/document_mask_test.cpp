@@ -101,5 +101,38 @@ TEST(DocumentMask, TwoDocumentsInOneWindowMatchTheDocumentsAlone) {
   }
 }
 
+// The layers of one forward share their rotary tables (RotaryTableCache): a forward after
+// another with other documents, another length or another grad/inference mode gives what a
+// model that never ran gives, so no table outlives the forward it belongs to.
+TEST(DocumentMask, SharedRotaryTablesFollowEachForward) {
+  const config::Config c = doc_config(/*rope=*/true);
+  torch::manual_seed(11);
+  TransformerLM used(c, torch::Device(torch::kCPU));
+  torch::manual_seed(11);
+  TransformerLM fresh(c, torch::Device(torch::kCPU));
+  auto logits = [](TransformerLM& m, const torch::Tensor& t) {
+    return m->forward(t).logits.detach();
+  };
+  const auto a = torch::tensor({{5, 6, kEod, 7, 8, 9, kEod, 3}}, torch::kLong);
+  const auto b = torch::tensor({{5, 6, 7, 8, kEod, 9, 3, 2}}, torch::kLong);  // other documents
+  const auto shorter = torch::tensor({{4, kEod, 7, 8, 9}}, torch::kLong);
+  (void)logits(used, a);
+  EXPECT_TRUE(torch::equal(logits(used, b), logits(fresh, b)));
+  EXPECT_TRUE(torch::equal(logits(used, shorter), logits(fresh, shorter)));
+  {
+    c10::InferenceMode inference;
+    (void)logits(used, a);
+  }
+  // A training forward after an inference one: tables usable by autograd, gradients equal.
+  auto loss = [](TransformerLM& m, const torch::Tensor& t) {
+    auto l = m->forward(t).logits.square().mean();
+    l.backward();
+    return l.detach();
+  };
+  EXPECT_TRUE(torch::equal(loss(used, a), loss(fresh, a)));
+  const auto &pu = used->blocks[0]->attn->qkv->weight, &pf = fresh->blocks[0]->attn->qkv->weight;
+  EXPECT_TRUE(torch::equal(pu.grad(), pf.grad()));
+}
+
 }  // namespace
 }  // namespace moe::model

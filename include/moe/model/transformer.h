@@ -3,6 +3,7 @@
 // LM head (tied to the embedding by default).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -48,6 +49,23 @@ struct AttentionOptions {
   bool fused_rotary = false;
 };
 
+// The rotary cos/sin tables of one forward, shared by every layer of a model (and by their
+// recomputation under activation checkpointing): the first layer that asks computes them, the
+// others reuse them. Keyed on what the tables depend on besides the forward's positions (which
+// set_documents() clears the cache for): S, head_dim, theta, dtype, device, inference mode.
+class RotaryTableCache {
+ public:
+  // The tables rotary_tables(x, theta, positions) would return.
+  std::pair<torch::Tensor, torch::Tensor> get(const torch::Tensor& x, double theta,
+                                              const torch::Tensor& positions);
+  void clear() { cos_ = sin_ = torch::Tensor(); }
+
+ private:
+  torch::Tensor cos_, sin_;
+  int64_t S_ = 0, hd_ = 0;
+  double theta_ = 0;
+};
+
 // Causal self-attention: one fused projection to [q (heads) | k (kv_heads) | v (kv_heads)] x
 // head_dim, SDPA, output projection. With heads == kv_heads, head_dim = hidden / heads and no
 // rotary embedding, the layout and arithmetic are those of plain multi-head attention.
@@ -61,7 +79,10 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   void set_documents(const torch::Tensor& mask, const torch::Tensor& positions) {
     doc_mask_ = mask;
     positions_ = positions;
+    rotary_->clear();
   }
+  // Use `cache` for the rotary tables (a model shares one among its layers).
+  void share_rotary_tables(std::shared_ptr<RotaryTableCache> cache) { rotary_ = std::move(cache); }
   torch::nn::Linear qkv{nullptr}, out{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
   LoraAdapter lora_q{nullptr}, lora_k{nullptr}, lora_v{nullptr}, lora_o{nullptr};
@@ -70,6 +91,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   AttentionOptions opt_;
   torch::Tensor doc_mask_, positions_;
+  std::shared_ptr<RotaryTableCache> rotary_ = std::make_shared<RotaryTableCache>();
 };
 
 // Rotary position embedding of x [B, H, S, hd] at positions 0..S-1 (Hugging Face's layout:
@@ -104,6 +126,7 @@ class DenseMlpImpl : public torch::nn::Module {
   void merge_lora();
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   LoraAdapter lora_gate{nullptr}, lora_up{nullptr}, lora_down{nullptr};
+  bool fused_swiglu = false;  // kernels/swiglu.h's fused op where the operands allow
 };
 TORCH_MODULE(DenseMlp);
 
