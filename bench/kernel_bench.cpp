@@ -302,6 +302,22 @@ int main(int argc, char** argv) {
       report("swiglu_fwd_bwd", "cuda", 0, 0, time_ms([&] { fwd_bwd(true); }, cuda, reps),
              8 * n_bytes);
     }
+    // The packed form the grouped experts use (one [rows, 2 cols] gate-up GEMM output): the same
+    // bytes for the fused op; the reference adds the concatenation of its two gradients (2 n b
+    // more read and written).
+    const auto gate_up = torch::cat({gate, up}, 1);
+    auto packed_fwd_bwd = [&](bool fused) {
+      torch::AutoGradMode grad_mode(true);
+      auto gu = gate_up.detach().requires_grad_(true);
+      auto h = fused ? moe::kernels::swiglu_packed(gu) : moe::kernels::swiglu_packed_reference(gu);
+      h.backward(dh);
+    };
+    report("swiglu_packed_fwd_bwd", "reference", 0, 0,
+           time_ms([&] { packed_fwd_bwd(false); }, cuda, reps), 8 * n_bytes);
+    if (kernels) {
+      report("swiglu_packed_fwd_bwd", "cuda", 0, 0,
+             time_ms([&] { packed_fwd_bwd(true); }, cuda, reps), 8 * n_bytes);
+    }
   }
   if (!o.json_path.empty()) {
     nlohmann::json j = {{"device", cuda ? torch::cuda::device_count() > 0 ? "cuda" : "cpu" : "cpu"},

@@ -9,18 +9,12 @@ namespace moe::config {
 using nlohmann::json;
 
 bool is_training_setting(const std::string& key, const json& sections) {
-  static const std::set<std::string> kFree = {"model.dropout",
-                                              "model.init_std",
-                                              "model.init_from",
-                                              "model.attention_backend",
-                                              "moe.aux_loss_coeff",
-                                              "moe.z_loss_coeff",
-                                              "moe.expert_dropout",
-                                              "moe.capacity_factor",
-                                              "moe.kernels",
-                                              "moe.dispatch_dtype",
-                                              "moe.router_bias_update_rate",
-                                              "moe.expert_parallel_size"};
+  static const std::set<std::string> kFree = {
+      "model.dropout",           "model.init_std",      "model.init_from",
+      "model.attention_backend", "moe.aux_loss_coeff",  "moe.z_loss_coeff",
+      "moe.expert_dropout",      "moe.capacity_factor", "moe.kernels",
+      "moe.dispatch_dtype",      "moe.fused_gate_up",   "moe.router_bias_update_rate",
+      "moe.expert_parallel_size"};
   if (kFree.count(key) != 0) return true;
   // With rotary positions the window length is no weight's shape: any seq_len evaluates.
   if (key == "model.seq_len") {

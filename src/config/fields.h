@@ -180,6 +180,7 @@ void visit_fields(auto& v, Section<MoeConfig> auto& m) {
           in_open(0, 1, "0 = no expert bias"));
   v.field("kernels", m.kernels);
   v.field("dispatch_dtype", m.dispatch_dtype);
+  v.field("fused_gate_up", m.fused_gate_up);
   v.field("decoder_sparse_step", m.decoder_sparse_step, at_least(1));
   v.field("mlp_only_layers", m.mlp_only_layers, at_least(0));
 }

@@ -1,6 +1,7 @@
-// The SwiGLU family's kernels and raw launches (detail::swiglu_forward/backward; autograd op in
-// swiglu_ops.cpp). Elementwise over the flattened operands, one 16-byte pack per thread (the
-// per-thread bodies, shared with the CPU emulation, are moe/kernels/swiglu_pack.h).
+// The SwiGLU family's kernels and raw launches (detail::swiglu_forward/backward and the packed
+// form's swiglu_packed_forward/backward; autograd ops in swiglu_ops.cpp). Elementwise, one
+// 16-byte pack per thread (the per-thread bodies, shared with the CPU emulation, are
+// moe/kernels/swiglu_pack.h); in the packed form gate and up are the two halves of each row.
 // Deterministic: every output element has one writer.
 //
 // Bytes moved (n elements of b bytes): forward reads 2 n b and writes n b; backward reads 3 n b
@@ -21,18 +22,20 @@ namespace {
 constexpr int kThreads = 256;
 
 template <int V, typename T>
-__global__ void swiglu_forward_kernel(const T* __restrict__ gate, const T* __restrict__ up,
-                                      T* __restrict__ h, int64_t threads) {
+__global__ void swiglu_forward_kernel(swiglu_rows::SwigluShape s, const T* __restrict__ gate,
+                                      const T* __restrict__ up, T* __restrict__ h,
+                                      int64_t threads) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < threads) swiglu_rows::swiglu_forward_thread<V, T>(gate, up, h, i);
+  if (i < threads) swiglu_rows::swiglu_forward_thread<V, T>(s, gate, up, h, i);
 }
 
 template <int V, typename T>
-__global__ void swiglu_backward_kernel(const T* __restrict__ dh, const T* __restrict__ gate,
-                                       const T* __restrict__ up, T* __restrict__ d_gate,
-                                       T* __restrict__ d_up, int64_t threads) {
+__global__ void swiglu_backward_kernel(swiglu_rows::SwigluShape s, const T* __restrict__ dh,
+                                       const T* __restrict__ gate, const T* __restrict__ up,
+                                       T* __restrict__ d_gate, T* __restrict__ d_up,
+                                       int64_t threads) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < threads) swiglu_rows::swiglu_backward_thread<V, T>(dh, gate, up, d_gate, d_up, i);
+  if (i < threads) swiglu_rows::swiglu_backward_thread<V, T>(s, dh, gate, up, d_gate, d_up, i);
 }
 
 // Runs launch(kernel pack width V as an integral constant, blocks) for the shape's pack width.
@@ -57,6 +60,30 @@ void check_cuda(std::initializer_list<const at::Tensor*> ts) {
   }
 }
 
+// The launches over raw pointers: separate operands and the packed form differ only in where
+// gate and up (and their gradients) start and in the shape's row stride.
+template <typename T>
+void launch_forward(const swiglu_rows::SwigluShape& s, const T* gate, const T* up, T* h) {
+  auto stream = at::cuda::getCurrentCUDAStream();
+  with_pack<T>(s, "swiglu", [&](auto v, int64_t blocks, int64_t threads) {
+    swiglu_forward_kernel<decltype(v)::value, T>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(s, gate, up, h, threads);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void launch_backward(const swiglu_rows::SwigluShape& s, const T* dh, const T* gate, const T* up,
+                     T* d_gate, T* d_up) {
+  auto stream = at::cuda::getCurrentCUDAStream();
+  with_pack<T>(s, "swiglu_backward", [&](auto v, int64_t blocks, int64_t threads) {
+    swiglu_backward_kernel<decltype(v)::value, T>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(s, dh, gate, up, d_gate, d_up,
+                                                                 threads);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 namespace detail {
@@ -68,16 +95,10 @@ at::Tensor swiglu_forward(const at::Tensor& gate_in, const at::Tensor& up_in, bo
   at::Tensor h = at::empty_like(gate, at::MemoryFormat::Contiguous);
   if (poison) h.fill_(NAN);
   const auto s = swiglu_shape(gate, up, {&h});
-  auto stream = at::cuda::getCurrentCUDAStream();
   token_rows::with_row_dtype(gate.scalar_type(), "swiglu", [&](auto tag) {
     using T = decltype(tag);
-    with_pack<T>(s, "swiglu", [&](auto v, int64_t blocks, int64_t threads) {
-      swiglu_forward_kernel<decltype(v)::value, T>
-          <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-              gate.data_ptr<T>(), up.data_ptr<T>(), h.data_ptr<T>(), threads);
-    });
+    launch_forward<T>(s, gate.data_ptr<T>(), up.data_ptr<T>(), h.data_ptr<T>());
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return h;
 }
 
@@ -92,18 +113,46 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dh_in,
   at::Tensor d_up = at::empty_like(up, at::MemoryFormat::Contiguous);
   if (poison) d_gate.fill_(NAN), d_up.fill_(NAN);
   const auto s = swiglu_shape(gate, up, {&dh, &d_gate, &d_up});
-  auto stream = at::cuda::getCurrentCUDAStream();
   token_rows::with_row_dtype(gate.scalar_type(), "swiglu_backward", [&](auto tag) {
     using T = decltype(tag);
-    with_pack<T>(s, "swiglu_backward", [&](auto v, int64_t blocks, int64_t threads) {
-      swiglu_backward_kernel<decltype(v)::value, T>
-          <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-              dh.data_ptr<T>(), gate.data_ptr<T>(), up.data_ptr<T>(), d_gate.data_ptr<T>(),
-              d_up.data_ptr<T>(), threads);
-    });
+    launch_backward<T>(s, dh.data_ptr<T>(), gate.data_ptr<T>(), up.data_ptr<T>(),
+                       d_gate.data_ptr<T>(), d_up.data_ptr<T>());
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {d_gate, d_up};
+}
+
+at::Tensor swiglu_packed_forward(const at::Tensor& gate_up_in, bool poison) {
+  check_cuda({&gate_up_in});
+  const at::Tensor gate_up = gate_up_in.contiguous();
+  c10::cuda::CUDAGuard guard(gate_up.device());
+  auto sizes = gate_up.sizes().vec();
+  if (!sizes.empty()) sizes.back() /= 2;
+  at::Tensor h = at::empty(sizes, gate_up.options());
+  if (poison) h.fill_(NAN);
+  const auto s = swiglu_packed_shape(gate_up, {&h});
+  token_rows::with_row_dtype(gate_up.scalar_type(), "swiglu", [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = gate_up.data_ptr<T>();
+    launch_forward<T>(s, g, g + s.cols, h.data_ptr<T>());
+  });
+  return h;
+}
+
+at::Tensor swiglu_packed_backward(const at::Tensor& dh_in, const at::Tensor& gate_up_in,
+                                  bool poison) {
+  check_cuda({&dh_in, &gate_up_in});
+  const at::Tensor dh = dh_in.contiguous(), gate_up = gate_up_in.contiguous();
+  c10::cuda::CUDAGuard guard(gate_up.device());
+  at::Tensor d_gate_up = at::empty_like(gate_up, at::MemoryFormat::Contiguous);
+  if (poison) d_gate_up.fill_(NAN);
+  const auto s = swiglu_packed_shape(gate_up, {&dh}, {&d_gate_up});
+  token_rows::with_row_dtype(gate_up.scalar_type(), "swiglu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = gate_up.data_ptr<T>();
+    T* dg = d_gate_up.data_ptr<T>();
+    launch_backward<T>(s, dh.data_ptr<T>(), g, g + s.cols, dg, dg + s.cols);
+  });
+  return d_gate_up;
 }
 
 }  // namespace detail

@@ -31,8 +31,40 @@ swiglu_rows::SwigluShape swiglu_shape(const at::Tensor& gate, const at::Tensor& 
   }
   swiglu_rows::SwigluShape s;
   s.n = gate.numel();
+  s.cols = s.stride = s.n;  // one flat row
   const int pack = static_cast<int>(16 / gate.element_size());
   s.vec = aligned && s.n % pack == 0 ? pack : 1;
+  return s;
+}
+
+swiglu_rows::SwigluShape swiglu_packed_shape(const at::Tensor& gate_up,
+                                             std::initializer_list<const at::Tensor*> halves,
+                                             std::initializer_list<const at::Tensor*> packed) {
+  const auto dt = gate_up.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
+              "moe kernels: swiglu: gate_up must be fp32, fp16 or bf16, got ", dt);
+  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0,
+              "moe kernels: swiglu: gate_up must have an even last dimension (gate then up), got ",
+              gate_up.sizes());
+  auto half_sizes = gate_up.sizes().vec();
+  half_sizes.back() /= 2;
+  bool aligned = true;
+  auto check = [&](const at::Tensor* t, c10::IntArrayRef sizes) {
+    TORCH_CHECK(t->sizes() == sizes && t->scalar_type() == dt,
+                "moe kernels: swiglu: an operand of ", t->sizes(), " ", t->scalar_type(),
+                " for gate_up ", gate_up.sizes(), " ", dt);
+    TORCH_CHECK(t->is_contiguous(), "moe kernels: swiglu: operands must be contiguous");
+    aligned = aligned && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
+  };
+  check(&gate_up, gate_up.sizes());
+  for (const at::Tensor* t : halves) check(t, half_sizes);
+  for (const at::Tensor* t : packed) check(t, gate_up.sizes());
+  swiglu_rows::SwigluShape s;
+  s.cols = half_sizes.back();
+  s.stride = 2 * s.cols;
+  s.n = gate_up.numel() / 2;
+  const int pack = static_cast<int>(16 / gate_up.element_size());
+  s.vec = aligned && s.cols % pack == 0 ? pack : 1;
   return s;
 }
 
@@ -51,6 +83,22 @@ at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up) {
 
 at::Tensor swiglu_activation(const at::Tensor& gate, const at::Tensor& up, bool fused) {
   return fused && swiglu_supported(gate, up) ? swiglu(gate, up) : swiglu_reference(gate, up);
+}
+
+bool swiglu_packed_supported(const at::Tensor& gate_up) {
+  const auto dt = gate_up.scalar_type();
+  return cuda_kernels_compiled() && gate_up.is_cuda() && gate_up.dim() >= 1 &&
+         gate_up.size(-1) % 2 == 0 && (dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16);
+}
+
+at::Tensor swiglu_packed_reference(const at::Tensor& gate_up) {
+  const auto parts = gate_up.chunk(2, -1);
+  return torch::silu(parts[0]) * parts[1];
+}
+
+at::Tensor swiglu_packed_activation(const at::Tensor& gate_up, bool fused) {
+  return fused && swiglu_packed_supported(gate_up) ? swiglu_packed(gate_up)
+                                                   : swiglu_packed_reference(gate_up);
 }
 
 #ifdef MOE_HAVE_CUDA
@@ -72,13 +120,31 @@ class Swiglu : public torch::autograd::Function<Swiglu> {
   }
 };
 
+class SwigluPacked : public torch::autograd::Function<SwigluPacked> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate_up) {
+    ctx->save_for_backward({gate_up});
+    return detail::swiglu_packed_forward(gate_up);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {detail::swiglu_packed_backward(grads[0], ctx->get_saved_variables()[0])};
+  }
+};
+
 }  // namespace
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return Swiglu::apply(gate, up); }
 
+at::Tensor swiglu_packed(const at::Tensor& gate_up) { return SwigluPacked::apply(gate_up); }
+
 #else
 
 at::Tensor swiglu(const at::Tensor&, const at::Tensor&) {
+  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+}
+
+at::Tensor swiglu_packed(const at::Tensor&) {
   TORCH_CHECK(false, "moe-train was built without CUDA kernels");
 }
 
@@ -88,6 +154,12 @@ at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&, bool) {
 }
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor&, const at::Tensor&,
                                                   const at::Tensor&, bool) {
+  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+}
+at::Tensor swiglu_packed_forward(const at::Tensor&, bool) {
+  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+}
+at::Tensor swiglu_packed_backward(const at::Tensor&, const at::Tensor&, bool) {
   TORCH_CHECK(false, "moe-train was built without CUDA kernels");
 }
 }  // namespace detail

@@ -207,6 +207,7 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.experts.output_init_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers));
   o.kernel_path = moe::resolve_kernel_path(cfg.moe.kernels, device.is_cuda());
   o.experts.fused_swiglu = o.kernel_path == moe::KernelPath::kCuda;
+  o.experts.fused_gate_up = cfg.moe.fused_gate_up;
   if (config::lora_enabled(cfg)) {
     const config::LoraTargets t = config::lora_targets(cfg.lora);
     if (t.experts_gate_up_rank > 0) {  // its own rank and alpha (config/lora.h)

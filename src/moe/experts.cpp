@@ -56,6 +56,13 @@ bool ExpertsImpl::uses_grouped_mm(const torch::Tensor& x) const {
          experts_grouped_mm_supported(x.device());
 }
 
+bool ExpertsImpl::fuses_gate_up() const {
+  // bf16 weights (training.param_dtype bf16, a frozen 16-bit base under LoRA) are read in place
+  // by two GEMMs; one GEMM would need a concatenated copy kept for the backward: E d 2f bf16
+  // per layer (38 GB over Qwen3-30B-A3B's 48 layers).
+  return opt_.fused_gate_up && w_gate.scalar_type() != torch::kBFloat16;
+}
+
 bool experts_grouped_mm_supported(const torch::Device& device) {
   return device.is_cuda() &&
          at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->major == 9;
@@ -67,14 +74,26 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto offs = tokens_per_expert.to(x.device()).cumsum(0).to(torch::kInt);
     const auto xb = x.to(torch::kBFloat16);
-    auto gate = at::_grouped_mm(xb, w_gate.to(torch::kBFloat16), offs);
-    auto up = at::_grouped_mm(xb, w_up.to(torch::kBFloat16), offs);
-    if (lora_gate_up) {  // (x A) B through the same offsets: W + B A is never formed
-      const auto delta = lora_gate_up->forward_grouped(xb, offs).chunk(2, 1);
-      gate = gate + delta[0];
-      up = up + delta[1];
+    torch::Tensor h;
+    if (fuses_gate_up()) {
+      // One GEMM of N = 2f instead of two: x read once, and its backward is one input-gradient
+      // GEMM over K = 2f rather than two whose results autograd then adds. The weights' bf16
+      // copies (made and kept for the backward either way) are concatenated instead.
+      const auto w = at::cat({w_gate.to(torch::kBFloat16), w_up.to(torch::kBFloat16)}, 2);
+      auto gate_up = at::_grouped_mm(xb, w, offs);
+      // (x A) B through the same offsets (W + B A is never formed): already [gate | up].
+      if (lora_gate_up) gate_up = gate_up + lora_gate_up->forward_grouped(xb, offs);
+      h = kernels::swiglu_packed_activation(gate_up, opt_.fused_swiglu);
+    } else {
+      auto gate = at::_grouped_mm(xb, w_gate.to(torch::kBFloat16), offs);
+      auto up = at::_grouped_mm(xb, w_up.to(torch::kBFloat16), offs);
+      if (lora_gate_up) {
+        const auto delta = lora_gate_up->forward_grouped(xb, offs).chunk(2, 1);
+        gate = gate + delta[0];
+        up = up + delta[1];
+      }
+      h = kernels::swiglu_activation(gate, up, opt_.fused_swiglu);
     }
-    auto h = kernels::swiglu_activation(gate, up, opt_.fused_swiglu);
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
     auto y = at::_grouped_mm(h, w_down.to(torch::kBFloat16), offs);
     if (lora_down) y = y + lora_down->forward_grouped(h, offs);

@@ -113,7 +113,8 @@ ExpertsInputs make_experts_inputs(int64_t experts, const torch::Device& device) 
 std::vector<Verdict> check_experts(const ExpertsInputs& in, const ExpertsOutputs& out) {
   // The bf16 path rounds to bf16 at: the inputs and weights, each GEMM output, silu(gate), the
   // product h, and in the backward each gradient GEMM output: also each of the two partials of
-  // grad_x (gate and up GEMMs), which autograd then adds. The oracle is that graph in double with
+  // grad_x (gate and up GEMMs), which autograd then adds; with fused_gate_up one GEMM over
+  // [gate | up] gives grad_x in one rounding. The oracle is that graph in double with
   // a bf16 round trip at the same points (autograd rounds the gradients there too; round_bf16 of
   // a bf16-exact tensor is the identity forward and rounds its gradient backward). Kernel and
   // oracle then differ by fp32-vs-double accumulation, far below a bf16 ulp, except where an
@@ -137,26 +138,43 @@ std::vector<Verdict> check_experts(const ExpertsInputs& in, const ExpertsOutputs
   auto wd = in.w_down.to(f64).detach().requires_grad_(true);
   auto xb = round_bf16(x), gb = round_bf16(wg), ub = round_bf16(wu), db = round_bf16(wd);
   const auto gy = round_bf16(in.grad_y.to(f64));
-  std::vector<torch::Tensor> ys, gate_mm, up_mm, hs;
+  const int64_t f = in.w_gate.size(2);
+  // The GEMM outputs before rounding, per expert with rows: [gate | up] (fused_gate_up: one
+  // GEMM, so one rounding of grad_x's single partial), or gate and up (two partials).
+  std::vector<torch::Tensor> ys, mm, hs;
   const auto segs = segments(in.counts);
   for (size_t e = 0; e < segs.size(); ++e) {
     auto [off, n] = segs[e];
     if (n == 0) continue;
     auto xs = xb.narrow(0, off, n);
     const auto ei = static_cast<int64_t>(e);
-    gate_mm.push_back(round_bf16(xs).mm(gb[ei]));
-    up_mm.push_back(round_bf16(xs).mm(ub[ei]));
-    auto g = round_bf16(gate_mm.back());
-    auto up = round_bf16(up_mm.back());
+    torch::Tensor g, up;
+    if (in.fused_gate_up) {
+      mm.push_back(round_bf16(xs).mm(torch::cat({gb[ei], ub[ei]}, 1)));
+      g = round_bf16(mm.back().narrow(1, 0, f));
+      up = round_bf16(mm.back().narrow(1, f, f));
+    } else {
+      mm.push_back(round_bf16(xs).mm(gb[ei]));
+      g = round_bf16(mm.back());
+      mm.push_back(round_bf16(xs).mm(ub[ei]));
+      up = round_bf16(mm.back());
+    }
     hs.push_back(round_bf16(round_bf16(torch::silu(g)) * up));
     ys.push_back(round_bf16(hs.back().mm(db[ei])));
   }
   auto y = torch::cat(ys, 0);
   // Gradients at the GEMM outputs too: the operands of the weight and input gradient GEMMs.
   std::vector<torch::Tensor> wrt = {x, wg, wu, wd};
-  wrt.insert(wrt.end(), gate_mm.begin(), gate_mm.end());
-  wrt.insert(wrt.end(), up_mm.begin(), up_mm.end());
+  wrt.insert(wrt.end(), mm.begin(), mm.end());
   auto grads = torch::autograd::grad({y}, wrt, {gy});
+  // grads of expert k's gate and up GEMM outputs
+  auto gemm_grads = [&](size_t k) -> std::pair<torch::Tensor, torch::Tensor> {
+    if (in.fused_gate_up) {
+      const auto& both = grads[4 + k];
+      return {both.narrow(1, 0, f), both.narrow(1, f, f)};
+    }
+    return {grads[4 + 2 * k], grads[4 + 2 * k + 1]};
+  };
   // M per element, per expert (experts without rows have zero weight gradients: M = 0).
   std::vector<torch::Tensor> m_y, m_x;
   auto m_wg = torch::zeros_like(wg), m_wu = torch::zeros_like(wu), m_wd = torch::zeros_like(wd);
@@ -167,7 +185,7 @@ std::vector<Verdict> check_experts(const ExpertsInputs& in, const ExpertsOutputs
     if (n == 0) continue;
     const auto ei = static_cast<int64_t>(e);
     const auto xs = xb.narrow(0, off, n), gys = gy.narrow(0, off, n), h = hs[k].detach();
-    const auto gg = grads[4 + k], gu = grads[4 + gate_mm.size() + k];
+    const auto [gg, gu] = gemm_grads(k);
     m_y.push_back(amax_rows(h).unsqueeze(1) * amax_cols(db[ei]).unsqueeze(0));
     m_x.push_back(amax_rows(gg).unsqueeze(1) * amax_rows(gb[ei]).unsqueeze(0) +
                   amax_rows(gu).unsqueeze(1) * amax_rows(ub[ei]).unsqueeze(0));

@@ -34,6 +34,7 @@ struct ExpertsInputs {
   torch::Tensor counts;                // [E] int64, every expert >= 1 row
   torch::Tensor w_gate, w_up, w_down;  // fp32 [E, d, f], [E, d, f], [E, f, d]
   torch::Tensor grad_y;                // [N, d] fp32
+  bool fused_gate_up = false;          // the path under test: gate and up as one GEMM
 };
 ExpertsInputs make_experts_inputs(int64_t experts, const torch::Device& device);
 struct ExpertsOutputs {

@@ -48,9 +48,18 @@ ExpertsOutputs experts(const ExpertsInputs& in) {
     if (n == 0) continue;
     auto xs = xb.narrow(0, off, n);
     // round_bf16(xs): the identity forward; backward, each GEMM's partial of grad_x is rounded
-    // to bf16 before autograd adds the two, as in the bf16 path.
-    auto g = round_bf16(round_bf16(xs).mm(gb[e]));
-    auto up = round_bf16(round_bf16(xs).mm(ub[e]));
+    // to bf16 before autograd adds the two, as in the bf16 path; with fused_gate_up there is one
+    // GEMM over [gate | up], one partial, one rounding.
+    torch::Tensor g, up;
+    if (in.fused_gate_up) {
+      const int64_t f = gb.size(2);
+      const auto both = round_bf16(round_bf16(xs).mm(torch::cat({gb[e], ub[e]}, 1)));
+      g = both.narrow(1, 0, f);
+      up = both.narrow(1, f, f);
+    } else {
+      g = round_bf16(round_bf16(xs).mm(gb[e]));
+      up = round_bf16(round_bf16(xs).mm(ub[e]));
+    }
     auto h = round_bf16(round_bf16(torch::silu(g)) * up);
     ys.push_back(round_bf16(h.mm(db[e])));
     off += n;

@@ -26,10 +26,14 @@ TEST(ExpertsEmulation, GroupedGemmPassesTheGpuChecks) {
 
 TEST(ExpertsEmulation, ModulePassesTheGpuChecks) {
   for (int64_t E : {1, 8}) {
-    const ExpertsInputs in = make_experts_inputs(E, kCpu);
-    ASSERT_TRUE(in.counts.gt(0).all().item<bool>());
-    const auto vs = check_experts(in, emu::experts(in));
-    EXPECT_TRUE(all_ok(vs, nullptr)) << "E=" << E << "\n" << failures(vs);
+    for (bool fused_gate_up : {false, true}) {
+      ExpertsInputs in = make_experts_inputs(E, kCpu);
+      in.fused_gate_up = fused_gate_up;
+      ASSERT_TRUE(in.counts.gt(0).all().item<bool>());
+      const auto vs = check_experts(in, emu::experts(in));
+      EXPECT_TRUE(all_ok(vs, nullptr)) << "E=" << E << " fused_gate_up=" << fused_gate_up << "\n"
+                                       << failures(vs);
+    }
   }
 }
 
@@ -74,6 +78,19 @@ TEST(KernelCheckMutations, GroupedGemmAndExpertsFail) {
   wd.grad_w_down = eout.grad_w_down.clone();
   wd.grad_w_down[2].zero_();  // one expert's weight gradient missing
   expect_fails_only(check_experts(ein, wd), "grad_w_down");
+
+  // One gate-up GEMM over the weights concatenated in the wrong order ([up | gate]).
+  ExpertsInputs fused = make_experts_inputs(4, kCpu);
+  fused.fused_gate_up = true;
+  ASSERT_TRUE(all_ok(check_experts(fused, emu::experts(fused)), nullptr));
+  ExpertsInputs swapped = fused;
+  std::swap(swapped.w_gate, swapped.w_up);
+  ExpertsOutputs wrong = emu::experts(swapped);
+  std::swap(wrong.grad_w_gate, wrong.grad_w_up);  // each weight's gradient where it belongs
+  const auto vs = check_experts(fused, wrong);
+  for (const char* name : {"y", "grad_x", "grad_w_gate", "grad_w_up", "grad_w_down"}) {
+    EXPECT_FALSE(find(vs, name).ok()) << name;
+  }
 }
 
 }  // namespace

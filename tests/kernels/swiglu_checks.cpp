@@ -12,18 +12,21 @@ std::vector<SwigluCase> swiglu_cases() {
   for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     for (auto [r, c] :
          {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {7, 64}, {33, 1024}, {2, 4104}}) {
-      v.push_back({dt, r, c, false});
-      if (r * c > 1000) v.push_back({dt, r, c, true});
+      for (bool packed : {false, true}) {
+        v.push_back({dt, r, c, false, packed});
+        if (r * c > 1000) v.push_back({dt, r, c, true, packed});
+      }
     }
   }
   v.push_back({torch::kBFloat16, 4096, 1024, false});
+  v.push_back({torch::kBFloat16, 4096, 1024, false, true});
   return v;
 }
 
 std::string case_name(const SwigluCase& c) {
   const char* dt = c.dtype == torch::kFloat ? "fp32" : c.dtype == torch::kHalf ? "fp16" : "bf16";
   return std::string(dt) + "_" + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
-         (c.misaligned ? "_misaligned" : "");
+         (c.misaligned ? "_misaligned" : "") + (c.packed ? "_packed" : "");
 }
 
 namespace {
@@ -52,8 +55,15 @@ SwigluInputs make_swiglu_inputs(const SwigluCase& c, const torch::Device& device
   gate.narrow(0, 0, n).copy_(torch::tensor(edges, f32).narrow(0, 0, n));
   SwigluInputs in;
   const auto opts = torch::TensorOptions(device).dtype(c.dtype);
-  in.gate = placed(gate.view({c.rows, c.cols}).to(opts), c.misaligned);
-  in.up = placed(torch::randn({c.rows, c.cols}, f32).to(opts), c.misaligned);
+  const auto up = torch::randn({c.rows, c.cols}, f32);
+  if (c.packed) {
+    in.gate_up = placed(torch::cat({gate.view({c.rows, c.cols}), up}, 1).to(opts), c.misaligned);
+    in.gate = in.gate_up.narrow(1, 0, c.cols);
+    in.up = in.gate_up.narrow(1, c.cols, c.cols);
+  } else {
+    in.gate = placed(gate.view({c.rows, c.cols}).to(opts), c.misaligned);
+    in.up = placed(up.to(opts), c.misaligned);
+  }
   in.grad = placed(torch::randn({c.rows, c.cols}, f32).to(opts), c.misaligned);
   return in;
 }

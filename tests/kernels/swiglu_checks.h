@@ -22,10 +22,12 @@ namespace moe::kernel_checks {
 struct SwigluCase {
   torch::ScalarType dtype;
   int64_t rows, cols;
-  bool misaligned;  // operands starting one element past a 16-byte boundary: one element/thread
+  bool misaligned;      // operands starting one element past a 16-byte boundary: one element/thread
+  bool packed = false;  // gate and up the halves of one [rows, 2 cols] tensor (swiglu_packed)
 };
 // dtype {fp32, bf16, fp16} x shapes {1x1, 3x5, 7x64, 33x1024, 2x4104} x {aligned, misaligned
-// (the larger two)}; plus bf16 4096x1024 (an expert FFN's rows at the 1 B config).
+// (the larger two)}, each also packed; plus bf16 4096x1024 (an expert FFN's rows at the 1 B
+// config), separate and packed.
 std::vector<SwigluCase> swiglu_cases();
 std::string case_name(const SwigluCase& c);
 
@@ -33,13 +35,14 @@ struct SwigluInputs {
   torch::Tensor gate;  // [rows, cols]; the first elements are the edge values (0, +-100,
                        // exp's overflow near -88.7, silu's minimum at -1.278, ...)
   torch::Tensor up;
-  torch::Tensor grad;  // upstream gradient of h
+  torch::Tensor grad;     // upstream gradient of h
+  torch::Tensor gate_up;  // packed cases: [rows, 2 cols], gate and up its halves (views)
 };
 SwigluInputs make_swiglu_inputs(const SwigluCase& c, const torch::Device& device);
 
 struct SwigluOutputs {
   torch::Tensor h;                   // forward
-  torch::Tensor grad_gate, grad_up;  // backward of `grad`
+  torch::Tensor grad_gate, grad_up;  // backward of `grad` (packed: the halves of one gradient)
 };
 // Verdicts "h", "grad_gate", "grad_up" against the double-precision oracle.
 std::vector<Verdict> check_swiglu(const SwigluInputs& in, const SwigluOutputs& got);

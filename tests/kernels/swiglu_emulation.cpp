@@ -10,33 +10,59 @@ namespace moe::kernel_emulation {
 
 kernel_checks::SwigluOutputs swiglu_all(const kernel_checks::SwigluInputs& in, SwigluFault fault) {
   namespace k = kernels;
-  const auto& gate = fault == SwigluFault::kOperandsSwapped ? in.up : in.gate;
-  const auto& up = fault == SwigluFault::kOperandsSwapped ? in.gate : in.up;
+  const bool swap = fault == SwigluFault::kOperandsSwapped;
+  const bool packed = in.gate_up.defined();
+  const auto& gate = swap ? in.up : in.gate;
+  const auto& up = swap ? in.gate : in.up;
   kernel_checks::SwigluOutputs out;
   // As the launcher: contiguous operands, fresh contiguous outputs poisoned like the GPU test's.
-  out.h = torch::full_like(gate, NAN, torch::MemoryFormat::Contiguous);
-  out.grad_gate = torch::full_like(gate, NAN, torch::MemoryFormat::Contiguous);
-  out.grad_up = torch::full_like(up, NAN, torch::MemoryFormat::Contiguous);
-  const auto fwd = k::detail::swiglu_shape(gate, up, {&out.h});
-  const auto bwd = k::detail::swiglu_shape(gate, up, {&in.grad, &out.grad_gate, &out.grad_up});
-  k::token_rows::with_row_dtype(gate.scalar_type(), "swiglu", [&](auto tag) {
+  out.h = torch::full(in.gate.sizes(), NAN, in.gate.options());
+  torch::Tensor d_gate_up;  // packed: the one gradient whose halves are grad_gate and grad_up
+  k::swiglu_rows::SwigluShape fwd, bwd;
+  if (packed) {
+    d_gate_up = torch::full_like(in.gate_up, NAN, torch::MemoryFormat::Contiguous);
+    out.grad_gate = d_gate_up.narrow(-1, 0, in.gate.size(-1));
+    out.grad_up = d_gate_up.narrow(-1, in.gate.size(-1), in.gate.size(-1));
+    fwd = k::detail::swiglu_packed_shape(in.gate_up, {&out.h});
+    bwd = k::detail::swiglu_packed_shape(in.gate_up, {&in.grad}, {&d_gate_up});
+  } else {
+    out.grad_gate = torch::full_like(gate, NAN, torch::MemoryFormat::Contiguous);
+    out.grad_up = torch::full_like(up, NAN, torch::MemoryFormat::Contiguous);
+    fwd = k::detail::swiglu_shape(gate, up, {&out.h});
+    bwd = k::detail::swiglu_shape(gate, up, {&in.grad, &out.grad_gate, &out.grad_up});
+  }
+  if (fault == SwigluFault::kRowStrideIgnored) fwd.stride = fwd.cols, bwd.stride = bwd.cols;
+  k::token_rows::with_row_dtype(in.gate.scalar_type(), "swiglu", [&](auto tag) {
     using T = decltype(tag);
     constexpr int kPack = static_cast<int>(16 / sizeof(T));
-    const T *g = gate.data_ptr<T>(), *u = up.data_ptr<T>(), *d = in.grad.data_ptr<T>();
-    T *h = out.h.data_ptr<T>(), *dg = out.grad_gate.data_ptr<T>(), *du = out.grad_up.data_ptr<T>();
+    // As the launcher: packed, gate and up (and their gradients) start `cols` elements apart.
+    const T *g, *u;
+    T *dg, *du;
+    if (packed) {
+      const T* base = in.gate_up.data_ptr<T>();
+      g = swap ? base + fwd.cols : base;
+      u = swap ? base : base + fwd.cols;
+      dg = d_gate_up.data_ptr<T>();
+      du = dg + bwd.cols;
+    } else {
+      g = gate.data_ptr<T>(), u = up.data_ptr<T>();
+      dg = out.grad_gate.data_ptr<T>(), du = out.grad_up.data_ptr<T>();
+    }
+    const T* d = in.grad.data_ptr<T>();
+    T* h = out.h.data_ptr<T>();
     const int64_t skip = fault == SwigluFault::kLastPackSkipped ? 1 : 0;
     for (int64_t i = 0; i < k::swiglu_rows::thread_count(fwd) - skip; ++i) {
       if (fwd.vec == kPack) {
-        k::swiglu_rows::swiglu_forward_thread<kPack, T>(g, u, h, i);
+        k::swiglu_rows::swiglu_forward_thread<kPack, T>(fwd, g, u, h, i);
       } else {
-        k::swiglu_rows::swiglu_forward_thread<1, T>(g, u, h, i);
+        k::swiglu_rows::swiglu_forward_thread<1, T>(fwd, g, u, h, i);
       }
     }
     for (int64_t i = 0; i < k::swiglu_rows::thread_count(bwd) - skip; ++i) {
       if (bwd.vec == kPack) {
-        k::swiglu_rows::swiglu_backward_thread<kPack, T>(d, g, u, dg, du, i);
+        k::swiglu_rows::swiglu_backward_thread<kPack, T>(bwd, d, g, u, dg, du, i);
       } else {
-        k::swiglu_rows::swiglu_backward_thread<1, T>(d, g, u, dg, du, i);
+        k::swiglu_rows::swiglu_backward_thread<1, T>(bwd, d, g, u, dg, du, i);
       }
     }
   });

@@ -15,6 +15,7 @@ enum class SwigluFault {
   kLastPackSkipped,    // the grid one thread short
   kOperandsSwapped,    // silu(up) * gate
   kDerivativeSigmoid,  // d silu taken as sigmoid(gate) (the gate (1 - sig) term dropped)
+  kRowStrideIgnored,   // packed: gate and up read as if rows were cols long, not 2 cols
 };
 
 // swiglu.cu forward and backward kernels over `in` (outputs poisoned with NaN first).

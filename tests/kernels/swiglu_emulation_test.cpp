@@ -38,6 +38,44 @@ TEST(SwigluShape, PacksWhereEveryBufferIsAlignedElseOneElement) {
   EXPECT_EQ(kernels::swiglu_rows::thread_count(s), 2 * 4104 / 4);
 }
 
+TEST(SwigluShape, PackedRowsAreStridedAndPackWhereEveryRowIsAligned) {
+  auto shape = [](const SwigluCase& c) {
+    const SwigluInputs in = make_swiglu_inputs(c, kCpu);
+    return kernels::detail::swiglu_packed_shape(in.gate_up, {&in.grad});
+  };
+  const auto s = shape({torch::kBFloat16, 33, 1024, false, true});
+  EXPECT_EQ(s.vec, 8);
+  EXPECT_EQ(s.n, 33 * 1024);
+  EXPECT_EQ(s.cols, 1024);
+  EXPECT_EQ(s.stride, 2048);
+  EXPECT_EQ(shape({torch::kFloat, 7, 64, false, true}).vec, 4);
+  EXPECT_EQ(shape({torch::kFloat, 3, 5, false, true}).vec, 1);  // up starts 5 elements in
+  EXPECT_EQ(shape({torch::kHalf, 2, 4104, true, true}).vec, 1);
+  // The k-th element of h is row k / cols, column k % cols of gate and of up.
+  EXPECT_EQ(kernels::swiglu_rows::operand_offset(s, 0), 0);
+  EXPECT_EQ(kernels::swiglu_rows::operand_offset(s, 1023), 1023);
+  EXPECT_EQ(kernels::swiglu_rows::operand_offset(s, 1024), 2048);
+  EXPECT_EQ(kernels::swiglu_rows::operand_offset(s, 5 * 1024 + 8), 10 * 1024 + 8);
+  // Separate operands: one flat row, offsets are the index itself.
+  const SwigluInputs sep = make_swiglu_inputs({torch::kFloat, 7, 64, false}, kCpu);
+  const auto flat = kernels::detail::swiglu_shape(sep.gate, sep.up);
+  EXPECT_EQ(kernels::swiglu_rows::operand_offset(flat, 200), 200);
+}
+
+TEST(SwigluShape, BadPackedArgumentsAreNamed) {
+  const SwigluInputs in = make_swiglu_inputs({torch::kFloat, 7, 64, false, true}, kCpu);
+  const auto odd = torch::zeros({7, 63});
+  EXPECT_THROW(kernels::detail::swiglu_packed_shape(odd), c10::Error);
+  EXPECT_THROW(kernels::detail::swiglu_packed_shape(in.gate_up.to(torch::kDouble)), c10::Error);
+  const auto wide = torch::zeros({7, 128});  // an h shaped like gate_up, not like one half
+  EXPECT_THROW(kernels::detail::swiglu_packed_shape(in.gate_up, {&wide}), c10::Error);
+  EXPECT_THROW(kernels::detail::swiglu_packed_shape(in.gate_up, {}, {&in.grad}), c10::Error);
+  EXPECT_THROW(kernels::detail::swiglu_packed_shape(in.gate_up.t().contiguous().t()), c10::Error);
+  EXPECT_FALSE(kernels::swiglu_packed_supported(in.gate_up));
+  EXPECT_TRUE(torch::equal(kernels::swiglu_packed_activation(in.gate_up, /*fused=*/true),
+                           torch::silu(in.gate) * in.up));
+}
+
 TEST(SwigluShape, BadArgumentsAreNamed) {
   const SwigluInputs in = make_swiglu_inputs({torch::kFloat, 7, 64, false}, kCpu);
   EXPECT_THROW(kernels::detail::swiglu_shape(in.gate, in.up.to(torch::kHalf)), c10::Error);
@@ -56,7 +94,9 @@ TEST(SwigluShape, BadArgumentsAreNamed) {
 TEST(KernelCheckMutations, SwigluSkippedSwappedDerivativeAndFewUlpFail) {
   for (const SwigluCase& c :
        {SwigluCase{torch::kBFloat16, 33, 1024, false}, SwigluCase{torch::kHalf, 2, 4104, true},
-        SwigluCase{torch::kFloat, 7, 64, false}}) {
+        SwigluCase{torch::kFloat, 7, 64, false},
+        SwigluCase{torch::kBFloat16, 33, 1024, false, true},
+        SwigluCase{torch::kFloat, 2, 4104, true, true}}) {
     SCOPED_TRACE(case_name(c));
     const SwigluInputs in = make_swiglu_inputs(c, kCpu);
     const SwigluOutputs good = emu::swiglu_all(in);
@@ -73,6 +113,10 @@ TEST(KernelCheckMutations, SwigluSkippedSwappedDerivativeAndFewUlpFail) {
     for (const char* name : {"h", "grad_gate", "grad_up"}) EXPECT_FALSE(find(bad, name).ok());
     bad = check_swiglu(in, emu::swiglu_all(in, emu::SwigluFault::kOperandsSwapped));
     for (const char* name : {"h", "grad_gate", "grad_up"}) EXPECT_FALSE(find(bad, name).ok());
+    if (c.packed) {  // every row after the first read from the wrong place
+      bad = check_swiglu(in, emu::swiglu_all(in, emu::SwigluFault::kRowStrideIgnored));
+      for (const char* name : {"h", "grad_gate", "grad_up"}) EXPECT_FALSE(find(bad, name).ok());
+    }
     expect_fails_only(check_swiglu(in, emu::swiglu_all(in, emu::SwigluFault::kDerivativeSigmoid)),
                       "grad_gate");
     // One element `off` ulp off, where each tolerance is tightest.

@@ -21,14 +21,30 @@ TEST_P(SwigluGpu, PassesTheChecks) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const SwigluInputs in = make_swiglu_inputs(GetParam(), torch::Device(torch::kCUDA));
   SwigluOutputs got;
-  got.h = kernels::detail::swiglu_forward(in.gate, in.up, /*poison=*/true);
-  std::tie(got.grad_gate, got.grad_up) =
-      kernels::detail::swiglu_backward(in.grad, in.gate, in.up, /*poison=*/true);
+  const int64_t f = in.gate.size(-1);
+  if (GetParam().packed) {
+    got.h = kernels::detail::swiglu_packed_forward(in.gate_up, /*poison=*/true);
+    const auto d = kernels::detail::swiglu_packed_backward(in.grad, in.gate_up, /*poison=*/true);
+    got.grad_gate = d.narrow(-1, 0, f), got.grad_up = d.narrow(-1, f, f);
+  } else {
+    got.h = kernels::detail::swiglu_forward(in.gate, in.up, /*poison=*/true);
+    std::tie(got.grad_gate, got.grad_up) =
+        kernels::detail::swiglu_backward(in.grad, in.gate, in.up, /*poison=*/true);
+  }
   auto vs = check_swiglu(in, got);
   const auto aten = check_swiglu_matches_aten(in, got);
   vs.insert(vs.end(), aten.begin(), aten.end());
   EXPECT_TRUE(all_ok(vs, nullptr)) << failures(vs);
   // The autograd op: the same forward, and its backward is the raw backward.
+  if (GetParam().packed) {
+    const auto gu = in.gate_up.detach().requires_grad_(true);
+    const auto h = kernels::swiglu_packed(gu);
+    h.backward(in.grad);
+    EXPECT_TRUE(torch::equal(h.detach(), got.h));
+    EXPECT_TRUE(torch::equal(gu.grad().narrow(-1, 0, f), got.grad_gate));
+    EXPECT_TRUE(torch::equal(gu.grad().narrow(-1, f, f), got.grad_up));
+    return;
+  }
   const auto g = in.gate.detach().requires_grad_(true), u = in.up.detach().requires_grad_(true);
   const auto h = kernels::swiglu(g, u);
   h.backward(in.grad);
@@ -56,10 +72,14 @@ std::pair<torch::Tensor, torch::Tensor> under_bf16(F&& f, const torch::Tensor& x
 TEST(SwigluFfnGpu, ExpertsWithTheFusedActivationAreBitwiseEqual) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device cuda(torch::kCUDA);
-  for (bool grouped : {true, false}) {  // grouped GEMMs (sm_90) and one GEMM per expert
-    SCOPED_TRACE(grouped ? "grouped" : "per expert");
+  // Grouped GEMMs (sm_90) with gate and up as one GEMM (the packed activation) or two, and one
+  // GEMM per expert.
+  for (int path : {0, 1, 2}) {
+    const bool grouped = path < 2;
+    SCOPED_TRACE(path == 0 ? "grouped, one gate-up GEMM" : grouped ? "grouped" : "per expert");
     moe::ExpertsOptions o;
     o.num_experts = 4, o.hidden_size = 256, o.ffn_size = 512, o.grouped_mm = grouped;
+    o.fused_gate_up = path == 0;
     torch::manual_seed(5);
     moe::Experts reference(o);
     o.fused_swiglu = true;

@@ -5,8 +5,9 @@
 //   - one grouped GEMM and both of its gradients: within 1 bf16 ulp (+ the fp32 accumulation
 //     bound) of the exact product of the bf16 operands; an expert without rows gets an exactly
 //     zero weight gradient (the symptom of pytorch/pytorch#172439 on sm_100);
-//   - the experts module, grouped and per-expert paths, forward and every gradient, against the
-//     double graph that rounds to bf16 where the bf16 path does; every expert receives rows.
+//   - the experts module, grouped (gate and up as one GEMM or two) and per-expert paths, forward
+//     and every gradient, against the double graph that rounds to bf16 where the bf16 path does;
+//     every expert receives rows.
 #include <gtest/gtest.h>
 
 #include <ATen/autocast_mode.h>
@@ -63,15 +64,21 @@ TEST(ExpertsGpu, ModuleMatchesOracleOnBothPaths) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   if (!grouped_ready()) GTEST_SKIP() << "grouped-GEMM experts are enabled on sm_90 only";
   for (int64_t E : {1, 8, 64}) {
-    const auto in = kc::make_experts_inputs(E, torch::Device(torch::kCUDA));
-    for (bool grouped : {true, false}) {
-      SCOPED_TRACE(std::string(grouped ? "grouped" : "per-expert loop") +
+    auto in = kc::make_experts_inputs(E, torch::Device(torch::kCUDA));
+    // Grouped with gate and up as one GEMM (moe.fused_gate_up) or two, and the per-expert loop.
+    for (int path : {0, 1, 2}) {
+      const bool grouped = path < 2;
+      in.fused_gate_up = path == 0;
+      SCOPED_TRACE(std::string(path == 0 ? "grouped, one gate-up GEMM"
+                               : grouped ? "grouped"
+                                         : "per-expert loop") +
                    " E=" + std::to_string(E));
       ExpertsOptions o;
       o.num_experts = E;
       o.hidden_size = in.x.size(1);
       o.ffn_size = in.w_gate.size(2);
       o.grouped_mm = grouped;
+      o.fused_gate_up = in.fused_gate_up;
       Experts experts(o);
       experts->to(torch::kCUDA);
       {

@@ -166,6 +166,21 @@ TEST(MoeLayer, ForwardBackwardShapesAndDeterminism) {
   for (auto& p : layer->parameters()) EXPECT_TRUE(p.grad().defined());
 }
 
+// moe.fused_gate_up: one gate-up GEMM where the weights' bf16 copies exist anyway (fp32 weights);
+// bf16 weights keep two GEMMs reading them in place (a concatenated copy would be kept for the
+// backward); off when asked. (The grouped path itself runs on sm_90: experts_gpu_test.cpp.)
+TEST(Experts, OneGateUpGemmOnlyWhereTheWeightsAreCopiedToBf16Anyway) {
+  ExpertsOptions o;
+  o.num_experts = 2, o.hidden_size = 8, o.ffn_size = 16;
+  Experts fp32(o);
+  EXPECT_TRUE(fp32->fuses_gate_up());
+  fp32->to(torch::kBFloat16);
+  EXPECT_FALSE(fp32->fuses_gate_up());
+  o.fused_gate_up = false;
+  Experts off(o);
+  EXPECT_FALSE(off->fuses_gate_up());
+}
+
 // moe.dispatch_dtype = compute under bf16 autocast: the same forward bit for bit (the experts
 // cast the rows to bf16 either way), the input gradient within bf16 rounding of the fp32
 // dispatch's (each token's k row gradients summed in bf16); without autocast nothing changes.

@@ -145,6 +145,10 @@ struct MoeConfig {
   // mixed-precision compute dtype the experts cast them to anyway (Megatron's and DeepSpeed's
   // bf16 rows: half the bytes for permute and the expert-parallel all-to-all).
   DispatchDtype dispatch_dtype = DispatchDtype::kFp32;
+  // The grouped-GEMM experts' gate and up projections as one GEMM over [d, 2f] (Megatron's fc1)
+  // with the SwiGLU on its packed output, where the weights are not bf16 already; false: two
+  // GEMMs. No effect on the per-expert path.
+  bool fused_gate_up = true;
   // Expert parallelism (docs/distributed.md): the experts spread over groups of this many ranks,
   // each holding num_experts / expert_parallel_size of them; 1 = every rank holds every expert.
   int64_t expert_parallel_size = 1;

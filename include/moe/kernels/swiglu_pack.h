@@ -10,7 +10,11 @@
 // writes both gradients (backward); silu(gate) is recomputed, never stored. On the device every
 // step matches ATen's CUDA kernels' rounding, so the two agree bit for bit (the GPU test checks).
 //
-// One thread owns one pack of V elements of the flattened tensors: n / V threads.
+// Layout: h and dh are contiguous [rows, cols]; gate and up (and their gradients) are [rows, cols]
+// with a row stride of `stride` elements: cols for separate contiguous operands (then the whole
+// tensor is one flat row), 2 cols for the packed [rows, 2 cols] output of one gate-and-up GEMM
+// (up starting `cols` elements after gate). One thread owns one pack of V elements of a row:
+// n / V threads; a pack never straddles rows (cols is a multiple of V).
 #pragma once
 
 #include <c10/macros/Macros.h>
@@ -24,11 +28,20 @@
 namespace moe::kernels::swiglu_rows {
 
 struct SwigluShape {
-  int64_t n = 0;  // elements of gate (= of up, h and the gradients)
-  int vec = 1;    // elements per pack
+  int64_t n = 0;       // elements of h (= of gate, up and each gradient)
+  int vec = 1;         // elements per pack
+  int64_t cols = 0;    // elements per row of h
+  int64_t stride = 0;  // row stride of gate and up (and of d_gate and d_up): cols or 2 cols
 };
 
 inline int64_t thread_count(const SwigluShape& s) { return s.n / s.vec; }
+
+// Offset into gate/up of h's element e: h is contiguous, gate and up may have a longer row.
+C10_HOST_DEVICE inline int64_t operand_offset(const SwigluShape& s, int64_t e) {
+  if (s.stride == s.cols) return e;  // separate operands: no division
+  const int64_t row = e / s.cols;
+  return row * s.stride + (e - row * s.cols);
+}
 
 // 1 + e^-x as ATen's CUDA silu kernels compute it: the very expression, which nvcc compiles
 // alike there and here. It does not round twice: nvcc inlines expf and contracts its final
@@ -54,10 +67,11 @@ C10_HOST_DEVICE inline float silu_grad_f(float dy, float x) {
 }
 
 template <int V, typename T>
-C10_HOST_DEVICE inline void swiglu_forward_thread(const T* gate, const T* up, T* h, int64_t i) {
+C10_HOST_DEVICE inline void swiglu_forward_thread(const SwigluShape& s, const T* gate, const T* up,
+                                                  T* h, int64_t i) {
   using namespace rounding;
-  const auto g = token_rows::load_pack<T, V>(gate + i * V),
-             u = token_rows::load_pack<T, V>(up + i * V);
+  const int64_t at = operand_offset(s, i * V);
+  const auto g = token_rows::load_pack<T, V>(gate + at), u = token_rows::load_pack<T, V>(up + at);
   token_rows::Pack<T, V> o;
   MOE_UNROLL
   for (int e = 0; e < V; ++e) {
@@ -68,12 +82,12 @@ C10_HOST_DEVICE inline void swiglu_forward_thread(const T* gate, const T* up, T*
 }
 
 template <int V, typename T>
-C10_HOST_DEVICE inline void swiglu_backward_thread(const T* dh, const T* gate, const T* up,
-                                                   T* d_gate, T* d_up, int64_t i) {
+C10_HOST_DEVICE inline void swiglu_backward_thread(const SwigluShape& s, const T* dh, const T* gate,
+                                                   const T* up, T* d_gate, T* d_up, int64_t i) {
   using namespace rounding;
+  const int64_t at = operand_offset(s, i * V);
   const auto d = token_rows::load_pack<T, V>(dh + i * V);
-  const auto g = token_rows::load_pack<T, V>(gate + i * V),
-             u = token_rows::load_pack<T, V>(up + i * V);
+  const auto g = token_rows::load_pack<T, V>(gate + at), u = token_rows::load_pack<T, V>(up + at);
   token_rows::Pack<T, V> dg, du;
   MOE_UNROLL
   for (int e = 0; e < V; ++e) {
@@ -83,8 +97,8 @@ C10_HOST_DEVICE inline void swiglu_backward_thread(const T* dh, const T* gate, c
     const float ds = in_t<T>(mul_rn(dy, static_cast<float>(u.v[e])));
     dg.v[e] = static_cast<T>(silu_grad_f(ds, x));
   }
-  token_rows::store_pack<T, V>(d_gate + i * V, dg);
-  token_rows::store_pack<T, V>(d_up + i * V, du);
+  token_rows::store_pack<T, V>(d_gate + at, dg);
+  token_rows::store_pack<T, V>(d_up + at, du);
 }
 
 }  // namespace moe::kernels::swiglu_rows

@@ -23,6 +23,10 @@ struct ExpertsOptions {
   // silu(gate) * up as one fused CUDA kernel (kernels/swiglu.h) where the operands allow; set
   // when the model is built (moe.kernels not `reference` on a CUDA device).
   bool fused_swiglu = false;
+  // On the grouped-GEMM path: gate and up as one GEMM over the weights' bf16 copies concatenated
+  // to [E, d, 2f] (moe.fused_gate_up), the activation on its packed [N, 2f] output; not where the
+  // weights are bf16 already (fuses_gate_up()).
+  bool fused_gate_up = true;
   // Expert parallelism: this module holds experts [first_expert, first_expert + local_experts)
   // of num_experts (local_experts < 0: all). Initialised as the whole stack and sliced, so every
   // expert starts with the values it has without expert parallelism.
@@ -38,6 +42,9 @@ class ExpertsImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& tokens_per_expert);
   // Whether forward(x) takes the grouped-GEMM path.
   bool uses_grouped_mm(const torch::Tensor& x) const;
+  // Whether that path computes gate and up in one GEMM: fused_gate_up and weights that are not
+  // bf16 already (whose bf16 copies exist anyway; bf16 weights are read in place by two GEMMs).
+  bool fuses_gate_up() const;
 
   torch::Tensor w_gate;                     // [E, d, f] (E: the experts held here)
   torch::Tensor w_up;                       // [E, d, f]
