@@ -26,6 +26,7 @@
 #include "moe/env/environment.h"
 #include "moe/hf/hf_checkpoint.h"
 #include "moe/hf/hf_files.h"
+#include "moe/kernels/permute.h"  // cuda_kernels_compiled
 #include "moe/train/inference.h"
 #include "moe/train/run_config.h"
 #include "moe/train/trainer.h"
@@ -381,6 +382,7 @@ int cmd_plan(const PlanArgs& a) {
   o.world_size = a.world_size;
   o.cpu = a.device == "cpu" ||
           (a.device == "auto" && cfg.training.device == config::TrainingDevice::kCpu);
+  o.cuda_kernels = kernels::cuda_kernels_compiled();
   if (!a.gpu_memory.empty())
     o.device_bytes = config::parse_memory_size(a.gpu_memory, "plan: --gpu-memory");
   if (!a.host_memory.empty())

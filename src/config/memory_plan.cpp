@@ -47,7 +47,14 @@ struct Shape {
   double swiglu_kept;
 };
 
-Shape shape_of(const Config& c, int64_t micro_batch, bool cpu) {
+// Whether our CUDA kernels run (the fused SwiGLU, the 8-bit AdamW step): a GPU run, a build that
+// has them, and moe.kernels not `reference` (the model's own rule).
+bool fused_kernels(const Config& c, const PlanOptions& opt) {
+  return !opt.cpu && opt.cuda_kernels && c.moe.kernels != MoeKernels::kReference;
+}
+
+Shape shape_of(const Config& c, int64_t micro_batch, const PlanOptions& opt) {
+  const bool cpu = opt.cpu;
   Shape s{};
   s.T = static_cast<double>(micro_batch * c.model.seq_len);
   s.d = static_cast<double>(c.model.hidden_size);
@@ -64,7 +71,7 @@ Shape shape_of(const Config& c, int64_t micro_batch, bool cpu) {
       ((!cpu && (c.bf16.enabled || c.fp16.enabled)) || c.training.param_dtype != ParamDtype::kFp32)
           ? 2.0
           : 4.0;
-  s.swiglu_kept = !cpu && c.moe.kernels != MoeKernels::kReference ? 3.0 : 4.0;
+  s.swiglu_kept = fused_kernels(c, opt) ? 3.0 : 4.0;
   return s;
 }
 
@@ -421,7 +428,7 @@ double update_transient_bytes(const Config& c, const PlanOptions& opt, double tr
                      c.optimizer.exp_avg_sq_dtype == StateDtype::k8Bit;
   const double largest = largest_trained_parameter(c);
   // On a GPU with both moments 8-bit the fused kernel (kernels/adam8bit.h) steps in place.
-  const bool kernel8 = !opt.cpu && !offload && c.moe.kernels != MoeKernels::kReference &&
+  const bool kernel8 = fused_kernels(c, opt) && !offload &&
                        c.optimizer.exp_avg_dtype == StateDtype::k8Bit &&
                        c.optimizer.exp_avg_sq_dtype == StateDtype::k8Bit;
   double bytes =
@@ -491,7 +498,7 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
                 (dp.shards_gradients() ? sharded / N : trained);
   p.communication = communication_bytes(dp.reduction, bucket, trained, N);
   if (dp.expert_parallel > 1) {  // the all-to-all's received rows and their expert-order copy
-    const Shape rows = shape_of(c, p.micro_batch, opt.cpu);
+    const Shape rows = shape_of(c, p.micro_batch, opt);
     p.communication += 2 * rows.T * rows.k * rows.d * rows.a;
   }
   const double state_share = dp.shards_optimizer() ? N : 1;
@@ -509,7 +516,7 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   p.low_precision_weights = mixed && !w16 ? 2 * trained : 0;
   const double fixed = p.weights + p.optimizer_states + p.low_precision_weights + p.master_weights;
 
-  const Shape s = shape_of(c, p.micro_batch, opt.cpu);
+  const Shape s = shape_of(c, p.micro_batch, opt);
   const bool ckpt = opt.checkpointing;
   const Walk as_configured = walk_backward(c, s, ckpt, grad_per_param, accumulate);
   p.activations = as_configured.activations;

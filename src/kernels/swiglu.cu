@@ -54,8 +54,11 @@ void with_pack(const swiglu_rows::SwigluShape& s, const char* what, Launch&& lau
 }
 
 void check_cuda(std::initializer_list<const at::Tensor*> ts) {
+  const at::Device first = (*ts.begin())->device();
   for (const at::Tensor* t : ts) {
     TORCH_CHECK(t->is_cuda(), "moe kernels: swiglu: operands must be CUDA tensors, got ",
+                t->device());
+    TORCH_CHECK(t->device() == first, "moe kernels: swiglu: operands on ", first, " and ",
                 t->device());
   }
 }

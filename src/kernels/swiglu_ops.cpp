@@ -105,6 +105,15 @@ at::Tensor swiglu_packed_activation(const at::Tensor& gate_up, bool fused) {
 
 namespace {
 
+// Under create_graph (a second derivative asked for) the raw kernels' gradients would carry no
+// graph: the backward is taken with ATen ops then, differentiable, the same formula.
+std::pair<at::Tensor, at::Tensor> differentiable_backward(const at::Tensor& dh,
+                                                          const at::Tensor& gate,
+                                                          const at::Tensor& up) {
+  const auto sig = torch::sigmoid(gate);
+  return {dh * up * sig * (1 + gate * (1 - sig)), dh * (gate * sig)};
+}
+
 class Swiglu : public torch::autograd::Function<Swiglu> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate,
@@ -115,7 +124,9 @@ class Swiglu : public torch::autograd::Function<Swiglu> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    auto [d_gate, d_up] = detail::swiglu_backward(grads[0], s[0], s[1]);
+    auto [d_gate, d_up] = at::GradMode::is_enabled()
+                              ? differentiable_backward(grads[0], s[0], s[1])
+                              : detail::swiglu_backward(grads[0], s[0], s[1]);
     return {d_gate, d_up};
   }
 };
@@ -128,7 +139,13 @@ class SwigluPacked : public torch::autograd::Function<SwigluPacked> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return {detail::swiglu_packed_backward(grads[0], ctx->get_saved_variables()[0])};
+    const auto gate_up = ctx->get_saved_variables()[0];
+    if (at::GradMode::is_enabled()) {
+      const auto parts = gate_up.chunk(2, -1);
+      const auto [d_gate, d_up] = differentiable_backward(grads[0], parts[0], parts[1]);
+      return {torch::cat({d_gate, d_up}, -1)};
+    }
+    return {detail::swiglu_packed_backward(grads[0], gate_up)};
   }
 };
 

@@ -32,6 +32,7 @@
 #include "moe/config/memory_plan.h"
 #include "moe/data/blended_loader.h"
 #include "moe/data/streaming_loader.h"
+#include "moe/kernels/permute.h"  // cuda_kernels_compiled
 #include "moe/model/profile_scope.h"
 #include "moe/model/transformer.h"
 #include "moe/monitor/flops_report.h"
@@ -128,6 +129,7 @@ std::string oom_report(const config::Config& cfg, const torch::Device& device, i
         << stats.num_ooms << " OOMs";
     // The planner's view of this config on this card (moe-train plan; docs/memory.md).
     config::PlanOptions po;
+    po.cuda_kernels = kernels::cuda_kernels_compiled();
     po.device_bytes = static_cast<double>(
         at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->totalGlobalMem);
     const config::MemoryPlan plan = config::plan_memory(cfg, po);

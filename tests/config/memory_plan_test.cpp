@@ -37,6 +37,24 @@ TEST(MemoryPlanTiers, MomentBytesPerParameterFollowTheFormula) {
   }
 }
 
+// The fused SwiGLU keeps gate and up (and the product) per FFN row, the ATen reference silu(gate)
+// too: a GPU plan counts the reference where moe.kernels says so or the build has no kernels.
+TEST(MemoryPlanKernels, ReferenceSwigluKeepsOneTensorMorePerFfnRow) {
+  Config c = test_util::build(test_util::minimal());
+  c.bf16.enabled = true;
+  const MemoryPlan fused = plan_memory(c, PlanOptions{});
+  const MemoryPlan no_kernels = plan_memory(c, PlanOptions{.cuda_kernels = false});
+  c.moe.kernels = MoeKernels::kReference;
+  const MemoryPlan reference = plan_memory(c, PlanOptions{});
+  EXPECT_GT(no_kernels.activations, fused.activations);
+  EXPECT_DOUBLE_EQ(no_kernels.activations, reference.activations);
+  // One 2-byte tensor of [tokens, k, f] per MoE layer.
+  const double rows = static_cast<double>(fused.micro_batch * c.model.seq_len * c.moe.top_k);
+  EXPECT_DOUBLE_EQ(reference.activations - fused.activations,
+                   static_cast<double>(c.model.num_layers) * rows *
+                       static_cast<double>(expert_hidden_size(c)) * 2);
+}
+
 // Device bytes per trained parameter of each working-weight tier (docs/memory.md's table):
 // weights + gradients + master + moments.
 TEST(MemoryPlanTiers, WorkingWeightBytesPerParameterFollowTheFormula) {

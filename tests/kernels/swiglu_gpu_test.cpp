@@ -55,6 +55,39 @@ TEST_P(SwigluGpu, PassesTheChecks) {
 INSTANTIATE_TEST_SUITE_P(Grid, SwigluGpu, ::testing::ValuesIn(swiglu_cases()),
                          [](const auto& i) { return case_name(i.param); });
 
+// A second derivative (create_graph): the op's backward is then taken with differentiable ATen
+// ops, so the gradients of its gradients exist and match the reference's (fp32, to rounding).
+TEST(SwigluGpuAutograd, SecondDerivativesFollowTheReference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto opts = torch::TensorOptions(torch::Device(torch::kCUDA));
+  torch::manual_seed(9);
+  const auto gate_up = torch::randn({64, 96}, opts) * 2, dh = torch::randn({64, 48}, opts);
+  for (bool packed : {false, true}) {
+    SCOPED_TRACE(packed ? "packed" : "separate");
+    auto second = [&](bool fused) {
+      const auto gu = gate_up.detach().requires_grad_(true);
+      const auto parts = gu.chunk(2, -1);
+      torch::Tensor h;
+      if (packed) {
+        h = fused ? kernels::swiglu_packed(gu) : kernels::swiglu_packed_reference(gu);
+      } else {
+        const auto g = parts[0].contiguous(), u = parts[1].contiguous();
+        h = fused ? kernels::swiglu(g, u) : kernels::swiglu_reference(g, u);
+      }
+      const auto first = torch::autograd::grad({h}, {gu}, {dh}, /*retain_graph=*/true,
+                                               /*create_graph=*/true)[0];
+      const auto loss =
+          (first.narrow(-1, 0, 48) * 3).sum() + first.narrow(-1, 48, 48).square().sum();
+      return std::make_pair(first.detach(), torch::autograd::grad({loss}, {gu})[0]);
+    };
+    const auto [first, grad2] = second(true);
+    const auto [first_ref, grad2_ref] = second(false);
+    EXPECT_TRUE(torch::allclose(first, first_ref, 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(grad2, grad2_ref, 1e-4, 1e-5));
+    EXPECT_GT(grad2.abs().max().item<double>(), 0.1);  // the term exists, not silently zero
+  }
+}
+
 // Runs f(x) under bf16 autocast and its backward of `grad`: output, input gradient.
 template <typename F>
 std::pair<torch::Tensor, torch::Tensor> under_bf16(F&& f, const torch::Tensor& x,
@@ -76,6 +109,7 @@ TEST(SwigluFfnGpu, ExpertsWithTheFusedActivationAreBitwiseEqual) {
   // GEMM per expert.
   for (int path : {0, 1, 2}) {
     const bool grouped = path < 2;
+    if (grouped && !moe::experts_grouped_mm_supported(cuda)) continue;  // sm_90 only
     SCOPED_TRACE(path == 0 ? "grouped, one gate-up GEMM" : grouped ? "grouped" : "per expert");
     moe::ExpertsOptions o;
     o.num_experts = 4, o.hidden_size = 256, o.ffn_size = 512, o.grouped_mm = grouped;
@@ -87,6 +121,7 @@ TEST(SwigluFfnGpu, ExpertsWithTheFusedActivationAreBitwiseEqual) {
     moe::Experts fused(o);
     reference->to(cuda);
     fused->to(cuda);
+    EXPECT_EQ(fused->fuses_gate_up(), path == 0);
     const auto counts = torch::tensor({100, 0, 37, 119}, torch::kLong);  // one expert idle
     const auto x = torch::randn({256, 256}, torch::TensorOptions(cuda));
     const auto g = torch::randn({256, 256}, torch::TensorOptions(cuda));

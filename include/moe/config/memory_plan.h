@@ -21,6 +21,9 @@ struct PlanOptions {
   bool cpu = false;            // planning a CPU run (no CUDA context, no allocator rounding)
   int64_t micro_batch = 0;     // 0 = the config's train_micro_batch_size_per_gpu
   bool checkpointing = false;  // force activation checkpointing of every block
+  // Our CUDA kernels are in the build (kernels::cuda_kernels_compiled()); without them a GPU run
+  // takes the ATen references (the SwiGLU keeps silu(gate) too, the 8-bit step its copies).
+  bool cuda_kernels = true;
 };
 
 // Bytes per parameter of Adam's two moments under optimizer.exp_avg_dtype / exp_avg_sq_dtype:
