@@ -9,6 +9,10 @@ section times what the step is made of, at the bench-gpu-1b shapes:
   sdpa      causal attention forward + backward per SDPA backend (flash, efficient, cudnn, math)
   grouped   torch._grouped_mm over the experts, balanced and skewed routing, vs one dense mm
             of the same FLOPs
+  gate_up   the experts' gate and up projections + SwiGLU forward + backward from fp32 weights
+            (as the trainer holds them): two grouped GEMMs vs the weights' bf16 copies
+            concatenated and one grouped GEMM of twice the width (moe.fused_gate_up), time and
+            the agreement of the output and the input gradient
   head_ce   LM head + cross-entropy forward + backward: full fp32 logits vs chunked (no [N, V]
             logits): time and peak memory, and the loss/gradient agreement of the two
   adamw     gradient clipping + fused AdamW over 1.14 B parameters: clipping as a separate
@@ -139,6 +143,45 @@ def bench_grouped(clock, device, experts, tokens, top_k, d, f, dtype, reps):
     for row in out.values():
         if "ms" in row:
             row["TFLOP_per_s"] = flops / row["ms"] / 1e9
+    return out
+
+
+def bench_gate_up(clock, device, experts, tokens, top_k, d, f, dtype, reps):
+    torch.manual_seed(4)
+    rows = tokens * top_k
+    x0 = torch.randn(rows, d, device=device).to(dtype)
+    w_gate = (torch.randn(experts, d, f, device=device) * 0.02).requires_grad_()
+    w_up = (torch.randn(experts, d, f, device=device) * 0.02).requires_grad_()
+    dh = torch.randn(rows, f, device=device).to(dtype)
+    counts = [rows // experts] * experts
+    counts[-1] += rows - sum(counts)
+    offs = grouped_offsets(counts, device)
+
+    def step(fused):
+        x = x0.clone().requires_grad_()
+        if fused:
+            w = torch.cat([w_gate.to(dtype), w_up.to(dtype)], 2)
+            gate, up = torch._grouped_mm(x, w, offs=offs).chunk(2, -1)
+        else:
+            gate = torch._grouped_mm(x, w_gate.to(dtype), offs=offs)
+            up = torch._grouped_mm(x, w_up.to(dtype), offs=offs)
+        h = F.silu(gate) * up
+        h.backward(dh)
+        w_gate.grad = w_up.grad = None
+        return h.detach(), x.grad
+
+    out = {"shape": {"experts": experts, "rows": rows, "d": d, "f": f}, "dtype": str(dtype)}
+    try:
+        results = {}
+        for name, fused in (("two_gemms", False), ("one_gemm", True)):
+            results[name] = step(fused)
+            out[name] = {"ms": clock.median_ms(lambda: step(fused), reps)}
+    except (RuntimeError, AttributeError, NotImplementedError) as e:
+        out["error"] = str(e).splitlines()[0][:160]
+        return out
+    (h2, g2), (h1, g1) = results["two_gemms"], results["one_gemm"]
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
+    out["agreement"] = {"h_rel": rel(h1, h2), "grad_x_rel": rel(g1, g2)}
     return out
 
 
@@ -306,19 +349,20 @@ def bench_router(clock, device, tokens, d, experts, top_k, dtype, reps):
     return out
 
 
-SECTIONS = ("copy", "matmul", "sdpa", "grouped", "head_ce", "adamw", "router")
+SECTIONS = ("copy", "matmul", "sdpa", "grouped", "gate_up", "head_ce", "adamw", "router")
 
 
 def shapes(smoke):
     if smoke:
         return {"copy": 1 << 22, "matmul": 256, "sdpa": (1, 2, 128, 32), "grouped": (4, 64, 2, 32, 48),
-                "head_ce": (96, 32, 500, 40), "adamw": (300_000, 0.1), "router": (256, 64, 8, 2),
+                "gate_up": (4, 64, 2, 32, 24), "head_ce": (96, 32, 500, 40), "adamw": (300_000, 0.1), "router": (256, 64, 8, 2),
                 "reps": 3}
     # bench-gpu-1b: micro-batch 8 x 2048 tokens, hidden 2048, 16 heads, 8 experts top-2 of width
     # 1024, vocab 32000; 1.14 B parameters. AdamW's max_norm is below the gradients' norm (~34 on
     # the GPU, ~0.55 in the smoke run), so clipping is active and the agreement check can fail.
     return {"copy": 1 << 30, "matmul": 8192, "sdpa": (8, 16, 2048, 128),
-            "grouped": (8, 16384, 2, 2048, 2 * 1024), "head_ce": (16384, 2048, 32000, 2048),
+            "grouped": (8, 16384, 2, 2048, 2 * 1024), "gate_up": (8, 16384, 2, 2048, 1024),
+            "head_ce": (16384, 2048, 32000, 2048),
             "adamw": (1_140_000_000, 1.0), "router": (16384, 2048, 8, 2), "reps": 10}
 
 
@@ -353,6 +397,8 @@ def run(args):
                 r = bench_sdpa(clock, device, *s["sdpa"], half, reps)
             elif name == "grouped":
                 r = bench_grouped(clock, device, *s["grouped"], half, reps)
+            elif name == "gate_up":
+                r = bench_gate_up(clock, device, *s["gate_up"], half, reps)
             elif name == "head_ce":
                 r = bench_head_ce(clock, device, *s["head_ce"], half, reps)
             elif name == "adamw":
@@ -383,6 +429,10 @@ def check(report, smoke):
     ad = report["sections"].get("adamw", {}).get("agreement")
     if ad:
         bad += [f"adamw {k} = {v:.3g} > 1e-3" for k, v in ad.items() if not v <= 1e-3]
+    gu = report["sections"].get("gate_up", {}).get("agreement")
+    if gu:  # one GEMM vs two: the same products, x's gradient rounded once instead of twice
+        bar = 1e-5 if smoke else 1e-2
+        bad += [f"gate_up {k} = {v:.3g} > {bar}" for k, v in gu.items() if not v <= bar]
     ro = report["sections"].get("router", {}).get("agreement")
     if ro:  # bf16 operands: the product within bf16's rounding of the fp32 one
         bar = 1e-6 if smoke else 1e-2

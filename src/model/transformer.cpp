@@ -96,6 +96,7 @@ std::pair<torch::Tensor, torch::Tensor> RotaryTableCache::get(const torch::Tenso
   if (!fresh) {
     std::tie(cos_, sin_) = rotary_tables(x, theta, positions);
     S_ = x.size(2), hd_ = x.size(3), theta_ = theta;
+    ++builds_;
   }
   return {cos_, sin_};
 }

@@ -116,8 +116,13 @@ TEST(DocumentMask, SharedRotaryTablesFollowEachForward) {
   const auto a = torch::tensor({{5, 6, kEod, 7, 8, 9, kEod, 3}}, torch::kLong);
   const auto b = torch::tensor({{5, 6, 7, 8, kEod, 9, 3, 2}}, torch::kLong);  // other documents
   const auto shorter = torch::tensor({{4, kEod, 7, 8, 9}}, torch::kLong);
+  // One cache for both layers, filled once per forward.
+  const RotaryTableCache& cache = used->blocks[0]->attn->rotary_table_cache();
+  ASSERT_EQ(&cache, &used->blocks[1]->attn->rotary_table_cache());
   (void)logits(used, a);
+  EXPECT_EQ(cache.builds(), 1);
   EXPECT_TRUE(torch::equal(logits(used, b), logits(fresh, b)));
+  EXPECT_EQ(cache.builds(), 2);
   EXPECT_TRUE(torch::equal(logits(used, shorter), logits(fresh, shorter)));
   {
     c10::InferenceMode inference;
@@ -131,6 +136,16 @@ TEST(DocumentMask, SharedRotaryTablesFollowEachForward) {
   };
   EXPECT_TRUE(torch::equal(loss(used, a), loss(fresh, a)));
   const auto &pu = used->blocks[0]->attn->qkv->weight, &pf = fresh->blocks[0]->attn->qkv->weight;
+  EXPECT_TRUE(torch::equal(pu.grad(), pf.grad()));
+
+  // Under activation checkpointing the recomputation in the backward reuses the forward's
+  // tables (no new build), and the gradients are those of the plain model.
+  used->zero_grad();
+  fresh->zero_grad();
+  used->set_checkpoint_blocks(2);
+  const int64_t before = cache.builds();
+  EXPECT_TRUE(torch::equal(loss(used, b), loss(fresh, b)));
+  EXPECT_EQ(cache.builds(), before + 1);
   EXPECT_TRUE(torch::equal(pu.grad(), pf.grad()));
 }
 

@@ -59,9 +59,11 @@ class RotaryTableCache {
   std::pair<torch::Tensor, torch::Tensor> get(const torch::Tensor& x, double theta,
                                               const torch::Tensor& positions);
   void clear() { cos_ = sin_ = torch::Tensor(); }
+  int64_t builds() const { return builds_; }  // tables computed so far (once per forward)
 
  private:
   torch::Tensor cos_, sin_;
+  int64_t builds_ = 0;
   int64_t S_ = 0, hd_ = 0;
   double theta_ = 0;
 };
@@ -83,6 +85,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   }
   // Use `cache` for the rotary tables (a model shares one among its layers).
   void share_rotary_tables(std::shared_ptr<RotaryTableCache> cache) { rotary_ = std::move(cache); }
+  const RotaryTableCache& rotary_table_cache() const { return *rotary_; }
   torch::nn::Linear qkv{nullptr}, out{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
   LoraAdapter lora_q{nullptr}, lora_k{nullptr}, lora_v{nullptr}, lora_o{nullptr};
