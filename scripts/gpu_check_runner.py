@@ -39,12 +39,16 @@ MAX_FILES = 8         # the GPU machine sends back at most this many files of OU
 # Small shapes only, none of which skips on a device: edge cases (1 token, 1 expert), a k > 1 case
 # per dtype family, the row kernels' packed (unrolled k = 8) and per-element (two chunks) shapes,
 # the dispatch plan small and at T 4096 / E 256, the router with softmax and with sigmoid scores,
-# and the poison test. gtest's '*' also matches '/' and '.'.
+# the poison test, the rotary kernel on a strided view with documents, and the SwiGLU kernel's
+# packed form (rows of [gate | up]) with 16-byte packs and with one element per thread. gtest's
+# '*' also matches '/' and '.'.
 SAN_FILTER = ("Grid/PermuteGpu.*/fp32_T7_E8_k2:Grid/PermuteGpu.*/bf16_T7_E64_k8:"
               "Shapes/PermuteGpu.*/bf16_T33_E16_k8_d1000:Shapes/PermuteGpu.*/fp16_T33_E16_k10_d3:"
               "Grid/PermuteGpu.*/fp16_T1_E1_k1:PlanGrid/DispatchPlanGpu.*/T7_E8_k2:"
               "PlanGrid/DispatchPlanGpu.*/T4096_E256_k8:Grid/RouterGpu.*/fp32_T7_E8_k2:"
-              "Grid/RouterGpu.*/fp32_T7_E64_k8_sigmoid:PermuteGpuPoison.*")
+              "Grid/RouterGpu.*/fp32_T7_E64_k8_sigmoid:PermuteGpuPoison.*:"
+              "Grid/RotaryGpu.*/bf16_B2_N3_S5_hd6_view_docs:"
+              "Grid/SwigluGpu.*/bf16_33x1024_packed:Grid/SwigluGpu.*/fp32_3x5_packed")
 MAX_CRASH_RERUNS = 3
 
 
