@@ -8,6 +8,47 @@
 
 namespace moe::moe {
 
+namespace {
+
+// [a | b] along the last dimension in bf16, cast straight into one buffer: at::cat of two casts
+// would hold both bf16 halves beside it for a moment (E d 2f bf16 more per layer, again in each
+// recomputation). The backward widens each half of the gradient back to its input's dtype.
+class ConcatBf16 : public torch::autograd::Function<ConcatBf16> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a,
+                               const torch::Tensor& b) {
+    const int64_t fa = a.size(-1), fb = b.size(-1);
+    auto sizes = a.sizes().vec();
+    sizes.back() = fa + fb;
+    auto out = at::empty(sizes, a.options().dtype(torch::kBFloat16));
+    out.narrow(-1, 0, fa).copy_(a);
+    out.narrow(-1, fa, fb).copy_(b);
+    ctx->saved_data["fa"] = fa;
+    ctx->saved_data["fb"] = fb;
+    ctx->saved_data["a_dtype"] = a.scalar_type();
+    ctx->saved_data["b_dtype"] = b.scalar_type();
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const int64_t fa = ctx->saved_data["fa"].toInt(), fb = ctx->saved_data["fb"].toInt();
+    torch::Tensor ga, gb;
+    if (ctx->needs_input_grad(0)) {
+      ga = grads[0].narrow(-1, 0, fa).to(ctx->saved_data["a_dtype"].toScalarType());
+    }
+    if (ctx->needs_input_grad(1)) {
+      gb = grads[0].narrow(-1, fa, fb).to(ctx->saved_data["b_dtype"].toScalarType());
+    }
+    return {ga, gb};
+  }
+};
+
+}  // namespace
+
+torch::Tensor concat_bf16(const torch::Tensor& a, const torch::Tensor& b) {
+  return ConcatBf16::apply(a, b);
+}
+
 ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
   const int64_t E = opt.num_experts, d = opt.hidden_size, f = opt.ffn_size;
   const int64_t held = opt.local_experts < 0 ? E : opt.local_experts;
@@ -78,8 +119,8 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
     if (fuses_gate_up()) {
       // One GEMM of N = 2f instead of two: x read once, and its backward is one input-gradient
       // GEMM over K = 2f rather than two whose results autograd then adds. The weights' bf16
-      // copies (made and kept for the backward either way) are concatenated instead.
-      const auto w = at::cat({w_gate.to(torch::kBFloat16), w_up.to(torch::kBFloat16)}, 2);
+      // copies (made and kept for the backward either way) are made side by side instead.
+      const auto w = concat_bf16(w_gate, w_up);
       auto gate_up = at::_grouped_mm(xb, w, offs);
       // (x A) B through the same offsets (W + B A is never formed): already [gate | up].
       if (lora_gate_up) gate_up = gate_up + lora_gate_up->forward_grouped(xb, offs);

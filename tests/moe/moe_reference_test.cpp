@@ -181,6 +181,27 @@ TEST(Experts, OneGateUpGemmOnlyWhereTheWeightsAreCopiedToBf16Anyway) {
   EXPECT_FALSE(off->fuses_gate_up());
 }
 
+// The one-GEMM weights: [w_gate | w_up] in bf16 as at::cat of the two casts, gradients widened
+// back; a frozen input gets none.
+TEST(Experts, ConcatBf16IsTheCatOfTheCastsBothWays) {
+  torch::manual_seed(8);
+  const auto a = torch::randn({3, 5, 4}).requires_grad_(true);
+  const auto b = torch::randn({3, 5, 6}).requires_grad_(true);
+  const auto w = concat_bf16(a, b);
+  EXPECT_EQ(w.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(w, torch::cat({a.to(torch::kBFloat16), b.to(torch::kBFloat16)}, 2)));
+  const auto g = torch::randn({3, 5, 10}).to(torch::kBFloat16);
+  w.backward(g);
+  EXPECT_TRUE(torch::equal(a.grad(), g.narrow(2, 0, 4).to(torch::kFloat)));
+  EXPECT_TRUE(torch::equal(b.grad(), g.narrow(2, 4, 6).to(torch::kFloat)));
+  EXPECT_EQ(a.grad().scalar_type(), torch::kFloat);
+  const auto frozen = torch::randn({3, 5, 4});
+  const auto b2 = torch::randn({3, 5, 6}).requires_grad_(true);
+  concat_bf16(frozen, b2).backward(g);
+  EXPECT_FALSE(frozen.grad().defined());
+  EXPECT_TRUE(torch::equal(b2.grad(), g.narrow(2, 4, 6).to(torch::kFloat)));
+}
+
 // moe.dispatch_dtype = compute under bf16 autocast: the same forward bit for bit (the experts
 // cast the rows to bf16 either way), the input gradient within bf16 rounding of the fp32
 // dispatch's (each token's k row gradients summed in bf16); without autocast nothing changes.

@@ -59,6 +59,10 @@ class ExpertsImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Experts);
 
+// [a | b] along the last dimension in bf16, each cast straight into one buffer (the one-GEMM
+// gate-up weights); gradients flow back to a and b in their own dtypes.
+torch::Tensor concat_bf16(const torch::Tensor& a, const torch::Tensor& b);
+
 // Whether `device` takes the grouped-GEMM path: CUDA sm_90 only. _grouped_mm's fast kernels
 // exist for sm_90 and sm_100, but sm_100 has an open PyTorch bug (pytorch/pytorch#172439:
 // garbage weight gradients for experts without tokens), and other devices fall back to a
