@@ -5,30 +5,44 @@
 #include <torch/nn/functional/activation.h>
 #include <torch/types.h>
 
-#include <vector>
-
 #include "moe/kernels/permute.h"  // cuda_kernels_compiled
 #include "moe/kernels/swiglu.h"
 
 namespace moe::kernels {
 
+namespace {
+
+bool kernel_dtype(at::ScalarType dt) {
+  return dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16;
+}
+
+// Each operand has `sizes`, `first`'s dtype and contiguous rows; returns whether all start on a
+// 16-byte boundary. `first` names the shape in the error (gate, or gate_up).
+bool check_operands(const char* name, const at::Tensor& first,
+                    std::initializer_list<std::pair<const at::Tensor*, c10::IntArrayRef>> ops) {
+  const auto dt = first.scalar_type();
+  TORCH_CHECK(kernel_dtype(dt), "moe kernels: swiglu: ", name, " must be fp32, fp16 or bf16, got ",
+              dt);
+  bool aligned = true;
+  for (const auto& [t, sizes] : ops) {
+    TORCH_CHECK(t->sizes() == sizes && t->scalar_type() == dt,
+                "moe kernels: swiglu: an operand of ", t->sizes(), " ", t->scalar_type(), " for ",
+                name, " ", first.sizes(), " ", dt);
+    TORCH_CHECK(t->is_contiguous(), "moe kernels: swiglu: operands must be contiguous");
+    aligned = aligned && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
+  }
+  return aligned;
+}
+
+}  // namespace
+
 namespace detail {
 
 swiglu_rows::SwigluShape swiglu_shape(const at::Tensor& gate, const at::Tensor& up,
                                       std::initializer_list<const at::Tensor*> others) {
-  const auto dt = gate.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
-              "moe kernels: swiglu: gate must be fp32, fp16 or bf16, got ", dt);
-  std::vector<const at::Tensor*> all{&gate, &up};
-  all.insert(all.end(), others.begin(), others.end());
-  bool aligned = true;
-  for (const at::Tensor* t : all) {
-    TORCH_CHECK(t->sizes() == gate.sizes() && t->scalar_type() == dt,
-                "moe kernels: swiglu: an operand of ", t->sizes(), " ", t->scalar_type(),
-                " for gate ", gate.sizes(), " ", dt);
-    TORCH_CHECK(t->is_contiguous(), "moe kernels: swiglu: operands must be contiguous");
-    aligned = aligned && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
-  }
+  bool aligned = check_operands("gate", gate, {{&gate, gate.sizes()}, {&up, gate.sizes()}});
+  for (const at::Tensor* t : others)
+    aligned = check_operands("gate", gate, {{t, gate.sizes()}}) && aligned;
   swiglu_rows::SwigluShape s;
   s.n = gate.numel();
   s.cols = s.stride = s.n;  // one flat row
@@ -40,25 +54,18 @@ swiglu_rows::SwigluShape swiglu_shape(const at::Tensor& gate, const at::Tensor& 
 swiglu_rows::SwigluShape swiglu_packed_shape(const at::Tensor& gate_up,
                                              std::initializer_list<const at::Tensor*> halves,
                                              std::initializer_list<const at::Tensor*> packed) {
-  const auto dt = gate_up.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
-              "moe kernels: swiglu: gate_up must be fp32, fp16 or bf16, got ", dt);
   TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0,
               "moe kernels: swiglu: gate_up must have an even last dimension (gate then up), got ",
               gate_up.sizes());
+  bool aligned = check_operands("gate_up", gate_up, {{&gate_up, gate_up.sizes()}});
   auto half_sizes = gate_up.sizes().vec();
   half_sizes.back() /= 2;
-  bool aligned = true;
-  auto check = [&](const at::Tensor* t, c10::IntArrayRef sizes) {
-    TORCH_CHECK(t->sizes() == sizes && t->scalar_type() == dt,
-                "moe kernels: swiglu: an operand of ", t->sizes(), " ", t->scalar_type(),
-                " for gate_up ", gate_up.sizes(), " ", dt);
-    TORCH_CHECK(t->is_contiguous(), "moe kernels: swiglu: operands must be contiguous");
-    aligned = aligned && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
-  };
-  check(&gate_up, gate_up.sizes());
-  for (const at::Tensor* t : halves) check(t, half_sizes);
-  for (const at::Tensor* t : packed) check(t, gate_up.sizes());
+  for (const at::Tensor* t : halves) {
+    aligned = check_operands("gate_up", gate_up, {{t, half_sizes}}) && aligned;
+  }
+  for (const at::Tensor* t : packed) {
+    aligned = check_operands("gate_up", gate_up, {{t, gate_up.sizes()}}) && aligned;
+  }
   swiglu_rows::SwigluShape s;
   s.cols = half_sizes.back();
   s.stride = 2 * s.cols;
@@ -73,8 +80,7 @@ swiglu_rows::SwigluShape swiglu_packed_shape(const at::Tensor& gate_up,
 bool swiglu_supported(const at::Tensor& gate, const at::Tensor& up) {
   const auto dt = gate.scalar_type();
   return cuda_kernels_compiled() && gate.is_cuda() && up.device() == gate.device() &&
-         up.scalar_type() == dt && up.sizes() == gate.sizes() &&
-         (dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16);
+         up.scalar_type() == dt && up.sizes() == gate.sizes() && kernel_dtype(dt);
 }
 
 at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up) {
@@ -88,7 +94,7 @@ at::Tensor swiglu_activation(const at::Tensor& gate, const at::Tensor& up, bool 
 bool swiglu_packed_supported(const at::Tensor& gate_up) {
   const auto dt = gate_up.scalar_type();
   return cuda_kernels_compiled() && gate_up.is_cuda() && gate_up.dim() >= 1 &&
-         gate_up.size(-1) % 2 == 0 && (dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16);
+         gate_up.size(-1) % 2 == 0 && kernel_dtype(dt);
 }
 
 at::Tensor swiglu_packed_reference(const at::Tensor& gate_up) {
