@@ -9,12 +9,20 @@ namespace moe::config {
 using nlohmann::json;
 
 bool is_training_setting(const std::string& key, const json& sections) {
-  static const std::set<std::string> kFree = {
-      "model.dropout",           "model.init_std",      "model.init_from",
-      "model.attention_backend", "moe.aux_loss_coeff",  "moe.z_loss_coeff",
-      "moe.expert_dropout",      "moe.capacity_factor", "moe.kernels",
-      "moe.dispatch_dtype",      "moe.fused_gate_up",   "moe.router_bias_update_rate",
-      "moe.expert_parallel_size"};
+  static const std::set<std::string> kFree = {"model.dropout",
+                                              "model.init_std",
+                                              "model.init_from",
+                                              "model.attention_backend",
+                                              "moe.aux_loss_coeff",
+                                              "moe.z_loss_coeff",
+                                              "moe.expert_dropout",
+                                              "moe.capacity_factor",
+                                              "moe.kernels",
+                                              "moe.dispatch_dtype",
+                                              "moe.fused_gate_up",
+                                              "moe.router_bias_update_rate",
+                                              "moe.expert_parallel_size",
+                                              "model.rope_scaling"};
   if (kFree.count(key) != 0) return true;
   // With rotary positions the window length is no weight's shape: any seq_len evaluates.
   if (key == "model.seq_len") {
@@ -48,12 +56,12 @@ void fill_architecture(json& root, const json& sections) {
     if (!root[section].is_object()) continue;  // from_json names the type error
     for (const auto& [key, value] : sections[section].items()) {
       const std::string path = std::string(section) + "." + key;
-      // Training settings (dropout, kernels, ...) stay the config's own; the window length and
-      // the router's loss coefficients (the model's own: HF's router_aux_loss_coef) are taken
-      // like the architecture when the config leaves them out, so that chained fine-tunes and
-      // their exports keep what the imported model said.
-      const bool inherited =
-          path == "model.seq_len" || path == "moe.aux_loss_coeff" || path == "moe.z_loss_coeff";
+      // Training settings (dropout, kernels, ...) stay the config's own; the window length, its
+      // rotary scaling and the router's loss coefficients (the model's own: HF's
+      // router_aux_loss_coef) are taken like the architecture when the config leaves them out,
+      // so that chained fine-tunes and their exports keep what the imported model said.
+      const bool inherited = path == "model.seq_len" || path == "model.rope_scaling" ||
+                             path == "moe.aux_loss_coeff" || path == "moe.z_loss_coeff";
       const bool setting = !inherited && is_training_setting(path, sections);
       if (setting || root[section].contains(key)) continue;
       root[section][key] = value;

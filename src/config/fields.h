@@ -142,6 +142,17 @@ void visit_fields(auto& v, Section<MonitorSinkConfig> auto& s) {
   v.field("job_name", s.job_name);
 }
 
+void visit_fields(auto& v, Section<RopeScalingConfig> auto& r) {
+  v.field("type", r.type);
+  v.field("factor", r.factor, at_least(1));
+  v.field("original_max_position_embeddings", r.original_max_position_embeddings,
+          at_least(0, "0 = unset"));
+  v.field("beta_fast", r.beta_fast, above(0));
+  v.field("beta_slow", r.beta_slow, above(0));
+  v.field("attention_factor", r.attention_factor, at_least(0, "0 = 0.1 ln(factor) + 1"));
+  v.field("truncate", r.truncate);
+}
+
 void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("vocab_size", m.vocab_size, in(2, double(int64_t(1) << 31)).says("must be in [2, 2^31]"));
   v.field("seq_len", m.seq_len, in(1, 1 << 20));
@@ -153,6 +164,7 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("norm_eps", m.norm_eps, above(0));
   v.field("tie_embeddings", m.tie_embeddings);
   v.field("rope_theta", m.rope_theta, at_least(0, "0 = learned positions"));
+  section(v, "rope_scaling", m.rope_scaling);
   v.field("num_key_value_heads", m.num_key_value_heads, at_least(0, "0 = num_heads"));
   v.field("head_dim", m.head_dim, at_least(0, "0 = hidden_size / num_heads"));
   v.field("qk_norm", m.qk_norm);

@@ -331,6 +331,19 @@ void check_relations(Config& c, const Rules& rules) {
     rules.check(head_dim(c) % 2 == 0, "model.head_dim", head_dim(c),
                 "must be even with rotary positions (model.rope_theta > 0)");
   }
+  const auto& rs = m.rope_scaling;
+  if (rs.type != RopeScalingType::kNone) {
+    rules.check(m.rope_theta > 0, "model.rope_scaling.type", std::string(name(rs.type)),
+                "scales rotary positions; model.rope_theta is 0 (learned positions)");
+  }
+  if (rs.type == RopeScalingType::kYarn) {
+    rules.check(rs.original_max_position_embeddings > 0,
+                "model.rope_scaling.original_max_position_embeddings",
+                rs.original_max_position_embeddings,
+                "must be the pretraining window (> 0) with yarn scaling");
+    rules.check(rs.beta_fast >= rs.beta_slow, "model.rope_scaling.beta_fast", rs.beta_fast,
+                "must be >= model.rope_scaling.beta_slow (" + shown(rs.beta_slow) + ")");
+  }
   const auto& e = c.moe;
   for (size_t i = 0; i < e.mlp_only_layers.size(); ++i) {
     rules.check(e.mlp_only_layers[i] < m.num_layers,

@@ -74,28 +74,115 @@ class HfKeys {
   std::string file_;
 };
 
-// Rotary base from rope_parameters (transformers 5) or rope_theta (4.x); only the default
-// (unscaled) rotary embedding is what our attention computes.
-double rope_theta(const HfKeys& k, double family_default) {
-  if (k.present("rope_parameters")) {
-    const json& p = k.raw("rope_parameters");
-    if (!p.is_object()) k.fail("rope_parameters", "expected an object");
-    const std::string type = p.value("rope_type", std::string("default"));
-    if (type != "default") {
-      k.fail("rope_parameters", "rope_type \"" + type + "\" is not supported (only \"default\")");
-    }
-    if (p.contains("rope_theta")) {
-      if (!p["rope_theta"].is_number()) k.fail("rope_parameters", "rope_theta must be a number");
-      return p["rope_theta"].get<double>();
+// The rotary settings: rope_parameters (transformers 5) or rope_theta + rope_scaling (4.x), read
+// as transformers reads them. Rope types default, linear and yarn are what our attention
+// computes; `scaling` is our model.rope_scaling (null: default).
+struct RopeSettings {
+  double theta;
+  json scaling;
+};
+
+RopeSettings rope_settings(const HfKeys& k, double family_default,
+                           std::vector<std::string>* warnings) {
+  RopeSettings r{k.number("rope_theta", family_default), nullptr};
+  // transformers 5 takes a non-empty rope_scaling over rope_parameters (its BC conversion).
+  const bool legacy = k.present("rope_scaling") && !k.raw("rope_scaling").empty();
+  const std::string key = legacy ? "rope_scaling" : "rope_parameters";
+  if (!k.present(key)) return r;
+  const json& p = k.raw(key);
+  if (!p.is_object()) k.fail(key, "expected an object");
+  auto text = [&](const char* name, const std::string& fallback) {
+    if (!p.contains(name) || p[name].is_null()) return fallback;
+    if (!p[name].is_string()) k.fail(key, std::string(name) + " must be a string");
+    return p[name].get<std::string>();
+  };
+  // A number of the dict; null and absent are `fallback`, as transformers' .get().
+  auto number = [&](const char* name, double fallback) {
+    if (!p.contains(name) || p[name].is_null()) return fallback;
+    if (!p[name].is_number()) k.fail(key, std::string(name) + " must be a number");
+    return p[name].get<double>();
+  };
+  const std::string type = text("rope_type", text("type", "default"));
+  r.theta = number("rope_theta", r.theta);
+  if (number("partial_rotary_factor", 1.0) != 1.0) {
+    k.fail(key, "partial_rotary_factor other than 1 is not supported (every dimension rotates)");
+  }
+  if (type == "default") return r;
+  if (type != "linear" && type != "yarn") {
+    k.fail(key, "rope_type \"" + type + "\" is not supported (default, linear and yarn are)");
+  }
+  const bool yarn = type == "yarn";
+  // transformers warns about keys its rope type does not read, and ignores them; so do we.
+  static const std::vector<std::string> kLinearKeys = {"rope_type", "type", "rope_theta", "factor",
+                                                       "partial_rotary_factor"};
+  static const std::vector<std::string> kYarnKeys = {"rope_type",
+                                                     "type",
+                                                     "rope_theta",
+                                                     "factor",
+                                                     "partial_rotary_factor",
+                                                     "attention_factor",
+                                                     "beta_fast",
+                                                     "beta_slow",
+                                                     "mscale",
+                                                     "mscale_all_dim",
+                                                     "truncate",
+                                                     "original_max_position_embeddings"};
+  const auto& known = yarn ? kYarnKeys : kLinearKeys;
+  for (const auto& [name, value] : p.items()) {
+    if (std::find(known.begin(), known.end(), name) == known.end() && warnings != nullptr) {
+      warnings->push_back(key + "." + name + " is not read by rope_type " + type + " (ignored)");
     }
   }
-  if (k.present("rope_scaling")) {
-    const json& s = k.raw("rope_scaling");
-    const std::string type =
-        s.is_object() ? s.value("rope_type", s.value("type", std::string("default"))) : "?";
-    if (type != "default") k.fail("rope_scaling", "scaled rotary embeddings are not supported");
+  json s = {{"type", type}};
+  if (!yarn) {
+    const double factor = number("factor", 0.0);
+    if (factor < 1.0) k.fail(key, "linear scaling needs a factor >= 1");
+    s["factor"] = factor;
+    r.scaling = s;
+    return r;
   }
-  return k.number("rope_theta", family_default);
+  // The pretraining window: a top-level original_max_position_embeddings first (transformers'
+  // rule), then the dict's, then max_position_embeddings.
+  const int64_t max_positions = k.integer("max_position_embeddings", 0);
+  int64_t original = k.integer("original_max_position_embeddings", 0);
+  if (original == 0) {
+    const double o = number("original_max_position_embeddings", double(max_positions));
+    if (o < 1 || o != std::floor(o)) {
+      k.fail(key, "original_max_position_embeddings must be a positive integer");
+    }
+    original = static_cast<int64_t>(o);
+  }
+  if (original <= 0) {
+    k.fail(key, "yarn needs original_max_position_embeddings (or max_position_embeddings)");
+  }
+  // No factor: the ratio of the two windows (transformers' rule for DeepSeek-V3-style configs).
+  const double factor = number("factor", double(max_positions) / double(original));
+  if (factor < 1.0) k.fail(key, "yarn scaling needs a factor >= 1");
+  double attention = number("attention_factor", 0.0);
+  if (p.contains("attention_factor") && !p["attention_factor"].is_null() && attention <= 0) {
+    k.fail(key, "attention_factor must be > 0");
+  }
+  const double mscale = number("mscale", 0.0), mscale_all_dim = number("mscale_all_dim", 0.0);
+  if (attention == 0 && mscale != 0 && mscale_all_dim != 0 && factor > 1) {
+    // DeepSeek's form, in transformers' order of operations.
+    attention =
+        (0.1 * mscale * std::log(factor) + 1.0) / (0.1 * mscale_all_dim * std::log(factor) + 1.0);
+  }
+  // transformers: `get("beta_fast") or 32`, so 0 and null are the defaults too.
+  const double beta_fast = number("beta_fast", 0.0), beta_slow = number("beta_slow", 0.0);
+  bool truncate = true;
+  if (p.contains("truncate") && !p["truncate"].is_null()) {
+    if (!p["truncate"].is_boolean()) k.fail(key, "truncate must be true or false");
+    truncate = p["truncate"].get<bool>();
+  }
+  s["factor"] = factor;
+  s["original_max_position_embeddings"] = original;
+  s["beta_fast"] = beta_fast != 0 ? beta_fast : 32.0;
+  s["beta_slow"] = beta_slow != 0 ? beta_slow : 1.0;
+  s["attention_factor"] = attention;
+  s["truncate"] = truncate;
+  r.scaling = s;
+  return r;
 }
 
 }  // namespace
@@ -176,7 +263,9 @@ json architecture_from_hf(const json& c, const std::string& file, Family* family
   m["head_dim"] = k.integer("head_dim", hidden / std::max<int64_t>(heads, 1));
   m["norm_eps"] = k.number("rms_norm_eps", 1e-6);
   m["tie_embeddings"] = k.boolean("tie_word_embeddings", false);
-  m["rope_theta"] = rope_theta(k, family == Family::kMixtral ? 1e6 : 1e4);
+  const RopeSettings rope = rope_settings(k, family == Family::kMixtral ? 1e6 : 1e4, warnings);
+  m["rope_theta"] = rope.theta;
+  if (!rope.scaling.is_null()) m["rope_scaling"] = rope.scaling;
   m["init_std"] = k.number("initializer_range", 0.02);
   m["seq_len"] = training_window(k.integer("max_position_embeddings", kImportSeqLenCap), warnings);
   m["dropout"] = 0.0;
@@ -283,13 +372,33 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
   return f;
 }
 
+// model.rope_theta and model.rope_scaling as transformers 5's rope_parameters.
+static json rope_parameters(const config::ModelConfig& m) {
+  const auto& s = m.rope_scaling;
+  json p = {{"rope_type",
+             s.type == config::RopeScalingType::kNone ? "default" : std::string(name(s.type))},
+            {"rope_theta", m.rope_theta}};
+  if (s.type == config::RopeScalingType::kNone) return p;
+  p["factor"] = s.factor;
+  if (s.type != config::RopeScalingType::kYarn) return p;
+  p["original_max_position_embeddings"] = s.original_max_position_embeddings;
+  p["beta_fast"] = s.beta_fast;
+  p["beta_slow"] = s.beta_slow;
+  if (s.attention_factor > 0) p["attention_factor"] = s.attention_factor;
+  p["truncate"] = s.truncate;
+  return p;
+}
+
 json hf_config_from(const config::Config& cfg, Family f, const json& base,
                     const std::string& dtype) {
   const auto& m = cfg.model;
   const auto& e = cfg.moe;
   json j = base.is_object() ? base : json::object();
-  for (const char* stale : {"rope_scaling", "torch_dtype", "dtype", "transformers_version",
-                            "num_local_experts", "num_experts", "moe_intermediate_size"}) {
+  // rope_scaling and a top-level original_max_position_embeddings (which transformers reads
+  // over the rope dict's) are rewritten from the checkpoint's model.rope_scaling below.
+  for (const char* stale :
+       {"rope_scaling", "original_max_position_embeddings", "torch_dtype", "dtype",
+        "transformers_version", "num_local_experts", "num_experts", "moe_intermediate_size"}) {
     j.erase(stale);
   }
   j["architectures"] = {architecture_name(f)};
@@ -301,7 +410,11 @@ json hf_config_from(const config::Config& cfg, Family f, const json& base,
   j["num_key_value_heads"] = config::key_value_heads(cfg);
   if (f != Family::kOlmoe) j["head_dim"] = config::head_dim(cfg);
   j["rms_norm_eps"] = m.norm_eps;
-  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", m.rope_theta}};
+  j["rope_parameters"] = rope_parameters(m);
+  // transformers 4.x reads these two (5.x reads rope_parameters, or a non-empty rope_scaling).
+  j["rope_theta"] = m.rope_theta;
+  if (m.rope_scaling.type != config::RopeScalingType::kNone)
+    j["rope_scaling"] = j["rope_parameters"];
   j["tie_word_embeddings"] = m.tie_embeddings;
   j["hidden_act"] = "silu";
   j["initializer_range"] = m.init_std;

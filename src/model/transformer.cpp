@@ -6,7 +6,9 @@
 #include "moe/model/activation_checkpoint.h"
 #include "moe/model/profile_scope.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <utility>
 
 #include <ATen/autocast_mode.h>
@@ -77,28 +79,72 @@ void CausalSelfAttentionImpl::merge_lora() {
   fold(lora_o, out->weight);
 }
 
+torch::Tensor rotary_inv_freq(int64_t hd, double theta, const config::RopeScalingConfig& scaling,
+                              const torch::TensorOptions& options) {
+  using config::RopeScalingType;
+  const auto f32 = options.dtype(torch::kFloat);
+  // theta^(2i/hd), as HF: int64 arange -> fp32, divided by hd, the base raised to it.
+  const auto exponents =
+      torch::arange(0, hd, 2, f32.dtype(torch::kLong)).to(torch::kFloat) / static_cast<double>(hd);
+  const auto pos_freqs = torch::pow(theta, exponents);
+  switch (scaling.type) {
+    case RopeScalingType::kNone:
+      return 1.0 / pos_freqs;
+    case RopeScalingType::kLinear:
+      return (1.0 / pos_freqs) / scaling.factor;
+    case RopeScalingType::kYarn:
+      break;
+  }
+  // YaRN (arXiv 2309.00071, HF's _compute_yarn_parameters): frequencies that turn fewer than
+  // beta_slow times over the pretraining window are interpolated (divided by factor), those
+  // turning more than beta_fast times are kept, with a linear ramp over the dimensions between.
+  const double dim = static_cast<double>(hd), orig = scaling.original_max_position_embeddings;
+  auto correction_dim = [&](double rotations) {
+    return (dim * std::log(orig / (rotations * 2 * std::numbers::pi))) / (2 * std::log(theta));
+  };
+  double low = correction_dim(scaling.beta_fast), high = correction_dim(scaling.beta_slow);
+  if (scaling.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0), high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;  // HF's guard against a zero-width ramp
+  const auto ramp = ((torch::arange(hd / 2, f32) - low) / (high - low)).clamp(0, 1);
+  const auto extrapolation_factor = 1 - ramp;
+  const auto extrapolated = 1.0 / pos_freqs, interpolated = 1.0 / (scaling.factor * pos_freqs);
+  return interpolated * (1 - extrapolation_factor) + extrapolated * extrapolation_factor;
+}
+
+double rotary_attention_factor(const config::RopeScalingConfig& scaling) {
+  if (scaling.type != config::RopeScalingType::kYarn) return 1.0;
+  if (scaling.attention_factor > 0) return scaling.attention_factor;
+  return scaling.factor <= 1 ? 1.0 : 0.1 * std::log(scaling.factor) + 1.0;
+}
+
 std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch::Tensor& x, double theta,
-                                                      const torch::Tensor& positions) {
+                                                      const torch::Tensor& positions,
+                                                      const config::RopeScalingConfig& scaling) {
   const int64_t S = x.size(2), hd = x.size(3);
   auto f32 = x.options().dtype(torch::kFloat);
-  auto inv_freq =
-      1.0 / torch::pow(theta, torch::arange(0, hd, 2, f32.dtype(torch::kLong)).to(torch::kFloat) /
-                                  static_cast<double>(hd));
+  const auto inv_freq = rotary_inv_freq(hd, theta, scaling, f32);
   auto freqs = positions.defined()
                    ? (positions.to(torch::kFloat).unsqueeze(-1) * inv_freq).unsqueeze(1)
                    : torch::outer(torch::arange(S, f32), inv_freq);
   auto emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos().to(x.scalar_type()), emb.sin().to(x.scalar_type())};
+  auto cos = emb.cos(), sin = emb.sin();
+  if (const double a = rotary_attention_factor(scaling); a != 1.0) {
+    cos = cos * a, sin = sin * a;  // in fp32, before the cast, as HF
+  }
+  return {cos.to(x.scalar_type()), sin.to(x.scalar_type())};
 }
 
-std::pair<torch::Tensor, torch::Tensor> RotaryTableCache::get(const torch::Tensor& x, double theta,
-                                                              const torch::Tensor& positions) {
+std::pair<torch::Tensor, torch::Tensor> RotaryTableCache::get(
+    const torch::Tensor& x, double theta, const torch::Tensor& positions,
+    const config::RopeScalingConfig& scaling) {
   const bool fresh = cos_.defined() && S_ == x.size(2) && hd_ == x.size(3) && theta_ == theta &&
-                     cos_.scalar_type() == x.scalar_type() && cos_.device() == x.device() &&
+                     scaling_ == scaling && cos_.scalar_type() == x.scalar_type() &&
+                     cos_.device() == x.device() &&
                      cos_.is_inference() == c10::InferenceMode::is_enabled();
   if (!fresh) {
-    std::tie(cos_, sin_) = rotary_tables(x, theta, positions);
-    S_ = x.size(2), hd_ = x.size(3), theta_ = theta;
+    std::tie(cos_, sin_) = rotary_tables(x, theta, positions, scaling);
+    S_ = x.size(2), hd_ = x.size(3), theta_ = theta, scaling_ = scaling;
     ++builds_;
   }
   return {cos_, sin_};
@@ -110,8 +156,9 @@ torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const tor
   return x * cos + rotated * sin;
 }
 
-torch::Tensor apply_rotary(const torch::Tensor& x, double theta, const torch::Tensor& positions) {
-  const auto [cos, sin] = rotary_tables(x, theta, positions);
+torch::Tensor apply_rotary(const torch::Tensor& x, double theta, const torch::Tensor& positions,
+                           const config::RopeScalingConfig& scaling) {
+  const auto [cos, sin] = rotary_tables(x, theta, positions, scaling);
   return rotate(x, cos, sin);
 }
 
@@ -150,7 +197,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   q = q.transpose(1, 2), k = k.transpose(1, 2), v = v.transpose(1, 2);
   if (opt_.rope_theta > 0) {
     // q and k share them; so do the other layers of this forward (RotaryTableCache).
-    const auto [cos, sin] = rotary_->get(q, opt_.rope_theta, positions_);
+    const auto [cos, sin] = rotary_->get(q, opt_.rope_theta, positions_, opt_.rope_scaling);
     const auto dt = q.scalar_type();
     if (opt_.fused_rotary && q.is_cuda() &&
         (dt == torch::kFloat || dt == torch::kBFloat16 || dt == torch::kHalf)) {
@@ -285,6 +332,7 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   a.kv_heads = config::key_value_heads(cfg);
   a.head_dim = config::head_dim(cfg);
   a.rope_theta = m.rope_theta;
+  a.rope_scaling = m.rope_scaling;
   a.qk_norm = m.qk_norm;
   a.qk_norm_full = m.qk_norm_scope == config::QkNormScope::kFull;
   a.clip_qkv = m.clip_qkv;

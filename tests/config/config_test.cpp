@@ -396,5 +396,40 @@ TEST(Config, LayerLayoutKeysAreChecked) {
             "config: test.json: model.qk_norm_scope = \"all\": expected one of head, full");
 }
 
+// model.rope_scaling: a nested section read, checked and written like the others.
+TEST(Config, RopeScalingIsCheckedAndWrittenBack) {
+  json j = minimal();
+  j["model"] = {{"rope_scaling", {{"type", "yarn"}, {"factor", 4}}}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: model.rope_scaling.type = \"yarn\": scales rotary positions; "
+            "model.rope_theta is 0 (learned positions)");
+  j["model"]["rope_theta"] = 1e6;
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: model.rope_scaling.original_max_position_embeddings = 0: must be "
+            "the pretraining window (> 0) with yarn scaling");
+  j["model"]["rope_scaling"]["original_max_position_embeddings"] = 4096;
+  j["model"]["rope_scaling"]["beta_slow"] = 40;
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: model.rope_scaling.beta_fast = 32: must be >= "
+            "model.rope_scaling.beta_slow (40)");
+  j["model"]["rope_scaling"].erase("beta_slow");
+  j["model"]["rope_scaling"]["factor"] = 0.5;
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: model.rope_scaling.factor = 0.5: must be >= 1");
+  j["model"]["rope_scaling"]["factor"] = 4;
+  j["model"]["rope_scaling"]["type"] = "dynamic";
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: model.rope_scaling.type = \"dynamic\": expected one of none, "
+            "linear, yarn");
+  j["model"]["rope_scaling"]["type"] = "yarn";
+  const Config c = build(j);
+  EXPECT_EQ(c.model.rope_scaling.type, RopeScalingType::kYarn);
+  EXPECT_EQ(c.model.rope_scaling.original_max_position_embeddings, 4096);
+  const json written = to_json(c)["model"]["rope_scaling"];
+  EXPECT_EQ(written["type"], "yarn");
+  EXPECT_EQ(written["beta_fast"], 32.0);
+  EXPECT_EQ(build(json::parse(to_json(c).dump())).model.rope_scaling, c.model.rope_scaling);
+}
+
 }  // namespace
 }  // namespace moe::config

@@ -95,11 +95,27 @@ with tempfile.TemporaryDirectory() as td:
     (d / "config.json").write_text(json.dumps(c))
     expect_refusal(tmp, "unknown architecture", ["import-hf", d], "LlamaForCausalLM", "config.json")
 
-    d = variant(tmp, single, "scaled-rope")
-    c = json.loads((d / "config.json").read_text())
-    c["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}
-    (d / "config.json").write_text(json.dumps(c))
-    expect_refusal(tmp, "scaled rotary embedding", ["import-hf", d], "rope_parameters", "yarn")
+    # Rotary scalings our attention does not compute (default, linear and yarn it does:
+    # hf_rope_scaling_test.py), in transformers 5's rope_parameters and 4.x's rope_scaling.
+    for name, key, params, needles in [
+        ("dynamic-rope", "rope_parameters", {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4.0},
+         ["rope_parameters", "dynamic", "default, linear and yarn"]),
+        ("llama3-rope", "rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+         ["rope_scaling", "llama3"]),
+        ("partial-rope", "rope_parameters", {"rope_type": "default", "rope_theta": 1e4,
+                                             "partial_rotary_factor": 0.5},
+         ["rope_parameters", "partial_rotary_factor"]),
+        ("shrinking-yarn", "rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 0.5,
+                                               "original_max_position_embeddings": 16},
+         ["rope_parameters", "factor >= 1"]),
+        ("linear-without-factor", "rope_scaling", {"type": "linear"}, ["rope_scaling", "factor >= 1"]),
+    ]:
+        d = variant(tmp, single, name)
+        c = json.loads((d / "config.json").read_text())
+        c[key] = params
+        (d / "config.json").write_text(json.dumps(c))
+        expect_refusal(tmp, name, ["import-hf", d], *needles)
 
     d = variant(tmp, sharded, "truncated")
     f = d / shards[0]

@@ -31,6 +31,9 @@ enum class MoeKernels { kAuto, kCuda, kReference };  // moe.kernels
 enum class DistBackend { kAuto, kGloo, kNccl };      // distributed.backend
 // model.attention_backend: which scaled-dot-product-attention kernel torch tries first on CUDA.
 enum class AttentionBackend { kAuto, kFlash, kCudnn, kEfficient, kMath };
+// model.rope_scaling.type: how rotary angles are stretched past the pretraining window (HF's
+// rope_type; "none" is HF's "default").
+enum class RopeScalingType { kNone, kLinear, kYarn };
 // moe.dispatch_dtype: the dtype the routed rows move in (permute, expert-parallel all-to-all).
 enum class DispatchDtype { kFp32, kCompute };
 // optimizer.exp_avg_dtype / exp_avg_sq_dtype: how Adam's moments are stored.
@@ -92,6 +95,11 @@ struct ChoiceNames<DispatchDtype> {
 template <>
 struct ChoiceNames<DistBackend> {
   static constexpr std::array<std::string_view, 3> kNames = {"auto", "gloo", "nccl"};
+};
+
+template <>
+struct ChoiceNames<RopeScalingType> {
+  static constexpr std::array<std::string_view, 3> kNames = {"none", "linear", "yarn"};
 };
 
 template <>

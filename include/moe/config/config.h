@@ -104,6 +104,18 @@ struct MonitorSinkConfig {  // DeepSpeed's tensorboard / csv_monitor blocks
   std::string job_name = "moe-train";
 };
 
+// Rotary scaling for windows past the pretraining one, as Hugging Face's rope_parameters
+// (linear: positions divided by `factor`; yarn: YaRN's per-frequency blend and attention factor).
+struct RopeScalingConfig {
+  RopeScalingType type = RopeScalingType::kNone;
+  double factor = 1.0;                           // the window's stretch
+  int64_t original_max_position_embeddings = 0;  // yarn: the pretraining window
+  double beta_fast = 32.0, beta_slow = 1.0;      // yarn: the ramp's bounds, in rotations
+  double attention_factor = 0.0;                 // yarn: cos/sin scale; 0 = 0.1 ln(factor) + 1
+  bool truncate = true;                          // yarn: the ramp's bounds rounded outward
+  bool operator==(const RopeScalingConfig&) const = default;
+};
+
 struct ModelConfig {
   int64_t vocab_size = 256;
   int64_t seq_len = 128;
@@ -115,6 +127,7 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   bool tie_embeddings = true;
   double rope_theta = 0.0;          // > 0: rotary positions (HF convention); 0: learned positions
+  RopeScalingConfig rope_scaling;   // rotary only
   int64_t num_key_value_heads = 0;  // grouped-query attention; 0 = num_heads (multi-head)
   int64_t head_dim = 0;             // 0 = hidden_size / num_heads
   bool qk_norm = false;             // RMSNorm on q and k before the rotation

@@ -37,7 +37,8 @@ struct AttentionOptions {
   int64_t kv_heads = 1;  // grouped-query attention: heads / kv_heads query heads share one
   int64_t head_dim = 0;
   double rope_theta = 0;  // > 0: rotary embeddings on q and k (Hugging Face's rotate-half layout)
-  bool qk_norm = false;   // RMSNorm on q and k before the rotation
+  config::RopeScalingConfig rope_scaling;  // linear / YaRN stretch of the rotary angles
+  bool qk_norm = false;                    // RMSNorm on q and k before the rotation
   bool qk_norm_full = false;  // over all heads' width (OLMoE), else over head_dim (Qwen3-MoE)
   double clip_qkv = 0;        // > 0: clamp q, k, v to [-clip_qkv, clip_qkv] (OLMoE)
   double norm_eps = 1e-5;
@@ -57,7 +58,8 @@ class RotaryTableCache {
  public:
   // The tables rotary_tables(x, theta, positions) would return.
   std::pair<torch::Tensor, torch::Tensor> get(const torch::Tensor& x, double theta,
-                                              const torch::Tensor& positions);
+                                              const torch::Tensor& positions,
+                                              const config::RopeScalingConfig& scaling = {});
   void clear() { cos_ = sin_ = torch::Tensor(); }
   int64_t builds() const { return builds_; }  // tables computed so far (once per forward)
 
@@ -66,6 +68,7 @@ class RotaryTableCache {
   int64_t builds_ = 0;
   int64_t S_ = 0, hd_ = 0;
   double theta_ = 0;
+  config::RopeScalingConfig scaling_;
 };
 
 // Causal self-attention: one fused projection to [q (heads) | k (kv_heads) | v (kv_heads)] x
@@ -101,12 +104,22 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 // x * cos + rotate_half(x) * sin, frequencies theta^(-2i/hd) repeated over both halves).
 // `positions` [B, S] int64 (optional): each token's position (restarting per document).
 torch::Tensor apply_rotary(const torch::Tensor& x, double theta,
-                           const torch::Tensor& positions = {});
+                           const torch::Tensor& positions = {},
+                           const config::RopeScalingConfig& scaling = {});
+
+// The rotary inverse frequencies [hd / 2] in fp32, as Hugging Face's rope_type default, linear
+// and yarn compute them (same operations, same order: the same floats).
+torch::Tensor rotary_inv_freq(int64_t hd, double theta, const config::RopeScalingConfig& scaling,
+                              const torch::TensorOptions& options = {});
+// The factor cos and sin are multiplied by: YaRN's attention_factor (given, or 0.1 ln(factor)
+// + 1), 1 otherwise.
+double rotary_attention_factor(const config::RopeScalingConfig& scaling);
 
 // cos and sin of the rotary angles for tensors like x [B, H, S, hd]: [S, hd], or per document
 // [B, 1, S, hd] with `positions` [B, S]. In fp32 as Hugging Face computes them, then in x's dtype.
-std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch::Tensor& x, double theta,
-                                                      const torch::Tensor& positions = {});
+std::pair<torch::Tensor, torch::Tensor> rotary_tables(
+    const torch::Tensor& x, double theta, const torch::Tensor& positions = {},
+    const config::RopeScalingConfig& scaling = {});
 // The ATen reference of the rotation: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1).
 torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
