@@ -468,6 +468,7 @@ struct ExportArgs {
 int cmd_export_hf(ExportArgs a) {
   a.opt.max_shard_bytes = hf::parse_size(a.max_shard_size, "export-hf: --max-shard-size");
   const hf::ExportReport r = hf::export_hf(a.checkpoint, a.out, a.opt);
+  for (const auto& w : r.warnings) spdlog::warn("export-hf: {}", w);
   std::printf("exported %s%s (%lld tensors, %lld file%s, %s) to %s; tokenizer files: %zu\n",
               hf::architecture_name(r.family),
               a.opt.adapter ? " PEFT adapter" : (a.opt.merge ? " (LoRA merged)" : ""),

@@ -221,6 +221,24 @@ ExportReport export_adapter(model::TransformerLM& model, const config::Config& c
   r.family = family;
   r.tensors = write_peft_adapter(model, cfg, family, out.path(),
                                  source.empty() ? "" : fs::absolute(source).string());
+  // A PEFT adapter carries no model config: a rotary scaling the run added (a long-context
+  // fine-tune) is lost when the base is loaded as it is stored. Say how to load it as trained.
+  config::RopeScalingConfig base_scaling;
+  if (!source.empty()) {
+    const fs::path p =
+        fs::path(source) /
+        (fs::exists(fs::path(source) / "hf_config.json") ? "hf_config.json" : "config.json");
+    base_scaling = rope_scaling_of(config::load_json_file(p.string(), "hf"), p.string());
+  }
+  if (cfg.model.rope_scaling != base_scaling) {
+    r.warnings.push_back(
+        "the adapters were trained with model.rope_scaling type " +
+        std::string(config::name(cfg.model.rope_scaling.type)) + ", the base model's config has " +
+        std::string(config::name(base_scaling.type)) +
+        " (or other parameters); PEFT adapters carry no config, so load the base with "
+        "from_pretrained(BASE, rope_parameters=" +
+        rope_parameters(cfg.model).dump() + ") or export with --merge");
+  }
   r.shards = 1;
   r.tokenizer_files = copy_tokenizer_files(checkpoint_dir, out.path());
   out.commit();

@@ -372,8 +372,7 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
   return f;
 }
 
-// model.rope_theta and model.rope_scaling as transformers 5's rope_parameters.
-static json rope_parameters(const config::ModelConfig& m) {
+json rope_parameters(const config::ModelConfig& m) {
   const auto& s = m.rope_scaling;
   json p = {{"rope_type",
              s.type == config::RopeScalingType::kNone ? "default" : std::string(name(s.type))},
@@ -387,6 +386,17 @@ static json rope_parameters(const config::ModelConfig& m) {
   if (s.attention_factor > 0) p["attention_factor"] = s.attention_factor;
   p["truncate"] = s.truncate;
   return p;
+}
+
+config::RopeScalingConfig rope_scaling_of(const json& hf_config, const std::string& file) {
+  const json model = architecture_from_hf(hf_config, file, nullptr, nullptr)["model"];
+  // Read through the config reader (its defaults for the keys an HF dict leaves out).
+  const json root = {
+      {"model",
+       {{"rope_theta", 1.0}, {"rope_scaling", model.value("rope_scaling", json::object())}}},
+      {"data", {{"path", "-"}}},
+      {"train_micro_batch_size_per_gpu", 1}};
+  return config::from_json(root, file).model.rope_scaling;
 }
 
 json hf_config_from(const config::Config& cfg, Family f, const json& base,

@@ -11,7 +11,9 @@ downloaded):
   a round trip (train from the import, export-hf, transformers loads it with the same scaling and
   the same logits, import-hf of the export is bitwise the trained weights and the same scaling);
   a long-context fine-tune: an unscaled import trained with model.rope_scaling set in the run's
-  config; the export carries the scaling, and `eval` without it in the config inherits it.
+  config; the export carries the scaling, and `eval` without it in the config inherits it;
+  the same with LoRA: `export-hf --adapter` warns that the PEFT adapter carries no config and
+  names the rope_parameters to load the base with; loaded so, base + adapter give our logits.
 
 usage: hf_rope_scaling_test.py MOE_TRAIN_BINARY
 """
@@ -183,6 +185,58 @@ def long_context_fine_tune(tmp):
     compare("fine-tuned, exported", dump, exported, r["loss"], "yarn")
 
 
+def lora_long_context(tmp):
+    """LoRA on the unscaled base with yarn set in the run's config: the PEFT adapter carries no
+    config, so export-hf --adapter says how to load the base; following it gives our logits."""
+    import re
+    import peft
+    tag = "qwen3-lora-long-context"
+    print(f"{tag}: LoRA with yarn in the run's config, exported as a PEFT adapter:")
+    src = tmp / "hf-qwen3-long-context"  # the unscaled model long_context_fine_tune saved
+    cfg = tmp / f"cfg-{tag}.json"
+    scaling = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    cfg.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 2,
+        "lora": {"r": 4, "lora_alpha": 8,
+                 "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
+        "model": {"seq_len": WINDOW, "init_from": str(src), "rope_scaling": scaling},
+        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")},
+        "training": {"eval_iters": 4, "device": "cpu", "output_dir": str(tmp / f"run-{tag}"),
+                     "train_iters": 10, "eval_interval": 0},
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}}}))
+    run("--config", cfg, "-q")
+    trained = newest_checkpoint(tmp / f"run-{tag}")
+    adapter = tmp / f"adapter-{tag}"
+    err = run("export-hf", trained, "--adapter", "--out", adapter).stderr
+    found = re.search(r"from_pretrained\(BASE, rope_parameters=(\{.*?\})\)", err)
+    assert found and "--merge" in err, f"export-hf --adapter says nothing about the scaling:\n{err}"
+    rope_parameters = json.loads(found.group(1))
+    assert rope_parameters["rope_type"] == "yarn", rope_parameters
+    print(f"  export-hf --adapter: {err.strip().splitlines()[-1][:160]}...")
+    # No warning when the base has the scaling the adapters were trained with: LoRA on the yarn
+    # model, its run config silent on the scaling (inherited from the base).
+    inherited = json.loads(cfg.read_text())
+    inherited["model"] = {"seq_len": WINDOW, "init_from": str(tmp / "hf-qwen3-yarn")}
+    inherited["training"]["output_dir"] = str(tmp / f"run-{tag}-inherited")
+    cfg2 = tmp / f"cfg-{tag}-inherited.json"
+    cfg2.write_text(json.dumps(inherited))
+    run("--config", cfg2, "-q", "--set", "training.train_iters=2")
+    trained2 = newest_checkpoint(tmp / f"run-{tag}-inherited")
+    assert checkpoint_scaling(trained2)["type"] == "yarn", "the base's scaling is inherited"
+    quiet = run("export-hf", trained2, "--adapter", "--out", tmp / f"adapter-{tag}-inherited").stderr
+    assert "rope_parameters=" not in quiet, quiet
+    dump, _ = evaluate(tmp, cfg, trained, tag)  # a LoRA checkpoint evaluates with its run's config
+    d = load_file(dump)
+    base = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32,
+                                                             rope_parameters=rope_parameters)
+    model = peft.PeftModel.from_pretrained(base, adapter).eval()
+    with torch.no_grad():
+        theirs = model(input_ids=d["tokens"][:, :-1]).logits
+    diff = (theirs - d["logits"]).abs().max().item()
+    print(f"  base loaded as the warning says + the PEFT adapter: max |logit diff| {diff:.2e}")
+    assert diff <= LOGITS_TOL, f"{tag}: logits differ by {diff}"
+
+
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
     run("make-synthetic", "--out", tmp / "data", "--vocab", "320", "--programs", "4", "--doc-len", "65",
@@ -192,4 +246,5 @@ with tempfile.TemporaryDirectory() as d:
         if case[0] == "qwen3-yarn":
             round_trip(tmp, case[0], imported, scaling)
     long_context_fine_tune(tmp)
+    lora_long_context(tmp)
 print("ok")

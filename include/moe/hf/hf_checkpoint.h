@@ -41,6 +41,7 @@ struct ExportReport {
   Family family = Family::kMixtral;
   int64_t tensors = 0, shards = 0;
   std::vector<std::string> tokenizer_files;
+  std::vector<std::string> warnings;  // what the user must know to load the result as trained
 };
 
 // A moe-train checkpoint -> an HF directory of `family`'s layout that transformers'

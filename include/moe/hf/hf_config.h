@@ -26,14 +26,20 @@ Family parse_family(const std::string& architecture, const std::string& where);
 
 // config.json (`hf_config`, read from `file`) -> {"model": {...}, "moe": {...}} in our keys.
 // Anything we cannot represent exactly (another activation, attention biases, a sliding window,
-// rope scaling, ...) is a UserError naming the file and key. `warnings` gets the HF settings
-// that only affect HF's own training (router jitter).
+// a rope type other than default/linear/yarn, ...) is a UserError naming the file and key.
+// `warnings` gets the HF settings that only affect HF's own training (router jitter).
 nlohmann::json architecture_from_hf(const nlohmann::json& hf_config, const std::string& file,
                                     Family* family, std::vector<std::string>* warnings);
 
 // The family our architecture maps to: `requested` ("" = infer from the q/k norm layout), with a
 // UserError "KEY: why" naming the first key that family cannot represent.
 Family export_family(const config::Config& cfg, const std::string& requested);
+
+// model.rope_theta and model.rope_scaling as transformers 5's rope_parameters dict.
+nlohmann::json rope_parameters(const config::ModelConfig& m);
+
+// The model.rope_scaling an HF config.json (`hf_config`, read from `file`) maps to.
+config::RopeScalingConfig rope_scaling_of(const nlohmann::json& hf_config, const std::string& file);
 
 // config.json for `cfg` in `family`'s layout. `base`: an original HF config of the model (from
 // import-hf) whose other keys (token ids, max_position_embeddings, ...) are kept; may be null.
