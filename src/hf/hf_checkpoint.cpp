@@ -231,13 +231,19 @@ ExportReport export_adapter(model::TransformerLM& model, const config::Config& c
     base_scaling = rope_scaling_of(config::load_json_file(p.string(), "hf"), p.string());
   }
   if (cfg.model.rope_scaling != base_scaling) {
+    // yarn: the scaled window too, as export-hf writes it (hf_config_from) and transformers 4.x
+    // needs it to derive the same factor.
+    const auto& s = cfg.model.rope_scaling;
+    const std::string window = s.type == config::RopeScalingType::kYarn
+                                   ? ", max_position_embeddings=" + std::to_string(yarn_window(s))
+                                   : "";
     r.warnings.push_back(
         "the adapters were trained with model.rope_scaling type " +
         std::string(config::name(cfg.model.rope_scaling.type)) + ", the base model's config has " +
         std::string(config::name(base_scaling.type)) +
         " (or other parameters); PEFT adapters carry no config, so load the base with "
         "from_pretrained(BASE, rope_parameters=" +
-        rope_parameters(cfg.model).dump() + ") or export with --merge");
+        rope_parameters(cfg.model).dump() + window + ") or export with --merge");
   }
   r.shards = 1;
   r.tokenizer_files = copy_tokenizer_files(checkpoint_dir, out.path());

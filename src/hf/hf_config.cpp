@@ -31,6 +31,13 @@ class HfKeys {
     const std::string value = c_.contains(key) ? " = " + c_[key].dump() : "";
     throw UserError("hf: " + file_ + ": " + key + value + ": " + what);
   }
+  // A field of a nested dict (rope_parameters.factor): names the field, not the whole dict.
+  [[noreturn]] void fail_field(const std::string& key, const std::string& name,
+                               const std::string& what) const {
+    const json& d = c_.at(key);
+    const std::string value = d.is_object() && d.contains(name) ? " = " + d.at(name).dump() : "";
+    throw UserError("hf: " + file_ + ": " + key + "." + name + value + ": " + what);
+  }
   bool present(const std::string& key) const { return c_.contains(key) && !c_[key].is_null(); }
   int64_t integer(const std::string& key) const {
     if (!present(key)) fail(key, "missing (an integer is required)");
@@ -93,23 +100,25 @@ RopeSettings rope_settings(const HfKeys& k, double family_default,
   if (!p.is_object()) k.fail(key, "expected an object");
   auto text = [&](const char* name, const std::string& fallback) {
     if (!p.contains(name) || p[name].is_null()) return fallback;
-    if (!p[name].is_string()) k.fail(key, std::string(name) + " must be a string");
+    if (!p[name].is_string()) k.fail_field(key, name, "expected a string");
     return p[name].get<std::string>();
   };
   // A number of the dict; null and absent are `fallback`, as transformers' .get().
   auto number = [&](const char* name, double fallback) {
     if (!p.contains(name) || p[name].is_null()) return fallback;
-    if (!p[name].is_number()) k.fail(key, std::string(name) + " must be a number");
+    if (!p[name].is_number()) k.fail_field(key, name, "expected a number");
     return p[name].get<double>();
   };
   const std::string type = text("rope_type", text("type", "default"));
   r.theta = number("rope_theta", r.theta);
   if (number("partial_rotary_factor", 1.0) != 1.0) {
-    k.fail(key, "partial_rotary_factor other than 1 is not supported (every dimension rotates)");
+    k.fail_field(key, "partial_rotary_factor",
+                 "only 1 is supported (every dimension of the head rotates)");
   }
   if (type == "default") return r;
   if (type != "linear" && type != "yarn") {
-    k.fail(key, "rope_type \"" + type + "\" is not supported (default, linear and yarn are)");
+    k.fail_field(key, p.contains("rope_type") ? "rope_type" : "type",
+                 "not supported (default, linear and yarn are)");
   }
   const bool yarn = type == "yarn";
   // transformers warns about keys its rope type does not read, and ignores them; so do we.
@@ -136,7 +145,11 @@ RopeSettings rope_settings(const HfKeys& k, double family_default,
   json s = {{"type", type}};
   if (!yarn) {
     const double factor = number("factor", 0.0);
-    if (factor < 1.0) k.fail(key, "linear scaling needs a factor >= 1");
+    if (factor < 1.0) {
+      k.fail_field(key, "factor",
+                   std::string(p.contains("factor") ? "" : "missing: ") +
+                       "linear scaling needs a factor >= 1");
+    }
     s["factor"] = factor;
     r.scaling = s;
     return r;
@@ -148,19 +161,26 @@ RopeSettings rope_settings(const HfKeys& k, double family_default,
   if (original == 0) {
     const double o = number("original_max_position_embeddings", double(max_positions));
     if (o < 1 || o != std::floor(o)) {
-      k.fail(key, "original_max_position_embeddings must be a positive integer");
+      k.fail_field(key, "original_max_position_embeddings", "expected a positive integer");
     }
     original = static_cast<int64_t>(o);
   }
   if (original <= 0) {
-    k.fail(key, "yarn needs original_max_position_embeddings (or max_position_embeddings)");
+    k.fail_field(key, "original_max_position_embeddings",
+                 "yarn needs the pretraining window (here, or max_position_embeddings)");
   }
-  // No factor: the ratio of the two windows (transformers' rule for DeepSeek-V3-style configs).
+  // transformers reads p["factor"]: a missing key is its KeyError; null is the ratio of the two
+  // windows (its rule for DeepSeek-V3-style configs).
+  if (!p.contains("factor")) {
+    k.fail_field(key, "factor",
+                 "missing (yarn needs a number >= 1, or null for "
+                 "max_position_embeddings / original_max_position_embeddings)");
+  }
   const double factor = number("factor", double(max_positions) / double(original));
-  if (factor < 1.0) k.fail(key, "yarn scaling needs a factor >= 1");
+  if (factor < 1.0) k.fail_field(key, "factor", "yarn scaling needs a factor >= 1");
   double attention = number("attention_factor", 0.0);
   if (p.contains("attention_factor") && !p["attention_factor"].is_null() && attention <= 0) {
-    k.fail(key, "attention_factor must be > 0");
+    k.fail_field(key, "attention_factor", "expected a number > 0");
   }
   const double mscale = number("mscale", 0.0), mscale_all_dim = number("mscale_all_dim", 0.0);
   if (attention == 0 && mscale != 0 && mscale_all_dim != 0 && factor > 1) {
@@ -170,10 +190,18 @@ RopeSettings rope_settings(const HfKeys& k, double family_default,
   }
   // transformers: `get("beta_fast") or 32`, so 0 and null are the defaults too.
   const double beta_fast = number("beta_fast", 0.0), beta_slow = number("beta_slow", 0.0);
+  if ((beta_fast != 0 ? beta_fast : 32.0) < (beta_slow != 0 ? beta_slow : 1.0)) {
+    k.fail_field(key, "beta_fast",
+                 "must be >= beta_slow (the ramp runs from beta_fast rotations "
+                 "down to beta_slow)");
+  }
+  // transformers: `get("truncate", True)`, so an explicit null is falsy: no truncation.
   bool truncate = true;
-  if (p.contains("truncate") && !p["truncate"].is_null()) {
-    if (!p["truncate"].is_boolean()) k.fail(key, "truncate must be true or false");
-    truncate = p["truncate"].get<bool>();
+  if (p.contains("truncate")) {
+    if (!p["truncate"].is_null() && !p["truncate"].is_boolean()) {
+      k.fail_field(key, "truncate", "expected true, false or null");
+    }
+    truncate = p["truncate"].is_boolean() && p["truncate"].get<bool>();
   }
   s["factor"] = factor;
   s["original_max_position_embeddings"] = original;
@@ -388,6 +416,10 @@ json rope_parameters(const config::ModelConfig& m) {
   return p;
 }
 
+int64_t yarn_window(const config::RopeScalingConfig& s) {
+  return static_cast<int64_t>(std::llround(s.factor * double(s.original_max_position_embeddings)));
+}
+
 config::RopeScalingConfig rope_scaling_of(const json& hf_config, const std::string& file) {
   const json model = architecture_from_hf(hf_config, file, nullptr, nullptr)["model"];
   // Read through the config reader (its defaults for the keys an HF dict leaves out).
@@ -421,15 +453,27 @@ json hf_config_from(const config::Config& cfg, Family f, const json& base,
   if (f != Family::kOlmoe) j["head_dim"] = config::head_dim(cfg);
   j["rms_norm_eps"] = m.norm_eps;
   j["rope_parameters"] = rope_parameters(m);
-  // transformers 4.x reads these two (5.x reads rope_parameters, or a non-empty rope_scaling).
+  // transformers 4.x reads these two (5.x reads rope_parameters, or a non-empty rope_scaling,
+  // taking rope_theta from the top level). 4.x warns about keys it does not know in rope_scaling:
+  // rope_theta is left out, and truncate too where it is the default.
   j["rope_theta"] = m.rope_theta;
-  if (m.rope_scaling.type != config::RopeScalingType::kNone)
-    j["rope_scaling"] = j["rope_parameters"];
+  if (m.rope_scaling.type != config::RopeScalingType::kNone) {
+    json legacy = j["rope_parameters"];
+    legacy.erase("rope_theta");
+    if (m.rope_scaling.truncate) legacy.erase("truncate");
+    j["rope_scaling"] = legacy;
+  }
   j["tie_word_embeddings"] = m.tie_embeddings;
   j["hidden_act"] = "silu";
   j["initializer_range"] = m.init_std;
   j["attention_dropout"] = 0.0;
   if (!j.contains("max_position_embeddings")) j["max_position_embeddings"] = m.seq_len;
+  if (m.rope_scaling.type == config::RopeScalingType::kYarn) {
+    // The scaled window. Some transformers 4.x releases compute yarn's factor as
+    // max_position_embeddings / original_max_position_embeddings, ignoring `factor`; 5.x warns
+    // when the two disagree. factor x original serves both.
+    j["max_position_embeddings"] = yarn_window(m.rope_scaling);
+  }
   j["num_experts_per_tok"] = e.top_k;
   j["router_aux_loss_coef"] = e.aux_loss_coeff;
   j["output_router_logits"] = false;

@@ -99,17 +99,27 @@ with tempfile.TemporaryDirectory() as td:
     # hf_rope_scaling_test.py), in transformers 5's rope_parameters and 4.x's rope_scaling.
     for name, key, params, needles in [
         ("dynamic-rope", "rope_parameters", {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4.0},
-         ["rope_parameters", "dynamic", "default, linear and yarn"]),
+         ["rope_parameters.rope_type", "dynamic", "default, linear and yarn"]),
         ("llama3-rope", "rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
-         ["rope_scaling", "llama3"]),
+         ["rope_scaling.rope_type", "llama3"]),
         ("partial-rope", "rope_parameters", {"rope_type": "default", "rope_theta": 1e4,
                                              "partial_rotary_factor": 0.5},
-         ["rope_parameters", "partial_rotary_factor"]),
+         ["rope_parameters.partial_rotary_factor", "0.5"]),
         ("shrinking-yarn", "rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 0.5,
                                                "original_max_position_embeddings": 16},
-         ["rope_parameters", "factor >= 1"]),
-        ("linear-without-factor", "rope_scaling", {"type": "linear"}, ["rope_scaling", "factor >= 1"]),
+         ["rope_parameters.factor", "0.5", "factor >= 1"]),
+        ("linear-without-factor", "rope_scaling", {"type": "linear"}, ["rope_scaling.factor", "missing", "factor >= 1"]),
+        # transformers raises KeyError without the key (null derives it from the two windows).
+        ("yarn-without-factor", "rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4,
+                                                    "original_max_position_embeddings": 16},
+         ["rope_parameters.factor", "missing", "null"]),
+        ("yarn-reversed-betas", "rope_scaling", {"rope_type": "yarn", "factor": 4.0, "beta_fast": 1.0,
+                                                 "beta_slow": 8.0, "original_max_position_embeddings": 16},
+         ["rope_scaling.beta_fast", "1.0", "beta_slow"]),
+        ("yarn-string-truncate", "rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                                     "original_max_position_embeddings": 16, "truncate": "no"},
+         ["rope_parameters.truncate", "\"no\"", "true, false or null"]),
     ]:
         d = variant(tmp, single, name)
         c = json.loads((d / "config.json").read_text())

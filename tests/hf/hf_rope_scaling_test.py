@@ -6,18 +6,24 @@ downloaded):
   to a config.json by hand (rope_scaling, Qwen3's long-context recipe): import-hf, then
   `moe-train eval --dump-logits` at 64 tokens: loss within 1e-5 relative and logits within 1e-4
   of transformers', which must itself be running the scaled rope type;
-  YaRN with its defaults, with beta_fast/beta_slow/attention_factor/truncate given, and with
-  DeepSeek's mscale/mscale_all_dim;
+  YaRN with its defaults, with beta_fast/beta_slow/attention_factor/truncate given, with
+  DeepSeek's mscale/mscale_all_dim, and with factor and truncate null (transformers derives the
+  factor from the two windows and, null being falsy, does not truncate: checked to matter);
   a round trip (train from the import, export-hf, transformers loads it with the same scaling and
-  the same logits, import-hf of the export is bitwise the trained weights and the same scaling);
+  the same logits and no rope warning, import-hf of the export is bitwise the trained weights and
+  the same scaling; the 4.x rope_scaling copy holds only keys 4.x knows);
   a long-context fine-tune: an unscaled import trained with model.rope_scaling set in the run's
-  config; the export carries the scaling, and `eval` without it in the config inherits it;
+  config; the export carries the scaling and max_position_embeddings = factor x original (which
+  some 4.x releases derive the factor from; 5.x warns otherwise), and `eval` without it in the
+  config inherits it;
   the same with LoRA: `export-hf --adapter` warns that the PEFT adapter carries no config and
   names the rope_parameters to load the base with; loaded so, base + adapter give our logits.
 
 usage: hf_rope_scaling_test.py MOE_TRAIN_BINARY
 """
+import contextlib
 import json
+import logging
 import pathlib
 import subprocess
 import sys
@@ -44,7 +50,31 @@ CASES = [
     ("mixtral-linear-by-hand", "mixtral", "rope_scaling", {"type": "linear", "factor": 2.0}),
     ("qwen3-yarn-by-hand", "qwen3_moe", "rope_scaling",
      {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
+    ("qwen3-yarn-nulls", "qwen3_moe", "rope_parameters",
+     # theta and window chosen so the ramp's upper end (1.41 dimensions) is not an integer: the
+     # truncation check below must see a difference
+     {"rope_type": "yarn", "rope_theta": 1e4, "factor": None, "original_max_position_embeddings": 32,
+      "truncate": None}),
 ]
+
+
+@contextlib.contextmanager
+def rope_warnings():
+    """Collects what transformers logs about the rotary settings while the block runs."""
+    got = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            if "rope" in message.lower():
+                got.append(message)
+
+    handler, logger = Collect(), logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        yield got
+    finally:
+        logger.removeHandler(handler)
 
 
 def run(*args):
@@ -137,9 +167,21 @@ def imported_case(tmp, tag, family, where, scaling):
     run("import-hf", src, "--out", imported)
     ours = checkpoint_scaling(imported)
     assert ours and ours["type"] == rope_type, f"{tag}: imported model.rope_scaling = {ours}"
-    assert ours["factor"] == scaling["factor"], f"{tag}: factor {ours['factor']}"
+    factor = scaling["factor"] or COMMON["max_position_embeddings"] / scaling["original_max_position_embeddings"]
+    assert ours["factor"] == factor, f"{tag}: factor {ours['factor']}, expected {factor}"
+    if "truncate" in scaling:
+        assert ours["truncate"] == bool(scaling["truncate"]), f"{tag}: truncate {ours['truncate']}"
     dump, r = evaluate(tmp, eval_config(tmp, tag), imported, tag)
     compare("imported", dump, src, r["loss"], rope_type)
+    if "truncate" in scaling:  # the case must tell truncation apart, or it proves nothing
+        flipped = dict(scaling, truncate=not scaling["truncate"])
+        other = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32,
+                                                                  rope_parameters=flipped).eval()
+        d = load_file(dump)
+        with torch.no_grad():
+            gap = (other(input_ids=d["tokens"][:, :-1]).logits - d["logits"]).abs().max().item()
+        print(f"  with truncate={flipped['truncate']} transformers differs from us by {gap:.2e}")
+        assert gap > 10 * LOGITS_TOL, f"{tag}: truncation changes the logits by only {gap}"
     return src, imported, ours
 
 
@@ -153,8 +195,14 @@ def round_trip(tmp, tag, imported, scaling):
     written = json.loads((exported / "config.json").read_text())
     rp = written["rope_parameters"]
     assert rp["rope_type"] == "yarn" and rp["factor"] == 4.0 and rp["original_max_position_embeddings"] == 16, rp
-    assert written["rope_scaling"] == rp, "transformers 4.x reads rope_scaling: the same dict"
-    _, info = transformers.AutoModelForCausalLM.from_pretrained(exported, output_loading_info=True)
+    # transformers 4.x reads rope_scaling and warns about keys it does not know (rope_theta, and
+    # truncate, which is left out where it is the default).
+    legacy = {k: v for k, v in rp.items() if k not in ("rope_theta", "truncate")}
+    assert written["rope_scaling"] == legacy, f"rope_scaling {written['rope_scaling']}, expected {legacy}"
+    assert written["rope_theta"] == rp["rope_theta"]
+    with rope_warnings() as warned:
+        _, info = transformers.AutoModelForCausalLM.from_pretrained(exported, output_loading_info=True)
+    assert not warned, f"{tag}: transformers warns about the exported rope settings: {warned}"
     for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
         assert not info[k], f"{tag}: transformers reports {k}: {info[k]}"
     dump, r = evaluate(tmp, cfg, trained, tag + "-trained")
@@ -174,12 +222,18 @@ def long_context_fine_tune(tmp):
     imported = tmp / f"imported-{tag}"
     run("import-hf", src, "--out", imported)
     assert checkpoint_scaling(imported) in (None, {}) or checkpoint_scaling(imported)["type"] == "none"
-    scaling = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    # factor x original (128) past the base's max_position_embeddings (64): the export says so.
+    scaling = {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16}
     train(eval_config(tmp, tag, {"rope_scaling": scaling}), imported)
     trained = newest_checkpoint(tmp / f"run-{tag}")
     assert checkpoint_scaling(trained)["type"] == "yarn"
     exported = tmp / f"exported-{tag}"
     run("export-hf", trained, "--out", exported)
+    written = json.loads((exported / "config.json").read_text())
+    assert written["max_position_embeddings"] == 128, written["max_position_embeddings"]
+    with rope_warnings() as warned:
+        transformers.AutoConfig.from_pretrained(exported)
+    assert not warned, f"{tag}: transformers warns about the exported rope settings: {warned}"
     # eval's config leaves model.rope_scaling out: it comes with the checkpoint's architecture.
     dump, r = evaluate(tmp, eval_config(tmp, tag + "-eval"), trained, tag)
     compare("fine-tuned, exported", dump, exported, r["loss"], "yarn")
@@ -208,10 +262,11 @@ def lora_long_context(tmp):
     trained = newest_checkpoint(tmp / f"run-{tag}")
     adapter = tmp / f"adapter-{tag}"
     err = run("export-hf", trained, "--adapter", "--out", adapter).stderr
-    found = re.search(r"from_pretrained\(BASE, rope_parameters=(\{.*?\})\)", err)
+    found = re.search(r"from_pretrained\(BASE, rope_parameters=(\{.*?\}), max_position_embeddings=(\d+)\)",
+                      err)
     assert found and "--merge" in err, f"export-hf --adapter says nothing about the scaling:\n{err}"
-    rope_parameters = json.loads(found.group(1))
-    assert rope_parameters["rope_type"] == "yarn", rope_parameters
+    rope_parameters, window = json.loads(found.group(1)), int(found.group(2))
+    assert rope_parameters["rope_type"] == "yarn" and window == 64, (rope_parameters, window)
     print(f"  export-hf --adapter: {err.strip().splitlines()[-1][:160]}...")
     # No warning when the base has the scaling the adapters were trained with: LoRA on the yarn
     # model, its run config silent on the scaling (inherited from the base).
@@ -228,7 +283,8 @@ def lora_long_context(tmp):
     dump, _ = evaluate(tmp, cfg, trained, tag)  # a LoRA checkpoint evaluates with its run's config
     d = load_file(dump)
     base = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32,
-                                                             rope_parameters=rope_parameters)
+                                                             rope_parameters=rope_parameters,
+                                                             max_position_embeddings=window)
     model = peft.PeftModel.from_pretrained(base, adapter).eval()
     with torch.no_grad():
         theirs = model(input_ids=d["tokens"][:, :-1]).logits

@@ -38,6 +38,10 @@ Family export_family(const config::Config& cfg, const std::string& requested);
 // model.rope_theta and model.rope_scaling as transformers 5's rope_parameters dict.
 nlohmann::json rope_parameters(const config::ModelConfig& m);
 
+// YaRN's scaled window, factor x original_max_position_embeddings: the max_position_embeddings
+// an export writes (some transformers 4.x releases derive the factor from the two windows).
+int64_t yarn_window(const config::RopeScalingConfig& s);
+
 // The model.rope_scaling an HF config.json (`hf_config`, read from `file`) maps to.
 config::RopeScalingConfig rope_scaling_of(const nlohmann::json& hf_config, const std::string& file);
 

@@ -1,0 +1,135 @@
+#include "moe/hf/hf_config.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "moe/util/errors.h"
+
+// The rotary settings of config.json read as transformers 5.24 reads them, and written so that
+// transformers 4.x and 5.x both load what was trained (transformers itself is the oracle in
+// tests/hf/hf_rope_scaling_test.py; these pin the rules without Python).
+namespace moe::hf {
+namespace {
+
+using nlohmann::json;
+
+json mixtral(const json& rope) {
+  json c = {{"architectures", {"MixtralForCausalLM"}},
+            {"vocab_size", 320},
+            {"hidden_size", 64},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 4},
+            {"num_key_value_heads", 2},
+            {"num_local_experts", 4},
+            {"num_experts_per_tok", 2},
+            {"intermediate_size", 48},
+            {"max_position_embeddings", 64},
+            {"rope_theta", 1e6}};
+  c.update(rope);
+  return c;
+}
+
+json imported_scaling(const json& hf) {
+  return architecture_from_hf(hf, "config.json", nullptr, nullptr)["model"].value("rope_scaling",
+                                                                                  json());
+}
+
+std::string import_error(const json& hf) {
+  try {
+    architecture_from_hf(hf, "config.json", nullptr, nullptr);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a UserError for " << hf.dump();
+  return "";
+}
+
+TEST(HfRope, NullFactorIsTheRatioOfTheWindowsAndNullTruncateIsFalse) {
+  const json s = imported_scaling(mixtral({{"rope_parameters",
+                                            {{"rope_type", "yarn"},
+                                             {"factor", nullptr},
+                                             {"original_max_position_embeddings", 8},
+                                             {"truncate", nullptr}}}}));
+  EXPECT_EQ(s["type"], "yarn");
+  EXPECT_EQ(s["factor"], 8.0);  // 64 / 8
+  EXPECT_EQ(s["truncate"], false);
+  EXPECT_EQ(s["beta_fast"], 32.0);
+  EXPECT_EQ(s["beta_slow"], 1.0);
+}
+
+TEST(HfRope, LegacyRopeScalingWinsAndTopLevelOriginalWindowWins) {
+  json hf =
+      mixtral({{"rope_parameters", {{"rope_type", "linear"}, {"factor", 2.0}}},
+               {"rope_scaling",
+                {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16}}},
+               {"original_max_position_embeddings", 32}});
+  const json s = imported_scaling(hf);
+  EXPECT_EQ(s["type"], "yarn");
+  EXPECT_EQ(s["original_max_position_embeddings"], 32);
+  EXPECT_EQ(s["truncate"], true);
+}
+
+TEST(HfRope, RefusalsNameTheField) {
+  const json yarn = {{"rope_type", "yarn"}, {"original_max_position_embeddings", 16}};
+  EXPECT_EQ(import_error(mixtral({{"rope_parameters", yarn}})),
+            "hf: config.json: rope_parameters.factor: missing (yarn needs a number >= 1, or null "
+            "for max_position_embeddings / original_max_position_embeddings)");
+  json reversed = yarn;
+  reversed.update({{"factor", 4.0}, {"beta_fast", 1.0}, {"beta_slow", 8.0}});
+  EXPECT_EQ(import_error(mixtral({{"rope_scaling", reversed}})),
+            "hf: config.json: rope_scaling.beta_fast = 1.0: must be >= beta_slow (the ramp runs "
+            "from beta_fast rotations down to beta_slow)");
+  json truncate = yarn;
+  truncate.update({{"factor", 4.0}, {"truncate", "no"}});
+  EXPECT_EQ(import_error(mixtral({{"rope_parameters", truncate}})),
+            "hf: config.json: rope_parameters.truncate = \"no\": expected true, false or null");
+  EXPECT_EQ(import_error(mixtral({{"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 2}}}})),
+            "hf: config.json: rope_parameters.rope_type = \"dynamic\": not supported (default, "
+            "linear and yarn are)");
+  EXPECT_EQ(
+      import_error(mixtral({{"rope_parameters", {{"rope_type", "linear"}, {"factor", 0.5}}}})),
+      "hf: config.json: rope_parameters.factor = 0.5: linear scaling needs a factor >= 1");
+}
+
+config::Config trained_with(const json& rope_scaling) {
+  json root = {{"train_micro_batch_size_per_gpu", 1}, {"data", {{"train_path", "x.h5"}}}};
+  root.update(architecture_from_hf(mixtral(json::object()), "config.json", nullptr, nullptr));
+  root["model"]["rope_scaling"] = rope_scaling;
+  return config::from_json(root, "run.json");
+}
+
+TEST(HfRope, YarnExportSetsTheScaledWindowAndALegacyCopyFor4x) {
+  const json base = mixtral({{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}},
+                             {"original_max_position_embeddings", 99}});
+  const json yarn = {{"type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", 16}};
+  const json out = hf_config_from(trained_with(yarn), Family::kMixtral, base, "float32");
+  EXPECT_EQ(out["max_position_embeddings"], 128);  // 8 x 16, past the base's 64
+  EXPECT_FALSE(out.contains("original_max_position_embeddings"));
+  const json& p = out["rope_parameters"];
+  EXPECT_EQ(p["rope_type"], "yarn");
+  EXPECT_EQ(p["rope_theta"], 1e6);
+  EXPECT_EQ(p["truncate"], true);
+  json legacy = p;
+  legacy.erase("rope_theta");  // 4.x warns about keys its rope_scaling does not know
+  legacy.erase("truncate");    // the default; unknown to 4.x releases before it
+  EXPECT_EQ(out["rope_scaling"], legacy);
+  EXPECT_EQ(out["rope_theta"], 1e6);
+  // Read back: the same scaling.
+  EXPECT_EQ(rope_scaling_of(out, "out.json"), trained_with(yarn).model.rope_scaling);
+
+  json untruncated = yarn;
+  untruncated["truncate"] = false;
+  const json out2 = hf_config_from(trained_with(untruncated), Family::kMixtral, base, "float32");
+  EXPECT_EQ(out2["rope_scaling"]["truncate"], false);
+  EXPECT_EQ(rope_scaling_of(out2, "out.json"), trained_with(untruncated).model.rope_scaling);
+
+  const json plain =
+      hf_config_from(trained_with({{"type", "none"}}), Family::kMixtral, base, "float32");
+  EXPECT_FALSE(plain.contains("rope_scaling"));  // the base's linear scaling is not carried over
+  EXPECT_EQ(plain["rope_parameters"]["rope_type"], "default");
+  EXPECT_EQ(plain["max_position_embeddings"], 64);
+}
+
+}  // namespace
+}  // namespace moe::hf
