@@ -70,6 +70,10 @@ def rope_warnings():
                 got.append(message)
 
     handler, logger = Collect(), logging.getLogger("transformers")
+    # At least warnings, whatever the environment's verbosity; and warning_once's per-process
+    # cache cleared, so a message logged earlier in this process is logged again here.
+    transformers.logging.set_verbosity_warning()
+    logging.Logger.warning_once.cache_clear()
     logger.addHandler(handler)
     try:
         yield got
