@@ -351,7 +351,8 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
         (fs::exists(fs::path(source) / "hf_config.json") ? "hf_config.json" : "config.json");
     base = config::load_json_file(p.string(), "hf");
   }
-  const json hf_config = hf_config_from(cfg, family, base, opt.dtype);
+  std::vector<std::string> warnings;
+  const json hf_config = hf_config_from(cfg, family, base, opt.dtype, &warnings);
 
   const auto params = parameter_map(model);
   std::vector<torch::Tensor> keep;
@@ -380,6 +381,7 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   }
   ExportReport r;
   r.family = family;
+  r.warnings = std::move(warnings);
   r.tensors = static_cast<int64_t>(views.size());
   r.shards = shards;
   r.tokenizer_files = copy_tokenizer_files(checkpoint_dir, out.path());

@@ -38,6 +38,7 @@ class HfKeys {
     const std::string value = d.is_object() && d.contains(name) ? " = " + d.at(name).dump() : "";
     throw UserError("hf: " + file_ + ": " + key + "." + name + value + ": " + what);
   }
+  bool has(const std::string& key) const { return c_.contains(key); }  // null included
   bool present(const std::string& key) const { return c_.contains(key) && !c_[key].is_null(); }
   int64_t integer(const std::string& key) const {
     if (!present(key)) fail(key, "missing (an integer is required)");
@@ -84,6 +85,15 @@ class HfKeys {
 // The rotary settings: rope_parameters (transformers 5) or rope_theta + rope_scaling (4.x), read
 // as transformers reads them. Rope types default, linear and yarn are what our attention
 // computes; `scaling` is our model.rope_scaling (null: default).
+// Python's truth value of a JSON value (transformers tests dicts with `or`).
+bool truthy(const json& v) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number()) return v.get<double>() != 0.0;
+  if (v.is_string()) return !v.get_ref<const std::string&>().empty();
+  if (v.is_array() || v.is_object()) return !v.empty();
+  return false;  // null
+}
+
 struct RopeSettings {
   double theta;
   json scaling;
@@ -92,9 +102,17 @@ struct RopeSettings {
 RopeSettings rope_settings(const HfKeys& k, double family_default,
                            std::vector<std::string>* warnings) {
   RopeSettings r{k.number("rope_theta", family_default), nullptr};
-  // transformers 5 takes a non-empty rope_scaling over rope_parameters (its BC conversion).
-  const bool legacy = k.present("rope_scaling") && !k.raw("rope_scaling").empty();
+  // transformers 5 takes a truthy rope_scaling over rope_parameters (`rope_scaling or
+  // rope_parameters`): null, false, 0, "" and {} leave rope_parameters in charge.
+  const bool legacy = k.present("rope_scaling") && truthy(k.raw("rope_scaling"));
   const std::string key = legacy ? "rope_scaling" : "rope_parameters";
+  // A top-level partial_rotary_factor goes into the dict where the dict has none (its
+  // setdefault); null at the top level is no value.
+  const bool dict_partial =
+      k.present(key) && k.raw(key).is_object() && k.raw(key).contains("partial_rotary_factor");
+  if (!dict_partial && k.number("partial_rotary_factor", 1.0) != 1.0) {
+    k.fail("partial_rotary_factor", "only 1 is supported (every dimension of the head rotates)");
+  }
   if (!k.present(key)) return r;
   const json& p = k.raw(key);
   if (!p.is_object()) k.fail(key, "expected an object");
@@ -111,6 +129,9 @@ RopeSettings rope_settings(const HfKeys& k, double family_default,
   };
   const std::string type = text("rope_type", text("type", "default"));
   r.theta = number("rope_theta", r.theta);
+  if (dict_partial && p["partial_rotary_factor"].is_null()) {
+    k.fail_field(key, "partial_rotary_factor", "expected a number (transformers fails on null)");
+  }
   if (number("partial_rotary_factor", 1.0) != 1.0) {
     k.fail_field(key, "partial_rotary_factor",
                  "only 1 is supported (every dimension of the head rotates)");
@@ -155,19 +176,30 @@ RopeSettings rope_settings(const HfKeys& k, double family_default,
     return r;
   }
   // The pretraining window: a top-level original_max_position_embeddings first (transformers'
-  // rule), then the dict's, then max_position_embeddings.
+  // rule, which takes a null there too), then the dict's (null stays null: transformers fails
+  // on it), then max_position_embeddings.
+  const bool has_max = k.present("max_position_embeddings");
   const int64_t max_positions = k.integer("max_position_embeddings", 0);
-  int64_t original = k.integer("original_max_position_embeddings", 0);
-  if (original == 0) {
-    const double o = number("original_max_position_embeddings", double(max_positions));
-    if (o < 1 || o != std::floor(o)) {
-      k.fail_field(key, "original_max_position_embeddings", "expected a positive integer");
+  const std::string kOriginal = "original_max_position_embeddings";
+  int64_t original = 0;
+  if (k.has(kOriginal)) {
+    if (!k.present(kOriginal) || k.integer(kOriginal) < 1) {
+      k.fail(kOriginal, "expected a positive integer (yarn's pretraining window; it overrides " +
+                            key + "." + kOriginal + ")");
+    }
+    original = k.integer(kOriginal);
+  } else if (p.contains(kOriginal)) {
+    const double o = number(kOriginal.c_str(), 0.0);
+    if (p[kOriginal].is_null() || o < 1 || o != std::floor(o)) {
+      k.fail_field(key, kOriginal, "expected a positive integer (yarn's pretraining window)");
     }
     original = static_cast<int64_t>(o);
-  }
-  if (original <= 0) {
-    k.fail_field(key, "original_max_position_embeddings",
-                 "yarn needs the pretraining window (here, or max_position_embeddings)");
+  } else if (has_max && max_positions >= 1) {
+    original = max_positions;
+  } else {
+    k.fail(has_max ? "max_position_embeddings" : key + "." + kOriginal,
+           std::string(has_max ? "" : "missing: ") + "yarn needs the pretraining window (" + key +
+               "." + kOriginal + ", or a positive max_position_embeddings)");
   }
   // transformers reads p["factor"]: a missing key is its KeyError; null is the ratio of the two
   // windows (its rule for DeepSeek-V3-style configs).
@@ -175,6 +207,11 @@ RopeSettings rope_settings(const HfKeys& k, double family_default,
     k.fail_field(key, "factor",
                  "missing (yarn needs a number >= 1, or null for "
                  "max_position_embeddings / original_max_position_embeddings)");
+  }
+  if (p["factor"].is_null() && !has_max) {
+    k.fail("max_position_embeddings",
+           "missing: " + key + ".factor = null takes the factor from max_position_embeddings / " +
+               kOriginal);
   }
   const double factor = number("factor", double(max_positions) / double(original));
   if (factor < 1.0) k.fail_field(key, "factor", "yarn scaling needs a factor >= 1");
@@ -431,8 +468,8 @@ config::RopeScalingConfig rope_scaling_of(const json& hf_config, const std::stri
   return config::from_json(root, file).model.rope_scaling;
 }
 
-json hf_config_from(const config::Config& cfg, Family f, const json& base,
-                    const std::string& dtype) {
+json hf_config_from(const config::Config& cfg, Family f, const json& base, const std::string& dtype,
+                    std::vector<std::string>* warnings) {
   const auto& m = cfg.model;
   const auto& e = cfg.moe;
   json j = base.is_object() ? base : json::object();
@@ -472,7 +509,28 @@ json hf_config_from(const config::Config& cfg, Family f, const json& base,
     // The scaled window. Some transformers 4.x releases compute yarn's factor as
     // max_position_embeddings / original_max_position_embeddings, ignoring `factor`; 5.x warns
     // when the two disagree. factor x original serves both.
-    j["max_position_embeddings"] = yarn_window(m.rope_scaling);
+    const auto& s = m.rope_scaling;
+    const int64_t window = yarn_window(s);
+    const double exact = s.factor * double(s.original_max_position_embeddings);
+    const int64_t before =
+        j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer()
+            ? j["max_position_embeddings"].get<int64_t>()
+            : 0;
+    j["max_position_embeddings"] = window;
+    if (warnings != nullptr && exact != double(window)) {
+      warnings->push_back(
+          "model.rope_scaling.factor x original_max_position_embeddings = " + json(exact).dump() +
+          " is not a whole number: config.json gets max_position_embeddings = " +
+          std::to_string(window) + ", whose ratio to the original window (the factor some " +
+          "transformers 4.x releases use; 5.x warns of it) is not the trained factor; a factor " +
+          "that makes a whole window avoids this");
+    }
+    if (warnings != nullptr && before > window) {
+      warnings->push_back("max_position_embeddings lowered from the base's " +
+                          std::to_string(before) + " to " + std::to_string(window) +
+                          " (model.rope_scaling.factor x original_max_position_embeddings, "
+                          "YaRN's scaled window)");
+    }
   }
   j["num_experts_per_tok"] = e.top_k;
   j["router_aux_loss_coef"] = e.aux_loss_coeff;

@@ -4,6 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <string>
+#include <vector>
+
 #include "moe/util/errors.h"
 
 // The rotary settings of config.json read as transformers 5.24 reads them, and written so that
@@ -92,6 +95,66 @@ TEST(HfRope, RefusalsNameTheField) {
       "hf: config.json: rope_parameters.factor = 0.5: linear scaling needs a factor >= 1");
 }
 
+TEST(HfRope, PretrainingWindowRules) {
+  const json yarn = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  // Neither window: the error names what would supply one.
+  json no_max = mixtral({{"rope_parameters", yarn}});
+  no_max.erase("max_position_embeddings");
+  EXPECT_EQ(import_error(no_max),
+            "hf: config.json: rope_parameters.original_max_position_embeddings: missing: yarn "
+            "needs the pretraining window (rope_parameters.original_max_position_embeddings, or "
+            "a positive max_position_embeddings)");
+  // Absent from the dict: max_position_embeddings is the window (transformers' setdefault).
+  EXPECT_EQ(
+      imported_scaling(mixtral({{"rope_parameters", yarn}}))["original_max_position_embeddings"],
+      64);
+  // null in the dict stays null for transformers (a TypeError there): refused.
+  json null_window = yarn;
+  null_window["original_max_position_embeddings"] = nullptr;
+  EXPECT_EQ(import_error(mixtral({{"rope_parameters", null_window}})),
+            "hf: config.json: rope_parameters.original_max_position_embeddings = null: expected "
+            "a positive integer (yarn's pretraining window)");
+  // A top-level null overrides the dict's window as any top-level value does: refused too.
+  json dict_window = yarn;
+  dict_window["original_max_position_embeddings"] = 16;
+  EXPECT_EQ(import_error(mixtral(
+                {{"rope_parameters", dict_window}, {"original_max_position_embeddings", nullptr}})),
+            "hf: config.json: original_max_position_embeddings = null: expected a positive "
+            "integer (yarn's pretraining window; it overrides "
+            "rope_parameters.original_max_position_embeddings)");
+  // factor null with no max_position_embeddings: nothing to take the ratio of.
+  json null_factor = dict_window;
+  null_factor["factor"] = nullptr;
+  json no_max2 = mixtral({{"rope_parameters", null_factor}});
+  no_max2.erase("max_position_embeddings");
+  EXPECT_EQ(import_error(no_max2),
+            "hf: config.json: max_position_embeddings: missing: rope_parameters.factor = null "
+            "takes the factor from max_position_embeddings / original_max_position_embeddings");
+}
+
+TEST(HfRope, FalsyRopeScalingIsAbsentAndTopLevelPartialRotaryFactorCounts) {
+  const json linear = {{"rope_type", "linear"}, {"factor", 2.0}};
+  for (const json& falsy : {json(false), json(0), json(""), json::object(), json(nullptr)}) {
+    EXPECT_EQ(
+        imported_scaling(mixtral({{"rope_parameters", linear}, {"rope_scaling", falsy}}))["type"],
+        "linear")
+        << falsy.dump();
+  }
+  EXPECT_EQ(import_error(mixtral({{"partial_rotary_factor", 0.5}})),
+            "hf: config.json: partial_rotary_factor = 0.5: only 1 is supported (every dimension "
+            "of the head rotates)");
+  // The dict's own value comes first (transformers' setdefault); null there fails in transformers.
+  json full = linear;
+  full["partial_rotary_factor"] = 1.0;
+  EXPECT_EQ(imported_scaling(
+                mixtral({{"rope_parameters", full}, {"partial_rotary_factor", 0.5}}))["type"],
+            "linear");
+  full["partial_rotary_factor"] = nullptr;
+  EXPECT_EQ(import_error(mixtral({{"rope_parameters", full}})),
+            "hf: config.json: rope_parameters.partial_rotary_factor = null: expected a number "
+            "(transformers fails on null)");
+}
+
 config::Config trained_with(const json& rope_scaling) {
   json root = {{"train_micro_batch_size_per_gpu", 1}, {"data", {{"train_path", "x.h5"}}}};
   root.update(architecture_from_hf(mixtral(json::object()), "config.json", nullptr, nullptr));
@@ -129,6 +192,31 @@ TEST(HfRope, YarnExportSetsTheScaledWindowAndALegacyCopyFor4x) {
   EXPECT_FALSE(plain.contains("rope_scaling"));  // the base's linear scaling is not carried over
   EXPECT_EQ(plain["rope_parameters"]["rope_type"], "default");
   EXPECT_EQ(plain["max_position_embeddings"], 64);
+}
+
+TEST(HfRope, YarnExportWarnsOfAFractionalOrLoweredWindow) {
+  const json base = mixtral(json::object());  // max_position_embeddings 64
+  std::vector<std::string> warnings;
+  const json whole = {{"type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", 16}};
+  hf_config_from(trained_with(whole), Family::kMixtral, base, "float32", &warnings);
+  EXPECT_TRUE(warnings.empty());
+
+  const json fractional = {
+      {"type", "yarn"}, {"factor", 4.1}, {"original_max_position_embeddings", 16}};
+  const json out =
+      hf_config_from(trained_with(fractional), Family::kMixtral, base, "float32", &warnings);
+  EXPECT_EQ(out["max_position_embeddings"], 66);  // llround(65.6)
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("= 65.6 is not a whole number"), std::string::npos) << warnings[0];
+
+  warnings.clear();
+  const json lowered = {
+      {"type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 16}};
+  EXPECT_EQ(hf_config_from(trained_with(lowered), Family::kMixtral, base, "float32",
+                           &warnings)["max_position_embeddings"],
+            32);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("lowered from the base's 64 to 32"), std::string::npos) << warnings[0];
 }
 
 }  // namespace

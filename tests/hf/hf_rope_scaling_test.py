@@ -252,7 +252,8 @@ def lora_long_context(tmp):
     print(f"{tag}: LoRA with yarn in the run's config, exported as a PEFT adapter:")
     src = tmp / "hf-qwen3-long-context"  # the unscaled model long_context_fine_tune saved
     cfg = tmp / f"cfg-{tag}.json"
-    scaling = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    # factor x original = 128, twice the base's max_position_embeddings: the hint must carry it.
+    scaling = {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16}
     cfg.write_text(json.dumps({
         "train_micro_batch_size_per_gpu": 2,
         "lora": {"r": 4, "lora_alpha": 8,
@@ -270,7 +271,7 @@ def lora_long_context(tmp):
                       err)
     assert found and "--merge" in err, f"export-hf --adapter says nothing about the scaling:\n{err}"
     rope_parameters, window = json.loads(found.group(1)), int(found.group(2))
-    assert rope_parameters["rope_type"] == "yarn" and window == 64, (rope_parameters, window)
+    assert rope_parameters["rope_type"] == "yarn" and window == 128, (rope_parameters, window)
     print(f"  export-hf --adapter: {err.strip().splitlines()[-1][:160]}...")
     # No warning when the base has the scaling the adapters were trained with: LoRA on the yarn
     # model, its run config silent on the scaling (inherited from the base).

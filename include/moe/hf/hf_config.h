@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -47,7 +48,10 @@ config::RopeScalingConfig rope_scaling_of(const nlohmann::json& hf_config, const
 
 // config.json for `cfg` in `family`'s layout. `base`: an original HF config of the model (from
 // import-hf) whose other keys (token ids, max_position_embeddings, ...) are kept; may be null.
+// `warnings` (may be null) gets what a loader of the result must know: a YaRN window that is not
+// a whole factor x original, or one below the base's max_position_embeddings.
 nlohmann::json hf_config_from(const config::Config& cfg, Family family, const nlohmann::json& base,
-                              const std::string& dtype);
+                              const std::string& dtype,
+                              std::vector<std::string>* warnings = nullptr);
 
 }  // namespace moe::hf
