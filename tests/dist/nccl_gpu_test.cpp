@@ -19,11 +19,15 @@ namespace {
 
 using ::moe::test::free_port;
 
+// A world of one answers at once; a wedged collective or store must fail this test well inside
+// scripts/gpu-check's gpu-tests step (90 s for every suite), not outwait it.
+constexpr std::chrono::seconds kTimeout{20};
+
 TEST(NcclGpu, WorldOfOneRunsEveryCollectiveAndTheReducer) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   LaunchEnv env;
   env.master_port = free_port();
-  ProcessGroup pg(env, ::moe::config::DistBackend::kNccl, std::chrono::seconds(120));
+  ProcessGroup pg(env, ::moe::config::DistBackend::kNccl, kTimeout);
   ASSERT_EQ(pg.backend(), ::moe::config::DistBackend::kNccl);
   const torch::Device dev(torch::kCUDA, 0);
   torch::manual_seed(3);
@@ -76,7 +80,7 @@ TEST(NcclGpu, ExpertAllToAllWorldOfOneMatchesTheLocalPath) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   LaunchEnv env;
   env.master_port = free_port();
-  ProcessGroup pg(env, ::moe::config::DistBackend::kNccl, std::chrono::seconds(120));
+  ProcessGroup pg(env, ::moe::config::DistBackend::kNccl, kTimeout);
   const torch::Device dev(torch::kCUDA, 0);
   torch::manual_seed(5);
   ::moe::moe::ExpertsOptions o;
