@@ -7,6 +7,7 @@
 
 #include "moe/train/adamw.h"
 #include "moe/train/blockwise_quant.h"
+#include "train/device_bounds.h"
 
 namespace moe::kernel_checks {
 
@@ -124,7 +125,48 @@ Verdict codes(const std::string& name, const torch::Tensor& got, const torch::Te
   return v;
 }
 
+// The derived bounds of one step from the state in `in` (fp32 moments dequantised from it).
+device_bounds::StepBound step_bound(const Adam8bitInputs& in) {
+  device_bounds::AdamW h = device_bounds::kEightBitAdamW;
+  h.lr = in.lr, h.beta1 = in.beta1, h.beta2 = in.beta2, h.eps = in.eps;
+  h.weight_decay = in.c.weight_decay;
+  const auto m = train::dequantize_blockwise(in.m_codes.cpu(), in.m_absmax.cpu(),
+                                             train::dynamic_map(true, torch::kCPU));
+  const auto v = train::dequantize_blockwise(in.v_codes.cpu(), in.v_absmax.cpu(),
+                                             train::dynamic_map(false, torch::kCPU));
+  const auto g = in.grad.cpu().to(torch::kDouble) / in.c.grad_scale;
+  return device_bounds::step_bound(h, static_cast<int>(in.c.step), in.param.cpu(), m, v, g);
+}
+
+// The largest value of `x` (double, one per parameter value) in each quantisation block.
+torch::Tensor block_max(const torch::Tensor& x) {
+  const int64_t n = x.numel(), blocks = train::quant_blocks(n);
+  auto padded = torch::zeros({blocks * 256}, x.options());  // 256 values a block; the rest 0
+  padded.narrow(0, 0, n).copy_(x.reshape(-1));
+  return std::get<0>(padded.view({blocks, 256}).max(1));
+}
+
 }  // namespace
+
+torch::Tensor adam8bit_weight_tolerance(const Adam8bitInputs& in) { return step_bound(in).weight; }
+
+std::vector<Verdict> check_adam8bit_pair(const Adam8bitInputs& in, const Adam8bitOutputs& a,
+                                         const Adam8bitOutputs& b) {
+  device_bounds::AdamW h = device_bounds::kEightBitAdamW;
+  h.beta1 = in.beta1, h.beta2 = in.beta2;
+  const device_bounds::StepBound bound = step_bound(in);
+  const auto m_tol = device_bounds::first_moment_error(h) * block_max(bound.abs_moment);
+  const auto v_tol = device_bounds::second_moment_error(h) * block_max(bound.v_new);
+  auto absmax = [](const std::string& name, const torch::Tensor& x, const torch::Tensor& y,
+                   const torch::Tensor& tol) {
+    return within(name, x.cpu(), y.cpu().to(torch::kDouble), tol);
+  };
+  return {within("param", a.param.cpu(), b.param.cpu().to(torch::kDouble), bound.weight),
+          absmax("m_absmax", a.m_absmax, b.m_absmax, m_tol),
+          absmax("v_absmax", a.v_absmax, b.v_absmax, v_tol),
+          codes("m_codes", a.m_codes, b.m_codes.cpu()),
+          codes("v_codes", a.v_codes, b.v_codes.cpu())};
+}
 
 std::vector<Verdict> check_adam8bit(const Adam8bitInputs& in, const Adam8bitOutputs& out) {
   const Adam8bitOutputs want = reference(in);

@@ -41,4 +41,18 @@ struct Adam8bitOutputs {
 // equal but for at most 0.1% that differ by one code (a moment within rounding of a midpoint).
 std::vector<Verdict> check_adam8bit(const Adam8bitInputs& in, const Adam8bitOutputs& out);
 
+// The weights' tolerance of one step from `in` derived from the two sides' arithmetic
+// (train/device_bounds.h, step_bound: the 8-bit reference and kernel share their fp32 scalars):
+// a double tensor of the weights' shape. check_adam8bit's 1e-6 x (1 + |p|) must not be below it
+// (device_bounds_test.cpp checks that over the grid).
+torch::Tensor adam8bit_weight_tolerance(const Adam8bitInputs& in);
+
+// One step taken from the same state `in` by two implementations (the GPU test: FusedAdamW with
+// the kernel against FusedAdamW on the CPU), both compared with the derived bounds, not with an
+// oracle: "param" (adam8bit_weight_tolerance), "m_absmax" (eps_m times the block's largest
+// absolute moment), "v_absmax" (eps_v relative), and "m_codes", "v_codes" as check_adam8bit's
+// (a code differs where the two sides' moments straddle a midpoint: by one, rarely).
+std::vector<Verdict> check_adam8bit_pair(const Adam8bitInputs& in, const Adam8bitOutputs& a,
+                                         const Adam8bitOutputs& b);
+
 }  // namespace moe::kernel_checks
