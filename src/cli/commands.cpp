@@ -413,7 +413,8 @@ int cmd_plan(const PlanArgs& a) {
                       {"communication_bytes", p.communication},
                       {"peak_bytes", p.peak},
                       {"reserved_bytes", p.reserved},
-                      {"host_bytes", p.host}};
+                      {"host_bytes", p.host},
+                      {"host_states_bytes", p.host_states}};
   if (o.device_bytes > 0) {
     j["device_bytes"] = o.device_bytes;
     j["fits"] = p.fits;

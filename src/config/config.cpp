@@ -174,6 +174,15 @@ int64_t count_parameters(const Config& c) {
   return blocks + embed + head + d;  // + final norm
 }
 
+int64_t fp32_parameters_under_16bit_weights(const Config& c) {
+  const int64_t d = c.model.hidden_size;
+  int64_t n = d;  // the final norm
+  for (int64_t l = 0; l < c.model.num_layers; ++l) {
+    n += 2 * d + qk_norm_weights(c) + (is_moe_layer(c, l) ? d * c.moe.num_experts : 0);
+  }
+  return n;
+}
+
 std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
   const int64_t d = c.model.hidden_size, V = c.model.vocab_size, S = c.model.seq_len;
   const int64_t E = c.moe.num_experts, k = c.moe.top_k, f = expert_hidden_size(c);

@@ -506,8 +506,14 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   p.optimizer_states = offload ? 0 : moments * (dp.shards_optimizer() ? sharded / N : trained);
   // Moments + fp32 master copy + gradient staging (in the gradients' dtype); streamed: fp32
   // gradients, and a 16-bit staging buffer for 16-bit weights (their copies both ways).
+  // One host buffer per dtype, packed (train/host_arena.h): no allocator rounding to add. Under
+  // 16-bit weights the norms and routers stay fp32: fp32 staging, no 16-bit copy.
   const double staging = streamed ? 4 + (w16 ? 2 : 0) : !w16 || fp32_sums ? 4 : 2;
-  p.host = offload ? (moments + 4 + staging) * trained / state_share : 0;
+  const double fp32_held =
+      w16 ? std::min(trained, static_cast<double>(fp32_parameters_under_16bit_weights(c))) : 0;
+  const double staging_bytes = staging * trained + (streamed ? -2 : 4 - staging) * fp32_held;
+  p.host_states = offload ? ((moments + 4) * trained + staging_bytes) / state_share : 0;
+  p.host = p.host_states;
   p.master_weights = !w16 || offload ? 0 : (kahan ? 2 : 4) * trained;
   p.update_transient = update_transient_bytes(c, opt, trained);
   p.weights = (w16 ? 2 : 4) * trained + (mixed || w16 ? 2 : 4) * frozen;

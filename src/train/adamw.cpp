@@ -12,15 +12,12 @@
 #include "moe/kernels/adam8bit.h"
 #include "moe/kernels/permute.h"
 #include "moe/train/blockwise_quant.h"
+#include "moe/train/host_arena.h"
 #include "moe/train/offload_gradient_stream.h"
 
 namespace moe::train {
 
 namespace {
-
-at::Tensor host_buffer(const at::Tensor& like, at::ScalarType dtype, bool pinned) {
-  return at::empty(like.sizes(), at::TensorOptions().dtype(dtype).pinned_memory(pinned));
-}
 
 bool held_in_16_bits(const at::Tensor& p) { return p.scalar_type() != at::kFloat; }
 
@@ -67,7 +64,10 @@ AdamWState FusedAdamW::make_state(const at::Tensor& like) const {
   };
   make(precision_.exp_avg, st.exp_avg, st.exp_avg_absmax);
   make(precision_.exp_avg_sq, st.exp_avg_sq, st.exp_avg_sq_absmax);
-  st.step = at::zeros({}, like.options().dtype(at::kFloat));
+  // The fused kernel reads the step on the parameter's device; the reference update counts it on
+  // the host (as torch.optim's non-capturable AdamW keeps it on the CPU): no sync per parameter.
+  st.step = at::zeros({}, precision_.fp32() ? like.options().dtype(at::kFloat)
+                                            : at::TensorOptions().dtype(at::kFloat));
   return st;
 }
 
@@ -82,11 +82,18 @@ FusedAdamW::FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta
       precision_(precision),
       main_params_(main_params) {
   at::NoGradGuard no_grad;
+  bool on_cuda = false;
   for (const auto& g : groups_) {
-    auto& st = state_.emplace_back();
+    for (const auto& p : g.params) on_cuda = on_cuda || p.is_cuda();
+  }
+  // Offload's host buffers: page-locked only where there is a device to copy to and from.
+  const bool pinned = offload_.enabled && offload_.pin_memory && on_cuda;
+  host_masters_ = HostArena(pinned);
+  host_staging_ = HostArena(pinned);
+  for (const auto& g : groups_) {
     auto& master = master_.emplace_back();
-    auto& host_grad = host_grad_.emplace_back();
     auto& compensation = compensation_.emplace_back();
+    host_grad_.emplace_back(g.params.size());
     grad_sum_.emplace_back(g.params.size());
     for (size_t i = 0; i < g.params.size(); ++i) {
       const at::Tensor p = g.params[i].detach();
@@ -98,16 +105,29 @@ FusedAdamW::FusedAdamW(std::vector<AdamWGroup> groups, double beta1, double beta
       }
       const bool kahan = sixteen && main_params_ == MainParamsDtype::kBf16;
       compensation.push_back(kahan ? at::zeros_like(p) : at::Tensor());
-      if (offload_.enabled) {  // the fp32 master on the host; gradients staged in their dtype
-        const bool pinned = offload_.pin_memory && p.is_cuda();
-        master.push_back(host_buffer(p, at::kFloat, pinned));
-        master.back().copy_(p);
-        host_grad.push_back(host_buffer(p, p.scalar_type(), pinned));
+      if (offload_.enabled) {  // every fp32 master on the host, in one buffer (below)
+        host_masters_.add(p.sizes(), at::kFloat);
+        master.emplace_back();
       } else {
         master.push_back(sixteen && !kahan ? p.to(at::kFloat) : at::Tensor());
-        host_grad.emplace_back();
       }
-      st.push_back(make_state(master.back().defined() ? master.back() : p));
+    }
+  }
+  if (offload_.enabled) {
+    host_masters_.allocate();
+    size_t k = 0;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+        master_[g][i] = host_masters_[k++];
+        master_[g][i].copy_(groups_[g].params[i].detach());
+      }
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    auto& st = state_.emplace_back();
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      const at::Tensor& m = master_[g][i];
+      st.push_back(make_state(m.defined() ? m : groups_[g].params[i].detach()));
     }
   }
 }
@@ -125,10 +145,10 @@ void FusedAdamW::stream_gradients_in_backward() {
       params.push_back(p);
     }
   }
+  TORCH_CHECK(!host_staging_.allocated(), "optimizer: gradient streaming after a step");
+  // The stream's fp32 gradients and 16-bit staging take the place of host_grad_, which is never
+  // allocated then.
   stream_ = std::make_unique<OffloadGradientStream>(std::move(params), offload_.pin_memory);
-  for (auto& staged : host_grad_) {  // the stream's fp32 buffers and 16-bit staging replace them
-    for (auto& t : staged) t = at::Tensor();
-  }
 }
 
 void FusedAdamW::begin_backward(bool last) {
@@ -146,13 +166,42 @@ at::Tensor FusedAdamW::streamed_gradient(const at::Tensor& param) const {
   return stream_->host_gradient(it->second);
 }
 
+namespace {
+
+// The reference update's step count, kept on the host (make_state): advanced without a sync.
+double advance_host_step(AdamWState& st) {
+  TORCH_CHECK(st.step.is_cpu(), "optimizer: the reference update counts steps on the host");
+  float* step = st.step.data_ptr<float>();
+  *step += 1.0f;
+  return *step;
+}
+
+}  // namespace
+
+// The values the reference update needs on the host, read once per step in one transfer (the
+// fused kernel takes the tensors themselves and needs none).
+FusedAdamW::Scaling FusedAdamW::scaling(const std::optional<at::Tensor>& grad_scale,
+                                        const std::optional<at::Tensor>& found_inf) const {
+  Scaling s{grad_scale, found_inf};
+  if (precision_.fp32() || (!grad_scale && !found_inf)) return s;
+  std::vector<at::Tensor> parts;
+  for (const auto& t : {grad_scale, found_inf}) {
+    if (t) parts.push_back(t->detach().reshape({1}).to(at::kDouble));
+  }
+  const at::Tensor host = at::cat(parts).to(at::kCPU);
+  const double* v = host.data_ptr<double>();
+  if (grad_scale) s.divisor = v[0];
+  if (found_inf) s.skip = v[grad_scale ? 1 : 0] != 0;
+  return s;
+}
+
 void FusedAdamW::step(double lr, const std::optional<torch::Tensor>& grad_scale,
                       const std::optional<torch::Tensor>& found_inf) {
   at::NoGradGuard no_grad;
   if (offload_.enabled) {
     step_offloaded(lr, grad_scale, found_inf);
   } else {
-    step_on_device(lr, grad_scale, found_inf);
+    update_groups(lr, scaling(grad_scale, found_inf));
   }
 }
 
@@ -179,23 +228,19 @@ FusedAdamW::Lists FusedAdamW::with_grads(size_t g) {
 // ATen has both overloads of _fused_adamw_. As torch.optim's fused path, the step is counted
 // first and taken back where found_inf says the update was skipped.
 template <typename Lr>
-void FusedAdamW::update_groups(const Lr& lr, const std::optional<torch::Tensor>& grad_scale,
-                               const std::optional<torch::Tensor>& found_inf) {
+void FusedAdamW::update_groups(const Lr& lr, const Scaling& s) {
   if constexpr (std::is_same_v<Lr, double>) {
     if (!precision_.fp32()) {  // bf16 / 8-bit moments: the reference update, host-side decisions
-      if (found_inf && found_inf->item<float>() != 0) return;
-      const double scale = grad_scale ? grad_scale->item<double>() : 1.0;
+      if (s.skip) return;
       for (size_t g = 0; g < groups_.size(); ++g) {
         for (size_t i = 0; i < groups_[g].params.size(); ++i) {
           at::Tensor& p = groups_[g].params[i];
           if (!p.grad().defined() || held_in_16_bits(p)) continue;
-          update_reference(p, p.grad(), state_[g][i], lr, groups_[g].weight_decay, scale);
+          update_reference(p, p.grad(), state_[g][i], lr, groups_[g].weight_decay, s.divisor);
         }
       }
     }
-    for (size_t g = 0; g < groups_.size() && sixteen_bit_ > 0; ++g) {
-      update_16bit(g, lr, grad_scale, found_inf);
-    }
+    for (size_t g = 0; g < groups_.size() && sixteen_bit_ > 0; ++g) update_16bit(g, lr, s);
     if (!precision_.fp32()) return;
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -204,16 +249,11 @@ void FusedAdamW::update_groups(const Lr& lr, const std::optional<torch::Tensor>&
     at::_foreach_add_(l.steps, 1);
     at::_fused_adamw_(l.params, l.grads, l.m, l.v, /*max_exp_avg_sqs=*/{}, l.steps, lr, beta1_,
                       beta2_, groups_[g].weight_decay, eps_, /*amsgrad=*/false,
-                      /*maximize=*/false, grad_scale, found_inf);
-    if (found_inf) {
-      at::_foreach_sub_(l.steps, std::vector<at::Tensor>(l.steps.size(), *found_inf));
+                      /*maximize=*/false, s.grad_scale, s.found_inf);
+    if (s.found_inf) {
+      at::_foreach_sub_(l.steps, std::vector<at::Tensor>(l.steps.size(), *s.found_inf));
     }
   }
-}
-
-void FusedAdamW::step_on_device(double lr, const std::optional<torch::Tensor>& grad_scale,
-                                const std::optional<torch::Tensor>& found_inf) {
-  update_groups(lr, grad_scale, found_inf);
 }
 
 // The parameters with a gradient this step, in buckets of about offload_.bucket_bytes of fp32
@@ -237,12 +277,32 @@ std::vector<FusedAdamW::OffloadBucket> FusedAdamW::offload_buckets(bool& on_cuda
   return buckets;
 }
 
+// The gradients' host staging of the copied-after-the-backward path, in one buffer per dtype,
+// made at the first step (a streamed run never needs it): fp32 for fp32 parameters and for
+// 16-bit ones whose gradients are fp32 sums, the parameter's dtype otherwise.
+void FusedAdamW::allocate_host_staging() {
+  if (host_staging_.allocated()) return;
+  for (const auto& g : groups_) {
+    for (const auto& p : g.params) {
+      const bool narrow = held_in_16_bits(p) && !offload_.fp32_gradient_sums;
+      host_staging_.add(p.sizes(), narrow ? p.scalar_type() : at::kFloat);
+    }
+  }
+  host_staging_.allocate();
+  size_t k = 0;
+  for (auto& staged : host_grad_) {
+    for (auto& t : staged) t = host_staging_[k++];
+  }
+}
+
 void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& grad_scale,
                                 const std::optional<torch::Tensor>& found_inf) {
   // The scalars travel to the host once (a sync, but the update needs the grads there anyway).
   std::optional<at::Tensor> scale_h, inf_h;
   if (grad_scale) scale_h = grad_scale->to(at::kCPU, at::kFloat);
   if (found_inf) inf_h = found_inf->to(at::kCPU, at::kFloat);
+  const Scaling scaling_h = scaling(scale_h, inf_h);
+  if (!stream_) allocate_host_staging();
 
   bool on_cuda = false;
   const std::vector<OffloadBucket> buckets = offload_buckets(on_cuda);
@@ -258,17 +318,24 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
                               : host_grad_[b.group][i].to(at::kFloat));
       states.push_back(&state_[b.group][i]);
     }
-    adam_fp32(masters, grads, states, lr, groups_[b.group].weight_decay, scale_h, inf_h);
+    adam_fp32(masters, grads, states, lr, groups_[b.group].weight_decay, scaling_h);
   };
   auto copy_grads = [&](const Bucket& b, bool non_blocking) {
     if (stream_) return;  // on the host already (copied during the backward)
     for (size_t i : b.index) {
       const at::Tensor& grad = groups_[b.group].params[i].grad();
       at::Tensor& staged = host_grad_[b.group][i];
-      if (staged.scalar_type() != grad.scalar_type()) {  // fp32 sums of a 16-bit parameter
-        staged = host_buffer(grad, grad.scalar_type(), staged.is_pinned());
+      if (c10::elementSize(staged.scalar_type()) < c10::elementSize(grad.scalar_type())) {
+        // An fp32 sum where 16-bit gradients were expected (OffloadOptions::fp32_gradient_sums
+        // unset): a buffer of its own rather than a rounded gradient; counted in host_bytes().
+        TORCH_WARN_ONCE(
+            "optimizer offload: fp32 gradients of 16-bit parameters were not "
+            "planned for; their host staging is allocated separately");
+        staged = host_buffer(grad.numel(), grad.scalar_type(), host_staging_.pinned())
+                     .view(grad.sizes());
+        extra_host_bytes_ += grad.numel() * static_cast<int64_t>(grad.element_size());
       }
-      staged.copy_(grad, non_blocking);
+      staged.copy_(grad, non_blocking);  // a 16-bit gradient into fp32 staging widens exactly
     }
   };
   // 16-bit weights travel back in 16 bits: rounded on the host into the staging buffer (its
@@ -312,7 +379,7 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
   {
     c10::cuda::CUDAStreamGuard guard(copy);
     for (size_t b = 0; b < buckets.size(); ++b) {
-      copy_grads(buckets[b], offload_.pin_memory);
+      copy_grads(buckets[b], host_staging_.pinned());
       arrived[b].record(copy);
     }
   }
@@ -320,7 +387,7 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
     arrived[b].synchronize();
     update(buckets[b]);
     c10::cuda::CUDAStreamGuard guard(copy);
-    copy_weights_back(buckets[b], offload_.pin_memory);
+    copy_weights_back(buckets[b], host_masters_.pinned());
   }
   at::cuda::CUDAEvent weights_back;
   weights_back.record(copy);
@@ -333,10 +400,9 @@ void FusedAdamW::step_offloaded(double lr, const std::optional<torch::Tensor>& g
 // moments first, then decoupled weight decay and the bias-corrected step.
 void FusedAdamW::update_reference(at::Tensor& param, const at::Tensor& grad, AdamWState& st,
                                   double lr, double weight_decay, double grad_scale) {
+  const double t = advance_host_step(st);
   if (precision_.cuda_kernel && param.is_cuda() && st.exp_avg_absmax.defined() &&
       st.exp_avg_sq_absmax.defined() && kernels::cuda_kernels_compiled()) {
-    st.step.add_(1);
-    const double t = st.step.item<double>();
     kernels::Adam8bitScalars s;
     s.beta1 = static_cast<float>(beta1_);
     s.beta2 = static_cast<float>(beta2_);
@@ -356,8 +422,6 @@ void FusedAdamW::update_reference(at::Tensor& param, const at::Tensor& grad, Ada
   }
   at::Tensor g = grad.to(at::kFloat);
   if (grad_scale != 1.0) g = g / grad_scale;
-  st.step.add_(1);
-  const double t = st.step.item<double>();
   at::Tensor m = moment_fp32(st, 0);
   at::Tensor v = moment_fp32(st, 1);
   m.mul_(beta1_).add_(g, 1.0 - beta1_);
@@ -374,39 +438,38 @@ void FusedAdamW::update_reference(at::Tensor& param, const at::Tensor& grad, Ada
 // Adam on fp32 tensors `w` (masters or fp32 views of bf16 weights) with fp32 gradients `g`.
 void FusedAdamW::adam_fp32(std::vector<at::Tensor>& w, std::vector<at::Tensor>& g,
                            std::vector<AdamWState*>& st, double lr, double weight_decay,
-                           const std::optional<at::Tensor>& grad_scale,
-                           const std::optional<at::Tensor>& found_inf) {
+                           const Scaling& s) {
   if (w.empty()) return;
   if (!precision_.fp32()) {
-    if (found_inf && found_inf->item<float>() != 0) return;
-    const double scale = grad_scale ? grad_scale->item<double>() : 1.0;
+    if (s.skip) return;
     for (size_t k = 0; k < w.size(); ++k) {
-      update_reference(w[k], g[k], *st[k], lr, weight_decay, scale);
+      update_reference(w[k], g[k], *st[k], lr, weight_decay, s.divisor);
     }
     return;
   }
   std::vector<at::Tensor> m, v, steps;
-  for (AdamWState* s : st) {
-    m.push_back(s->exp_avg);
-    v.push_back(s->exp_avg_sq);
-    steps.push_back(s->step);
+  for (AdamWState* a : st) {
+    m.push_back(a->exp_avg);
+    v.push_back(a->exp_avg_sq);
+    steps.push_back(a->step);
   }
   at::_foreach_add_(steps, 1);
   at::_fused_adamw_(w, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, beta1_, beta2_, weight_decay,
-                    eps_, /*amsgrad=*/false, /*maximize=*/false, grad_scale, found_inf);
-  if (found_inf) at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), *found_inf));
+                    eps_, /*amsgrad=*/false, /*maximize=*/false, s.grad_scale, s.found_inf);
+  if (s.found_inf) {
+    at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), *s.found_inf));
+  }
 }
 
 // 16-bit parameters of group g, about bucket_bytes of fp32 at a time: each gradient widened to
 // fp32, the master (or an fp32 view of a bf16 master) stepped, the weight rounded from it.
-void FusedAdamW::update_16bit(size_t g, double lr, const std::optional<at::Tensor>& grad_scale,
-                              const std::optional<at::Tensor>& found_inf) {
+void FusedAdamW::update_16bit(size_t g, double lr, const Scaling& s) {
   std::vector<at::Tensor> w, grads;
   std::vector<AdamWState*> states;
   std::vector<size_t> index;
   int64_t bytes = 0;
   auto flush = [&] {
-    adam_fp32(w, grads, states, lr, groups_[g].weight_decay, grad_scale, found_inf);
+    adam_fp32(w, grads, states, lr, groups_[g].weight_decay, s);
     for (size_t k = 0; k < index.size(); ++k) {
       at::Tensor p = groups_[g].params[index[k]].detach();
       at::Tensor& comp = compensation_[g][index[k]];
@@ -521,7 +584,7 @@ void FusedAdamW::step_capturable(const torch::Tensor& lr, const torch::Tensor& f
   TORCH_CHECK(sixteen_bit_ == 0, "optimizer: the capturable step needs fp32 working weights");
   TORCH_CHECK(precision_.fp32(), "optimizer: the capturable step needs fp32 moments");
   at::NoGradGuard no_grad;
-  update_groups(lr, grad_scale, found_inf);
+  update_groups(lr, Scaling{grad_scale, found_inf});
 }
 
 void FusedAdamW::reload_master_weights() {
@@ -552,6 +615,21 @@ std::vector<std::pair<std::string, AdamWState*>> FusedAdamW::named_state() {
     }
   }
   return out;
+}
+
+int64_t FusedAdamW::host_bytes() const {
+  if (!offload_.enabled) return 0;
+  int64_t bytes = host_masters_.bytes() + host_staging_.bytes() + extra_host_bytes_;
+  if (stream_) bytes += stream_->host_bytes();
+  for (const auto& group : state_) {
+    for (const AdamWState& st : group) {
+      for (const at::Tensor* t :
+           {&st.exp_avg, &st.exp_avg_sq, &st.exp_avg_absmax, &st.exp_avg_sq_absmax}) {
+        if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
+      }
+    }
+  }
+  return bytes;
 }
 
 }  // namespace moe::train

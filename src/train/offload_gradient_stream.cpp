@@ -20,10 +20,6 @@ struct GradientAccumulated : torch::autograd::PostAccumulateGradHook {
   std::function<void()> f_;
 };
 
-at::Tensor host_buffer(const at::Tensor& like, at::ScalarType dtype, bool pinned) {
-  return at::empty(like.sizes(), at::TensorOptions().dtype(dtype).pinned_memory(pinned));
-}
-
 }  // namespace
 
 struct OffloadGradientStream::CudaState {
@@ -38,12 +34,23 @@ OffloadGradientStream::OffloadGradientStream(std::vector<torch::Tensor> params, 
   staged_.assign(n, 0);
   summed_.assign(n, 0);
   cuda_->copied = std::vector<at::cuda::CUDAEvent>(n);
+  // Every host buffer in one allocation per dtype (host_arena.h): fp32 gradients, and the
+  // 16-bit staging of 16-bit parameters.
+  bool on_cuda = false;
+  for (const auto& p : params_) on_cuda = on_cuda || p.is_cuda();
+  arena_ = HostArena(pin_memory_ && on_cuda);
+  std::vector<size_t> fp32_slot(n);
+  std::vector<std::optional<size_t>> staging_slot(n);
   for (size_t k = 0; k < n; ++k) {
     const at::Tensor& p = params_[k];
-    const bool pinned = pin_memory_ && p.is_cuda();
-    host_fp32_.push_back(host_buffer(p, at::kFloat, pinned));
-    staging16_.push_back(p.scalar_type() == at::kFloat ? at::Tensor()
-                                                       : host_buffer(p, p.scalar_type(), pinned));
+    fp32_slot[k] = arena_.add(p.sizes(), at::kFloat);
+    if (p.scalar_type() != at::kFloat) staging_slot[k] = arena_.add(p.sizes(), p.scalar_type());
+  }
+  arena_.allocate();
+  for (size_t k = 0; k < n; ++k) {
+    const at::Tensor& p = params_[k];
+    host_fp32_.push_back(arena_[fp32_slot[k]]);
+    staging16_.push_back(staging_slot[k] ? arena_[*staging_slot[k]] : at::Tensor());
     if (p.requires_grad()) {
       torch::autograd::impl::set_post_acc_grad_hooks(
           p, std::make_unique<GradientAccumulated>([this, k] { gradient_ready(k); }));

@@ -85,6 +85,29 @@ std::string first_non_finite_gradient(model::TransformerLM& model) {
   return "(none: the loss itself)";
 }
 
+// A micro-batch's loss figures (lm, aux, z, target tokens) as one device tensor: read on the
+// host once per step (add_loss_figures), not with a sync per figure and micro-batch.
+torch::Tensor loss_figures(const MicroLosses& l) {
+  const auto d = l.lm.device();
+  return torch::stack({l.lm.detach().reshape({}).to(d, torch::kDouble),
+                       l.aux.detach().reshape({}).to(d, torch::kDouble),
+                       l.z.detach().reshape({}).to(d, torch::kDouble),
+                       l.targets.detach().reshape({}).to(d, torch::kDouble)});
+}
+
+// One transfer, then the sums in micro-batch order as the host always added them.
+void add_loss_figures(const std::vector<torch::Tensor>& figures, StepResult& r) {
+  if (figures.empty()) return;
+  const torch::Tensor host = torch::stack(figures).to(torch::kCPU).contiguous();
+  const double* v = host.data_ptr<double>();
+  for (size_t m = 0; m < figures.size(); ++m, v += 4) {
+    r.lm_sum += v[0];
+    r.aux_sum += v[1];
+    r.z_sum += v[2];
+    r.target_tokens += static_cast<int64_t>(static_cast<float>(v[3]));
+  }
+}
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -103,6 +126,7 @@ class EagerStepRunner : public StepRunner {
     // Offload with streaming: gradients reach the host during the backward, and unscaling,
     // the norm and clipping run on those host copies (FusedAdamW::stream_gradients_in_backward).
     const bool streamed = optimizer_.streams_gradients();
+    std::vector<torch::Tensor> figures;  // per micro-batch, on the device until the step's end
     for (int64_t micro = 0; micro < opt_.micro_batches; ++micro) {
       auto batch = next();
       if (autocast) {
@@ -127,14 +151,12 @@ class EagerStepRunner : public StepRunner {
       sync();
       r.forward_s += std::chrono::duration<double>(tb - tf).count();
       r.backward_s += seconds_since(tb);
-      r.lm_sum += l.lm.item<double>();
-      r.aux_sum += l.aux.item<double>();
-      r.z_sum += l.z.item<double>();
-      r.target_tokens += static_cast<int64_t>(l.targets.item<float>());
+      figures.push_back(loss_figures(l));
       r.dropped += l.dropped;
       accumulate_loads(r.tokens_per_expert, l.tokens_per_expert);
     }
     if (autocast) at::autocast::clear_cache();
+    add_loss_figures(figures, r);
     dp.finish_gradients(model_, r);
     auto grads = streamed ? streamed_grads() : defined_grads(model_->parameters());
     const torch::Device where = streamed ? torch::Device(torch::kCPU) : device();

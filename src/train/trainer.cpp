@@ -156,6 +156,10 @@ OffloadOptions offload_options(const config::Config& cfg) {
   OffloadOptions o;
   o.enabled = cfg.zero_optimization.offload_optimizer.device == config::OffloadDevice::kCpu;
   o.pin_memory = cfg.zero_optimization.offload_optimizer.pin_memory;
+  // As the step runner accumulates: 16-bit gradients summed in fp32 over micro-batches, or
+  // widened for fp16's unscaling (the memory plan's fp32 sums).
+  o.fp32_gradient_sums = cfg.training.param_dtype != config::ParamDtype::kFp32 &&
+                         (cfg.gradient_accumulation_steps > 1 || cfg.fp16.enabled);
   return o;
 }
 
@@ -239,10 +243,23 @@ class TrainingSession {
     }
     check_base_unchanged();
     finish_uploads();
+    report_offload_host_bytes();
     return summary_;
   }
 
  private:
+  // Offload: the host bytes the optimizer holds, next to what `moe-train plan` counts for them.
+  void report_offload_host_bytes() {
+    if (!optimizer_.offloaded()) return;
+    summary_.offload_host_bytes = optimizer_.host_bytes();
+    config::PlanOptions po;
+    po.cpu = in_.device.is_cpu();
+    po.world_size = dp_->size();
+    const double planned = config::plan_memory(cfg_, po).host_states;
+    log_->info("optimizer offload: {:.3f} GiB of host buffers held (moe-train plan: {:.3f} GiB)",
+               static_cast<double>(summary_.offload_host_bytes) / (1 << 30), planned / (1 << 30));
+  }
+
   int warn_config() {
     for (const auto& w : cfg_.warnings) log_->warn("{}", w);
     return 0;

@@ -349,6 +349,9 @@ bool is_moe_layer(const Config& cfg, int64_t layer);  // moe.decoder_sparse_step
 int64_t moe_layer_count(const Config& cfg);
 int64_t dense_hidden_size(const Config& cfg);  // model.dense_hidden_size, or the SwiGLU rule
 int64_t count_parameters(const Config& cfg);
+// The parameters that stay fp32 under 16-bit working weights (training.param_dtype): the RMSNorm
+// weights and the routers (the model's 16-bit matrices are every other parameter).
+int64_t fp32_parameters_under_16bit_weights(const Config& cfg);
 // Parameters of decoder block `layer` (attention, its norms, and the MoE or dense FFN).
 int64_t layer_parameters(const Config& cfg, int64_t layer);
 

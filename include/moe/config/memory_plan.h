@@ -49,6 +49,10 @@ struct MemoryPlan {
   double peak = 0;      // tensors at the worst moment of a step
   double reserved = 0;  // + the caching allocator and the CUDA context (GPU)
   double host = 0;      // host memory for offloaded states
+  // ... of which held for the whole run: moments, fp32 masters, gradient staging or streamed
+  // gradients. Exactly what the offloaded optimizer allocates (FusedAdamW::host_bytes) for fp32
+  // and bf16 moments; 8-bit moments count 1 + 4/256 B per value (small tensors keep fp32 ones).
+  double host_states = 0;
   // Verdict (device_bytes > 0).
   bool fits = true;
   int64_t max_micro_batch = 0;      // the largest that fits as configured (0 = none)

@@ -5,7 +5,8 @@
 // parameter name for checkpoints.
 //
 // Offload (DeepSpeed's zero_optimization.offload_optimizer.device = "cpu"): the fp32 master
-// weights and the Adam state live in (pinned) host memory and the update runs on the CPU. Each
+// weights and the Adam state live in host memory (masters and gradient staging pinned, in one
+// buffer per dtype: host_arena.h) and the update runs on the CPU. Each
 // step copies the gradients to the host in buckets on a side CUDA stream, updates bucket b on the
 // CPU while bucket b+1 is still in flight, and copies each updated bucket back as soon as it is
 // done, so copies in both directions overlap the CPU update. The device keeps only the working
@@ -36,6 +37,7 @@
 #include <torch/types.h>
 
 #include "moe/config/choices.h"
+#include "moe/train/host_arena.h"
 
 namespace moe::train {
 
@@ -79,6 +81,9 @@ struct OffloadOptions {
   bool enabled = false;
   bool pin_memory = true;             // page-locked host buffers (CUDA only): async copies
   int64_t bucket_bytes = 64ll << 20;  // gradient bytes per copy/update bucket
+  // 16-bit parameters reach the step with fp32 gradients (sums over micro-batches, or fp16's
+  // widened ones: accumulate_micro_batch): their host staging is fp32, not 16-bit.
+  bool fp32_gradient_sums = false;
 };
 
 class FusedAdamW {
@@ -114,6 +119,11 @@ class FusedAdamW {
   // (a checkpoint load) so the next update starts from them. A no-op without offload.
   void reload_master_weights();
   bool offloaded() const { return offload_.enabled; }
+  // Offload: the host bytes this optimizer holds for the run (master weights, gradient staging
+  // or streamed gradients, moments); what `moe-train plan` counts as the host's states. Without
+  // the step counts (4 bytes per tensor). The staging of the copied-after-the-backward path
+  // exists from the first step on.
+  int64_t host_bytes() const;
   // Offload: every gradient is copied to the host as soon as autograd has accumulated it, during
   // the backward (offload_gradient_stream.h); the step runner then unscales and clips the host
   // copies. Call once, before the first step (one process: no data-parallel reduction between).
@@ -129,8 +139,16 @@ class FusedAdamW {
   const MomentPrecision& precision() const { return precision_; }
 
  private:
-  void step_on_device(double lr, const std::optional<torch::Tensor>& grad_scale,
-                      const std::optional<torch::Tensor>& found_inf);
+  // A step's loss-scale inputs: the tensors for the fused kernel, and for the reference update
+  // their values, read on the host once per step.
+  struct Scaling {
+    std::optional<torch::Tensor> grad_scale, found_inf;
+    bool skip = false;     // found_inf != 0
+    double divisor = 1.0;  // grad_scale's value
+  };
+  Scaling scaling(const std::optional<torch::Tensor>& grad_scale,
+                  const std::optional<torch::Tensor>& found_inf) const;
+  void allocate_host_staging();
   void step_offloaded(double lr, const std::optional<torch::Tensor>& grad_scale,
                       const std::optional<torch::Tensor>& found_inf);
   struct OffloadBucket {
@@ -142,21 +160,17 @@ class FusedAdamW {
   struct Lists;
   Lists with_grads(size_t group);
   template <typename Lr>
-  void update_groups(const Lr& lr, const std::optional<torch::Tensor>& grad_scale,
-                     const std::optional<torch::Tensor>& found_inf);
+  void update_groups(const Lr& lr, const Scaling& s);
   // The reference update of one parameter (bf16 / 8-bit moments): `param` is the working weight
   // or the host master, `grad` its gradient (fp32, scaled by grad_scale when given).
   void update_reference(torch::Tensor& param, const torch::Tensor& grad, AdamWState& st, double lr,
                         double weight_decay, double grad_scale);
   AdamWState make_state(const torch::Tensor& like) const;
   // The update of 16-bit parameters of group g, a bucket at a time (not offloaded).
-  void update_16bit(size_t g, double lr, const std::optional<torch::Tensor>& grad_scale,
-                    const std::optional<torch::Tensor>& found_inf);
+  void update_16bit(size_t g, double lr, const Scaling& s);
   // Adam on fp32 views: one fused call (fp32 moments) or the reference per parameter.
   void adam_fp32(std::vector<torch::Tensor>& w, std::vector<torch::Tensor>& g,
-                 std::vector<AdamWState*>& st, double lr, double weight_decay,
-                 const std::optional<torch::Tensor>& grad_scale,
-                 const std::optional<torch::Tensor>& found_inf);
+                 std::vector<AdamWState*>& st, double lr, double weight_decay, const Scaling& s);
   std::pair<size_t, size_t> locate(const std::string& name) const;
 
   std::vector<AdamWGroup> groups_;
@@ -170,6 +184,9 @@ class FusedAdamW {
   // host; otherwise 16-bit parameters only). host_grad_: offload's gradient staging (pinned).
   // compensation_: bf16 Kahan compensation of a bf16 master. grad_sum_: fp32 micro-batch sums.
   std::vector<std::vector<torch::Tensor>> master_, host_grad_, compensation_, grad_sum_;
+  // Offload: master_ and host_grad_ are views of these (host_arena.h says why).
+  HostArena host_masters_, host_staging_;
+  int64_t extra_host_bytes_ = 0;    // staging allocated outside host_staging_ (unplanned)
   std::vector<size_t> first_slot_;  // per group: its first parameter's index in stream_
   std::unique_ptr<OffloadGradientStream> stream_;
   std::unordered_map<const void*, size_t> slot_of_;  // a parameter's index in stream_

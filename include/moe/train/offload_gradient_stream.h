@@ -20,6 +20,8 @@
 
 #include <torch/types.h>
 
+#include "moe/train/host_arena.h"
+
 namespace moe::train {
 
 class OffloadGradientStream {
@@ -45,12 +47,15 @@ class OffloadGradientStream {
   std::optional<torch::Stream> copy_stream(const torch::Device& device);
   // A new step: no parameter has a gradient.
   void clear();
+  // The host bytes of the fp32 gradients and the 16-bit staging (one buffer per dtype).
+  int64_t host_bytes() const { return arena_.bytes(); }
 
  private:
   void gradient_ready(size_t k);
   void add_staged(size_t k);  // a landed 16-bit copy into the fp32 sum
   void wait_copy(size_t k);
 
+  HostArena arena_;  // host_fp32_ and staging16_ are views of its buffers
   std::vector<torch::Tensor> params_, host_fp32_, staging16_;
   std::vector<uint8_t> got_, staged_, summed_;
   struct CudaState;  // the copy stream and one event per parameter

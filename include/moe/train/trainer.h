@@ -24,6 +24,9 @@ struct TrainSummary {
   EvalResult final_eval;
   double majority_baseline = 0.0;  // accuracy of always predicting the most frequent token
   std::string output_dir;
+  // Optimizer offload: host bytes of master weights, gradient staging and moments at the end
+  // (FusedAdamW::host_bytes); 0 without offload.
+  int64_t offload_host_bytes = 0;
 };
 
 struct TrainOptions {
