@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <iostream>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
@@ -126,6 +128,42 @@ Verdict within(const std::string& name, const torch::Tensor& got, const torch::T
     v.detail = os.str();
   }
   return v;
+}
+
+// ---- mismatch reports -----------------------------------------------------------------------
+
+std::ostream& operator<<(std::ostream& os, const Mismatch& m) {
+  os << m.name << ": " << m.differ << " of " << m.checked << " differ";
+  if (m.differ > 0) os << ", by at most " << m.max_ulps << " ulp";
+  return os;
+}
+
+Mismatch mismatch(const std::string& name, const torch::Tensor& got, const torch::Tensor& want) {
+  Mismatch m{name, 0, want.numel(), 0};
+  if (!got.defined() || got.sizes() != want.sizes()) {
+    m.differ = want.numel();
+    m.max_ulps = std::numeric_limits<double>::infinity();
+    return m;
+  }
+  const auto g = got.to(want.device(), torch::kDouble), w = want.to(torch::kDouble);
+  const auto bad = (g != w).reshape(-1);  // NaN != anything
+  m.differ = bad.sum().item<int64_t>();
+  if (m.differ > 0) {
+    const auto ulps = ((g - w).abs() / ulp(w, got.scalar_type())).reshape(-1);
+    m.max_ulps = torch::where(ulps.isnan(), std::numeric_limits<double>::infinity(), ulps)
+                     .masked_select(bad)
+                     .max()
+                     .item<double>();
+  }
+  return m;
+}
+
+void report(const Mismatch& m) {
+  std::ostringstream ulps;
+  ulps << m.max_ulps;  // 6 significant digits
+  ::testing::Test::RecordProperty(m.name + "_differ", std::to_string(m.differ));
+  ::testing::Test::RecordProperty(m.name + "_max_ulps", ulps.str());
+  std::cout << "[ mismatch ] " << m << std::endl;
 }
 
 // ---- grids ----------------------------------------------------------------------------------

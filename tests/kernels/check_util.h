@@ -52,6 +52,20 @@ Verdict exact(const std::string& name, const torch::Tensor& got, const torch::Te
 // |got - ref| <= tol element for element (ref, tol double; a NaN in got fails).
 Verdict within(const std::string& name, const torch::Tensor& got, const torch::Tensor& ref,
                const torch::Tensor& tol);
+// Where an output is compared bit for bit with another implementation's only as a report (the
+// equality depends on how a compiler built one of them, e.g. ATen's CUDA kernels): how many
+// elements differ and the largest difference in ulps of got's dtype at |want|; NaN in either
+// counts as differing, by infinitely many ulps.
+struct Mismatch {
+  std::string name;
+  int64_t differ = 0, checked = 0;
+  double max_ulps = 0;
+};
+std::ostream& operator<<(std::ostream& os, const Mismatch& m);
+Mismatch mismatch(const std::string& name, const torch::Tensor& got, const torch::Tensor& want);
+// Records it in the test's XML report (properties NAME_differ and NAME_max_ulps) and prints it as
+// one line "[ mismatch ] NAME: ...".
+void report(const Mismatch& m);
 // The failed verdict of an output that is missing or of the wrong shape.
 Verdict shape_mismatch(const std::string& name, const torch::Tensor& got,
                        const torch::Tensor& want);

@@ -1,13 +1,19 @@
 // The SwiGLU kernel on a GPU (label `gpu`, in moe_gpu_tests; skipped without a device): the raw
 // launches over the emulation's grid (poisoned outputs: an unwritten element fails) against the
-// double-precision oracle and, bit for bit, against ATen's silu * up; the autograd op; and the
-// experts (grouped GEMMs and per-expert GEMMs) and the dense FFN with the fused activation
-// against the same modules with the reference one under bf16 autocast: equal bit for bit.
+// double-precision oracle; the autograd op (bit for bit: the same launches); and the experts
+// (grouped GEMMs and per-expert GEMMs) and the dense FFN with the fused activation under bf16
+// autocast against the experts' oracle. Bit equality with ATen's silu * up, and with the modules
+// built on it, depends on how nvcc compiled `1.f + expf(-x)` here and in PyTorch's build: it is
+// reported ("[ mismatch ]" lines and the XML report's properties), not asserted.
 #include <gtest/gtest.h>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <array>
+#include <iostream>
+
+#include "experts_checks.h"
 #include "moe/kernels/swiglu.h"
 #include "moe/model/transformer.h"
 #include "moe/moe/experts.h"
@@ -31,10 +37,19 @@ TEST_P(SwigluGpu, PassesTheChecks) {
     std::tie(got.grad_gate, got.grad_up) =
         kernels::detail::swiglu_backward(in.grad, in.gate, in.up, /*poison=*/true);
   }
-  auto vs = check_swiglu(in, got);
-  const auto aten = check_swiglu_matches_aten(in, got);
-  vs.insert(vs.end(), aten.begin(), aten.end());
+  // The double-precision oracle gates. The kernel's difference from ATen (none where nvcc built
+  // `1.f + expf(-x)` as PyTorch's build did) is reported, and so is how ATen's own outputs fare
+  // against the oracle, whose tolerance is derived for the kernel's arithmetic (ATen's may
+  // contract differently).
+  const auto vs = check_swiglu(in, got);
   EXPECT_TRUE(all_ok(vs, nullptr)) << failures(vs);
+  const SwigluOutputs aten = swiglu_aten(in);
+  for (const auto& m : swiglu_aten_mismatches(aten, got)) report(m);
+  int64_t aten_outside = 0;
+  for (const auto& v : check_swiglu(in, aten)) aten_outside += v.failed;
+  RecordProperty("aten_outside_oracle", std::to_string(aten_outside));
+  if (aten_outside > 0)
+    std::cout << "[ mismatch ] ATen outside the oracle: " << aten_outside << "\n";
   // The autograd op: the same forward, and its backward is the raw backward.
   if (GetParam().packed) {
     const auto gu = in.gate_up.detach().requires_grad_(true);
@@ -102,7 +117,22 @@ std::pair<torch::Tensor, torch::Tensor> under_bf16(F&& f, const torch::Tensor& x
   return {y.detach(), xi.grad()};
 }
 
-TEST(SwigluFfnGpu, ExpertsWithTheFusedActivationAreBitwiseEqual) {
+// The five outputs of an FFN run (y, grad_x, the gate, up and down weights' gradients) against
+// the same module with the reference activation: reported bit for bit (equal where nvcc built the
+// fused activation's `1.f + expf(-x)` as PyTorch's build did; else one bf16 ulp of an activation
+// moves the GEMMs after it), and gated on the experts' double-precision oracle (check_experts:
+// bf16 rounding where the bf16 path rounds, tolerances from the fp32 accumulation and one-ulp
+// flips of intermediates), which a wiring error (a swapped half, a transpose) fails by far.
+using FfnOutputs = std::array<torch::Tensor, 5>;
+void report_against_reference(const std::string& prefix, const FfnOutputs& got,
+                              const FfnOutputs& ref) {
+  const char* names[] = {"y", "grad_x", "grad_w_gate", "grad_w_up", "grad_w_down"};
+  for (size_t i = 0; i < got.size(); ++i) {
+    report(mismatch(prefix + "_" + names[i] + "_vs_reference", got[i], ref[i]));
+  }
+}
+
+TEST(SwigluFfnGpu, ExpertsWithTheFusedActivationMatchTheOracle) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device cuda(torch::kCUDA);
   // Grouped GEMMs (sm_90) with gate and up as one GEMM (the packed activation) or two, and one
@@ -110,7 +140,8 @@ TEST(SwigluFfnGpu, ExpertsWithTheFusedActivationAreBitwiseEqual) {
   for (int path : {0, 1, 2}) {
     const bool grouped = path < 2;
     if (grouped && !moe::experts_grouped_mm_supported(cuda)) continue;  // sm_90 only
-    SCOPED_TRACE(path == 0 ? "grouped, one gate-up GEMM" : grouped ? "grouped" : "per expert");
+    const std::string name = path == 0 ? "grouped_gate_up" : grouped ? "grouped" : "per_expert";
+    SCOPED_TRACE(name);
     moe::ExpertsOptions o;
     o.num_experts = 4, o.hidden_size = 256, o.ffn_size = 512, o.grouped_mm = grouped;
     o.fused_gate_up = path == 0;
@@ -128,19 +159,20 @@ TEST(SwigluFfnGpu, ExpertsWithTheFusedActivationAreBitwiseEqual) {
     auto run = [&](moe::Experts& e) {
       const auto [y, gx] =
           under_bf16([&](const torch::Tensor& xi) { return e->forward(xi, counts); }, x, g);
-      return std::make_tuple(y, gx, e->w_gate.grad().clone(), e->w_up.grad().clone(),
-                             e->w_down.grad().clone());
+      return FfnOutputs{y, gx, e->w_gate.grad().clone(), e->w_up.grad().clone(),
+                        e->w_down.grad().clone()};
     };
     const auto ref = run(reference), got = run(fused);
-    EXPECT_TRUE(torch::equal(std::get<0>(got), std::get<0>(ref)));
-    EXPECT_TRUE(torch::equal(std::get<1>(got), std::get<1>(ref)));
-    EXPECT_TRUE(torch::equal(std::get<2>(got), std::get<2>(ref)));
-    EXPECT_TRUE(torch::equal(std::get<3>(got), std::get<3>(ref)));
-    EXPECT_TRUE(torch::equal(std::get<4>(got), std::get<4>(ref)));
+    report_against_reference("experts_" + name, got, ref);
+    ExpertsInputs in{
+        x, counts,   fused->w_gate.detach(), fused->w_up.detach(), fused->w_down.detach(),
+        g, path == 0};
+    const auto vs = check_experts(in, {got[0], got[1], got[2], got[3], got[4]});
+    EXPECT_TRUE(all_ok(vs, nullptr)) << failures(vs);
   }
 }
 
-TEST(SwigluFfnGpu, DenseFfnWithTheFusedActivationIsBitwiseEqual) {
+TEST(SwigluFfnGpu, DenseFfnWithTheFusedActivationMatchesTheOracle) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device cuda(torch::kCUDA);
   torch::manual_seed(6);
@@ -152,14 +184,26 @@ TEST(SwigluFfnGpu, DenseFfnWithTheFusedActivationIsBitwiseEqual) {
   fused->to(cuda);
   const auto x = torch::randn({300, 256}, torch::TensorOptions(cuda));
   const auto g = torch::randn({300, 256}, torch::TensorOptions(cuda));
-  const auto [y_ref, gx_ref] =
-      under_bf16([&](const torch::Tensor& xi) { return reference->forward(xi); }, x, g);
-  const auto [y, gx] =
-      under_bf16([&](const torch::Tensor& xi) { return fused->forward(xi); }, x, g);
-  EXPECT_TRUE(torch::equal(y, y_ref));
-  EXPECT_TRUE(torch::equal(gx, gx_ref));
-  EXPECT_TRUE(torch::equal(fused->gate_proj->weight.grad(), reference->gate_proj->weight.grad()));
-  EXPECT_TRUE(torch::equal(fused->up_proj->weight.grad(), reference->up_proj->weight.grad()));
+  auto run = [&](model::DenseMlp& m) {
+    const auto [y, gx] = under_bf16([&](const torch::Tensor& xi) { return m->forward(xi); }, x, g);
+    // As one expert's [1, in, out] weights (Linear keeps [out, in]).
+    auto expert = [](const torch::Tensor& w) { return w.t().unsqueeze(0); };
+    return FfnOutputs{y, gx, expert(m->gate_proj->weight.grad()), expert(m->up_proj->weight.grad()),
+                      expert(m->down_proj->weight.grad())};
+  };
+  const auto ref = run(reference), got = run(fused);
+  report_against_reference("dense", got, ref);
+  // The dense FFN is one expert over every row, gate and up as two GEMMs.
+  auto expert = [](const torch::nn::Linear& l) { return l->weight.detach().t().unsqueeze(0); };
+  ExpertsInputs in{x,
+                   torch::tensor({x.size(0)}, torch::kLong),
+                   expert(fused->gate_proj),
+                   expert(fused->up_proj),
+                   expert(fused->down_proj),
+                   g,
+                   false};
+  const auto vs = check_experts(in, {got[0], got[1], got[2], got[3], got[4]});
+  EXPECT_TRUE(all_ok(vs, nullptr)) << failures(vs);
 }
 
 }  // namespace
