@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -33,6 +34,13 @@ namespace moe::train {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A property value for the XML report: 6 significant digits.
+std::string figure(double x) {
+  std::ostringstream s;
+  s << x;
+  return s.str();
+}
 
 // The same 8-bit update on the GPU (FusedAdamW with the kernel) and on the CPU (its ATen
 // reference), five steps, each from the same state: the CPU's weights, codes and absmax are copied
@@ -90,7 +98,7 @@ TEST(MomentPrecisionGpu, EightBitUpdateMatchesTheCpu) {
     worst = std::max(worst, db::compare("param", on_device.param, on_host.param, tol).max_ratio);
   }
   RecordProperty("code_flips", std::to_string(flips));
-  RecordProperty("weight_diff_over_bound", std::to_string(worst));
+  RecordProperty("weight_diff_over_bound", figure(worst));
   std::cout << "[ bounds   ] 8-bit GPU vs CPU: " << flips << " codes differ by one over "
             << db::kEightBitSteps << " steps; weights at most " << worst << " of the bound\n";
 }
@@ -223,9 +231,9 @@ TEST(SixteenBitWeightsGpu, MasterOnDeviceAndOffloadedStepAsFp32) {
   const db::Drift large =
       db::compare("offloaded master in [2, 8)", host_master.narrow(0, 0, 2),
                   device_master.narrow(0, 0, 2), bound.tolerance(device_master.narrow(0, 0, 2)));
-  RecordProperty("host_vs_device_max_diff", std::to_string(d.max_abs));
-  RecordProperty("host_vs_device_over_bound", std::to_string(d.max_ratio));
-  RecordProperty("host_vs_device_ulps_in_2_8", std::to_string(large.max_ulps));
+  RecordProperty("host_vs_device_max_diff", figure(d.max_abs));
+  RecordProperty("host_vs_device_over_bound", figure(d.max_ratio));
+  RecordProperty("host_vs_device_ulps_in_2_8", figure(large.max_ulps));
   std::cout << "[ bounds   ] offloaded vs device master: max |diff| " << d.max_abs << ", "
             << d.max_ratio << " of the bound, " << large.max_ulps << " ulp in [2, 8); "
             << (host_master != device_master).sum().item<int64_t>() << " of " << host_master.numel()
