@@ -265,7 +265,7 @@ int cmd_verify_data(const VerifyArgs& a) {
   data::VerifyOptions opt;
   opt.checksums = !a.no_checksums;
   if (!a.config_path.empty())
-    opt.model_vocab_size = config::load(a.config_path, {}).model.vocab_size;
+    opt.model_vocab_size = train::load_run_config(a.config_path, {}).model.vocab_size;
   std::vector<data::ShardProblem> problems;
   if (s3::is_s3_url(a.dir)) {
     auto client = s3::client_from_environment();
@@ -288,7 +288,7 @@ int cmd_verify_data(const VerifyArgs& a) {
 
 int cmd_env(const TrainArgs& a, std::vector<std::string> dirs, bool as_json) {
   if (!a.config_path.empty()) {
-    config::Config cfg = config::load(a.config_path, a.overrides);
+    config::Config cfg = train::load_run_config(a.config_path, a.overrides);
     dirs.push_back(cfg.training.output_dir);
     std::vector<std::string> data = {cfg.data.path.empty() ? cfg.data.train_path : cfg.data.path};
     if (!cfg.data.blend.empty()) data.clear();

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "moe/cli/commands.h"
+#include "moe/dist/launch_env.h"
 #include "moe/util/errors.h"
 #include "moe/util/fault_injection.h"
 #include "moe/util/host_memory.h"
@@ -37,9 +38,12 @@ struct HostMemoryReport {
 int record_exit_status(int code) {
   const char* dir = std::getenv("MOE_EXIT_STATUS_DIR");
   if (dir == nullptr || *dir == '\0') return code;
-  const char* rank = std::getenv("RANK");
-  if (rank == nullptr) rank = std::getenv("SLURM_PROCID");
-  const std::string path = std::string(dir) + "/rank-" + (rank ? rank : "0") + "-pid-" +
+  int64_t rank = 0;  // as the launcher gave it; a malformed one was reported already
+  try {
+    rank = moe::dist::launch_env().rank;
+  } catch (const std::exception&) {
+  }
+  const std::string path = std::string(dir) + "/rank-" + std::to_string(rank) + "-pid-" +
                            std::to_string(static_cast<long long>(::getpid()));
   if (std::FILE* f = std::fopen(path.c_str(), "w")) {
     std::fprintf(f, "%d\n", code);

@@ -69,6 +69,13 @@ void fill_architecture(json& root, const json& sections) {
   }
 }
 
+void fill_adapters(json& root, const json& saved) {
+  if (root.contains("lora") && !root["lora"].is_null()) return;
+  if (!saved.contains("lora") || !saved["lora"].is_object()) return;
+  const json& r = saved["lora"].contains("r") ? saved["lora"]["r"] : json();
+  if (r.is_number() && r.get<double>() > 0) root["lora"] = saved["lora"];
+}
+
 namespace {
 std::string diff_at(const json& a, const json& b, const std::string& path) {
   if (a.is_object() && b.is_object()) {

@@ -11,10 +11,12 @@
 
 #include "moe/config/architecture.h"
 #include "moe/data/dataset.h"
+#include "moe/data/token_shard.h"
 #include "moe/train/checkpoint.h"
 #include "moe/train/checkpoint_store.h"
 #include "moe/train/evaluation.h"
 #include "moe/train/resume_policy.h"
+#include "moe/train/run_config.h"
 #include "moe/util/errors.h"
 #include "moe/util/safetensors.h"
 
@@ -29,30 +31,38 @@ std::string newest_checkpoint(const std::string& output_dir) {
   if (c.empty()) throw UserError("checkpoint: no checkpoint in " + output_dir + "/checkpoints");
   return c.front();
 }
-// Writes the evaluated windows and logits as safetensors: "tokens" [N, S + 1] I64, "logits"
-// [N, S, V] F32 (N windows in evaluation order).
+// Writes the evaluated windows and logits as safetensors: "tokens" [N, S + 1] I64 (the token
+// ids), "loss_mask" [N, S + 1] U8 (1 where the token is a training target: 0 for the prompt
+// tokens of SFT data), "logits" [N, S, V] F32 (N windows in evaluation order). The loader's
+// in-band not-a-target flag (data::kNotTargetBit) stays out of the user's file.
 void write_dump(const std::string& path, const EvalDump& d) {
-  const auto windows = torch::cat(d.windows, 0).contiguous();
+  const auto windows = torch::cat(d.windows, 0);
+  const auto tokens = windows.bitwise_and(data::kTokenIdBits).contiguous();
+  const auto mask = windows.bitwise_and(data::kNotTargetBit).eq(0).to(torch::kUInt8).contiguous();
   const auto logits = torch::cat(d.logits, 0).contiguous();
-  write_safetensors(path,
-                    {{"tokens", "I64", windows.sizes().vec(), windows.data_ptr(),
-                      static_cast<size_t>(windows.nbytes())},
-                     {"logits", "F32", logits.sizes().vec(), logits.data_ptr(),
-                      static_cast<size_t>(logits.nbytes())}},
-                    {{"format", "pt"}, {"producer", "moe-train eval"}});
+  write_safetensors(
+      path,
+      {{"tokens", "I64", tokens.sizes().vec(), tokens.data_ptr(),
+        static_cast<size_t>(tokens.nbytes())},
+       {"loss_mask", "U8", mask.sizes().vec(), mask.data_ptr(), static_cast<size_t>(mask.nbytes())},
+       {"logits", "F32", logits.sizes().vec(), logits.data_ptr(),
+        static_cast<size_t>(logits.nbytes())}},
+      {{"format", "pt"}, {"producer", "moe-train eval"}});
 }
 }  // namespace
 
 json eval_checkpoint(const EvalRequest& req) {
   std::string dir = req.checkpoint;
   if (dir.empty())
-    dir = newest_checkpoint(config::load(req.config_path, req.overrides).training.output_dir);
+    dir = newest_checkpoint(load_run_config(req.config_path, req.overrides).training.output_dir);
   // The architecture comes from the checkpoint: keys the config leaves out are taken from it, and
   // a --config/--set value that contradicts it is refused, naming the key.
   const json saved = read_checkpoint_state(dir).config;
   json root = config::load_json_file(req.config_path);
   for (const auto& o : req.overrides) config::apply_override(root, o);
   config::fill_architecture(root, saved);
+  config::fill_adapters(root, saved);
+  fill_eod_from_manifest(root);  // as training read the dataset
   config::Config cfg = config::from_json(root, req.config_path);
   config::validate(cfg);
   config::check_same_architecture(cfg, saved, "the checkpoint " + dir);

@@ -32,6 +32,16 @@ json weights_architecture(const std::string& dir) {
                   "directory (config.json)");
 }
 
+void fill_eod_from_manifest(json& root) {
+  if (!root.contains("data") || !root["data"].is_object()) return;
+  json& d = root["data"];
+  if (d.value("reset_attention_at_eod", false) == true && !d.contains("eod_id") &&
+      d.contains("path") && d["path"].is_string() && data::has_manifest(d["path"])) {
+    const int64_t eod = data::load_manifest(d["path"].get<std::string>()).eod_id;
+    if (eod >= 0) d["eod_id"] = eod;
+  }
+}
+
 config::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides,
                                int64_t world_size) {
   json root = config::load_json_file(path);
@@ -46,15 +56,7 @@ config::Config load_run_config(const std::string& path, const std::vector<std::s
       throw UserError("config: " + path + ": " + e.what());
     }
   }
-  // data.reset_attention_at_eod without data.eod_id: the dataset's own (manifest eod_id).
-  if (root.contains("data") && root["data"].is_object()) {
-    json& d = root["data"];
-    if (d.value("reset_attention_at_eod", false) == true && !d.contains("eod_id") &&
-        d.contains("path") && d["path"].is_string() && data::has_manifest(d["path"])) {
-      const int64_t eod = data::load_manifest(d["path"].get<std::string>()).eod_id;
-      if (eod >= 0) d["eod_id"] = eod;
-    }
-  }
+  fill_eod_from_manifest(root);
   config::Config cfg = config::from_json(root, path);
   cfg.world_size = world_size;
   config::validate(cfg);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "moe/dist/launch_env.h"
 #include "moe/env/environment.h"
 #include "moe/model/attention_backend.h"
 #include "moe/train/device.h"
@@ -42,11 +43,11 @@ data::RemoteCacheOptions shard_cache_options(const config::Config& cfg) {
   c.dir = cfg.data.cache_dir.empty() ? (fs::path(cfg.training.output_dir) / "shard-cache").string()
                                      : cfg.data.cache_dir;
   // Ranks of one node keep separate caches: one rank's eviction never removes a file another
-  // is reading.
-  const char* world = std::getenv("WORLD_SIZE");
-  const char* rank = std::getenv("RANK");
-  if (world && rank && std::string(world) != "1")
-    c.dir = (fs::path(c.dir) / ("rank-" + std::string(rank))).string();
+  // is reading. The rank as the launcher gave it (torchrun's RANK or srun's SLURM_PROCID).
+  const dist::LaunchEnv launch = dist::launch_env();
+  if (launch.world_size > 1) {
+    c.dir = (fs::path(c.dir) / ("rank-" + std::to_string(launch.rank))).string();
+  }
   c.max_bytes = cfg.data.cache_max_bytes;
   return c;
 }

@@ -281,4 +281,21 @@ with tempfile.TemporaryDirectory() as d:
     assert evals and 0 < evals[-1]["tokens"] < 2 * 4 * 64, evals
     print(f"training on SFT data: target tokens per step {[x['target_tokens'] for x in train]} of {4 * 64}; "
           f"eval on {evals[-1]['tokens']} answer tokens, accuracy {evals[-1]['accuracy']:.3f}")
+
+    # eval --dump-logits on SFT data: token ids as the tokenizer gave them (no loader flag bits)
+    # and the loss mask beside them, 0 on the prompts and 1 on the answers.
+    dump = tmp / "sft-logits.safetensors"
+    r = subprocess.run([BIN, "eval", "--config", tmp / "sft.json", "--dump-logits", dump],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from safetensors.numpy import load_file
+    d = load_file(dump)
+    ids, mask = d["tokens"], d["loss_mask"]
+    assert ids.shape == mask.shape and ids.shape[1] == 65, (ids.shape, mask.shape)
+    assert 0 <= ids.min() and ids.max() < m["vocab_size"], (ids.min(), ids.max())
+    targets = int(mask[:, 1:].sum())
+    assert 0 < targets < mask[:, 1:].size, targets
+    assert targets == json.loads(r.stdout)["tokens"], (targets, r.stdout)
+    print(f"eval --dump-logits on SFT data: ids within the vocabulary ({ids.max()} < {m['vocab_size']}), "
+          f"loss_mask marks {targets} answer tokens of {mask[:, 1:].size}, the tokens eval scored")
 print("ok")

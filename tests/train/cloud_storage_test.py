@@ -129,6 +129,37 @@ with tempfile.TemporaryDirectory() as d:
         print(f"cache of {bound} bytes < dataset {total_bytes}: trains bitwise, {evicted} evictions, "
               f"{held} bytes left in the cache")
 
+        # Two ranks launched as srun launches them (SLURM_PROCID/NTASKS/LOCALID, no RANK) from one
+        # s3:// dataset: each keeps a shard cache of its own (before, both took the rank-less
+        # directory and one exited 2 on the other's lock). Data parallel over the same global
+        # batch: the losses of the single process within 1e-5.
+        import socket
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        srun_out = tmp / "s3-srun"
+        procs = []
+        for rank in (0, 1):
+            srun_env = {**env, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
+                        "SLURM_JOB_NODELIST": "localhost", "MASTER_PORT": str(port)}
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
+                srun_env.pop(k, None)
+            procs.append(subprocess.Popen(
+                [BIN, "--config", cfg, "-q", "--set", f"training.output_dir={srun_out}",
+                 "--set", 'data.path="s3://moe-test/ds"'],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=srun_env))
+        for rank, p in enumerate(procs):
+            _, err = p.communicate(timeout=300)
+            assert p.returncode == 0, f"srun rank {rank}: exit {p.returncode}: {err[-2000:]}"
+        got = losses(srun_out)
+        assert sorted(got) == sorted(want), got
+        worst = max(abs(got[k] - want[k]) / abs(want[k]) for k in got)
+        assert worst <= 1e-5, worst
+        caches = sorted(p.name for p in (srun_out / "shard-cache").iterdir())
+        assert caches == ["rank-0", "rank-1"], caches
+        print(f"srun-style ranks (SLURM_* only) from s3://: both train, caches {caches}, "
+              f"losses within {worst:.1e} of one process")
+
         # Faults while training: 503s, connections cut mid-object, the endpoint down and back.
         slow = {"MOE_TEST_SLOW_UPDATE_MS": "120"}
         train(tmp / "local-100", tmp / "local", "training.train_iters=100")

@@ -153,6 +153,17 @@ def family_test(tmp, family):
                        "--dump-logits", dump).stdout)
     d = load_file(dump)
     tokens, our_logits = d["tokens"][:, :-1], d["logits"]
+
+    # The adapters come with the checkpoint: a config without a lora section (and without the
+    # base it was trained from) evaluates them as the run that wrote them did.
+    plain = json.loads(pathlib.Path(cfg).read_text())
+    plain.pop("lora")
+    plain["model"].pop("init_from")
+    plain_cfg = tmp / f"cfg-plain-{family}.json"
+    plain_cfg.write_text(json.dumps(plain))
+    r_plain = json.loads(run("eval", "--config", plain_cfg, "--checkpoint", checkpoint(out, STEPS)).stdout)
+    assert r_plain["loss"] == r["loss"], (r_plain["loss"], r["loss"])
+    print(f"  eval with a config without a lora section: loss {r_plain['loss']:.5f}, the same")
     merged = tmp / f"merged-{family}"
     run("export-hf", checkpoint(out, STEPS), "--merge", "--out", merged)
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32,

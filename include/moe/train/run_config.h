@@ -16,6 +16,9 @@ namespace moe::train {
 // directory (its config.json, mapped). UserError naming `dir` when it is neither.
 nlohmann::json weights_architecture(const std::string& dir);
 
+// data.reset_attention_at_eod without data.eod_id: the dataset's own (its manifest's eod_id).
+void fill_eod_from_manifest(nlohmann::json& root);
+
 // file -> overrides -> missing architecture keys from model.init_from (when set), and
 // data.eod_id from the dataset's manifest when data.reset_attention_at_eod leaves it out ->
 // typed -> validated. Otherwise exactly config::load.
