@@ -17,6 +17,7 @@
 #include "moe/train/checkpoint.h"
 #include "moe/train/resume_policy.h"
 #include "moe/util/errors.h"
+#include "moe/util/safetensors_dtype.h"
 #include "moe/util/staged_dir.h"
 
 namespace moe::hf {
@@ -36,13 +37,6 @@ std::map<std::string, torch::Tensor> parameter_map(model::TransformerLM& model) 
   std::map<std::string, torch::Tensor> out;
   for (auto& item : model->named_parameters()) out[item.key()] = item.value();
   return out;
-}
-
-torch::ScalarType source_dtype(const std::string& dtype) {
-  if (dtype == "F32") return torch::kFloat;
-  if (dtype == "BF16") return torch::kBFloat16;
-  if (dtype == "F16") return torch::kHalf;
-  return torch::kByte;  // not a weight dtype: refused by the caller
 }
 
 // HF tensors that carry no weight of ours: rotary caches of old checkpoints, a tied head.
@@ -69,7 +63,7 @@ void check_hf_tensors(const HfWeights& w, const std::string& dir, const config::
     }
     const SafeTensorEntry& e = *it->second.entry;
     const std::string where = "hf: " + it->second.file->path() + ": tensor '" + p.hf + "'";
-    if (source_dtype(e.dtype) == torch::kByte) {
+    if (!is_float_weight_dtype(e.dtype)) {
       throw UserError(where + " is " + e.dtype + "; expected F32, BF16 or F16");
     }
     const auto want = piece_view(p, params).sizes().vec();
@@ -93,7 +87,7 @@ void copy_piece(const HfWeights& w, const TensorPiece& p,
   const SafeTensorEntry& e = *ref.entry;
   // clone(): safetensors data offsets need not be aligned for the element type.
   auto src = torch::from_blob(const_cast<char*>(ref.file->data(e)), e.shape,
-                              torch::TensorOptions().dtype(source_dtype(e.dtype)))
+                              torch::TensorOptions().dtype(*scalar_type_of_safetensors(e.dtype)))
                  .clone();
   ref.file->release(e);  // the mapped pages go: one source tensor in memory at a time
   torch::NoGradGuard no_grad;
@@ -307,10 +301,8 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   } catch (const UserError& e) {
     throw UserError("export-hf: " + cs.path + ": " + e.what());
   }
-  static const std::map<std::string, std::pair<torch::ScalarType, const char*>> kDtypes = {
-      {"float32", {torch::kFloat, "F32"}},
-      {"bfloat16", {torch::kBFloat16, "BF16"}},
-      {"float16", {torch::kHalf, "F16"}}};
+  static const std::map<std::string, torch::ScalarType> kDtypes = {
+      {"float32", torch::kFloat}, {"bfloat16", torch::kBFloat16}, {"float16", torch::kHalf}};
   auto dt = kDtypes.find(opt.dtype);
   if (dt == kDtypes.end()) {
     throw UserError("export-hf: --dtype " + opt.dtype + ": expected float32, bfloat16 or float16");
@@ -358,10 +350,10 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   std::vector<torch::Tensor> keep;
   std::vector<SafeTensorView> views;
   for (const auto& p : tensor_pieces(cfg, family)) {
-    keep.push_back(piece_view(p, params).detach().to(dt->second.first).contiguous());
+    keep.push_back(piece_view(p, params).detach().to(dt->second).contiguous());
     const auto& t = keep.back();
-    views.push_back(
-        {p.hf, dt->second.second, t.sizes().vec(), t.data_ptr(), static_cast<size_t>(t.nbytes())});
+    views.push_back({p.hf, safetensors_dtype_of(t.scalar_type()), t.sizes().vec(), t.data_ptr(),
+                     static_cast<size_t>(t.nbytes())});
   }
 
   StagedDir out(

@@ -12,6 +12,7 @@
 #include "moe/hf/hf_tensor_map.h"
 #include "moe/util/errors.h"
 #include "moe/util/safetensors.h"
+#include "moe/util/safetensors_dtype.h"
 
 namespace moe::hf {
 
@@ -104,10 +105,6 @@ torch::Tensor from_peft(const torch::Tensor& t, Layout l, const torch::Tensor& l
   return t;
 }
 
-const char* st_dtype(torch::ScalarType t) {
-  return t == torch::kBFloat16 ? "BF16" : t == torch::kHalf ? "F16" : "F32";
-}
-
 json adapter_config(const config::Config& cfg, const std::string& base) {
   const config::LoraConfig& l = cfg.lora;
   const config::LoraTargets t = config::lora_targets(l);
@@ -169,8 +166,8 @@ int64_t write_peft_adapter(model::TransformerLM& model, const config::Config& cf
     if (it == params.end()) throw std::logic_error("peft adapter: no parameter " + piece.ours);
     keep.push_back(to_peft(it->second.detach().to(torch::kCPU), piece.layout).contiguous());
     const auto& k = keep.back();
-    views.push_back({piece.peft, st_dtype(k.scalar_type()), k.sizes().vec(), k.data_ptr(),
-                     static_cast<size_t>(k.nbytes())});
+    views.push_back({piece.peft, safetensors_dtype_of(k.scalar_type()), k.sizes().vec(),
+                     k.data_ptr(), static_cast<size_t>(k.nbytes())});
   }
   write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), views,
                     {{"format", "pt"}, {"producer", "moe-train"}});
@@ -253,15 +250,13 @@ void read_peft_adapter(const std::string& dir, model::TransformerLM& model,
     const SafeTensorEntry& e = file.entry(piece.peft);  // missing: an error naming it
     const torch::Tensor& dst = params.at(piece.ours);
     const auto want = to_peft(dst, piece.layout).sizes().vec();
-    if (e.shape != want || (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16")) {
+    if (e.shape != want || !is_float_weight_dtype(e.dtype)) {
       std::ostringstream msg;
       msg << "tensor '" << piece.peft << "' is " << e.dtype << " " << at::IntArrayRef(e.shape)
           << "; this base with the adapter's config expects a float " << at::IntArrayRef(want);
       throw UserError("import-hf --adapter: " + file.path() + ": " + msg.str());
     }
-    const auto dtype = e.dtype == "BF16"  ? torch::kBFloat16
-                       : e.dtype == "F16" ? torch::kHalf
-                                          : torch::kFloat;
+    const auto dtype = *scalar_type_of_safetensors(e.dtype);
     auto src = torch::from_blob(const_cast<char*>(file.data(e)), e.shape,
                                 torch::TensorOptions().dtype(dtype))
                    .clone()

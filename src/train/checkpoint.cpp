@@ -18,6 +18,7 @@
 #include "moe/util/errors.h"
 #include "moe/util/fault_injection.h"
 #include "moe/util/safetensors.h"
+#include "moe/util/safetensors_dtype.h"
 
 namespace moe::train {
 
@@ -26,28 +27,7 @@ using nlohmann::json;
 
 namespace {
 
-const char* dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return "F32";
-    case at::kDouble:
-      return "F64";
-    case at::kHalf:
-      return "F16";
-    case at::kBFloat16:
-      return "BF16";
-    case at::kLong:
-      return "I64";
-    case at::kInt:
-      return "I32";
-    case at::kByte:
-      return "U8";
-    case at::kBool:
-      return "BOOL";
-    default:
-      throw TrainingError(std::string("checkpoint: no safetensors dtype for ") + c10::toString(t));
-  }
-}
+const char* dtype_name(at::ScalarType t) { return safetensors_dtype_of(t); }
 
 // Host copies keep the tensors alive while the file is written.
 struct HostTensors {
@@ -64,16 +44,16 @@ struct HostTensors {
 // A float tensor of the file may fill a float parameter of another width: a LoRA run's 16-bit
 // base loads from fp32 checkpoints.
 bool converts(const std::string& file_dtype, const at::Tensor& dst) {
-  const bool float_file = file_dtype == "F32" || file_dtype == "BF16" || file_dtype == "F16";
   const bool sixteen = dst.scalar_type() == at::kBFloat16 || dst.scalar_type() == at::kHalf;
-  return float_file && sixteen;
+  return is_float_weight_dtype(file_dtype) && sixteen;
 }
 
-at::ScalarType scalar_type_of(const std::string& dtype) {
-  if (dtype == "BF16") return at::kBFloat16;
-  if (dtype == "F16") return at::kHalf;
-  if (dtype == "F64") return at::kDouble;
-  return at::kFloat;
+// The scalar type of tensor `name` of `f`; a dtype safetensors_dtype.h does not know is refused.
+at::ScalarType scalar_type_of(const SafetensorsFile& f, const std::string& name) {
+  const std::string& dtype = f.entry(name).dtype;
+  if (auto t = scalar_type_of_safetensors(dtype)) return *t;
+  throw UserError("checkpoint: " + f.path() + ": tensor '" + name + "' has dtype " + dtype +
+                  ", which no tensor of a checkpoint has");
 }
 
 using ExpertRows = model::TransformerLMImpl::ExpertRows;
@@ -94,7 +74,7 @@ void copy_into(const SafetensorsFile& f, const std::string& name, at::Tensor& ds
   const bool convert = e.dtype != dtype_name(dst.scalar_type()) && converts(e.dtype, dst);
   const std::vector<int64_t> shape = file_shape(dst, rows);
   at::Tensor host = at::empty(shape, dst.options().device(at::kCPU).dtype(
-                                         convert ? scalar_type_of(e.dtype) : dst.scalar_type()));
+                                         convert ? scalar_type_of(f, name) : dst.scalar_type()));
   if ((e.dtype != dtype_name(dst.scalar_type()) && !convert) || e.shape != shape) {
     std::ostringstream msg;
     msg << "tensor '" << name << "' is " << e.dtype << " " << at::IntArrayRef(e.shape)
@@ -150,7 +130,7 @@ void load_moment(const SafetensorsFile& f, const std::string& name, AdamWState& 
   at::Tensor& dst_absmax = which == 0 ? st.exp_avg_absmax : st.exp_avg_sq_absmax;
   const SafeTensorEntry& e = f.entry(name);  // missing: an error naming it
   const bool codes = e.dtype == "U8";
-  const bool floats = e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16";
+  const bool floats = is_float_weight_dtype(e.dtype);
   const std::vector<int64_t> blocks = {quant_blocks(dst.numel())};
   const std::string absmax_name = name + ".absmax";
   const std::vector<int64_t> shape = file_shape(dst, rows);
@@ -186,7 +166,7 @@ void load_moment(const SafetensorsFile& f, const std::string& name, AdamWState& 
     copy_into(f, absmax_name, a);
     value = dequantize_blockwise(c, a, dynamic_map(which == 0, c.device()));
   } else {
-    at::Tensor t = at::empty(dst.sizes(), scalar_type_of(e.dtype));
+    at::Tensor t = at::empty(dst.sizes(), scalar_type_of(f, name));
     copy_into(f, name, t, rows);
     value = t.to(at::kFloat);
   }
@@ -350,7 +330,7 @@ void load_master_weights(const SafetensorsFile& weights, const SafetensorsFile& 
                          FusedAdamW& optimizer) {
   if (!optimizer.has_16bit_params()) return;
   auto read = [](const SafetensorsFile& f, const std::string& name, const at::Tensor& like) {
-    at::Tensor t = at::empty(like.sizes(), scalar_type_of(f.entry(name).dtype));
+    at::Tensor t = at::empty(like.sizes(), scalar_type_of(f, name));
     copy_into(f, name, t);
     return t.to(at::kFloat);
   };

@@ -13,6 +13,7 @@
 
 #include "moe/config/architecture.h"
 #include "moe/dist/process_group.h"
+#include "moe/train/gradient_clipping.h"
 #include "moe/train/step_runner.h"
 #include "moe/train/zero.h"
 #include "moe/util/errors.h"
@@ -309,12 +310,7 @@ class RankGroup final : public DataParallel {
     auto total = (squares(mine) + expert_sq).sqrt();
     group_->broadcast(total, 0);
     const auto norm = total.to(torch::kFloat).squeeze();
-    if (std::isfinite(max_norm) && !grads.empty()) {
-      auto n = norm.to(grads.front().device());
-      auto coef = (max_norm / (n + 1e-6)).clamp_max(1.0);
-      coef = at::where(n.isfinite(), coef, at::ones_like(coef));
-      at::_foreach_mul_(grads, coef);
-    }
+    scale_by_clip_coefficient(grads, norm, max_norm);
     return norm.item<double>();
   }
 

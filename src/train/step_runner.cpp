@@ -301,32 +301,6 @@ std::vector<torch::Tensor> defined_grads(const std::vector<torch::Tensor>& param
   return grads;
 }
 
-torch::Tensor gradient_norm(const std::vector<torch::Tensor>& grads) {
-  // 16-bit gradients' norms are taken in fp32 (fp32 ones exactly as before: no dtype argument).
-  const bool all_fp32 = std::all_of(grads.begin(), grads.end(), [](const torch::Tensor& g) {
-    return g.scalar_type() == torch::kFloat;
-  });
-  return at::linalg_vector_norm(
-      at::stack(all_fp32 ? at::_foreach_norm(grads, 2) : at::_foreach_norm(grads, 2, at::kFloat)),
-      2);
-}
-
-torch::Tensor clip_divisor(const torch::Tensor& norm, double max_norm) {
-  if (!std::isfinite(max_norm)) return {};  // no clipping: no grad_scale (no write-back pass)
-  const auto divisor = ((norm + 1e-6) / max_norm).clamp_min(1.0);
-  return at::where(norm.isfinite(), divisor, torch::ones_like(divisor));
-}
-
-torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& grads, double max_norm) {
-  auto norm = gradient_norm(grads);
-  if (std::isfinite(max_norm)) {  // clip_grad_norm_'s own arithmetic: times the coefficient
-    auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
-    coef = at::where(norm.isfinite(), coef, at::ones_like(coef));
-    at::_foreach_mul_(grads, coef);
-  }
-  return norm;
-}
-
 void accumulate_loads(std::vector<torch::Tensor>& acc, const std::vector<torch::Tensor>& add) {
   if (acc.empty()) {
     acc = add;

@@ -10,6 +10,7 @@
 
 #include "moe/dist/buckets.h"
 #include "moe/dist/process_group.h"
+#include "moe/train/gradient_clipping.h"
 
 namespace moe::train {
 
@@ -178,12 +179,7 @@ torch::Tensor ZeroPartition::clip_global(const std::vector<torch::Tensor>& own_g
   }
   group_.allreduce_sum(sq, gid_);
   auto norm = sq.sqrt().to(torch::kFloat).squeeze();
-  if (std::isfinite(max_norm) && !own_grads.empty()) {
-    auto n = norm.to(own_grads.front().device());
-    auto coef = (max_norm / (n + 1e-6)).clamp_max(1.0);
-    coef = at::where(n.isfinite(), coef, at::ones_like(coef));
-    at::_foreach_mul_(own_grads, coef);
-  }
+  scale_by_clip_coefficient(own_grads, norm, max_norm);
   return norm;
 }
 

@@ -16,6 +16,7 @@
 #include "moe/model/transformer.h"
 #include "moe/train/adamw.h"
 #include "moe/train/cuda_graph_step.h"
+#include "moe/train/gradient_clipping.h"
 #include "moe/train/loss_scaler.h"
 
 namespace spdlog {
@@ -88,18 +89,6 @@ class NonFiniteGuard {
 
 // Shared by both runners. The gradients of `params` that exist.
 std::vector<torch::Tensor> defined_grads(const std::vector<torch::Tensor>& params);
-// torch.nn.utils.clip_grad_norm_'s arithmetic on the device, no host sync: the global L2 norm of
-// `grads` (16-bit ones summed in fp32).
-torch::Tensor gradient_norm(const std::vector<torch::Tensor>& grads);
-// What clipping to max_norm divides the gradients by: max(1, (norm + 1e-6) / max_norm), the
-// reciprocal of clip_grad_norm_'s coefficient; 1 when the norm is non-finite (the gradients stay
-// as they are, so the first bad parameter can be found); undefined when max_norm is infinite
-// (clipping off: the update takes no grad_scale, whose CUDA kernel would write every gradient
-// back). Given to the fused AdamW as grad_scale it clips inside the update.
-torch::Tensor clip_divisor(const torch::Tensor& norm, double max_norm);
-// gradient_norm, and the gradients scaled in place by min(1, max_norm / (norm + 1e-6)) as
-// clip_grad_norm_ does (ZeRO and expert-parallel groups clip before their own update paths).
-torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& grads, double max_norm);
 // acc[i] += add[i] per MoE layer (acc empty: a copy of add).
 void accumulate_loads(std::vector<torch::Tensor>& acc, const std::vector<torch::Tensor>& add);
 
