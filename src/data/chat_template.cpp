@@ -28,6 +28,32 @@ struct SyntaxError {
   std::string what;
 };
 
+// The sandbox's budgets (docs/reliability.md): a downloaded template cannot exhaust the stack,
+// memory or time. Real templates nest a few levels, loop over messages and tools, and write
+// kilobytes; Jinja2's own sandbox caps range() at 100,000 items (MAX_RANGE).
+constexpr int kMaxNesting = 200;                 // expressions within expressions, blocks in blocks
+constexpr int64_t kMaxRange = 100000;            // items of one range()
+constexpr int64_t kMaxLoopIterations = 1000000;  // for-loop iterations in one render
+constexpr size_t kMaxTextBytes = 64u << 20;      // the output, and any one string value
+
+// Counts one level of nesting for the life of a parse call; past kMaxNesting, `fail` is called.
+class NestingGuard {
+ public:
+  template <typename Fail>
+  NestingGuard(int& depth, Fail&& fail) : depth_(depth) {
+    if (++depth_ > kMaxNesting) {
+      --depth_;
+      fail();
+    }
+  }
+  ~NestingGuard() { --depth_; }
+  NestingGuard(const NestingGuard&) = delete;
+  NestingGuard& operator=(const NestingGuard&) = delete;
+
+ private:
+  int& depth_;
+};
+
 // ---- expressions --------------------------------------------------------------------------
 
 struct Token {
@@ -139,6 +165,7 @@ class ExprParser {
   ExprParser(std::vector<Token> toks, int line) : t_(std::move(toks)), line_(line) {}
 
   ExprPtr expression() {
+    NestingGuard guard(depth_, [this] { too_deep(); });
     ExprPtr e = or_expr();
     if (is_name("if")) {  // a if cond else b
       ++p_;
@@ -171,6 +198,10 @@ class ExprParser {
     if (t_[p_].kind != Token::kName) fail("a name");
     return t_[p_++].text;
   }
+  [[noreturn]] void too_deep() const {
+    throw SyntaxError{line_, "expressions nested more than " + std::to_string(kMaxNesting) +
+                                 " levels deep (the template sandbox's limit)"};
+  }
   [[noreturn]] void fail(const std::string& expected) const {
     throw SyntaxError{line_, "expected " + expected +
                                  (at_end() ? " at the end" : " before '" + t_[p_].text + "'")};
@@ -202,6 +233,7 @@ class ExprParser {
   }
   ExprPtr not_expr() {
     if (is_name("not")) {
+      NestingGuard guard(depth_, [this] { too_deep(); });
       ++p_;
       auto e = make(Expr::kNot);
       e->args.push_back(not_expr());
@@ -276,6 +308,7 @@ class ExprParser {
   }
   ExprPtr unary() {
     if (is_op("-")) {
+      NestingGuard guard(depth_, [this] { too_deep(); });
       ++p_;
       auto e = make(Expr::kNeg);
       e->args.push_back(unary());
@@ -423,6 +456,7 @@ class ExprParser {
   std::vector<Token> t_;
   size_t p_ = 0;
   int line_;
+  int depth_ = 0;  // nesting of the parse calls (NestingGuard)
 };
 
 }  // namespace
@@ -532,6 +566,11 @@ class TemplateParser {
  private:
   // Statements until one of `ends` (its keyword goes to `found`); the whole input when empty.
   Body parse_body(const std::vector<std::string>& ends, std::string& found) {
+    NestingGuard guard(depth_, [this] {
+      throw SyntaxError{at_ == 0 ? 0 : pieces_[at_ - 1].line,
+                        "blocks nested more than " + std::to_string(kMaxNesting) +
+                            " levels deep (the template sandbox's limit)"};
+    });
     Body body;
     while (at_ < pieces_.size()) {
       const Piece& p = pieces_[at_++];
@@ -539,6 +578,7 @@ class TemplateParser {
         if (!p.body.empty()) {
           auto n = std::make_unique<Node>();
           n->kind = Node::kText;
+          n->line = p.line;
           n->text = p.body;
           body.push_back(std::move(n));
         }
@@ -629,6 +669,7 @@ class TemplateParser {
 
   std::vector<Piece> pieces_;
   size_t at_ = 0;
+  int depth_ = 0;                     // blocks within blocks (NestingGuard)
   std::unique_ptr<ExprParser> last_;  // the parser of the tag that ended the last body
 };
 
@@ -770,6 +811,18 @@ class Renderer {
                     ": " + what);
   }
 
+  // The sandbox's size budget for the output and for every string value built.
+  void check_size(size_t bytes, int line) const {
+    if (bytes > kMaxTextBytes) {
+      fail(line, "text of " + std::to_string(bytes) + " bytes: more than the template sandbox's " +
+                     std::to_string(kMaxTextBytes >> 20) + " MiB");
+    }
+  }
+  void emit(const std::string& text, int line) {
+    check_size(out_.size() + text.size(), line);
+    out_ += text;
+  }
+
   Value lookup(const std::string& name) const {
     for (auto s = scopes_.rbegin(); s != scopes_.rend(); ++s) {
       auto hit = s->find(name);
@@ -796,10 +849,10 @@ class Renderer {
   Flow exec(const Node& n) {
     switch (n.kind) {
       case Node::kText:
-        out_ += n.text;
+        emit(n.text, n.line);
         return Flow::kNormal;
       case Node::kOutput:
-        out_ += to_text(eval(*n.expr, n.line));
+        emit(to_text(eval(*n.expr, n.line)), n.line);
         return Flow::kNormal;
       case Node::kIf:
         for (const auto& [cond, body] : n.branches) {
@@ -872,6 +925,10 @@ class Renderer {
     if (items.empty()) return exec(n.else_body);
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len; ++i) {
+      if (++iterations_ > kMaxLoopIterations) {
+        fail(n.line, "more than " + std::to_string(kMaxLoopIterations) +
+                         " loop iterations in one rendering (the template sandbox's limit)");
+      }
       scopes_.emplace_back();
       bind(n, items[static_cast<size_t>(i)]);
       Json loop = Json::object();
@@ -1056,6 +1113,13 @@ class Renderer {
           if (a.size() > 2) step = a[2].v.get<int64_t>();
         }
         if (step == 0) fail(line, "range() step cannot be zero");
+        const double items = std::ceil((static_cast<double>(hi) - static_cast<double>(lo)) /
+                                       static_cast<double>(step));
+        if (items > static_cast<double>(kMaxRange)) {
+          fail(line, "range() of " + std::to_string(static_cast<int64_t>(items)) +
+                         " items: more than the template sandbox's " + std::to_string(kMaxRange) +
+                         " (Jinja2's MAX_RANGE)");
+        }
         Json out = Json::array();
         for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) out.push_back(i);
         return {out, false};
@@ -1352,7 +1416,11 @@ class Renderer {
       return truthy(a) ? a : eval(*e.args[1], line);
     }
     const Value a = eval(*e.args[0], line), b = eval(*e.args[1], line);
-    if (op == "~") return {Json(to_text(a) + to_text(b)), false};
+    if (op == "~") {
+      std::string joined = to_text(a) + to_text(b);
+      check_size(joined.size(), line);
+      return {Json(std::move(joined)), false};
+    }
     if (op == "==" || op == "!=") {
       const bool eq = a.undefined || b.undefined ? (a.undefined && b.undefined) : a.v == b.v;
       return {Json(op == "==" ? eq : !eq), false};
@@ -1369,6 +1437,9 @@ class Renderer {
       return {Json(op == "in" ? found : !found), false};
     }
     if (op == "+" && a.v.is_string() && b.v.is_string()) {
+      check_size(
+          a.v.get_ref<const std::string&>().size() + b.v.get_ref<const std::string&>().size(),
+          line);
       return {Json(a.v.get<std::string>() + b.v.get<std::string>()), false};
     }
     if (op == "+" && a.v.is_array() && b.v.is_array()) {
@@ -1378,6 +1449,11 @@ class Renderer {
     }
     if (!a.v.is_number() || !b.v.is_number()) {
       if (op == "*" && a.v.is_string() && b.v.is_number_integer()) {
+        const double bytes = static_cast<double>(a.v.get_ref<const std::string&>().size()) *
+                             static_cast<double>(std::max<int64_t>(0, b.v.get<int64_t>()));
+        check_size(bytes > static_cast<double>(kMaxTextBytes) ? kMaxTextBytes + 1
+                                                              : static_cast<size_t>(bytes),
+                   line);
         std::string out;
         for (int64_t i = 0; i < b.v.get<int64_t>(); ++i) out += a.v.get<std::string>();
         return {Json(out), false};
@@ -1417,6 +1493,7 @@ class Renderer {
   std::vector<std::pair<size_t, size_t>>* generation_;
   std::vector<std::map<std::string, Json>> scopes_;
   std::string out_;
+  int64_t iterations_ = 0;  // for-loop iterations so far in this rendering
 };
 
 }  // namespace

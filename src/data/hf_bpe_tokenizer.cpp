@@ -145,7 +145,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
       unk_ = vocab_.at(unk);
     }
     normalizer_ = HfNormalizer(j.value("normalizer", json()), refuse);
-    pre_tokenizer_ = HfPreTokenizer(j.value("pre_tokenizer", json()), refuse);
+    pre_tokenizer_ = HfPreTokenizer(j.value("pre_tokenizer", json()), refuse, path);
     special_ = read_post_processor(j.value("post_processor", json()), refuse);
     for (const auto& t : j.value("added_tokens", json::array())) {
       const std::string content = t.at("content").get<std::string>();

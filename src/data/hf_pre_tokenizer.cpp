@@ -137,6 +137,28 @@ pcre2_match_data* thread_match_data() {
   return holder.md;
 }
 
+// PCRE2's limits set explicitly (docs/reliability.md): a pattern from a downloaded tokenizer.json
+// that backtracks catastrophically stops after this many match steps (PCRE2's own default), this
+// deep a backtracking stack, and this much heap for it (the default would be 20 GB).
+constexpr uint32_t kMatchLimit = 10000000;
+constexpr uint32_t kDepthLimit = 100000;
+constexpr uint32_t kHeapLimitKiB = 256 * 1024;
+
+pcre2_match_context* thread_match_context() {
+  struct Holder {
+    pcre2_match_context* ctx = [] {
+      pcre2_match_context* c = pcre2_match_context_create(nullptr);
+      pcre2_set_match_limit(c, kMatchLimit);
+      pcre2_set_depth_limit(c, kDepthLimit);
+      pcre2_set_heap_limit(c, kHeapLimitKiB);
+      return c;
+    }();
+    ~Holder() { pcre2_match_context_free(ctx); }
+  };
+  thread_local Holder holder;
+  return holder.ctx;
+}
+
 }  // namespace
 
 struct HfPreTokenizer::Step {
@@ -152,7 +174,10 @@ struct HfPreTokenizer::Step {
 
   ~Step() { pcre2_code_free(regex); }
 
+  std::string given_pattern, origin;  // for the error a failed match raises
+
   void compile(const std::string& given, const Refuse& refuse) {
+    given_pattern = given;
     const std::string pattern = script_properties_as_oniguruma(given);
     int err = 0;
     PCRE2_SIZE offset = 0;
@@ -188,13 +213,18 @@ struct HfPreTokenizer::Step {
         // PCRE2_NO_UTF_CHECK: encode() validated the text once; without it every call
         // re-validates the rest of the subject (quadratic in the length of a document).
         const int rc = pcre2_match(regex, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos,
-                                   PCRE2_NO_UTF_CHECK, md, nullptr);
+                                   PCRE2_NO_UTF_CHECK, md, thread_match_context());
         if (rc == PCRE2_ERROR_NOMATCH) break;
-        if (rc < 0) {
+        if (rc < 0) {  // a limit (input that makes the pattern backtrack), never a crash
           PCRE2_UCHAR msg[256];
           pcre2_get_error_message(rc, msg, sizeof msg);
-          throw std::runtime_error(std::string("tokenizer: pre-tokenizer regex failed: ") +
-                                   reinterpret_cast<const char*>(msg));
+          throw UserError(
+              "tokenizer: " + (origin.empty() ? std::string("tokenizer.json") : origin) +
+              ": the pre-tokenizer regex " + given_pattern + " failed on a " +
+              std::to_string(s.size()) +
+              "-byte piece of text: " + reinterpret_cast<const char*>(msg) +
+              " (limits: " + std::to_string(kMatchLimit) + " match steps, depth " +
+              std::to_string(kDepthLimit) + ", " + std::to_string(kHeapLimitKiB / 1024) + " MiB)");
         }
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
         if (ov[1] > ov[0]) {
@@ -262,14 +292,14 @@ struct HfPreTokenizer::Step {
 
 HfPreTokenizer::~HfPreTokenizer() = default;
 
-HfPreTokenizer::HfPreTokenizer(const json& spec, const Refuse& refuse) {
+HfPreTokenizer::HfPreTokenizer(const json& spec, const Refuse& refuse, const std::string& origin) {
   if (spec.is_null()) return;
   const std::string type = spec.value("type", std::string("?"));
   if (type == "Sequence") {
     for (const auto& inner : spec.at("pretokenizers")) {
       if (byte_level_) refuse("a pre-tokenizer step after ByteLevel");
       const bool first = steps_.empty();
-      HfPreTokenizer p(inner, refuse);
+      HfPreTokenizer p(inner, refuse, origin);
       // ByteLevel's space after a split goes on pieces, which never span a cut.
       if (p.prefixes_segments_ && (first || !p.byte_level_)) prefixes_segments_ = true;
       steps_.insert(steps_.end(), p.steps_.begin(), p.steps_.end());
@@ -278,6 +308,7 @@ HfPreTokenizer::HfPreTokenizer(const json& spec, const Refuse& refuse) {
     return;
   }
   auto step = std::make_shared<Step>();
+  step->origin = origin;
   if (type == "Split") {
     const json& p = spec.at("pattern");
     if (p.contains("Regex")) {

@@ -104,5 +104,55 @@ TEST(ChatTemplate, ErrorsNameTheTemplateAndLine) {
   }
 }
 
+// The sandbox's budgets (docs/reliability.md): each hostile template of issue 51 stops at once
+// with one line naming the template, its line and the limit, instead of a stack overflow, a
+// hang or gigabytes of memory; real templates stay far below them.
+std::string refusal(const std::string& src) {
+  try {
+    render(src);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(rendered)";
+}
+
+TEST(ChatTemplateSandbox, DeepNestingIsRefusedNotAStackOverflow) {
+  const std::string parens =
+      "{{ " + std::string(200000, '(') + "1" + std::string(200000, ')') + " }}";
+  EXPECT_NE(refusal(parens).find("test.jinja:1: expressions nested more than 200 levels"),
+            std::string::npos)
+      << refusal(parens);
+  std::string nots = "{{ ";
+  for (int i = 0; i < 100000; ++i) nots += "not ";
+  EXPECT_NE(refusal(nots + "1 }}").find("nested more than 200"), std::string::npos);
+  std::string ifs;
+  for (int i = 0; i < 100000; ++i) ifs += "{% if true %}\n";
+  EXPECT_NE(refusal(ifs).find("blocks nested more than 200 levels"), std::string::npos)
+      << refusal(ifs);
+  // 150 levels (beyond any real template) still render.
+  EXPECT_EQ(render("{{ " + std::string(150, '(') + "7" + std::string(150, ')') + " }}"), "7");
+}
+
+TEST(ChatTemplateSandbox, RangeLoopsAndSizesHaveBudgets) {
+  EXPECT_NE(refusal("x\n{% for i in range(1000000000) %}{% endfor %}")
+                .find("test.jinja:2: range() of 1000000000 items: more than the template "
+                      "sandbox's 100000"),
+            std::string::npos);
+  EXPECT_EQ(render("{{ range(100000)|length }}"), "100000");  // Jinja2's MAX_RANGE itself
+  EXPECT_NE(refusal("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                    "{% endfor %}")
+                .find("more than 1000000 loop iterations"),
+            std::string::npos);
+  // A string doubled 40 times stops at the 64 MiB budget.
+  EXPECT_NE(refusal("{% set ns = namespace(s='ab') %}{% for i in range(40) %}"
+                    "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}")
+                .find("more than the template sandbox's 64 MiB"),
+            std::string::npos);
+  EXPECT_NE(refusal("{{ 'ab' * 100000000000 }}").find("64 MiB"), std::string::npos);
+  EXPECT_NE(refusal("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}").find("64 MiB"),
+            std::string::npos);
+  EXPECT_EQ(render("{{ ('ab' * 3) ~ 'c' }}"), "abababc");
+}
+
 }  // namespace
 }  // namespace moe::data

@@ -19,7 +19,8 @@ class HfPreTokenizer {
   using Refuse = std::function<void(const std::string&)>;  // throws, naming what is unsupported
 
   HfPreTokenizer() = default;
-  HfPreTokenizer(const nlohmann::json& spec, const Refuse& refuse);
+  // `origin`: the tokenizer.json path, named when a pattern hits PCRE2's limits on some text.
+  HfPreTokenizer(const nlohmann::json& spec, const Refuse& refuse, const std::string& origin = "");
   ~HfPreTokenizer();
 
   bool empty() const { return steps_.empty(); }
