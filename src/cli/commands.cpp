@@ -414,7 +414,10 @@ int cmd_plan(const PlanArgs& a) {
                       {"peak_bytes", p.peak},
                       {"reserved_bytes", p.reserved},
                       {"host_bytes", p.host},
-                      {"host_states_bytes", p.host_states}};
+                      {"host_states_bytes", p.host_states},
+                      {"quantized_base_bytes", p.quantized_base},
+                      {"quantized_parameters", p.quantized_parameters},
+                      {"dequant_scratch_bytes", p.dequant_scratch}};
   if (o.device_bytes > 0) {
     j["device_bytes"] = o.device_bytes;
     j["fits"] = p.fits;

@@ -385,6 +385,43 @@ static void fit_and_advise(const Config& c, const PlanOptions& opt, MemoryPlan& 
             "checkpointing of every block");
       }
     }
+    // A 4-bit base (QLoRA) under the adapters, alone or with checkpointing, with its figure.
+    auto four_bit = [](Config& a) {
+      a.quantization.load_in_4bit = true;
+      a.quantization.bnb_4bit_quant_type = Quant4bitType::kNf4;
+      a.quantization.bnb_4bit_use_double_quant = true;
+      a.quantization.bnb_4bit_compute_dtype =
+          a.fp16.enabled ? QuantComputeDtype::kFloat16 : QuantComputeDtype::kBfloat16;
+    };
+    auto reserved_with = [&](auto change) {
+      Config alt = c;
+      PlanOptions o = opt;
+      o.device_bytes = 0;
+      change(alt, o);
+      const MemoryPlan q = plan_memory(alt, o);
+      return fits_memory(q, opt) ? q.reserved : 0.0;
+    };
+    const bool base16 = lora_enabled(c) && !c.quantization.load_in_4bit;
+    if (!p.fits && !opt.cpu && (base16 || (p.advice.empty() && !lora_enabled(c)))) {
+      const std::string what = base16
+                                   ? "a 4-bit base (quantization.load_in_4bit, nf4 + double quant)"
+                                   : "LoRA on a 4-bit base (lora.r = 16 on attention and experts; "
+                                     "quantization.load_in_4bit, nf4 + double quant)";
+      auto qlora = [&](Config& a) {
+        if (!base16) lora16(a);
+        four_bit(a);
+      };
+      double need = reserved_with([&](Config& a, PlanOptions&) { qlora(a); });
+      std::string how = what;
+      if (need == 0 && !ckpt) {
+        need = reserved_with([&](Config& a, PlanOptions& o) {
+          qlora(a);
+          o.checkpointing = true;
+        });
+        how += " with activation checkpointing of every block";
+      }
+      if (need > 0) p.advice.push_back(how + ": " + gib(need) + " expected reserved");
+    }
     if (p.advice.empty() && !ckpt && !offload && with([](Config& a, PlanOptions& o) {
           o.checkpointing = true;
           a.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
@@ -516,7 +553,16 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   p.host = p.host_states;
   p.master_weights = !w16 || offload ? 0 : (kahan ? 2 : 4) * trained;
   p.update_transient = update_transient_bytes(c, opt, trained);
-  p.weights = (w16 ? 2 : 4) * trained + (mixed || w16 ? 2 : 4) * frozen;
+  // QLoRA: the quantized matrices at their 4-bit bytes, the rest of the frozen base as above.
+  const Quantized4bitBase q4 = quantized_4bit_base(c, opt);
+  p.quantized_base = q4.bytes;
+  p.quantized_parameters = q4.parameters;
+  p.weights = (w16 ? 2 : 4) * trained +
+              (mixed || w16 ? 2 : 4) * (frozen - static_cast<double>(q4.parameters)) + q4.bytes;
+  // Each 4-bit GEMM dequantizes its group into a temporary freed when the GEMM returns, in the
+  // forward, its recomputation and again in the backward; autograd runs one node at a time, so
+  // one group (the largest) is alive at a moment (docs/memory.md).
+  p.dequant_scratch = q4.largest_group_bytes;
   // Autocast keeps the bf16/fp16 copy of every fp32 matmul weight from the forward to the end of
   // the backward (its cache is cleared after the step); 16-bit weights need none.
   p.low_precision_weights = mixed && !w16 ? 2 * trained : 0;
@@ -537,13 +583,82 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   const double step_peak = p.gradients + 8 * static_cast<double>(c.model.num_layers) * 64 +
                            (offload ? 0 : p.update_transient);
   if (offload) p.host += p.update_transient;
-  p.peak = fixed + std::max(as_configured.peak_dynamic + p.communication, step_peak);
+  p.peak =
+      fixed + std::max(as_configured.peak_dynamic + p.communication + p.dequant_scratch, step_peak);
   // The caching allocator rounds and fragments (~5% measured by PyTorch users on LLM training);
   // the CUDA context and cuBLAS/cuDNN workspaces add about 0.5-1 GiB per process.
   p.reserved = opt.cpu ? p.peak : p.peak * 1.05 + 0.75 * kGiB;
 
   if (opt.device_bytes > 0) fit_and_advise(c, opt, p);
   return p;
+}
+
+double quantized_4bit_bytes(int64_t values, bool double_quant) {
+  // bitsandbytes' blocks (quant::kBlocksize, kNestedBlocksize; that header needs LibTorch).
+  constexpr int64_t kBlock = 64, kNestedBlock = 256;
+  const int64_t blocks = (values + kBlock - 1) / kBlock;
+  const double codes = static_cast<double>((values + 1) / 2);
+  if (!double_quant) return codes + 4.0 * static_cast<double>(blocks);
+  const int64_t nested = (blocks + kNestedBlock - 1) / kNestedBlock;
+  return codes + static_cast<double>(blocks) + 4.0 * static_cast<double>(nested) + 4.0;
+}
+
+Quantized4bitBase quantized_4bit_base(const Config& c, const PlanOptions& opt) {
+  Quantized4bitBase q;
+  if (!c.quantization.load_in_4bit || !lora_enabled(c)) return q;
+  const bool dq = c.quantization.bnb_4bit_use_double_quant;
+  // Linear4bitFn dequantizes to bnb_4bit_compute_dtype; the grouped GEMM over a whole expert
+  // stack (a GPU with bf16 activations and aligned widths; sm_90 at run time, assumed here:
+  // the larger group) to bf16 (model/frozen_4bit.cpp, moe/experts.cpp).
+  const double compute =
+      c.quantization.bnb_4bit_compute_dtype == QuantComputeDtype::kFloat32 ? 4.0 : 2.0;
+  const LoraTargets t = lora_targets(c.lora);
+  const bool bf16_rows =
+      c.training.param_dtype == ParamDtype::kBf16 || (c.bf16.enabled && !c.fp16.enabled);
+  const bool grouped = !opt.cpu && bf16_rows && c.model.hidden_size % 8 == 0 &&
+                       expert_hidden_size(c) % 8 == 0 && t.experts_gate_up_rank % 8 == 0 &&
+                       (!t.experts_down || c.lora.r % 8 == 0);
+  const int64_t q_rows = c.model.num_heads * head_dim(c),
+                kv_rows = key_value_heads(c) * head_dim(c);
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  auto add = [&](int64_t values, int64_t count) {
+    q.parameters += values * count;
+    q.matrices += count;
+    q.bytes += static_cast<double>(count) * quantized_4bit_bytes(values, dq);
+  };
+  auto group = [&](double values, double bytes_per_value) {
+    if (values * bytes_per_value > q.largest_group_bytes) {
+      q.largest_group_values = values;
+      q.largest_group_bytes = values * bytes_per_value;
+    }
+  };
+  for (const auto& p : model::parameter_layout(c)) {
+    if (saved_in_full(c.lora, p.name, c.model.tie_embeddings)) continue;
+    if (ends_with(p.name, ".attn.qkv.weight")) {  // q, k and v: three matrices, one GEMM
+      const int64_t d = p.shape[1];
+      add(q_rows * d, 1);
+      add(kv_rows * d, 2);
+      group(static_cast<double>(p.shape[0] * d), compute);
+    } else if (ends_with(p.name, ".attn.out.weight") ||
+               ends_with(p.name, ".mlp.gate_proj.weight") ||
+               ends_with(p.name, ".mlp.up_proj.weight") ||
+               ends_with(p.name, ".mlp.down_proj.weight")) {
+      add(p.shape[0] * p.shape[1], 1);
+      group(static_cast<double>(p.shape[0] * p.shape[1]), compute);
+    } else if (ends_with(p.name, ".moe.experts.w_gate") || ends_with(p.name, ".moe.experts.w_up") ||
+               ends_with(p.name, ".moe.experts.w_down")) {
+      const int64_t matrix = p.shape[1] * p.shape[2];
+      add(matrix, p.shape[0]);
+      if (grouped) {
+        group(static_cast<double>(p.shape[0] * matrix), 2.0);
+      } else {
+        group(static_cast<double>(matrix), compute);
+      }
+    }
+  }
+  return q;
 }
 
 double moment_bytes_per_parameter(const Config& c) {
@@ -590,7 +705,9 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
                   "%.4g frozen (%s)\n",
                   static_cast<long long>(c.lora.r), static_cast<double>(n.adapter),
                   static_cast<double>(n.trainable_base), static_cast<double>(n.frozen_base),
-                  !opt.cpu && (c.bf16.enabled || c.fp16.enabled) ? "16-bit" : "fp32");
+                  (std::string(p.quantized_parameters > 0 ? "4-bit matrices, the rest " : "") +
+                   (!opt.cpu && (c.bf16.enabled || c.fp16.enabled) ? "16-bit" : "fp32"))
+                      .c_str());
     out += line;
   }
   const bool w16 = c.training.param_dtype != ParamDtype::kFp32;
@@ -598,6 +715,17 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
   row(lora_enabled(c) ? "weights (frozen base + fp32 trained)"
                       : ("weights (" + weight_dtype + ")").c_str(),
       p.weights, per(p.weights));
+  if (p.quantized_parameters > 0) {
+    const QuantizationConfig& q = c.quantization;
+    char b[96];
+    std::snprintf(b, sizeof b, "%.4g parameters, %.4f bytes each",
+                  static_cast<double>(p.quantized_parameters),
+                  p.quantized_base / static_cast<double>(p.quantized_parameters));
+    row(("  4-bit part (" + std::string(name(q.bnb_4bit_quant_type)) +
+         (q.bnb_4bit_use_double_quant ? ", double quant)" : ")"))
+            .c_str(),
+        p.quantized_base, b);
+  }
   row(p.gradients > 2.5 * static_cast<double>(p.parameters) || !w16
           ? "gradients (fp32)"
           : ("gradients (" + weight_dtype + ")").c_str(),
@@ -622,6 +750,10 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
   row("  without checkpointing", p.activations_no_checkpoint, "");
   row("  every block checkpointed", p.activations_checkpoint, "");
   row("backward transients", p.backward_transient, "largest short-lived buffers");
+  if (p.dequant_scratch > 0) {
+    row("4-bit dequantization scratch", p.dequant_scratch,
+        "the largest matrix group dequantized for one GEMM");
+  }
   if (p.update_transient > 0) {
     row("update transients", p.update_transient,
         "fp32 copies: the largest parameter's moments, 16-bit weights' gradient buckets");
@@ -648,8 +780,9 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
     if (!p.cheapest_tier.empty()) out += "  cheapest tier that fits: " + p.cheapest_tier + "\n";
     if (!p.fits && p.advice.empty()) {
       out +=
-          "  nothing tried fits one device (checkpointing, offload, LoRA, micro-batch 1): more "
-          "devices (data parallel with ZeRO), a shorter model.seq_len, or a smaller model\n";
+          "  nothing tried fits one device (checkpointing, offload, LoRA, a 4-bit base, "
+          "micro-batch 1): more devices (data parallel with ZeRO), a shorter model.seq_len, or a "
+          "smaller model\n";
     }
   }
   return out;

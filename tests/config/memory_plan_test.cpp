@@ -3,7 +3,10 @@
 // host with the master copy and gradient staging.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "config_test_util.h"
+#include "moe/config/lora.h"
 #include "moe/config/memory_plan.h"
 
 namespace moe::config {
@@ -102,6 +105,134 @@ TEST(MemoryPlanTiers, WorkingWeightBytesPerParameterFollowTheFormula) {
     EXPECT_DOUBLE_EQ(p.host - (t.offload ? p.update_transient : 0),
                      t.host_bytes * (params - held) + (t.offload ? 16 * held : 0));
     EXPECT_EQ(p.low_precision_weights, 0);  // a CPU plan: no autocast copies
+  }
+}
+
+// bitsandbytes' bytes of one 4-bit matrix: ceil(n / 2) code bytes; an fp32 absmax per 64 values,
+// or (double quant) a uint8 one with an fp32 scale per 256 blocks and an fp32 offset.
+TEST(MemoryPlanQlora, FourBitBytesOfOneMatrix) {
+  EXPECT_EQ(quantized_4bit_bytes(1, false), 1 + 4);
+  EXPECT_EQ(quantized_4bit_bytes(1, true), 1 + 1 + 4 + 4);
+  EXPECT_EQ(quantized_4bit_bytes(5184, false), 2592 + 4 * 81);
+  EXPECT_EQ(quantized_4bit_bytes(5184, true), 2592 + 81 + 4 + 4);
+  EXPECT_EQ(quantized_4bit_bytes(2592, false), 1296 + 4 * 41);  // 40.5 blocks: 41
+  EXPECT_EQ(quantized_4bit_bytes(2592, true), 1296 + 41 + 4 + 4);
+  // 4096 blocks: 16 nested scales.
+  EXPECT_EQ(quantized_4bit_bytes(262144, true), 131072 + 4096 + 4 * 16 + 4);
+}
+
+// A small Qwen3-MoE-like LoRA config: hidden 72, 4 heads of 18 (2 key-value heads), a dense
+// first layer (MLP width 56) and a MoE layer of 4 experts of width 40.
+nlohmann::json small_qlora(bool double_quant) {
+  nlohmann::json j = test_util::minimal();
+  j["bf16"] = {{"enabled", true}};
+  j["train_micro_batch_size_per_gpu"] = 1;
+  j["model"] = {{"hidden_size", 72},        {"num_layers", 2},        {"num_heads", 4},
+                {"num_key_value_heads", 2}, {"vocab_size", 256},      {"seq_len", 32},
+                {"tie_embeddings", false},  {"dense_hidden_size", 56}};
+  j["moe"] = {
+      {"num_experts", 4}, {"top_k", 2}, {"expert_hidden_size", 40}, {"mlp_only_layers", {0}}};
+  j["lora"] = {{"r", 8}, {"lora_alpha", 16}};
+  j["quantization"] = {{"load_in_4bit", true},
+                       {"bnb_4bit_quant_type", "nf4"},
+                       {"bnb_4bit_use_double_quant", double_quant},
+                       {"bnb_4bit_compute_dtype", "bfloat16"}};
+  return j;
+}
+
+// The 4-bit base is the sum over the matrices the model quantizes, each with its own blocks:
+// per layer q [72, 72], k and v [36, 72] each, o [72, 72]; layer 0's gate, up [56, 72] and down
+// [72, 56]; layer 1's 4 experts' gate, up and down [40, 72] / [72, 40].
+TEST(MemoryPlanQlora, FourBitBaseIsTheHandSumOverMatrices) {
+  const double q = 5184, kv = 2592, dense = 4032, expert = 2880;
+  const double params = 2 * (2 * q + 2 * kv) + 3 * dense + 12 * expert;
+  struct Case {
+    bool dq;
+    double bytes;
+  };
+  // no double quant: n / 2 + 4 ceil(n / 64); double quant: n / 2 + ceil(n / 64) + 4 + 4.
+  for (const Case& t : {Case{false, 2 * (2 * (2592 + 4 * 81) + 2 * (1296 + 4 * 41)) +
+                                        3 * (2016 + 4 * 63) + 12 * (1440 + 4 * 45)},
+                        Case{true, 2 * (2 * (2592 + 81 + 8) + 2 * (1296 + 41 + 8)) +
+                                       3 * (2016 + 63 + 8) + 12 * (1440 + 45 + 8)}}) {
+    const Config c = test_util::build(small_qlora(t.dq));
+    const Quantized4bitBase base = quantized_4bit_base(c, PlanOptions{});
+    EXPECT_EQ(static_cast<double>(base.parameters), params);
+    EXPECT_EQ(base.matrices, 2 * 4 + 3 + 12);
+    EXPECT_DOUBLE_EQ(base.bytes, t.bytes) << (t.dq ? "double quant" : "no double quant");
+    const MemoryPlan p = plan_memory(c, PlanOptions{});
+    EXPECT_DOUBLE_EQ(p.quantized_base, t.bytes);
+    EXPECT_EQ(static_cast<double>(p.quantized_parameters), params);
+    // The rest of the frozen base (embeddings, head, norms, routers) stays 16-bit; the adapters
+    // are fp32 (training.param_dtype).
+    const LoraParameterCounts n = lora_parameter_counts(c);
+    EXPECT_DOUBLE_EQ(p.weights, 4 * static_cast<double>(n.adapter + n.trainable_base) +
+                                    2 * (static_cast<double>(n.frozen_base) - params) + t.bytes);
+    // On a GPU with bf16 the experts dequantize a whole stack [4, 40, 72] to bf16 at once; the
+    // fused q|k|v [144, 72] in the compute dtype (bf16) is smaller.
+    EXPECT_DOUBLE_EQ(p.dequant_scratch, 4 * expert * 2);
+    // On a CPU each expert's matrix alone: the fused q|k|v is the largest group.
+    EXPECT_DOUBLE_EQ(plan_memory(c, PlanOptions{.cpu = true}).dequant_scratch, 144 * 72 * 2);
+  }
+}
+
+// Against the 16-bit base: the weights fall by 2 B less the 4-bit bytes per quantized parameter,
+// which are 0.5625 B without double quant and under 0.53 B with it; the scratch is added to the
+// peak.
+TEST(MemoryPlanQlora, FourBitBaseFallsFromTheBf16Base) {
+  for (bool dq : {false, true}) {
+    const Config c4 = test_util::build(small_qlora(dq));
+    Config c16 = c4;
+    c16.quantization.load_in_4bit = false;
+    const MemoryPlan p4 = plan_memory(c4, PlanOptions{});
+    const MemoryPlan p16 = plan_memory(c16, PlanOptions{});
+    EXPECT_EQ(p16.quantized_parameters, 0);
+    EXPECT_EQ(p16.dequant_scratch, 0);
+    const double n = static_cast<double>(p4.quantized_parameters);
+    EXPECT_DOUBLE_EQ(p16.weights - p4.weights, 2 * n - p4.quantized_base);
+    const double per = p4.quantized_base / n;
+    if (dq) {
+      EXPECT_LE(per, 0.53);
+      EXPECT_GE(per, 0.5 + 1.0 / 64);
+    } else {
+      EXPECT_NEAR(per, 0.5 + 4.0 / 64, 1e-3);  // ceil of the 36-row matrices' blocks
+    }
+    EXPECT_DOUBLE_EQ(p4.peak - p16.peak, p4.dequant_scratch - (2 * n - p4.quantized_base));
+  }
+}
+
+// A LoRA plan whose bf16 base does not fit is told the 4-bit base that does, with its figure.
+TEST(MemoryPlanQlora, AdviceOffersTheFourBitBaseWhenTheBf16BaseDoesNotFit) {
+  nlohmann::json j = small_qlora(true);
+  j["model"]["hidden_size"] = 1024;
+  j["model"]["num_layers"] = 12;
+  j["model"]["num_heads"] = 8;
+  j["model"]["num_key_value_heads"] = 4;
+  j["model"]["dense_hidden_size"] = 2048;
+  j["moe"]["num_experts"] = 64;
+  j["moe"]["expert_hidden_size"] = 512;
+  const Config c4 = test_util::build(j);
+  Config c16 = c4;
+  c16.quantization = QuantizationConfig{};
+  const double r4 = plan_memory(c4, PlanOptions{}).reserved;
+  const double r16 = plan_memory(c16, PlanOptions{}).reserved;
+  ASSERT_LT(r4 + (1 << 30), r16);  // 11 layers of 64 experts: ~2.1 GiB of base against ~0.6
+  const MemoryPlan p = plan_memory(c16, PlanOptions{.device_bytes = (r4 + r16) / 2});
+  EXPECT_FALSE(p.fits);
+  bool offered = false;
+  for (const auto& a : p.advice) {
+    if (a.find("4-bit base (quantization.load_in_4bit, nf4 + double quant)") == std::string::npos)
+      continue;
+    offered = true;
+    char figure[32];
+    std::snprintf(figure, sizeof figure, "%.2f GiB", r4 / (1024.0 * 1024 * 1024));
+    EXPECT_NE(a.find(figure), std::string::npos) << a;
+  }
+  EXPECT_TRUE(offered) << format_plan(c16, PlanOptions{.device_bytes = (r4 + r16) / 2}, p);
+  // Fitting as it is, or already 4-bit: no such advice.
+  for (const MemoryPlan& q : {plan_memory(c16, PlanOptions{.device_bytes = 2 * r16}),
+                              plan_memory(c4, PlanOptions{.device_bytes = (r4 + r16) / 2})}) {
+    for (const auto& a : q.advice) EXPECT_EQ(a.find("4-bit base"), std::string::npos) << a;
   }
 }
 
