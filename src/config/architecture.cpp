@@ -70,10 +70,15 @@ void fill_architecture(json& root, const json& sections) {
 }
 
 void fill_adapters(json& root, const json& saved) {
-  if (root.contains("lora") && !root["lora"].is_null()) return;
   if (!saved.contains("lora") || !saved["lora"].is_object()) return;
   const json& r = saved["lora"].contains("r") ? saved["lora"]["r"] : json();
-  if (r.is_number() && r.get<double>() > 0) root["lora"] = saved["lora"];
+  if (!r.is_number() || r.get<double>() <= 0) return;
+  if (!root.contains("lora") || root["lora"].is_null()) root["lora"] = saved["lora"];
+  // A 4-bit base is part of what the adapters were trained over: it comes with them too.
+  const bool own = root.contains("quantization") && !root["quantization"].is_null();
+  if (!own && saved.contains("quantization") && saved["quantization"].is_object()) {
+    root["quantization"] = saved["quantization"];
+  }
 }
 
 namespace {

@@ -275,6 +275,23 @@ void visit_fields(auto& v, Section<LoraConfig> auto& l) {
   v.ignored("inference_mode");  // export-hf --adapter writes it
 }
 
+void visit_fields(auto& v, Section<QuantizationConfig> auto& q) {
+  v.field("load_in_4bit", q.load_in_4bit);
+  v.field("bnb_4bit_quant_type", q.bnb_4bit_quant_type);
+  v.field("bnb_4bit_use_double_quant", q.bnb_4bit_use_double_quant);
+  v.field("bnb_4bit_compute_dtype", q.bnb_4bit_compute_dtype);
+  // BitsAndBytesConfig's other keys, as transformers writes them into config.json.
+  v.ignored("quant_method");                // "bitsandbytes"
+  v.ignored("bnb_4bit_quant_storage");      // uint8: how the codes are stored
+  v.field("load_in_8bit", q.load_in_8bit);  // refused in validate() when true
+  v.ignored("llm_int8_threshold");
+  v.ignored("llm_int8_skip_modules");
+  v.ignored("llm_int8_enable_fp32_cpu_offload");
+  v.ignored("llm_int8_has_fp16_weight");
+  v.ignored("_load_in_4bit");
+  v.ignored("_load_in_8bit");
+}
+
 void visit_fields(auto& v, Section<Config> auto& c) {
   // The batch triple's rules are cross-field: validate() resolves it.
   v.field("train_batch_size", c.train_batch_size);
@@ -316,6 +333,7 @@ void visit_fields(auto& v, Section<Config> auto& c) {
   section(v, "monitor", c.monitor);
   section(v, "distributed", c.distributed);
   section(v, "lora", c.lora);
+  section(v, "quantization", c.quantization);
   v.ignored("$schema");  // lets editors find configs/schema.json
 }
 

@@ -189,6 +189,20 @@ constexpr KeyDescription kDescriptions[] = {
     {"lora.task_type", "PEFT's task type: accepted, no meaning (causal LM only)"},
     {"lora.bias", "PEFT's bias setting: accepted, no meaning (the projections have no biases)"},
     {"lora.inference_mode", "PEFT's flag: accepted, no meaning (export-hf --adapter writes it)"},
+    {"quantization", "a 4-bit frozen base under LoRA (QLoRA) in transformers' BitsAndBytesConfig names (docs/finetune.md)"},
+    {"quantization.load_in_4bit", "hold every attention and dense-MLP matrix and each expert's gate, up and down matrix of the frozen base in bitsandbytes' 4-bit format (needs `lora.r` > 0); embeddings, norms, routers and the head stay 16-bit"},
+    {"quantization.bnb_4bit_quant_type", "`nf4` (NormalFloat, QLoRA's) or `fp4` (bitsandbytes' default): the 16-value code book"},
+    {"quantization.bnb_4bit_use_double_quant", "also quantize the per-64-block absmax to 8 bits in blocks of 256 (about 0.37 bit per parameter saved)"},
+    {"quantization.bnb_4bit_compute_dtype", "`float32`, `bfloat16` or `float16`: what each 4-bit matrix is dequantized to right before its GEMM"},
+    {"quantization.load_in_8bit", "LLM.int8(): not supported; accepted only as false (transformers writes it)"},
+    {"quantization.quant_method", "transformers' `bitsandbytes`: accepted, no meaning"},
+    {"quantization.bnb_4bit_quant_storage", "transformers' storage dtype of the codes: accepted, no meaning (codes are uint8)"},
+    {"quantization.llm_int8_threshold", "LLM.int8()'s setting: accepted, no meaning"},
+    {"quantization.llm_int8_skip_modules", "LLM.int8()'s setting: accepted, no meaning (embeddings, norms, routers and the head are never quantized)"},
+    {"quantization.llm_int8_enable_fp32_cpu_offload", "LLM.int8()'s setting: accepted, no meaning"},
+    {"quantization.llm_int8_has_fp16_weight", "LLM.int8()'s setting: accepted, no meaning"},
+    {"quantization._load_in_4bit", "transformers' private copy of `load_in_4bit`: accepted, no meaning"},
+    {"quantization._load_in_8bit", "transformers' private copy of `load_in_8bit`: accepted, no meaning"},
 };
 // clang-format on
 

@@ -171,6 +171,19 @@ void check_lora(const Config& c, const Rules& rules) {
               "is not supported with LoRA (lora.r > 0) yet; set it to false");
 }
 
+// quantization: a 4-bit frozen base is the base of a LoRA run (QLoRA), never trained weights.
+void check_quantization(const Config& c, const Rules& rules) {
+  const QuantizationConfig& q = c.quantization;
+  rules.check(!q.load_in_8bit, "quantization.load_in_8bit", "true",
+              "LLM.int8() bases are not supported; use load_in_4bit (nf4 or fp4)");
+  if (!q.load_in_4bit) return;
+  rules.check(lora_enabled(c), "quantization.load_in_4bit", "true",
+              "quantizes the frozen base of a LoRA run: set lora.r > 0 (a 4-bit matrix has no "
+              "gradient to train)");
+  rules.check(c.moe.expert_parallel_size <= 1, "quantization.load_in_4bit", "true",
+              "is not supported with moe.expert_parallel_size > 1 yet");
+}
+
 // moe.expert_parallel_size: divides the experts and the world; what EP does not combine with yet.
 void check_expert_parallel(Config& c, const Rules& rules) {
   const int64_t ep = c.moe.expert_parallel_size;
@@ -357,6 +370,7 @@ void check_relations(Config& c, const Rules& rules) {
   rules.check(e.top_k <= e.num_experts, "moe.top_k", e.top_k,
               "must be <= moe.num_experts (" + std::to_string(e.num_experts) + ")");
   check_lora(c, rules);
+  check_quantization(c, rules);
   check_expert_parallel(c, rules);
   if (const std::string& a = c.training.cpu_affinity; !a.empty() && a != "auto") {
     bool ok = true;

@@ -100,12 +100,17 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
   const auto params = parameter_map(model);
   // Expert parallelism: a rank holds some experts' rows of the routed experts' stacks; those
   // are checked whole and assembled whole, one parameter at a time, and the rank keeps its rows.
+  // A 4-bit base: its (emptied) matrices are checked at their shapes, assembled whole in fp32
+  // one at a time and quantized (host memory: the 4-bit base plus one matrix and one source).
+  const auto& quantized = model->quantized_weights();
   auto whole = params;
   for (auto& [name, t] : whole) {
     if (const auto rows = model->expert_rows(name)) {
       auto shape = t.sizes().vec();
       shape[0] = rows->total;
       t = torch::empty(shape, t.options().device(torch::kMeta));
+    } else if (const auto q = quantized.find(name); q != quantized.end()) {
+      t = torch::empty(q->second->shape(), t.options().device(torch::kMeta));
     }
   }
   check_hf_tensors(w, dir, cfg, family, whole);
@@ -113,6 +118,13 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
   for (auto& p : tensor_pieces(cfg, family)) pieces_of[p.ours].push_back(p);
   for (const auto& [name, pieces] : pieces_of) {
     const auto rows = model->expert_rows(name);
+    if (const auto q = quantized.find(name); q != quantized.end()) {
+      const std::map<std::string, torch::Tensor> one{
+          {name, torch::empty(q->second->shape(), torch::kFloat)}};
+      for (const auto& p : pieces) copy_piece(w, p, one);
+      q->second->requantize(one.at(name));
+      continue;
+    }
     if (!rows) {
       for (const auto& p : pieces) copy_piece(w, p, params);
       continue;

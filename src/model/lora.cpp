@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "moe/config/lora.h"
+#include "moe/model/frozen_4bit.h"
 #include "moe/util/content_hash.h"
 
 namespace moe::model {
@@ -78,11 +79,29 @@ bool held_in_16_bits(const std::string& name, const torch::Tensor& param) {
   return !param.requires_grad() && is_16bit_matrix(name, param);
 }
 
-std::string base_fingerprint(const torch::nn::Module& model, torch::ScalarType held) {
+std::string base_fingerprint(const torch::nn::Module& model, torch::ScalarType held,
+                             const std::map<std::string, QuantizedWeightPtr>& quantized) {
   ContentHash h;
+  auto hash_bytes = [&](const torch::Tensor& t) {
+    const auto c = t.to(torch::kCPU).contiguous();
+    h.update(c.data_ptr(), static_cast<size_t>(c.nbytes()));
+  };
   for (const auto& item : model.named_parameters()) {
     // what trains (adapters, lora.modules_to_save) is the checkpoint's, not the base's
     if (item.value().requires_grad()) continue;
+    if (const auto q = quantized.find(item.key()); q != quantized.end()) {
+      h.update(item.key() + ":4bit");  // never equal to a 16-bit base's
+      for (const int64_t s : q->second->shape()) h.update(&s, sizeof s);
+      for (const auto& part : q->second->parts()) {
+        hash_bytes(part.codes);
+        hash_bytes(part.absmax);
+        if (part.double_quant()) {
+          hash_bytes(part.nested_absmax);
+          hash_bytes(part.offset);
+        }
+      }
+      continue;
+    }
     auto t = item.value().detach();
     if (held_in_16_bits(item.key(), t)) t = t.to(held);  // a no-op where it is held so
     t = t.to(torch::kCPU, torch::kFloat).contiguous();

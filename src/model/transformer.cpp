@@ -165,7 +165,7 @@ torch::Tensor apply_rotary(const torch::Tensor& x, double theta, const torch::Te
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), S = x.size(1);
   const int64_t H = opt_.heads, KV = opt_.kv_heads, hd = opt_.head_dim;
-  auto proj = qkv->forward(x);       // [B, S, (H + 2 KV) hd]
+  auto proj = qkv_4bit ? linear_4bit(x, qkv_4bit) : qkv->forward(x);  // [B, S, (H + 2 KV) hd]
   if (lora_q || lora_k || lora_v) {  // each adapter's update on its rows of the fused output
     auto update = [&](LoraAdapter& a, int64_t width) {
       return a ? a->forward(x) : torch::zeros({B, S, width}, proj.options());
@@ -217,7 +217,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
                ? at::scaled_dot_product_attention(q, k, v, doc_mask_, p, /*is_causal=*/false)
                : at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
   const auto heads = y.transpose(1, 2).reshape({B, S, H * hd});
-  return lora_o ? out->forward(heads) + lora_o->forward(heads) : out->forward(heads);
+  const auto base = out_4bit ? linear_4bit(heads, out_4bit) : out->forward(heads);
+  return lora_o ? base + lora_o->forward(heads) : base;
 }
 
 DocumentLayout document_layout(const torch::Tensor& tokens, int64_t eod) {
@@ -303,12 +304,14 @@ DenseMlpImpl::DenseMlpImpl(int64_t hidden, int64_t ffn, double init_std, double 
 }
 
 torch::Tensor DenseMlpImpl::forward(const torch::Tensor& x) {
-  auto project = [](torch::nn::Linear& base, LoraAdapter& a, const torch::Tensor& in) {
-    return a ? base->forward(in) + a->forward(in) : base->forward(in);
+  auto project = [](torch::nn::Linear& base, const QuantizedWeightPtr& q, LoraAdapter& a,
+                    const torch::Tensor& in) {
+    const auto y = q ? linear_4bit(in, q) : base->forward(in);
+    return a ? y + a->forward(in) : y;
   };
-  const auto h = kernels::swiglu_activation(project(gate_proj, lora_gate, x),
-                                            project(up_proj, lora_up, x), fused_swiglu);
-  return project(down_proj, lora_down, h);
+  const auto h = kernels::swiglu_activation(project(gate_proj, gate_4bit, lora_gate, x),
+                                            project(up_proj, up_4bit, lora_up, x), fused_swiglu);
+  return project(down_proj, down_4bit, lora_down, h);
 }
 
 void DenseMlpImpl::merge_lora() {
@@ -414,6 +417,9 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     const std::string prefix = "blocks." + std::to_string(i) + ".";
     if (lora_) freeze_for_lora(*blocks.back(), cfg, prefix);
     if (!lora_) hold_matrices_in_16_bits(*blocks.back(), prefix);
+    if (lora_ && cfg.quantization.load_in_4bit) {
+      quantize_frozen(blocks.back(), prefix, quant_4bit_options(cfg, device), device);
+    }
     if (to_device) blocks.back()->to(device);
     list->push_back(blocks.back());
   }
@@ -457,6 +463,60 @@ void TransformerLMImpl::freeze_for_lora(torch::nn::Module& part, const config::C
   }
 }
 
+void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
+                                        const Quant4bitOptions& opt, const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  // Emptied, not removed: the parameter keeps its name (checkpoints, the fingerprint's order).
+  auto quantize = [&](const std::string& name, torch::Tensor& p, QuantizedWeightPtr& slot,
+                      bool experts, std::vector<int64_t> rows = {}) {
+    if (p.requires_grad()) return;  // trains in full (lora.modules_to_save)
+    slot = experts ? QuantizedWeight::experts(p, opt) : QuantizedWeight::linear(p, rows, opt);
+    slot->to(device);  // the block moves with Module::to(), which does not see the 4-bit state
+    quantized_[prefix + name] = slot;
+    p.set_data(torch::empty({0}, p.options()));
+  };
+  auto& a = *block->attn;
+  const int64_t width = a.qkv->weight.size(0), out_in = a.out->weight.size(1);
+  const int64_t kv_rows = (width - out_in) / 2;  // q: heads * hd = out's input width
+  quantize("attn.qkv.weight", a.qkv->weight, a.qkv_4bit, false, {out_in, kv_rows, kv_rows});
+  quantize("attn.out.weight", a.out->weight, a.out_4bit, false);
+  if (block->mlp) {
+    auto& m = *block->mlp;
+    quantize("mlp.gate_proj.weight", m.gate_proj->weight, m.gate_4bit, false);
+    quantize("mlp.up_proj.weight", m.up_proj->weight, m.up_4bit, false);
+    quantize("mlp.down_proj.weight", m.down_proj->weight, m.down_4bit, false);
+  }
+  if (!block->moe.is_empty()) {
+    auto& e = *block->moe->experts;
+    quantize("moe.experts.w_gate", e.w_gate, e.gate_4bit, true);
+    quantize("moe.experts.w_up", e.w_up, e.up_4bit, true);
+    quantize("moe.experts.w_down", e.w_down, e.down_4bit, true);
+  }
+}
+
+int64_t TransformerLMImpl::quantized_bytes() const {
+  int64_t b = 0;
+  for (const auto& [name, q] : quantized_) b += q->bytes();
+  return b;
+}
+
+void TransformerLMImpl::dequantize_base() {
+  if (quantized_.empty()) return;
+  torch::NoGradGuard no_grad;
+  auto params = named_parameters();
+  for (const auto& [name, q] : quantized_)
+    params[name].set_data(q->dequantize(torch::kFloat).contiguous());
+  for (auto& b : blocks) {
+    b->attn->qkv_4bit = b->attn->out_4bit = nullptr;
+    if (b->mlp) b->mlp->gate_4bit = b->mlp->up_4bit = b->mlp->down_4bit = nullptr;
+    if (!b->moe.is_empty()) {
+      auto& e = *b->moe->experts;
+      e.gate_4bit = e.up_4bit = e.down_4bit = nullptr;
+    }
+  }
+  quantized_.clear();
+}
+
 BaseDtypeAutocast::BaseDtypeAutocast(const TransformerLM& model) {
   const auto dtype = model->base_dtype();
   on_ = dtype != torch::kFloat && !model->parameters().empty();
@@ -495,6 +555,7 @@ torch::ScalarType lora_base_dtype(const config::Config& cfg, const torch::Device
 }
 
 void TransformerLMImpl::merge_lora() {
+  dequantize_base();  // PEFT's merge over a 4-bit base: into the dequantized weights
   for (auto& b : blocks) {
     b->attn->merge_lora();
     if (b->mlp) b->mlp->merge_lora();

@@ -72,6 +72,7 @@ ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
 }
 
 void ExpertsImpl::merge_lora() {
+  TORCH_CHECK(!gate_4bit && !up_4bit && !down_4bit, "merge_lora: dequantize the 4-bit base first");
   torch::NoGradGuard g;
   const int64_t f = opt_.ffn_size;
   if (lora_gate_up) {
@@ -98,6 +99,7 @@ bool ExpertsImpl::uses_grouped_mm(const torch::Tensor& x) const {
 }
 
 bool ExpertsImpl::fuses_gate_up() const {
+  if (gate_4bit) return false;  // each 4-bit stack is dequantized and multiplied on its own
   // bf16 weights (training.param_dtype bf16, a frozen 16-bit base under LoRA) are read in place
   // by two GEMMs; one GEMM would need a concatenated copy kept for the backward: E d 2f bf16
   // per layer (38 GB over Qwen3-30B-A3B's 48 layers).
@@ -126,8 +128,12 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
       if (lora_gate_up) gate_up = gate_up + lora_gate_up->forward_grouped(xb, offs);
       h = kernels::swiglu_packed_activation(gate_up, opt_.fused_swiglu);
     } else {
-      auto gate = at::_grouped_mm(xb, w_gate.to(torch::kBFloat16), offs);
-      auto up = at::_grouped_mm(xb, w_up.to(torch::kBFloat16), offs);
+      auto project = [&](const torch::Tensor& w, const model::QuantizedWeightPtr& q) {
+        return q ? model::grouped_linear_4bit(xb, q, offs)
+                 : at::_grouped_mm(xb, w.to(torch::kBFloat16), offs);
+      };
+      auto gate = project(w_gate, gate_4bit);
+      auto up = project(w_up, up_4bit);
       if (lora_gate_up) {
         const auto delta = lora_gate_up->forward_grouped(xb, offs).chunk(2, 1);
         gate = gate + delta[0];
@@ -136,7 +142,8 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
       h = kernels::swiglu_activation(gate, up, opt_.fused_swiglu);
     }
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
-    auto y = at::_grouped_mm(h, w_down.to(torch::kBFloat16), offs);
+    auto y = down_4bit ? model::grouped_linear_4bit(h, down_4bit, offs)
+                       : at::_grouped_mm(h, w_down.to(torch::kBFloat16), offs);
     if (lora_down) y = y + lora_down->forward_grouped(h, offs);
     return y;
   }
@@ -147,7 +154,11 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   outs.reserve(static_cast<size_t>(opt_.num_experts));
   // unbind, not w_gate[e]: the backward of E selects would build E zero-filled [E, d, f]
   // gradients and add them up; unbind's backward stacks the E slices into one.
-  const auto gate = w_gate.unbind(0), up = w_up.unbind(0), down = w_down.unbind(0);
+  // (A 4-bit base's stacks are empty: nothing to unbind.)
+  const auto unbound = [](const torch::Tensor& w) {
+    return w.numel() > 0 ? w.unbind(0) : std::vector<torch::Tensor>{};
+  };
+  const auto gate = unbound(w_gate), up = unbound(w_up), down = unbound(w_down);
   const auto gate_up_lora =
       lora_gate_up ? lora_gate_up->slices() : model::ExpertLora::Impl::Slices{};
   const auto down_lora = lora_down ? lora_down->slices() : model::ExpertLora::Impl::Slices{};
@@ -157,7 +168,8 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   for (int64_t e = 0; e < opt_.num_experts; ++e) {
     if (c[e] == 0) continue;  // experts without tokens are normal
     const auto& seg = segments[static_cast<size_t>(e)];
-    auto g = seg.matmul(gate[e]), u = seg.matmul(up[e]);
+    auto g = gate_4bit ? model::expert_linear_4bit(seg, gate_4bit, e) : seg.matmul(gate[e]);
+    auto u = up_4bit ? model::expert_linear_4bit(seg, up_4bit, e) : seg.matmul(up[e]);
     if (lora_gate_up) {
       const auto delta = lora_gate_up->forward_expert(seg, gate_up_lora, e).chunk(2, 1);
       g = g + delta[0];
@@ -165,7 +177,7 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
     }
     auto h = kernels::swiglu_activation(g, u, opt_.fused_swiglu);
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
-    auto y = h.matmul(down[e]);
+    auto y = down_4bit ? model::expert_linear_4bit(h, down_4bit, e) : h.matmul(down[e]);
     if (lora_down) y = y + lora_down->forward_expert(h, down_lora, e);
     outs.push_back(y);
   }

@@ -308,8 +308,9 @@ void check_lora_base(const std::string& dir, const json& state, model::Transform
   for (auto t : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     if (held == c10::toString(t)) dtype = t;
   }
-  const std::string mine = dtype == model->base_dtype() ? model->base_fingerprint()
-                                                        : model::base_fingerprint(*model, dtype);
+  const std::string mine = dtype == model->base_dtype()
+                               ? model->base_fingerprint()
+                               : model::base_fingerprint(*model, dtype, model->quantized_weights());
   if (mine == recorded) return;
   auto named = [](const std::string& init_from) {
     return init_from.empty() ? std::string("a random initialisation (no model.init_from)")

@@ -273,6 +273,16 @@ class TrainingSession {
       log_->info("LoRA: base {} in {} (fingerprint {}); {}",
                  cfg_.model.init_from.empty() ? "randomly initialised" : cfg_.model.init_from,
                  c10::toString(model_->base_dtype()), model_->base_fingerprint(), lora_summary());
+      if (!model_->quantized_weights().empty()) {
+        const auto& q = cfg_.quantization;
+        log_->info(
+            "LoRA: 4-bit base: {} matrices in {}{}, {:.3f} GiB of codes and statistics, "
+            "dequantized to {} before each GEMM",
+            model_->quantized_weights().size(), config::name(q.bnb_4bit_quant_type),
+            q.bnb_4bit_use_double_quant ? " with double quant" : "",
+            static_cast<double>(model_->quantized_bytes()) / (1024.0 * 1024.0 * 1024.0),
+            config::name(q.bnb_4bit_compute_dtype));
+      }
     }
     open_remote_checkpoints();
     const auto candidates = store_.candidates();
@@ -346,7 +356,8 @@ class TrainingSession {
   // what was loaded.
   void check_base_unchanged() {
     if (!model_->has_lora()) return;
-    const std::string now = model::base_fingerprint(*model_, model_->base_dtype());
+    const std::string now =
+        model::base_fingerprint(*model_, model_->base_dtype(), model_->quantized_weights());
     if (now != model_->base_fingerprint()) {
       throw TrainingError("LoRA: the frozen base weights changed during training (fingerprint " +
                           model_->base_fingerprint() + " -> " + now + "): a bug, please report it");

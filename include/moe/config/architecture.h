@@ -27,7 +27,7 @@ void fill_architecture(nlohmann::json& root, const nlohmann::json& sections);
 // eval: a LoRA checkpoint's adapters come with it. When `root` has no lora section, the saved
 // config's (`saved`, a checkpoint's whole config) is taken when it trains adapters (lora.r > 0);
 // a lora section the config sets itself is left as it is (the loader checks it against the
-// checkpoint).
+// checkpoint). The saved quantization section (a 4-bit base) comes with the adapters likewise.
 void fill_adapters(nlohmann::json& root, const nlohmann::json& saved);
 
 // The first leaf where two config documents differ, as "path = A vs B" ("" when equal).

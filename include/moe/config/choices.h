@@ -40,6 +40,11 @@ enum class DispatchDtype { kFp32, kCompute };
 enum class StateDtype { kFp32, kBf16, k8Bit };
 // training.param_dtype (the working weights) and optimizer.main_params_dtype (the master).
 enum class ParamDtype { kFp32, kBf16, kFp16 };
+// quantization.bnb_4bit_quant_type: bitsandbytes' 4-bit code books.
+enum class Quant4bitType { kNf4, kFp4 };
+// quantization.bnb_4bit_compute_dtype: what a 4-bit matrix is dequantized to before its GEMM
+// (torch's dtype names, as transformers' BitsAndBytesConfig writes them into config.json).
+enum class QuantComputeDtype { kFloat32, kBfloat16, kFloat16 };
 
 template <class E>
 struct ChoiceNames;  // kNames[i] is the JSON name of the enumerator with value i
@@ -50,6 +55,14 @@ struct ChoiceNames<StateDtype> {
 template <>
 struct ChoiceNames<ParamDtype> {
   static constexpr std::array<std::string_view, 3> kNames = {"fp32", "bf16", "fp16"};
+};
+template <>
+struct ChoiceNames<Quant4bitType> {
+  static constexpr std::array<std::string_view, 2> kNames = {"nf4", "fp4"};
+};
+template <>
+struct ChoiceNames<QuantComputeDtype> {
+  static constexpr std::array<std::string_view, 3> kNames = {"float32", "bfloat16", "float16"};
 };
 template <>
 struct ChoiceNames<OptimizerType> {

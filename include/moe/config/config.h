@@ -243,6 +243,19 @@ struct LoraConfig {
   std::vector<std::string> modules_to_save;
 };
 
+// A 4-bit frozen base under LoRA (QLoRA; docs/finetune.md), in transformers'
+// BitsAndBytesConfig names: every attention and dense-MLP matrix and each expert's gate, up and
+// down matrix are held as bitsandbytes' 4-bit blocks (64 values, fp32 absmax; double quant: the
+// absmax 8-bit in blocks of 256) and dequantized to the compute dtype before each GEMM.
+// Embeddings, norms, routers and the head stay 16-bit.
+struct QuantizationConfig {
+  bool load_in_4bit = false;
+  Quant4bitType bnb_4bit_quant_type = Quant4bitType::kFp4;  // bitsandbytes' default
+  bool bnb_4bit_use_double_quant = false;
+  QuantComputeDtype bnb_4bit_compute_dtype = QuantComputeDtype::kFloat32;
+  bool load_in_8bit = false;  // LLM.int8(): not supported (refused when true)
+};
+
 struct TrainingConfig {
   std::string output_dir = "runs/moe-train";
   int64_t train_iters = 0;  // optimizer steps; 0 = derive from epochs
@@ -297,6 +310,7 @@ struct Config {
   MonitorConfig monitor;
   DistributedConfig distributed;
   LoraConfig lora;
+  QuantizationConfig quantization;
 
   // Not a key: data-parallel ranks, from the launcher (dist/launch_env.h), set before validate()
   // (DeepSpeed's batch rule: train_batch_size = micro x accumulation x world size).

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +16,9 @@
 #include <torch/types.h>
 
 namespace moe::model {
+
+class QuantizedWeight;
+using QuantizedWeightPtr = std::shared_ptr<QuantizedWeight>;
 
 struct LoraSpec {
   int64_t r = 0;  // 0: no adapters
@@ -68,8 +73,10 @@ TORCH_MODULE(ExpertLora);
 // `held`: the dtype the frozen base matrices are held in (base_dtype()); the fingerprint hashes
 // each frozen value as that dtype holds it, so a CPU export (fp32 base) checks a checkpoint of a
 // GPU run (bf16 base) by rounding its fp32 values the same way.
-std::string base_fingerprint(const torch::nn::Module& model,
-                             torch::ScalarType held = torch::kFloat);
+// `quantized`: a 4-bit base's matrices by parameter name (their parameters are empty): their
+// codes and statistics are hashed in place of the values.
+std::string base_fingerprint(const torch::nn::Module& model, torch::ScalarType held = torch::kFloat,
+                             const std::map<std::string, QuantizedWeightPtr>& quantized = {});
 
 // The parameters a 16-bit model holds in its compute dtype: the matrices (projections, experts,
 // embeddings, head); norms and routers stay fp32.

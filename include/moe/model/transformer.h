@@ -3,6 +3,7 @@
 // LM head (tied to the embedding by default).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "moe/config/config.h"
 #include "moe/config/lora.h"
+#include "moe/model/frozen_4bit.h"
 #include "moe/model/lora.h"
 #include "moe/moe/moe_layer.h"
 
@@ -92,6 +94,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear qkv{nullptr}, out{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
   LoraAdapter lora_q{nullptr}, lora_k{nullptr}, lora_v{nullptr}, lora_o{nullptr};
+  // A 4-bit frozen base (quantization.load_in_4bit): qkv's q, k and v and out, in place of the
+  // emptied qkv / out weights.
+  QuantizedWeightPtr qkv_4bit, out_4bit;
   void merge_lora();  // folds the adapters into qkv / out and zeroes them
 
  private:
@@ -142,6 +147,7 @@ class DenseMlpImpl : public torch::nn::Module {
   void merge_lora();
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   LoraAdapter lora_gate{nullptr}, lora_up{nullptr}, lora_down{nullptr};
+  QuantizedWeightPtr gate_4bit, up_4bit, down_4bit;  // a 4-bit frozen base
   bool fused_swiglu = false;  // kernels/swiglu.h's fused op where the operands allow
 };
 TORCH_MODULE(DenseMlp);
@@ -216,7 +222,16 @@ class TransformerLMImpl : public torch::nn::Module {
     base_source_ = std::move(source);
   }
   // Folds every adapter into its base weight (export-hf --merge): the function is unchanged.
+  // A 4-bit base is dequantized first (to fp32 here; the exporter writes it in bf16).
   void merge_lora();
+  // quantization.load_in_4bit: the frozen matrices held 4-bit, by parameter name (the
+  // parameters themselves are empty). Empty without a 4-bit base.
+  const std::map<std::string, QuantizedWeightPtr>& quantized_weights() const { return quantized_; }
+  // Bytes of the 4-bit base (codes and statistics).
+  int64_t quantized_bytes() const;
+  // Puts the dequantized values back into the parameters (fp32) and drops the 4-bit states:
+  // what an export merges adapters into.
+  void dequantize_base();
   // Expert parallelism: the rows [first, first + count) of num_experts (`total`) this rank holds
   // of a routed-expert parameter (dim 0 is the expert); nullopt for any other parameter, and
   // for every one without expert parallelism. Checkpoints hold the whole tensors.
@@ -232,6 +247,9 @@ class TransformerLMImpl : public torch::nn::Module {
                        const std::string& prefix);
   // training.param_dtype: casts the matrices of `part` (trained) to base_dtype_.
   void hold_matrices_in_16_bits(torch::nn::Module& part, const std::string& prefix);
+  // quantization.load_in_4bit: quantizes the frozen matrices of `block` and empties them.
+  void quantize_frozen(Block& block, const std::string& prefix, const Quant4bitOptions& opt,
+                       const torch::Device& device);
 
   config::ModelConfig mcfg_;
   int64_t checkpoint_blocks_ = 0;
@@ -240,6 +258,7 @@ class TransformerLMImpl : public torch::nn::Module {
   ExpertRows expert_rows_;  // count < total: expert parallel
   std::string base_fingerprint_, base_source_;
   torch::ScalarType base_dtype_ = torch::kFloat;
+  std::map<std::string, QuantizedWeightPtr> quantized_;
 };
 TORCH_MODULE(TransformerLM);
 

@@ -5,6 +5,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include "moe/model/frozen_4bit.h"
 #include "moe/model/lora.h"
 
 namespace moe::moe {
@@ -51,6 +52,9 @@ class ExpertsImpl : public torch::nn::Module {
   torch::Tensor w_down;                     // [E, f, d]
   model::ExpertLora lora_gate_up{nullptr};  // [E, d, r] x [E, r, 2f]: gate's and up's update
   model::ExpertLora lora_down{nullptr};     // [E, f, r] x [E, r, d]
+  // A 4-bit frozen base (quantization.load_in_4bit): the stacks above are emptied and each
+  // expert's matrices live here, dequantized per projection right before its GEMM.
+  model::QuantizedWeightPtr gate_4bit, up_4bit, down_4bit;
   // Folds the adapters into w_gate / w_up / w_down and zeroes them (export-hf --merge).
   void merge_lora();
 

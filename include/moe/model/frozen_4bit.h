@@ -1,0 +1,77 @@
+// A frozen base matrix held in bitsandbytes' 4-bit format (quantization.load_in_4bit, QLoRA):
+// our parameter's values live here as one quant::Quantized4bit per [out, in] matrix that
+// bitsandbytes would quantize (q, k and v of the fused qkv projection separately; each expert's
+// gate, up and down matrix of a stacked [E, in, out] parameter), and the parameter itself is
+// emptied. The GEMMs dequantize right before they run and again in the backward, so no
+// dequantized copy is kept for the backward (what bitsandbytes' MatMul4Bit does).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "moe/config/config.h"
+#include "moe/quant/bnb_4bit.h"
+
+namespace moe::model {
+
+struct Quant4bitOptions {
+  config::Quant4bitType type = config::Quant4bitType::kNf4;
+  bool double_quant = false;
+  torch::ScalarType compute = torch::kFloat;  // bnb_4bit_compute_dtype
+  bool fused = false;  // dequantize with our CUDA kernel on CUDA (moe.kernels not `reference`)
+};
+Quant4bitOptions quant_4bit_options(const config::Config& cfg, const torch::Device& device);
+
+class QuantizedWeight {
+ public:
+  // A linear weight [out, in] (nn.Linear's layout) whose rows are `row_parts` matrices stacked
+  // (one part: the whole weight).
+  static std::shared_ptr<QuantizedWeight> linear(const torch::Tensor& w,
+                                                 std::vector<int64_t> row_parts,
+                                                 const Quant4bitOptions& opt);
+  // A stack of expert matrices in our layout [E, in, out]: each expert's [out, in] matrix
+  // (its transpose) is what bitsandbytes quantizes.
+  static std::shared_ptr<QuantizedWeight> experts(const torch::Tensor& w,
+                                                  const Quant4bitOptions& opt);
+
+  // New values, same layout (loading weights): `w` has our parameter's shape.
+  void requantize(const torch::Tensor& w);
+  // Our parameter's values in `dtype` (default: the compute dtype), our layout.
+  torch::Tensor dequantize(torch::ScalarType dtype = c10::ScalarType::Undefined) const;
+  // The [out, in] matrices in `dtype`: [out, in] for a linear weight, [E, out, in] for experts.
+  torch::Tensor dequantize_matrices(torch::ScalarType dtype) const;
+  // Expert e's [out, in] matrix.
+  torch::Tensor dequantize_expert(int64_t e, torch::ScalarType dtype) const;
+
+  void to(const torch::Device& device);
+  const std::vector<int64_t>& shape() const { return shape_; }  // our parameter's
+  bool is_experts() const { return experts_; }
+  const Quant4bitOptions& options() const { return opt_; }
+  const std::vector<quant::Quantized4bit>& parts() const { return parts_; }
+  int64_t bytes() const;
+
+ private:
+  QuantizedWeight(std::vector<int64_t> shape, bool experts, const Quant4bitOptions& opt)
+      : shape_(std::move(shape)), experts_(experts), opt_(opt) {}
+  std::vector<int64_t> shape_;
+  bool experts_ = false;
+  std::vector<int64_t> row_parts_;  // linear: rows per part
+  Quant4bitOptions opt_;
+  std::vector<quant::Quantized4bit> parts_;
+};
+using QuantizedWeightPtr = std::shared_ptr<QuantizedWeight>;
+
+// x [..., in] -> x W^T [..., out] as bitsandbytes' Linear4bit computes it: x and W in the
+// compute dtype, the result in x's dtype. Gradients reach x only (the base is frozen).
+torch::Tensor linear_4bit(const torch::Tensor& x, const QuantizedWeightPtr& w);
+// Expert e's projection of rows `x` [n, in] -> [n, out].
+torch::Tensor expert_linear_4bit(const torch::Tensor& x, const QuantizedWeightPtr& w, int64_t e);
+// Expert-ordered bf16 rows with group ends `offs` through every expert's matrix
+// (at::_grouped_mm over the whole stack dequantized to bf16).
+torch::Tensor grouped_linear_4bit(const torch::Tensor& x_bf16, const QuantizedWeightPtr& w,
+                                  const torch::Tensor& offs);
+
+}  // namespace moe::model

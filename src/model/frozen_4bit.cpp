@@ -1,0 +1,200 @@
+#include "moe/model/frozen_4bit.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/custom_class.h>
+#include <torch/torch.h>
+
+#include "moe/kernels/dequant_4bit.h"
+
+// TEMP until the kernel lands: the reference dispatch.
+namespace {
+void dequant_into(const moe::quant::Quantized4bit& q, const torch::Tensor& out, bool) {
+  out.view(q.shape).copy_(moe::quant::dequantize_4bit(q, out.scalar_type()));
+}
+}  // namespace
+
+namespace moe::model {
+
+namespace {
+
+torch::ScalarType compute_dtype(config::QuantComputeDtype d) {
+  switch (d) {
+    case config::QuantComputeDtype::kBfloat16:
+      return torch::kBFloat16;
+    case config::QuantComputeDtype::kFloat16:
+      return torch::kHalf;
+    case config::QuantComputeDtype::kFloat32:
+      break;
+  }
+  return torch::kFloat;
+}
+
+// The weight a graph node dequantizes again in its backward: held by the node, so the 4-bit
+// state outlives the graph even if the module goes first.
+struct HeldWeight : torch::CustomClassHolder {
+  QuantizedWeightPtr w;
+};
+c10::IValue hold(const QuantizedWeightPtr& w) {
+  auto h = c10::make_intrusive<HeldWeight>();
+  h->w = w;
+  return c10::IValue::make_capsule(std::move(h));
+}
+QuantizedWeightPtr held(const c10::IValue& v) {
+  return c10::static_intrusive_pointer_cast<HeldWeight>(v.toCapsule())->w;
+}
+
+// x W^T with W dequantized in the forward and again in the backward (bitsandbytes'
+// MatMul4Bit): only the 4-bit state is kept for the backward, not W, not x (W is frozen).
+class Linear4bitFn : public torch::autograd::Function<Linear4bitFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const QuantizedWeightPtr& w, int64_t expert) {
+    // The compute dtype is the config's (bnb_4bit_compute_dtype), not autocast's.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto compute = w->options().compute;
+    ctx->saved_data["w"] = hold(w);
+    ctx->saved_data["expert"] = expert;
+    ctx->saved_data["dtype"] = x.scalar_type();
+    const auto W = matrix(*w, expert, compute);
+    return at::matmul(x.to(compute), W.t()).to(x.scalar_type());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto w = held(ctx->saved_data["w"]);
+    const auto compute = w->options().compute;
+    const auto W = matrix(*w, ctx->saved_data["expert"].toInt(), compute);
+    const auto gx = at::matmul(grads[0].to(compute), W).to(ctx->saved_data["dtype"].toScalarType());
+    return {gx, torch::Tensor(), torch::Tensor()};
+  }
+
+ private:
+  static torch::Tensor matrix(const QuantizedWeight& w, int64_t expert, torch::ScalarType dt) {
+    return expert < 0 ? w.dequantize_matrices(dt) : w.dequantize_expert(expert, dt);
+  }
+};
+
+// The grouped-GEMM form over a whole expert stack, dequantized to bf16 in each direction.
+class Grouped4bitFn : public torch::autograd::Function<Grouped4bitFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const QuantizedWeightPtr& w, const torch::Tensor& offs) {
+    ctx->saved_data["w"] = hold(w);
+    ctx->save_for_backward({offs});
+    const auto W = w->dequantize_matrices(torch::kBFloat16);  // [E, out, in]
+    return at::_grouped_mm(x, W.transpose(1, 2), offs);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto w = held(ctx->saved_data["w"]);
+    const auto offs = ctx->get_saved_variables()[0];
+    const auto W = w->dequantize_matrices(torch::kBFloat16);
+    return {at::_grouped_mm(grads[0].to(torch::kBFloat16), W, offs), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+Quant4bitOptions quant_4bit_options(const config::Config& cfg, const torch::Device& device) {
+  Quant4bitOptions o;
+  o.type = cfg.quantization.bnb_4bit_quant_type;
+  o.double_quant = cfg.quantization.bnb_4bit_use_double_quant;
+  o.compute = compute_dtype(cfg.quantization.bnb_4bit_compute_dtype);
+  o.fused = device.is_cuda() && cfg.moe.kernels != config::MoeKernels::kReference;
+  return o;
+}
+
+std::shared_ptr<QuantizedWeight> QuantizedWeight::linear(const torch::Tensor& w,
+                                                         std::vector<int64_t> row_parts,
+                                                         const Quant4bitOptions& opt) {
+  TORCH_CHECK(w.dim() == 2, "a 4-bit linear weight is [out, in]");
+  if (row_parts.empty()) row_parts = {w.size(0)};
+  std::shared_ptr<QuantizedWeight> q(new QuantizedWeight(w.sizes().vec(), false, opt));
+  q->row_parts_ = std::move(row_parts);
+  q->requantize(w);
+  return q;
+}
+
+std::shared_ptr<QuantizedWeight> QuantizedWeight::experts(const torch::Tensor& w,
+                                                          const Quant4bitOptions& opt) {
+  TORCH_CHECK(w.dim() == 3, "a 4-bit expert stack is [E, in, out]");
+  std::shared_ptr<QuantizedWeight> q(new QuantizedWeight(w.sizes().vec(), true, opt));
+  q->requantize(w);
+  return q;
+}
+
+void QuantizedWeight::requantize(const torch::Tensor& w) {
+  TORCH_CHECK(w.sizes().vec() == shape_, "requantize: shape ", w.sizes(), " is not ", shape_);
+  const auto device = parts_.empty() ? w.device() : parts_.front().codes.device();
+  std::vector<quant::Quantized4bit> parts;
+  auto add = [&](const torch::Tensor& m) {
+    parts.push_back(quant::quantize_4bit(m, opt_.type, opt_.double_quant).to(device));
+  };
+  if (experts_) {
+    for (int64_t e = 0; e < shape_[0]; ++e) add(w[e].t());  // bitsandbytes' [out, in]
+  } else {
+    int64_t row = 0;
+    for (const int64_t rows : row_parts_) {
+      add(w.narrow(0, row, rows));
+      row += rows;
+    }
+  }
+  parts_ = std::move(parts);
+}
+
+torch::Tensor QuantizedWeight::dequantize_matrices(torch::ScalarType dtype) const {
+  const auto options = parts_.front().codes.options().dtype(dtype);
+  if (experts_) {
+    const int64_t E = shape_[0], in = shape_[1], out = shape_[2];
+    auto m = torch::empty({E, out, in}, options);
+    for (int64_t e = 0; e < E; ++e) {
+      dequant_into(parts_[static_cast<size_t>(e)], m[e], opt_.fused);
+    }
+    return m;
+  }
+  auto m = torch::empty(shape_, options);
+  int64_t row = 0;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    dequant_into(parts_[i], m.narrow(0, row, row_parts_[i]), opt_.fused);
+    row += row_parts_[i];
+  }
+  return m;
+}
+
+torch::Tensor QuantizedWeight::dequantize_expert(int64_t e, torch::ScalarType dtype) const {
+  const auto& p = parts_.at(static_cast<size_t>(e));
+  auto m = torch::empty(p.shape, p.codes.options().dtype(dtype));
+  dequant_into(p, m, opt_.fused);
+  return m;
+}
+
+torch::Tensor QuantizedWeight::dequantize(torch::ScalarType dtype) const {
+  const auto m = dequantize_matrices(dtype == c10::ScalarType::Undefined ? opt_.compute : dtype);
+  return experts_ ? m.transpose(1, 2) : m;
+}
+
+void QuantizedWeight::to(const torch::Device& device) {
+  for (auto& p : parts_) p = p.to(device);
+}
+
+int64_t QuantizedWeight::bytes() const {
+  int64_t b = 0;
+  for (const auto& p : parts_) b += p.bytes();
+  return b;
+}
+
+torch::Tensor linear_4bit(const torch::Tensor& x, const QuantizedWeightPtr& w) {
+  return Linear4bitFn::apply(x, w, int64_t{-1});
+}
+
+torch::Tensor expert_linear_4bit(const torch::Tensor& x, const QuantizedWeightPtr& w, int64_t e) {
+  return Linear4bitFn::apply(x, w, e);
+}
+
+torch::Tensor grouped_linear_4bit(const torch::Tensor& x_bf16, const QuantizedWeightPtr& w,
+                                  const torch::Tensor& offs) {
+  return Grouped4bitFn::apply(x_bf16, w, offs);
+}
+
+}  // namespace moe::model
