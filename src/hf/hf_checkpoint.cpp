@@ -9,6 +9,7 @@
 
 #include "moe/config/architecture.h"
 #include "moe/config/lora.h"
+#include "moe/hf/bnb_4bit_tensors.h"
 #include "moe/hf/hf_files.h"
 #include "moe/hf/hf_tensor_map.h"
 #include "moe/hf/load_hf_weights.h"
@@ -63,17 +64,24 @@ void check_hf_tensors(const HfWeights& w, const std::string& dir, const config::
     }
     const SafeTensorEntry& e = *it->second.entry;
     const std::string where = "hf: " + it->second.file->path() + ": tensor '" + p.hf + "'";
+    const auto want = piece_view(p, params).sizes().vec();
+    if (const auto q = read_bnb_4bit(w, p.hf)) {  // saved by bitsandbytes in 4 bits
+      if (q->shape != want) {
+        throw UserError(where + " (bitsandbytes 4-bit) has shape " + shape_text(q->shape) +
+                        "; config.json implies " + shape_text(want));
+      }
+      continue;
+    }
     if (!is_float_weight_dtype(e.dtype)) {
       throw UserError(where + " is " + e.dtype + "; expected F32, BF16 or F16");
     }
-    const auto want = piece_view(p, params).sizes().vec();
     if (e.shape != want) {
       throw UserError(where + " has shape " + shape_text(e.shape) + "; config.json implies " +
                       shape_text(want));
     }
   }
   for (const auto& [name, ref] : w.tensors()) {
-    if (expected.count(name) == 0 && !ignorable(name, cfg)) {
+    if (expected.count(name) == 0 && !ignorable(name, cfg) && !is_bnb_4bit_companion(w, name)) {
       throw UserError("hf: " + ref.file->path() + ": unexpected tensor '" + name + "' (not in a " +
                       architecture_name(family) + " with this config.json)");
     }
@@ -83,6 +91,11 @@ void check_hf_tensors(const HfWeights& w, const std::string& dir, const config::
 // Copies one HF tensor into its part of our parameter (fp32), releasing the mapped source.
 void copy_piece(const HfWeights& w, const TensorPiece& p,
                 const std::map<std::string, torch::Tensor>& params) {
+  torch::NoGradGuard no_grad;
+  if (const auto q = read_bnb_4bit(w, p.hf)) {  // a bitsandbytes 4-bit weight: its values
+    piece_view(p, params).copy_(quant::dequantize_4bit(*q, torch::kFloat));
+    return;
+  }
   const HfTensorRef& ref = w.tensors().at(p.hf);
   const SafeTensorEntry& e = *ref.entry;
   // clone(): safetensors data offsets need not be aligned for the element type.
@@ -90,7 +103,6 @@ void copy_piece(const HfWeights& w, const TensorPiece& p,
                               torch::TensorOptions().dtype(*scalar_type_of_safetensors(e.dtype)))
                  .clone();
   ref.file->release(e);  // the mapped pages go: one source tensor in memory at a time
-  torch::NoGradGuard no_grad;
   piece_view(p, params).copy_(src.to(torch::kFloat));
 }
 
@@ -123,6 +135,17 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
           {name, torch::empty(q->second->shape(), torch::kFloat)}};
       for (const auto& p : pieces) copy_piece(w, p, one);
       q->second->requantize(one.at(name));
+      // A matrix bitsandbytes saved in this very format is kept as saved, not requantized from
+      // its dequantized values (which need not give the same codes back).
+      for (const auto& p : pieces) {
+        auto saved = read_bnb_4bit(w, p.hf);
+        const auto& o = q->second->options();
+        if (saved && saved->type == o.type && saved->double_quant() == o.double_quant &&
+            saved->blocksize == quant::kBlocksize) {
+          q->second->replace_part(p.expert >= 0 ? p.expert : q->second->part_of_row(p.row_begin),
+                                  std::move(*saved));
+        }
+      }
       continue;
     }
     if (!rows) {

@@ -143,6 +143,21 @@ void QuantizedWeight::requantize(const torch::Tensor& w) {
   parts_ = std::move(parts);
 }
 
+void QuantizedWeight::replace_part(int64_t i, quant::Quantized4bit q) {
+  auto& part = parts_.at(static_cast<size_t>(i));
+  TORCH_CHECK(q.shape == part.shape, "replace_part: shape ", q.shape, " is not ", part.shape);
+  part = q.to(part.codes.device());
+}
+
+int64_t QuantizedWeight::part_of_row(int64_t row) const {
+  int64_t begin = 0;
+  for (size_t i = 0; i < row_parts_.size(); ++i) {
+    if (begin == row) return static_cast<int64_t>(i);
+    begin += row_parts_[i];
+  }
+  TORCH_CHECK(false, "part_of_row: no part starts at row ", row);
+}
+
 torch::Tensor QuantizedWeight::dequantize_matrices(torch::ScalarType dtype) const {
   const auto options = parts_.front().codes.options().dtype(dtype);
   if (experts_) {

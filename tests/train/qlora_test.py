@@ -209,11 +209,99 @@ def family_test(tmp, family, quant_type, dq):
     print(f"  eval without lora / quantization sections: loss {b['loss']:.5f}, the same")
 
 
+def bnb_saved_checkpoint(tmp):
+    """A checkpoint that transformers + bitsandbytes saved in 4 bits (attention quantized; the
+    3-D experts left in full precision, as transformers 5 does, bitsandbytes#1849) loads as it
+    is: its codes are kept (the merged export's q/k/v/o are bitsandbytes' dequantization of the
+    saved states, bitwise), the experts are quantized by us, and eval's logits and loss match
+    transformers running the saved model (its Linear4bit layers) with the experts replaced by
+    bitsandbytes' dequantization of their quantization."""
+    print("mixtral saved by transformers + bitsandbytes (nf4, double quant):")
+    cls, extra = FAMILIES["mixtral"]
+    torch.manual_seed(12)
+    src, saved = tmp / "hf-bnb-src", tmp / "hf-bnb"
+    transformers.AutoModelForCausalLM.from_config(cls(**COMMON, **extra)).save_pretrained(src)
+    bnb_cfg = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                              bnb_4bit_use_double_quant=True,
+                                              bnb_4bit_compute_dtype=torch.float32)
+    transformers.AutoModelForCausalLM.from_pretrained(
+        src, quantization_config=bnb_cfg, dtype=torch.float32, device_map="cpu").save_pretrained(saved)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(saved, device_map="cpu")
+    q_proj = theirs.model.layers[0].self_attn.q_proj
+    assert type(q_proj).__name__ == "Linear4bit", type(q_proj)
+    file = load_file(saved / "model.safetensors")
+    assert file["model.layers.0.self_attn.q_proj.weight"].dtype == torch.uint8
+    n = 0
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+                for e in range(p.shape[0]):
+                    if name.endswith("gate_up_proj"):
+                        f = p.shape[1] // 2
+                        p[e, :f].copy_(roundtrip(p[e, :f], "nf4", True))
+                        p[e, f:].copy_(roundtrip(p[e, f:], "nf4", True))
+                    else:
+                        p[e].copy_(roundtrip(p[e], "nf4", True))
+                    n += 1
+
+    out = tmp / "run-bnb-saved"
+    cfg = config(tmp, "bnb-saved", saved, out, "nf4", True)
+    c = json.loads(cfg.read_text())
+    c["training"]["train_iters"] = 1
+    cfg.write_text(json.dumps(c))
+    run("--config", cfg, "-q")
+    merged = tmp / "merged-bnb-saved"
+    run("export-hf", checkpoint(out, 0), "--merge", "--out", merged)
+    m = load_file(merged / "model.safetensors")
+    kept, dequantized = 0, {}
+    for name in [k for k in file if k.endswith("proj.weight") and file[k].dtype == torch.uint8]:
+        q = file[name]
+        absmax = (bnbf.dequantize_blockwise(
+            file[name + ".absmax"], absmax=file[name + ".nested_absmax"],
+            code=file[name + ".nested_quant_map"], blocksize=256)
+            + json.loads(bytes(file[name + ".quant_state.bitsandbytes__nf4"].tolist()))["nested_offset"])
+        want = DEQUANTIZE_4BIT(q.reshape(-1), absmax.float(), file[name + ".quant_map"], 64,
+                               list(m[name].shape), torch.float32)
+        assert torch.equal(m[name].float(), want), f"{name}: not the saved codes' values"
+        dequantized[name] = want
+        kept += 1
+    print(f"  {kept} saved 4-bit matrices kept as saved (merged export bitwise their dequantization)")
+    assert kept == 4 * COMMON["num_hidden_layers"]
+    dump = tmp / "logits-bnb-saved.safetensors"
+    res = json.loads(run("eval", "--config", cfg, "--checkpoint", checkpoint(out, 0),
+                         "--dump-logits", dump).stdout)
+    d = load_file(dump)
+    tokens = d["tokens"]
+    # transformers' own model: bitsandbytes' CPU Linear4bit is not exact fp32 arithmetic (1.9e-3
+    # from x W^T on these weights), so its loss is the check; an fp32 peer over the saved codes'
+    # dequantization is held to 1e-5 on the logits.
+    with torch.no_grad():
+        logits = theirs.eval()(input_ids=tokens[:, :-1]).logits.float()
+        peer = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+        peer_params = dict(peer.named_parameters())
+        for name, value in dequantized.items():
+            peer_params[name].copy_(value)
+        for name, p in theirs.named_parameters():
+            if "experts" in name:
+                peer_params[name].copy_(p)
+        exact = peer.eval()(input_ids=tokens[:, :-1]).logits
+    diff = (exact - d["logits"]).abs().max().item()
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             tokens[:, 1:].reshape(-1)).item()
+    rel = abs(loss - res["loss"]) / loss
+    print(f"  loss {res['loss']:.6f} vs transformers' Linear4bit model {loss:.6f} (rel {rel:.1e}); "
+          f"logits vs transformers over the saved codes' dequantization: max |diff| {diff:.1e}")
+    assert diff <= LOGITS_TOL and rel <= LOSS_RTOL, (diff, rel)
+
+
+
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
     run("make-synthetic", "--out", tmp / "data", "--vocab", "320", "--programs", "4", "--doc-len",
         str(SEQ + 1), "--train-docs", "400", "--valid-docs", "32")
-    for family in ONLY or ["qwen3_moe", "mixtral"]:
+    for family in [f for f in ONLY if f != "bnb"] if ONLY else ["qwen3_moe", "mixtral"]:
         for quant_type, dq in VARIANTS:
             family_test(tmp, family, quant_type, dq)
+    if not ONLY or "bnb" in ONLY:
+        bnb_saved_checkpoint(tmp)
     print("ok")

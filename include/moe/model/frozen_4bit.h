@@ -39,6 +39,11 @@ class QuantizedWeight {
 
   // New values, same layout (loading weights): `w` has our parameter's shape.
   void requantize(const torch::Tensor& w);
+  // Part `i` (an expert, or a row block of a linear weight) replaced by a state quantized
+  // elsewhere (a bitsandbytes checkpoint's), of the same [out, in] shape.
+  void replace_part(int64_t i, quant::Quantized4bit q);
+  // The part of a linear weight whose rows start at `row`.
+  int64_t part_of_row(int64_t row) const;
   // Our parameter's values in `dtype` (default: the compute dtype), our layout.
   torch::Tensor dequantize(torch::ScalarType dtype = c10::ScalarType::Undefined) const;
   // The [out, in] matrices in `dtype`: [out, in] for a linear weight, [E, out, in] for experts.

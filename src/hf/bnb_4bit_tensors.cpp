@@ -1,0 +1,114 @@
+#include "moe/hf/bnb_4bit_tensors.h"
+
+#include <array>
+#include <cstring>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "moe/util/errors.h"
+#include "moe/util/safetensors_dtype.h"
+
+namespace moe::hf {
+
+namespace {
+
+constexpr std::array<const char*, 2> kStateSuffixes = {".quant_state.bitsandbytes__nf4",
+                                                       ".quant_state.bitsandbytes__fp4"};
+constexpr std::array<const char*, 5> kCompanions = {".absmax", ".quant_map", ".nested_absmax",
+                                                    ".nested_quant_map", ".quant_state."};
+
+const HfTensorRef* find(const HfWeights& w, const std::string& name) {
+  const auto it = w.tensors().find(name);
+  return it == w.tensors().end() ? nullptr : &it->second;
+}
+
+// The tensor as stored (a copy: safetensors offsets need not be aligned for the element type).
+torch::Tensor read(const HfTensorRef& ref, const std::string& where) {
+  const auto& e = *ref.entry;
+  const auto dtype = scalar_type_of_safetensors(e.dtype);
+  if (!dtype) throw UserError(where + " has dtype " + e.dtype + "; bitsandbytes writes U8/F32");
+  auto t = torch::empty(e.shape, torch::TensorOptions().dtype(*dtype));
+  std::memcpy(t.data_ptr(), ref.file->data(e), e.end - e.begin);
+  return t;
+}
+
+}  // namespace
+
+bool is_bnb_4bit_companion(const HfWeights& w, const std::string& name) {
+  for (const char* suffix : kCompanions) {
+    const auto at = name.rfind(suffix);
+    if (at == std::string::npos || at == 0) continue;
+    const std::string weight = name.substr(0, at);
+    for (const char* s : kStateSuffixes) {
+      if (find(w, weight + s) != nullptr) return true;
+    }
+  }
+  return false;
+}
+
+std::optional<quant::Quantized4bit> read_bnb_4bit(const HfWeights& w, const std::string& name) {
+  const HfTensorRef* state = nullptr;
+  quant::Quant4bitType type = quant::Quant4bitType::kNf4;
+  for (size_t i = 0; i < kStateSuffixes.size() && state == nullptr; ++i) {
+    state = find(w, name + kStateSuffixes[i]);
+    if (state != nullptr) type = i == 0 ? quant::Quant4bitType::kNf4 : quant::Quant4bitType::kFp4;
+  }
+  if (state == nullptr) return std::nullopt;
+  const HfTensorRef* codes = find(w, name);
+  const std::string where = "hf: " + state->file->path() + ": tensor '" + name + "'";
+  auto need = [&](const std::string& suffix) {
+    const HfTensorRef* r = find(w, name + suffix);
+    if (r == nullptr) {
+      throw UserError(where + ": a bitsandbytes 4-bit weight without its '" + name + suffix + "'");
+    }
+    return read(*r, where + suffix);
+  };
+  if (codes == nullptr) throw UserError(where + ": a quant_state without its codes");
+  const auto bytes = read(*state, where + " quant_state");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(bytes.data_ptr()),
+                                          static_cast<size_t>(bytes.numel())));
+    quant::Quantized4bit q;
+    q.type = type;
+    q.shape = j.at("shape").get<std::vector<int64_t>>();
+    q.blocksize = j.at("blocksize").get<int64_t>();
+    q.codes = read(*codes, where).reshape(-1);
+    const bool nested = j.contains("nested_offset");
+    q.absmax = need(".absmax").reshape(-1);
+    if (nested) {
+      if (j.value("nested_blocksize", int64_t{0}) != quant::kNestedBlocksize) {
+        throw UserError(
+            where + ": nested_blocksize " +
+            (j.contains("nested_blocksize") ? j["nested_blocksize"].dump() : "missing") +
+            "; bitsandbytes' double quant uses 256");
+      }
+      q.nested_absmax = need(".nested_absmax").reshape(-1).to(torch::kFloat);
+      q.offset = torch::tensor(static_cast<float>(j.at("nested_offset").get<double>()));
+      if (!torch::equal(need(".nested_quant_map").to(torch::kFloat), quant::dynamic_map())) {
+        throw UserError(where + ".nested_quant_map is not bitsandbytes' dynamic map");
+      }
+    }
+    if (!torch::equal(need(".quant_map").to(torch::kFloat), quant::code_4bit(type))) {
+      throw UserError(where + ".quant_map is not bitsandbytes' " +
+                      j.at("quant_type").get<std::string>() + " code book");
+    }
+    const int64_t n = q.numel();
+    const bool sized =
+        q.blocksize > 0 && q.blocksize % 2 == 0 && q.codes.numel() == (n + 1) / 2 &&
+        q.absmax.numel() == q.blocks() && q.codes.scalar_type() == torch::kUInt8 &&
+        q.absmax.scalar_type() == (nested ? torch::kUInt8 : torch::kFloat) &&
+        (!nested || q.nested_absmax.numel() ==
+                        (q.blocks() + quant::kNestedBlocksize - 1) / quant::kNestedBlocksize);
+    if (!sized) {
+      throw UserError(where + ": its codes, absmax and quant_state (shape " + j.at("shape").dump() +
+                      ", blocksize " + std::to_string(q.blocksize) + ") do not agree");
+    }
+    return q;
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(where + ": quant_state is not bitsandbytes' JSON: " + e.what());
+  }
+}
+
+}  // namespace moe::hf
