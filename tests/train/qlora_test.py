@@ -123,9 +123,12 @@ def config(tmp, tag, src, out, quant_type, dq):
     return path
 
 
-def peft_training(tmp, peer, adapter0, ours):
-    base = transformers.AutoModelForCausalLM.from_pretrained(peer, dtype=torch.float64,
-                                                             experts_implementation="eager")
+def peft_training(tmp, peer, adapter0, ours, base=None):
+    """20 AdamW steps of PEFT over `peer` (a directory, in float64) or over `base` (a model as
+    given); returns the adapter state dict."""
+    if base is None:
+        base = transformers.AutoModelForCausalLM.from_pretrained(peer, dtype=torch.float64,
+                                                                 experts_implementation="eager")
     m = peft.PeftModel.from_pretrained(base, adapter0, is_trainable=True)
     m.train()
     params = [p for p in m.parameters() if p.requires_grad]
@@ -295,6 +298,53 @@ def bnb_saved_checkpoint(tmp):
 
 
 
+def attention_lora_over_linear4bit(tmp):
+    """Attention-only LoRA against PEFT over bitsandbytes' own Linear4bit (CPU, training mode:
+    dequantize + fp32 GEMM): transformers loads the model with BitsAndBytesConfig (q/k/v/o
+    4-bit; it leaves the 3-D experts in fp32, which we quantize: the peer's experts are replaced
+    by bitsandbytes' dequantization of their quantization), float32 throughout."""
+    print("mixtral, attention-only LoRA vs PEFT over bitsandbytes' Linear4bit (nf4, double quant):")
+    cls, extra = FAMILIES["mixtral"]
+    torch.manual_seed(13)
+    src = tmp / "hf-linear4bit"
+    transformers.AutoModelForCausalLM.from_config(cls(**COMMON, **extra)).save_pretrained(src)
+    out = tmp / "run-attention-4bit"
+    cfg = config(tmp, "attention-4bit", src, out, "nf4", True)
+    c = json.loads(cfg.read_text())
+    c["lora"]["target_modules"] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    cfg.write_text(json.dumps(c))
+    run("--config", cfg, "-q")
+    ours = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    ours = [m for m in ours if m["type"] == "train"]
+    adapter0 = tmp / "adapter0-attention-4bit"
+    run("export-hf", checkpoint(out, 0), "--adapter", "--out", adapter0)
+    bnb_cfg = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                              bnb_4bit_use_double_quant=True,
+                                              bnb_4bit_compute_dtype=torch.float32)
+    base = transformers.AutoModelForCausalLM.from_pretrained(
+        src, quantization_config=bnb_cfg, dtype=torch.float32, device_map="cpu",
+        experts_implementation="eager")
+    assert type(base.model.layers[0].self_attn.q_proj).__name__ == "Linear4bit"
+    with torch.no_grad():
+        for name, p in base.named_parameters():
+            if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+                for e in range(p.shape[0]):
+                    if name.endswith("gate_up_proj"):
+                        f = p.shape[1] // 2
+                        p[e, :f].copy_(roundtrip(p[e, :f], "nf4", True))
+                        p[e, f:].copy_(roundtrip(p[e, f:], "nf4", True))
+                    else:
+                        p[e].copy_(roundtrip(p[e], "nf4", True))
+    theirs = peft_training(tmp, None, adapter0, ours, base=base)
+    adapter = tmp / "adapter-attention-4bit"
+    run("export-hf", checkpoint(out, STEPS), "--adapter", "--out", adapter)
+    mine = load_file(adapter / "adapter_model.safetensors")
+    assert mine.keys() == theirs.keys(), f"adapter names: {sorted(mine)[:4]} vs {sorted(theirs)[:4]}"
+    worst = max((mine[k] - theirs[k].detach()).abs().max().item() for k in mine)
+    print(f"  final adapter: {len(mine)} tensors, max |diff| vs PEFT over Linear4bit {worst:.1e}")
+    assert worst <= TENSOR_TOL, worst
+
+
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
     run("make-synthetic", "--out", tmp / "data", "--vocab", "320", "--programs", "4", "--doc-len",
@@ -304,4 +354,5 @@ with tempfile.TemporaryDirectory() as d:
             family_test(tmp, family, quant_type, dq)
     if not ONLY or "bnb" in ONLY:
         bnb_saved_checkpoint(tmp)
+        attention_lora_over_linear4bit(tmp)
     print("ok")
