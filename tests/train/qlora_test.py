@@ -212,6 +212,34 @@ def family_test(tmp, family, quant_type, dq):
     print(f"  eval without lora / quantization sections: loss {b['loss']:.5f}, the same")
 
 
+def resume_and_other_quantization(tmp):
+    """Qwen3-MoE nf4 + double quant: 10 + 10 steps with a resume equal 20 straight bitwise (the
+    base is quantized again on the restart, to the same codes); resuming under fp4 is another
+    base (the fingerprint covers the codes): exit 2 naming it."""
+    print("qwen3_moe: resume over a 4-bit base, and a resume under another quantization:")
+    src = tmp / "hf-qwen3_moe"
+    full, split = tmp / "run-4bit-20", tmp / "run-4bit-10-10"
+    run("--config", config(tmp, "4bit-20", src, full, "nf4", True), "-q")
+    cfg = config(tmp, "4bit-10-10", src, split, "nf4", True)
+    c = json.loads(cfg.read_text())
+    c["training"]["exit_interval"] = 10
+    cfg.write_text(json.dumps(c))
+    run("--config", cfg, "-q")
+    assert not checkpoint(split, STEPS).exists()
+    run("--config", cfg, "-q")
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        a, b = load_file(checkpoint(full, STEPS) / f), load_file(checkpoint(split, STEPS) / f)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{f} differs"
+    print("  20 steps straight == 10 + 10 resumed, bitwise (adapters and Adam state)")
+    other = config(tmp, "4bit-fp4", src, split, "fp4", False)
+    c = json.loads(other.read_text())
+    c["training"]["train_iters"] = 30
+    other.write_text(json.dumps(c))
+    r = run("--config", other, ok=False)
+    assert r.returncode == 2 and "different base model" in r.stderr, (r.returncode, r.stderr[-800:])
+    print(f"  resume under fp4: exit 2: {r.stderr.strip().splitlines()[-1][:150]}...")
+
+
 def bnb_saved_checkpoint(tmp):
     """A checkpoint that transformers + bitsandbytes saved in 4 bits (attention quantized; the
     3-D experts left in full precision, as transformers 5 does, bitsandbytes#1849) loads as it
@@ -352,6 +380,8 @@ with tempfile.TemporaryDirectory() as d:
     for family in [f for f in ONLY if f != "bnb"] if ONLY else ["qwen3_moe", "mixtral"]:
         for quant_type, dq in VARIANTS:
             family_test(tmp, family, quant_type, dq)
+    if not ONLY or "qwen3_moe" in ONLY:
+        resume_and_other_quantization(tmp)
     if not ONLY or "bnb" in ONLY:
         bnb_saved_checkpoint(tmp)
         attention_lora_over_linear4bit(tmp)
