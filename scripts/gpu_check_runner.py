@@ -39,9 +39,11 @@ SCRIPT = SRC / "scripts" / "gpu-check"
 # 2026-11-30 H200 (the sources have grown by half since); gpu-tests is GPU_SUITES' estimate plus
 # room for the reruns; the two training runs are start-up (LibTorch, CUDA context, 1.1 B parameters
 # built on the device, data) plus their steps at the 1 B bench's speed (0.17 s a step; offload adds
-# ~1 s a step of host AdamW over 1.1 B parameters and pins 17 GiB of host buffers).
-STEP_TABLE = [("env", 15, "sh"), ("deps", 25, "sh"), ("configure", 30, "sh"), ("build", 180, "sh"),
-              ("gpu-tests", 90, "py"), ("memcheck", 30, "py"), ("racecheck", 30, "py"),
+# ~1 s a step of host AdamW over 1.1 B parameters and pins 17 GiB of host buffers). The 4-bit
+# dequantization suites' 5 s came out of configure's room (30 -> 25 s, measured 11 s): the plan
+# was full (bench at 0 s).
+STEP_TABLE = [("env", 15, "sh"), ("deps", 25, "sh"), ("configure", 25, "sh"), ("build", 180, "sh"),
+              ("gpu-tests", 95, "py"), ("memcheck", 30, "py"), ("racecheck", 30, "py"),
               ("lora-bf16", 35, "py"), ("offload-1b", 40, "py"), ("bench", None, "sh"),
               ("full-ctest", 300, "sh")]
 PLAN_S = 480          # the default steps and the summary: 8 minutes
@@ -55,7 +57,8 @@ MAX_FILES = 8         # the GPU machine sends back at most this many files of OU
 # the dispatch plan small and at T 4096 / E 256, the router with softmax and with sigmoid scores,
 # the poison test, the rotary kernel on a strided view with documents, the SwiGLU kernel's
 # packed form (rows of [gate | up]) with 16-byte packs and with one element per thread, and the
-# 8-bit AdamW kernel one value past a block. Every kernel family of src/kernels/*.cu is in it.
+# 8-bit AdamW kernel one value past a block, and the 4-bit dequantization with one byte per thread
+# (odd n, double quant) and with 16-byte packs. Every kernel family of src/kernels/*.cu is in it.
 # gtest's '*' also matches '/' and '.'.
 SAN_FILTER = ("Grid/PermuteGpu.*/fp32_T7_E8_k2:Grid/PermuteGpu.*/bf16_T7_E64_k8:"
               "Shapes/PermuteGpu.*/bf16_T33_E16_k8_d1000:Shapes/PermuteGpu.*/fp16_T33_E16_k10_d3:"
@@ -64,7 +67,8 @@ SAN_FILTER = ("Grid/PermuteGpu.*/fp32_T7_E8_k2:Grid/PermuteGpu.*/bf16_T7_E64_k8:
               "Grid/RouterGpu.*/fp32_T7_E64_k8_sigmoid:PermuteGpuPoison.*:"
               "Grid/RotaryGpu.*/bf16_B2_N3_S5_hd6_view_docs:"
               "Grid/SwigluGpu.*/bf16_33x1024_packed:Grid/SwigluGpu.*/fp32_3x5_packed:"
-              "Grid/Adam8bitGpu.*/n4097_scale1_wd1_t3")
+              "Grid/Adam8bitGpu.*/n4097_scale1_wd1_t3:"
+              "Grid/Dequant4bitGpu.*/nf4_dq_bf16_33x65:Grid/Dequant4bitGpu.*/fp4_fp32_5x100")
 MAX_CRASH_RERUNS = 3  # reruns after a crash or a hang, per gpu-tests step
 
 # moe_gpu_tests by suite: (cases, estimated seconds for all of them on an H200). The 368 kernel
@@ -88,6 +92,8 @@ GPU_SUITES = {
     "Grid/RotaryGpu": (61, 1.5), "RotaryAttentionGpu": (1, 1.0),
     "Grid/SwigluGpu": (44, 2.0), "SwigluGpuAutograd": (1, 1.0), "SwigluFfnGpu": (2, 2.0),
     "RmsNormGpu": (2, 1.0),
+    # 96 launches; the CPU quantization and references of the 24 cases of ~1 M values dominate.
+    "Grid/Dequant4bitGpu": (96, 3.0), "Dequant4bitGpuDispatch": (1, 0.5),
 }
 GPU_TESTS_START_S = 5.0  # loading LibTorch twice (the list, the run) and one CUDA context
 RERUN_START_S = 3.0      # a rerun loads LibTorch and makes a CUDA context again
