@@ -6,13 +6,6 @@
 
 #include "moe/kernels/dequant_4bit.h"
 
-// TEMP until the kernel lands: the reference dispatch.
-namespace {
-void dequant_into(const moe::quant::Quantized4bit& q, const torch::Tensor& out, bool) {
-  out.view(q.shape).copy_(moe::quant::dequantize_4bit(q, out.scalar_type()));
-}
-}  // namespace
-
 namespace moe::model {
 
 namespace {
@@ -164,14 +157,14 @@ torch::Tensor QuantizedWeight::dequantize_matrices(torch::ScalarType dtype) cons
     const int64_t E = shape_[0], in = shape_[1], out = shape_[2];
     auto m = torch::empty({E, out, in}, options);
     for (int64_t e = 0; e < E; ++e) {
-      dequant_into(parts_[static_cast<size_t>(e)], m[e], opt_.fused);
+      kernels::dequantize_4bit_into(parts_[static_cast<size_t>(e)], m[e], opt_.fused);
     }
     return m;
   }
   auto m = torch::empty(shape_, options);
   int64_t row = 0;
   for (size_t i = 0; i < parts_.size(); ++i) {
-    dequant_into(parts_[i], m.narrow(0, row, row_parts_[i]), opt_.fused);
+    kernels::dequantize_4bit_into(parts_[i], m.narrow(0, row, row_parts_[i]), opt_.fused);
     row += row_parts_[i];
   }
   return m;
@@ -180,7 +173,7 @@ torch::Tensor QuantizedWeight::dequantize_matrices(torch::ScalarType dtype) cons
 torch::Tensor QuantizedWeight::dequantize_expert(int64_t e, torch::ScalarType dtype) const {
   const auto& p = parts_.at(static_cast<size_t>(e));
   auto m = torch::empty(p.shape, p.codes.options().dtype(dtype));
-  dequant_into(p, m, opt_.fused);
+  kernels::dequantize_4bit_into(p, m, opt_.fused);
   return m;
 }
 

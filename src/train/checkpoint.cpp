@@ -316,10 +316,23 @@ void check_lora_base(const std::string& dir, const json& state, model::Transform
     return init_from.empty() ? std::string("a random initialisation (no model.init_from)")
                              : "model.init_from = " + init_from;
   };
+  // A 4-bit base is another base than the same weights in 16 bits or quantized another way.
+  auto held_as = [](bool four_bit, config::Quant4bitType type, bool double_quant) {
+    if (!four_bit) return std::string();
+    return std::string(" held in 4 bits (") + std::string(config::name(type)) +
+           (double_quant ? ", double quant)" : ")");
+  };
+  const auto& wq = written.quantization;
+  const auto& mq = model->quantized_weights();
+  const std::string theirs =
+      held_as(wq.load_in_4bit, wq.bnb_4bit_quant_type, wq.bnb_4bit_use_double_quant);
+  const std::string ours = mq.empty() ? std::string()
+                                      : held_as(true, mq.begin()->second->options().type,
+                                                mq.begin()->second->options().double_quant);
   throw BaseMismatchError("checkpoint: " + dir + ": its LoRA adapters were trained on " +
-                          named(written.model.init_from) + " (base fingerprint " + recorded +
-                          "); this run's base, " + named(model->lora_base_source()) +
-                          ", has fingerprint " + mine +
+                          named(written.model.init_from) + theirs + " (base fingerprint " +
+                          recorded + "); this run's base, " + named(model->lora_base_source()) +
+                          ours + ", has fingerprint " + mine +
                           ": a different base model; point model.init_from at the base the "
                           "adapters were trained on, or start a new output_dir");
 }

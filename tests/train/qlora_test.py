@@ -236,7 +236,8 @@ def resume_and_other_quantization(tmp):
     c["training"]["train_iters"] = 30
     other.write_text(json.dumps(c))
     r = run("--config", other, ok=False)
-    assert r.returncode == 2 and "different base model" in r.stderr, (r.returncode, r.stderr[-800:])
+    assert r.returncode == 2 and "different base model" in r.stderr and "(fp4)" in r.stderr \
+        and "(nf4, double quant)" in r.stderr, (r.returncode, r.stderr[-800:])
     print(f"  resume under fp4: exit 2: {r.stderr.strip().splitlines()[-1][:150]}...")
 
 
