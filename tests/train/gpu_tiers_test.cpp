@@ -7,6 +7,7 @@
 // tested on the CPU (device_bounds_test.cpp).
 #include <gtest/gtest.h>
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 
 #include "kernels/optimizer_checks.h"
 #include "moe/config/config.h"
+#include "moe/config/memory_plan.h"
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
 #include "moe/kernels/adam8bit.h"
@@ -166,6 +168,44 @@ TEST(LoraGpu, TrainsAndValidatesOnA16BitBase) {
   const auto names = tensor_names(dir / "lora/checkpoints/step-00000012/model.safetensors");
   ASSERT_FALSE(names.empty());
   for (const auto& n : names) EXPECT_NE(n.find("lora_"), std::string::npos) << n;
+  ::moe::remove_tree(dir);
+}
+
+// LoRA r 8 over an nf4 (double quant) base with bf16 compute: every frozen matrix held 4-bit on
+// the device and dequantized by our kernel before each GEMM (grouped GEMMs on sm_90); trains,
+// validates, checkpoints only the adapters. The allocator's peak is recorded next to the plan's
+// (the record the issue asks for; no bar: the planner's GPU terms are checked elsewhere).
+TEST(LoraGpu, TrainsOnA4BitBase) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const fs::path dir = fs::temp_directory_path() / ("moe_qlora_gpu_" + std::to_string(::getpid()));
+  ::moe::remove_tree(dir);
+  fs::create_directories(dir);
+  write_data(dir);
+  nlohmann::json j = tiny_run(dir, "qlora");
+  j["lora"] = {{"r", 8}, {"lora_alpha", 16}};
+  j["quantization"] = {{"load_in_4bit", true},
+                       {"bnb_4bit_quant_type", "nf4"},
+                       {"bnb_4bit_use_double_quant", true},
+                       {"bnb_4bit_compute_dtype", "bfloat16"}};
+  config::Config cfg = config::from_json(j, "qlora.json");
+  config::validate(cfg);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  const TrainSummary s = run_training(cfg, {});
+  EXPECT_EQ(s.steps, 12);
+  EXPECT_LT(s.last_train_loss, s.first_train_loss);
+  EXPECT_TRUE(std::isfinite(s.final_eval.loss));
+  const auto names = tensor_names(dir / "qlora/checkpoints/step-00000012/model.safetensors");
+  ASSERT_FALSE(names.empty());
+  for (const auto& n : names) EXPECT_NE(n.find("lora_"), std::string::npos) << n;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  config::PlanOptions po;
+  po.device_bytes = 0;
+  const config::MemoryPlan plan = config::plan_memory(cfg, po);
+  RecordProperty("peak_allocated_bytes", std::to_string(stats.allocated_bytes[agg].peak));
+  RecordProperty("plan_peak_bytes", figure(plan.peak));
+  std::cout << "[ memory   ] 4-bit base LoRA: allocator peak " << stats.allocated_bytes[agg].peak
+            << " B, plan peak " << plan.peak << " B\n";
   ::moe::remove_tree(dir);
 }
 
