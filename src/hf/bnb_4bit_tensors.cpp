@@ -74,6 +74,20 @@ std::optional<quant::Quantized4bit> read_bnb_4bit(const HfWeights& w, const std:
     q.type = type;
     q.shape = j.at("shape").get<std::vector<int64_t>>();
     q.blocksize = j.at("blocksize").get<int64_t>();
+    // Untrusted numbers: a shape of positive dimensions whose product cannot overflow, a block
+    // size bitsandbytes accepts (64 .. 4096; even), before any of them sizes an allocation.
+    bool dims_ok = !q.shape.empty() && q.shape.size() <= 4;
+    int64_t n = 1;
+    for (const int64_t d : q.shape) {
+      dims_ok = dims_ok && d > 0 && d <= (int64_t{1} << 40) / n;
+      if (dims_ok) n *= d;
+    }
+    if (!dims_ok || q.blocksize < 2 || q.blocksize > 4096 || q.blocksize % 2 != 0) {
+      throw UserError(where + ": quant_state shape " + j.at("shape").dump() + " / blocksize " +
+                      std::to_string(q.blocksize) +
+                      " is not a bitsandbytes 4-bit state (positive dimensions, at most 2^40 "
+                      "values, an even blocksize up to 4096)");
+    }
     q.codes = read(*codes, where).reshape(-1);
     const bool nested = j.contains("nested_offset");
     q.absmax = need(".absmax").reshape(-1);
@@ -94,7 +108,6 @@ std::optional<quant::Quantized4bit> read_bnb_4bit(const HfWeights& w, const std:
       throw UserError(where + ".quant_map is not bitsandbytes' " +
                       j.at("quant_type").get<std::string>() + " code book");
     }
-    const int64_t n = q.numel();
     const bool sized =
         q.blocksize > 0 && q.blocksize % 2 == 0 && q.codes.numel() == (n + 1) / 2 &&
         q.absmax.numel() == q.blocks() && q.codes.scalar_type() == torch::kUInt8 &&

@@ -299,6 +299,46 @@ def bnb_saved_checkpoint(tmp):
         kept += 1
     print(f"  {kept} saved 4-bit matrices kept as saved (merged export bitwise their dequantization)")
     assert kept == 4 * COMMON["num_hidden_layers"]
+
+    # Damaged 4-bit states: exit 2 naming the file and the tensor, before anything is allocated
+    # from their numbers.
+    import shutil
+    from safetensors.torch import save_file
+    name = "model.layers.1.self_attn.k_proj.weight"
+    state_key = name + ".quant_state.bitsandbytes__nf4"
+    state = json.loads(bytes(file[state_key].tolist()))
+
+    def packed(d):
+        return torch.tensor(list(json.dumps(d).encode()), dtype=torch.uint8)
+
+    cases = {
+        "not JSON": {state_key: torch.tensor(list(b"{shape: oops"), dtype=torch.uint8)},
+        "negative shape": {state_key: packed({**state, "shape": [-2, 64]})},
+        "huge shape": {state_key: packed({**state, "shape": [2**40, 2**40]})},
+        "odd blocksize": {state_key: packed({**state, "blocksize": 63})},
+        "codes short": {name: file[name][:-1]},
+        "another code book": {name + ".quant_map": file[name + ".quant_map"].flip(0).contiguous()},
+        "no absmax": {name + ".absmax": None},
+    }
+    for what, change in cases.items():
+        bad = tmp / ("hf-bnb-bad-" + what.replace(" ", "-"))
+        shutil.copytree(saved, bad)
+        tensors = dict(file)
+        for k, v in change.items():
+            if v is None:
+                tensors.pop(k)
+            else:
+                tensors[k] = v
+        save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+        c = json.loads(cfg.read_text())
+        c["model"]["init_from"] = str(bad)
+        c["training"]["output_dir"] = str(tmp / ("run-bad-" + what.replace(" ", "-")))
+        bad_cfg = tmp / "cfg-bad.json"
+        bad_cfg.write_text(json.dumps(c))
+        r = run("--config", bad_cfg, ok=False)
+        last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+        assert r.returncode == 2 and str(bad) in last and "k_proj" in last, (what, r.returncode, last)
+        print(f"  {what}: exit 2: {last[last.find('tensor'):][:110]}")
     dump = tmp / "logits-bnb-saved.safetensors"
     res = json.loads(run("eval", "--config", cfg, "--checkpoint", checkpoint(out, 0),
                          "--dump-logits", dump).stdout)
