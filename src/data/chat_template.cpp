@@ -6,6 +6,8 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <string_view>
+#include <unordered_map>
 
 #include "moe/data/utf8.h"
 #include "moe/util/errors.h"
@@ -61,67 +63,99 @@ struct Token {
   std::string text;
 };
 
+bool is_name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
+bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+bool is_digit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
+
+// A name at s[i]; i moves past it.
+Token lex_name(const std::string& s, size_t& i) {
+  size_t j = i;
+  while (j < s.size() && is_name_char(s[j])) ++j;
+  Token t{Token::kName, s.substr(i, j - i)};
+  i = j;
+  return t;
+}
+
+// An integer or a float (digits, a point, digits) at s[i]; i moves past it.
+Token lex_number(const std::string& s, size_t& i) {
+  size_t j = i;
+  bool real = false;
+  while (j < s.size() && (is_digit(s[j]) || s[j] == '.')) {
+    if (s[j] == '.') {
+      if (j + 1 >= s.size() || !is_digit(s[j + 1])) break;
+      real = true;
+    }
+    ++j;
+  }
+  Token t{real ? Token::kFloat : Token::kInt, s.substr(i, j - i)};
+  i = j;
+  return t;
+}
+
+// The escape whose letter is s[j] (after a backslash) onto str; j moves to its last character.
+void append_escape(const std::string& s, size_t& j, std::string& str) {
+  const char e = s[j];
+  if (e == 'n') {
+    str += '\n';
+  } else if (e == 't') {
+    str += '\t';
+  } else if (e == 'r') {
+    str += '\r';
+  } else if (e == 'u' && j + 4 < s.size()) {
+    utf8::append(str, static_cast<uint32_t>(std::stoul(s.substr(j + 1, 4), nullptr, 16)));
+    j += 4;
+  } else {
+    str += e;  // \\ \' \" and anything else: the character itself
+  }
+}
+
+// A quoted string at s[i]; i moves past its closing quote.
+Token lex_string(const std::string& s, size_t& i, int line) {
+  const char quote = s[i];
+  std::string str;
+  size_t j = i + 1;
+  for (; j < s.size() && s[j] != quote; ++j) {
+    if (s[j] != '\\' || j + 1 >= s.size()) {
+      str += s[j];
+      continue;
+    }
+    append_escape(s, ++j, str);
+  }
+  if (j >= s.size()) throw SyntaxError{line, "an unterminated string"};
+  i = j + 1;
+  return {Token::kString, str};
+}
+
+// An operator of one or two characters at s[i]; i moves past it.
+Token lex_operator(const std::string& s, size_t& i, int line) {
+  static const char* const two[] = {"==", "!=", "<=", ">=", "//", "**"};
+  const char c = s[i];
+  std::string op(1, c);
+  for (const char* t : two) {
+    if (s.compare(i, 2, t) == 0) op = t;
+  }
+  if (std::string("+-*/%~|.,:()[]{}<>=!").find(c) == std::string::npos) {
+    throw SyntaxError{line, std::string("an unexpected character '") + c + "'"};
+  }
+  i += op.size();
+  return {Token::kOp, op};
+}
+
 std::vector<Token> lex(const std::string& s, int line) {
   std::vector<Token> out;
   size_t i = 0;
-  auto fail = [&](const std::string& what) { throw SyntaxError{line, what}; };
   while (i < s.size()) {
     const char c = s[i];
     if (std::isspace(static_cast<unsigned char>(c))) {
       ++i;
-    } else if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
-      size_t j = i;
-      while (j < s.size() && (std::isalnum(static_cast<unsigned char>(s[j])) || s[j] == '_')) ++j;
-      out.push_back({Token::kName, s.substr(i, j - i)});
-      i = j;
-    } else if (std::isdigit(static_cast<unsigned char>(c))) {
-      size_t j = i;
-      bool real = false;
-      while (j < s.size() && (std::isdigit(static_cast<unsigned char>(s[j])) || s[j] == '.')) {
-        if (s[j] == '.') {
-          if (j + 1 >= s.size() || !std::isdigit(static_cast<unsigned char>(s[j + 1]))) break;
-          real = true;
-        }
-        ++j;
-      }
-      out.push_back({real ? Token::kFloat : Token::kInt, s.substr(i, j - i)});
-      i = j;
+    } else if (is_name_start(c)) {
+      out.push_back(lex_name(s, i));
+    } else if (is_digit(c)) {
+      out.push_back(lex_number(s, i));
     } else if (c == '\'' || c == '"') {
-      std::string str;
-      size_t j = i + 1;
-      for (; j < s.size() && s[j] != c; ++j) {
-        if (s[j] != '\\' || j + 1 >= s.size()) {
-          str += s[j];
-          continue;
-        }
-        const char e = s[++j];
-        if (e == 'n') {
-          str += '\n';
-        } else if (e == 't') {
-          str += '\t';
-        } else if (e == 'r') {
-          str += '\r';
-        } else if (e == 'u' && j + 4 < s.size()) {
-          utf8::append(str, static_cast<uint32_t>(std::stoul(s.substr(j + 1, 4), nullptr, 16)));
-          j += 4;
-        } else {
-          str += e;  // \\ \' \" and anything else: the character itself
-        }
-      }
-      if (j >= s.size()) fail("an unterminated string");
-      out.push_back({Token::kString, str});
-      i = j + 1;
+      out.push_back(lex_string(s, i, line));
     } else {
-      static const char* const two[] = {"==", "!=", "<=", ">=", "//", "**"};
-      std::string op(1, c);
-      for (const char* t : two) {
-        if (s.compare(i, 2, t) == 0) op = t;
-      }
-      if (std::string("+-*/%~|.,:()[]{}<>=!").find(c) == std::string::npos) {
-        fail(std::string("an unexpected character '") + c + "'");
-      }
-      out.push_back({Token::kOp, op});
-      i += op.size();
+      out.push_back(lex_operator(s, i, line));
     }
   }
   out.push_back({Token::kEnd, ""});
@@ -486,6 +520,49 @@ struct Piece {
   int line;
 };
 
+// The next '{' at or after i that opens a tag ({{, {% or {#), or npos.
+size_t find_tag_open(const std::string& src, size_t i) {
+  size_t open = src.find('{', i);
+  while (open != std::string::npos && open + 1 < src.size() && src[open + 1] != '{' &&
+         src[open + 1] != '%' && src[open + 1] != '#') {
+    open = src.find('{', open + 1);
+  }
+  if (open + 1 >= src.size()) open = std::string::npos;
+  return open;
+}
+
+// Whitespace control on the text after a tag: `-%}` strips all leading blanks, trim_blocks one
+// newline after a block tag.
+void trim_text_after_tag(std::string& text, bool strip_next, bool trim_next) {
+  if (strip_next) {
+    text.erase(0, text.find_first_not_of(" \t\r\n"));
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos) text.clear();
+  } else if (trim_next && !text.empty() && text[0] == '\n') {
+    text.erase(0, 1);
+  } else if (trim_next && text.compare(0, 2, "\r\n") == 0) {
+    text.erase(0, 2);
+  }
+}
+
+// Whitespace control on the text (from src[i]) before the tag at src[open]: `{%-` strips all
+// trailing blanks, lstrip_blocks those before a block tag alone on its line.
+void trim_text_before_tag(std::string& text, const std::string& src, size_t i, size_t open,
+                          bool block, char modifier) {
+  if (modifier == '-') {
+    const size_t keep = text.find_last_not_of(" \t\r\n");
+    text.erase(keep == std::string::npos ? 0 : keep + 1);
+  } else if (block && modifier != '+') {
+    // lstrip_blocks: the blanks between the start of the tag's source line and the tag go,
+    // when nothing else (another tag) stands on the line before it.
+    const size_t nl = open == 0 ? std::string::npos : src.rfind('\n', open - 1);
+    const size_t line_start = nl == std::string::npos ? 0 : nl + 1;
+    const size_t blanks = open - line_start;
+    if (line_start >= i && src.find_first_not_of(" \t", line_start) >= open) {
+      text.erase(text.size() - std::min(blanks, text.size()));
+    }
+  }
+}
+
 // The template cut into text, {{ }} and {% %}, with Jinja's whitespace control and the
 // trim_blocks and lstrip_blocks options transformers sets.
 std::vector<Piece> split_template(const std::string& src) {
@@ -498,21 +575,9 @@ std::vector<Piece> split_template(const std::string& src) {
                                         src.begin() + static_cast<std::ptrdiff_t>(to), '\n'));
   };
   while (i <= src.size()) {
-    size_t open = src.find('{', i);
-    while (open != std::string::npos && open + 1 < src.size() && src[open + 1] != '{' &&
-           src[open + 1] != '%' && src[open + 1] != '#') {
-      open = src.find('{', open + 1);
-    }
-    if (open + 1 >= src.size()) open = std::string::npos;
+    const size_t open = find_tag_open(src, i);
     std::string text = src.substr(i, open == std::string::npos ? std::string::npos : open - i);
-    if (strip_next) {
-      text.erase(0, text.find_first_not_of(" \t\r\n"));
-      if (text.find_first_not_of(" \t\r\n") == std::string::npos) text.clear();
-    } else if (trim_next && !text.empty() && text[0] == '\n') {
-      text.erase(0, 1);
-    } else if (trim_next && text.compare(0, 2, "\r\n") == 0) {
-      text.erase(0, 2);
-    }
+    trim_text_after_tag(text, strip_next, trim_next);
     const int text_line = line;
     if (open == std::string::npos) {
       out.push_back({Piece::kText, text, text_line});
@@ -521,19 +586,7 @@ std::vector<Piece> split_template(const std::string& src) {
     const char kind = src[open + 1];
     const bool block = kind == '%' || kind == '#';
     const char modifier = open + 2 < src.size() ? src[open + 2] : 0;
-    if (modifier == '-') {
-      const size_t keep = text.find_last_not_of(" \t\r\n");
-      text.erase(keep == std::string::npos ? 0 : keep + 1);
-    } else if (block && modifier != '+') {
-      // lstrip_blocks: the blanks between the start of the tag's source line and the tag go,
-      // when nothing else (another tag) stands on the line before it.
-      const size_t nl = open == 0 ? std::string::npos : src.rfind('\n', open - 1);
-      const size_t line_start = nl == std::string::npos ? 0 : nl + 1;
-      const size_t blanks = open - line_start;
-      if (line_start >= i && src.find_first_not_of(" \t", line_start) >= open) {
-        text.erase(text.size() - std::min(blanks, text.size()));
-      }
-    }
+    trim_text_before_tag(text, src, i, open, block, modifier);
     out.push_back({Piece::kText, text, text_line});
     const std::string close = kind == '{' ? "}}" : kind == '%' ? "%}" : "#}";
     const size_t end = src.find(close, open + 2);
@@ -1138,105 +1191,151 @@ class Renderer {
     return method(eval(*callee.args[0], line), callee.name, a, e, line);
   }
 
+  // Methods of strings and of mappings: the name called, the receiver, the arguments.
+  using StringMethod = Value (*)(const std::string& name, const std::string& s,
+                                 const std::vector<Value>& a);
+  using ObjectMethod = Value (*)(const std::string& name, const Value& obj,
+                                 const std::vector<Value>& a);
+
   Value method(const Value& obj, const std::string& name, const std::vector<Value>& a,
                const Expr& e, int line) {
+    static const std::unordered_map<std::string_view, StringMethod> string_methods = {
+        {"startswith", &Renderer::string_affix}, {"endswith", &Renderer::string_affix},
+        {"strip", &Renderer::string_strip},      {"lstrip", &Renderer::string_strip},
+        {"rstrip", &Renderer::string_strip},     {"split", &Renderer::string_split},
+        {"upper", &Renderer::string_case},       {"lower", &Renderer::string_case},
+        {"replace", &Renderer::string_replace},  {"title", &Renderer::string_title},
+        {"capitalize", &Renderer::string_title}, {"format", &Renderer::string_format},
+    };
+    static const std::unordered_map<std::string_view, ObjectMethod> object_methods = {
+        {"items", &Renderer::object_items},
+        {"keys", &Renderer::object_keys_or_values},
+        {"values", &Renderer::object_keys_or_values},
+        {"get", &Renderer::object_get},
+    };
     const Json& v = obj.v;
     if (v.is_string()) {
-      const std::string s = v.get<std::string>();
-      auto arg = [&](size_t i) {
-        return i < a.size() && !a[i].v.is_null() ? to_text(a[i]) : std::string();
-      };
-      if (name == "startswith" || name == "endswith") {
-        std::vector<std::string> options;
-        if (!a.empty() && a[0].v.is_array()) {
-          for (const auto& o : a[0].v) options.push_back(o.get<std::string>());
-        } else {
-          options.push_back(arg(0));
-        }
-        for (const auto& o : options) {
-          const bool hit =
-              name == "startswith"
-                  ? s.compare(0, o.size(), o) == 0
-                  : s.size() >= o.size() && s.compare(s.size() - o.size(), o.size(), o) == 0;
-          if (hit) return {Json(true), false};
-        }
-        return {Json(false), false};
-      }
-      if (name == "strip" || name == "lstrip" || name == "rstrip") {
-        return {Json(strip(s, a.empty() || a[0].v.is_null() ? std::optional<std::string>() : arg(0),
-                           name != "rstrip", name != "lstrip")),
-                false};
-      }
-      if (name == "split")
-        return {split(s, a.empty() || a[0].v.is_null() ? std::optional<std::string>() : arg(0),
-                      a.size() > 1 ? a[1].v.get<int64_t>() : -1),
-                false};
-      if (name == "upper" || name == "lower") {
-        std::string out = s;
-        for (char& c : out) {
-          if (c >= 'a' && c <= 'z' && name == "upper") c = static_cast<char>(c - 32);
-          if (c >= 'A' && c <= 'Z' && name == "lower") c = static_cast<char>(c + 32);
-        }
-        return {Json(out), false};
-      }
-      if (name == "replace") {
-        const std::string from = arg(0), to = arg(1);
-        if (from.empty()) return {Json(s), false};
-        std::string out;
-        size_t at = 0;
-        for (size_t hit = s.find(from); hit != std::string::npos; hit = s.find(from, at)) {
-          out.append(s, at, hit - at).append(to);
-          at = hit + from.size();
-        }
-        out.append(s, at, std::string::npos);
-        return {Json(out), false};
-      }
-      if (name == "title" || name == "capitalize") {
-        std::string out = s;
-        bool start = true;
-        for (char& c : out) {
-          const bool alpha = std::isalpha(static_cast<unsigned char>(c)) != 0;
-          if (alpha && start)
-            c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-          else if (alpha)
-            c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-          start = name == "title" ? !alpha : false;
-        }
-        return {Json(out), false};
-      }
-      if (name == "format") {
-        std::string out;
-        size_t next = 0;
-        for (size_t i = 0; i < s.size(); ++i) {
-          if (s.compare(i, 2, "{}") == 0 && next < a.size()) {
-            out += to_text(a[next++]);
-            ++i;
-          } else {
-            out += s[i];
-          }
-        }
-        return {Json(out), false};
-      }
+      const auto hit = string_methods.find(name);
+      if (hit != string_methods.end()) return hit->second(name, v.get<std::string>(), a);
     }
     if (v.is_object()) {
-      if (name == "items") {
-        Json out = Json::array();
-        for (const auto& [k, x] : v.items()) out.push_back(Json::array({k, x}));
-        return {out, false};
-      }
-      if (name == "keys" || name == "values") {
-        Json out = Json::array();
-        for (const auto& [k, x] : v.items()) out.push_back(name == "keys" ? Json(k) : x);
-        return {out, false};
-      }
-      if (name == "get") {
-        const Value hit = a.empty() ? Value::undef() : attribute(obj, to_text(a[0]));
-        return hit.undefined ? (a.size() > 1 ? a[1] : Value{Json(), false}) : hit;
-      }
+      const auto hit = object_methods.find(name);
+      if (hit != object_methods.end()) return hit->second(name, obj, a);
     }
     (void)e;
     fail(line, "unsupported method ." + name + "() on " +
                    (obj.undefined ? "an undefined value" : std::string(v.type_name())));
+  }
+
+  // Argument i as text; empty when absent or None.
+  static std::string text_arg(const std::vector<Value>& a, size_t i) {
+    return i < a.size() && !a[i].v.is_null() ? to_text(a[i]) : std::string();
+  }
+  // The first argument as text; none when absent or None.
+  static std::optional<std::string> optional_text_arg(const std::vector<Value>& a) {
+    return a.empty() || a[0].v.is_null() ? std::optional<std::string>() : text_arg(a, 0);
+  }
+
+  // startswith / endswith, with one affix or a list of them.
+  static Value string_affix(const std::string& name, const std::string& s,
+                            const std::vector<Value>& a) {
+    std::vector<std::string> options;
+    if (!a.empty() && a[0].v.is_array()) {
+      for (const auto& o : a[0].v) options.push_back(o.get<std::string>());
+    } else {
+      options.push_back(text_arg(a, 0));
+    }
+    for (const auto& o : options) {
+      const bool hit = name == "startswith" ? s.compare(0, o.size(), o) == 0
+                                            : s.size() >= o.size() &&
+                                                  s.compare(s.size() - o.size(), o.size(), o) == 0;
+      if (hit) return {Json(true), false};
+    }
+    return {Json(false), false};
+  }
+
+  static Value string_strip(const std::string& name, const std::string& s,
+                            const std::vector<Value>& a) {
+    return {Json(strip(s, optional_text_arg(a), name != "rstrip", name != "lstrip")), false};
+  }
+
+  static Value string_split(const std::string&, const std::string& s, const std::vector<Value>& a) {
+    return {split(s, optional_text_arg(a), a.size() > 1 ? a[1].v.get<int64_t>() : -1), false};
+  }
+
+  // upper / lower: ASCII letters only, as before.
+  static Value string_case(const std::string& name, const std::string& s,
+                           const std::vector<Value>&) {
+    std::string out = s;
+    for (char& c : out) {
+      if (c >= 'a' && c <= 'z' && name == "upper") c = static_cast<char>(c - 32);
+      if (c >= 'A' && c <= 'Z' && name == "lower") c = static_cast<char>(c + 32);
+    }
+    return {Json(out), false};
+  }
+
+  static Value string_replace(const std::string&, const std::string& s,
+                              const std::vector<Value>& a) {
+    const std::string from = text_arg(a, 0), to = text_arg(a, 1);
+    if (from.empty()) return {Json(s), false};
+    std::string out;
+    size_t at = 0;
+    for (size_t hit = s.find(from); hit != std::string::npos; hit = s.find(from, at)) {
+      out.append(s, at, hit - at).append(to);
+      at = hit + from.size();
+    }
+    out.append(s, at, std::string::npos);
+    return {Json(out), false};
+  }
+
+  // title (every word) / capitalize (the first letter only).
+  static Value string_title(const std::string& name, const std::string& s,
+                            const std::vector<Value>&) {
+    std::string out = s;
+    bool start = true;
+    for (char& c : out) {
+      const bool alpha = std::isalpha(static_cast<unsigned char>(c)) != 0;
+      if (alpha && start)
+        c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      else if (alpha)
+        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      start = name == "title" ? !alpha : false;
+    }
+    return {Json(out), false};
+  }
+
+  // "{}" placeholders filled in order.
+  static Value string_format(const std::string&, const std::string& s,
+                             const std::vector<Value>& a) {
+    std::string out;
+    size_t next = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s.compare(i, 2, "{}") == 0 && next < a.size()) {
+        out += to_text(a[next++]);
+        ++i;
+      } else {
+        out += s[i];
+      }
+    }
+    return {Json(out), false};
+  }
+
+  static Value object_items(const std::string&, const Value& obj, const std::vector<Value>&) {
+    Json out = Json::array();
+    for (const auto& [k, x] : obj.v.items()) out.push_back(Json::array({k, x}));
+    return {out, false};
+  }
+
+  static Value object_keys_or_values(const std::string& name, const Value& obj,
+                                     const std::vector<Value>&) {
+    Json out = Json::array();
+    for (const auto& [k, x] : obj.v.items()) out.push_back(name == "keys" ? Json(k) : x);
+    return {out, false};
+  }
+
+  static Value object_get(const std::string&, const Value& obj, const std::vector<Value>& a) {
+    const Value hit = a.empty() ? Value::undef() : attribute(obj, to_text(a[0]));
+    return hit.undefined ? (a.size() > 1 ? a[1] : Value{Json(), false}) : hit;
   }
 
   static std::string strip(const std::string& s, const std::optional<std::string>& chars, bool left,
@@ -1283,100 +1382,175 @@ class Renderer {
     return out;
   }
 
+  // A filter: its name, the value filtered, the positional arguments, the call, the line.
+  using Filter = Value (Renderer::*)(const std::string& f, const Value& x,
+                                     const std::vector<Value>& a, const Expr& e, int line);
+
   Value filter(const Expr& e, int line) {
+    static const std::unordered_map<std::string_view, Filter> filters = {
+        {"length", &Renderer::filter_length},
+        {"count", &Renderer::filter_length},
+        {"tojson", &Renderer::filter_tojson},
+        {"trim", &Renderer::filter_trim},
+        {"upper", &Renderer::filter_as_method},
+        {"lower", &Renderer::filter_as_method},
+        {"title", &Renderer::filter_as_method},
+        {"capitalize", &Renderer::filter_as_method},
+        {"items", &Renderer::filter_as_method},
+        {"string", &Renderer::filter_string},
+        {"safe", &Renderer::filter_safe},
+        {"default", &Renderer::filter_default},
+        {"d", &Renderer::filter_default},
+        {"first", &Renderer::filter_first_or_last},
+        {"last", &Renderer::filter_first_or_last},
+        {"join", &Renderer::filter_join},
+        {"list", &Renderer::filter_list},
+        {"reverse", &Renderer::filter_reverse},
+        {"int", &Renderer::filter_int},
+        {"replace", &Renderer::filter_replace},
+        {"selectattr", &Renderer::filter_select_or_reject},
+        {"rejectattr", &Renderer::filter_select_or_reject},
+        {"map", &Renderer::filter_map},
+    };
     const Value x = eval(*e.args[0], line);
     const std::vector<Value> a = arguments(e, line, 1);
     const std::string& f = e.name;
-    if (f == "length" || f == "count") {
-      if (x.v.is_string())
-        return {Json(static_cast<int64_t>(code_points(x.v.get<std::string>()).size())), false};
-      return {Json(static_cast<int64_t>(x.undefined || x.v.is_null() ? 0 : x.v.size())), false};
+    const auto hit = filters.find(f);
+    if (hit == filters.end()) fail(line, "unsupported filter |" + f);
+    return (this->*(hit->second))(f, x, a, e, line);
+  }
+
+  Value filter_length(const std::string&, const Value& x, const std::vector<Value>&, const Expr&,
+                      int) {
+    if (x.v.is_string())
+      return {Json(static_cast<int64_t>(code_points(x.v.get<std::string>()).size())), false};
+    return {Json(static_cast<int64_t>(x.undefined || x.v.is_null() ? 0 : x.v.size())), false};
+  }
+
+  Value filter_tojson(const std::string&, const Value& x, const std::vector<Value>& a,
+                      const Expr& e, int line) {
+    Value indent = kwarg(e, "indent", line);
+    if (indent.undefined && !a.empty()) indent = a[0];
+    return {Json(python_json_dumps(
+                x.v, indent.undefined || indent.v.is_null() ? -1 : indent.v.get<int>())),
+            false};
+  }
+
+  Value filter_trim(const std::string&, const Value& x, const std::vector<Value>&, const Expr&,
+                    int) {
+    return {Json(strip(to_text(x), std::nullopt, true, true)), false};
+  }
+
+  // upper, lower, title, capitalize, items: the method of that name, on text or a mapping.
+  Value filter_as_method(const std::string& f, const Value& x, const std::vector<Value>&,
+                         const Expr& e, int line) {
+    return method(Value{x.v.is_object() ? x.v : Json(to_text(x)), false}, f, {}, e, line);
+  }
+
+  Value filter_string(const std::string&, const Value& x, const std::vector<Value>&, const Expr&,
+                      int) {
+    return {Json(to_text(x)), false};
+  }
+
+  Value filter_safe(const std::string&, const Value& x, const std::vector<Value>&, const Expr&,
+                    int) {
+    return x;
+  }
+
+  Value filter_default(const std::string&, const Value& x, const std::vector<Value>& a, const Expr&,
+                       int) {
+    const bool boolean = a.size() > 1 && truthy(a[1]);
+    if (x.undefined || (boolean && !truthy(x))) return a.empty() ? Value{Json(""), false} : a[0];
+    return x;
+  }
+
+  Value filter_first_or_last(const std::string& f, const Value& x, const std::vector<Value>&,
+                             const Expr&, int) {
+    if (x.v.is_array() && !x.v.empty()) return {f == "first" ? x.v.front() : x.v.back(), false};
+    return Value::undef();
+  }
+
+  Value filter_join(const std::string&, const Value& x, const std::vector<Value>& a, const Expr&,
+                    int) {
+    std::string out;
+    const std::string sep = a.empty() ? "" : to_text(a[0]);
+    if (x.v.is_array()) {
+      for (size_t i = 0; i < x.v.size(); ++i) out += (i ? sep : "") + to_text({x.v[i], false});
     }
-    if (f == "tojson") {
-      Value indent = kwarg(e, "indent", line);
-      if (indent.undefined && !a.empty()) indent = a[0];
-      return {Json(python_json_dumps(
-                  x.v, indent.undefined || indent.v.is_null() ? -1 : indent.v.get<int>())),
-              false};
+    return {Json(out), false};
+  }
+
+  Value filter_list(const std::string&, const Value& x, const std::vector<Value>&, const Expr&,
+                    int) {
+    if (x.v.is_array()) return x;
+    Json out = Json::array();
+    if (x.v.is_string()) {
+      for (uint32_t c : code_points(x.v.get<std::string>())) out.push_back(from_code_points({c}));
     }
-    if (f == "trim") return {Json(strip(to_text(x), std::nullopt, true, true)), false};
-    if (f == "upper" || f == "lower" || f == "title" || f == "capitalize" || f == "items") {
-      return method(Value{x.v.is_object() ? x.v : Json(to_text(x)), false}, f, {}, e, line);
+    return {out, false};
+  }
+
+  Value filter_reverse(const std::string&, const Value& x, const std::vector<Value>&, const Expr&,
+                       int) {
+    if (x.v.is_string()) {
+      auto cps = code_points(x.v.get<std::string>());
+      std::reverse(cps.begin(), cps.end());
+      return {Json(from_code_points(cps)), false};
     }
-    if (f == "string") return {Json(to_text(x)), false};
-    if (f == "safe") return x;
-    if (f == "default" || f == "d") {
-      const bool boolean = a.size() > 1 && truthy(a[1]);
-      if (x.undefined || (boolean && !truthy(x))) return a.empty() ? Value{Json(""), false} : a[0];
-      return x;
+    Json out = x.v;
+    if (out.is_array()) std::reverse(out.begin(), out.end());
+    return {out, false};
+  }
+
+  Value filter_int(const std::string&, const Value& x, const std::vector<Value>&, const Expr&,
+                   int) {
+    if (x.v.is_number()) return {Json(static_cast<int64_t>(x.v.get<double>())), false};
+    try {
+      return {Json(std::stoll(to_text(x))), false};
+    } catch (const std::exception&) {
+      return {Json(0), false};
     }
-    if (f == "first" || f == "last") {
-      if (x.v.is_array() && !x.v.empty()) return {f == "first" ? x.v.front() : x.v.back(), false};
-      return Value::undef();
-    }
-    if (f == "join") {
-      std::string out;
-      const std::string sep = a.empty() ? "" : to_text(a[0]);
-      if (x.v.is_array()) {
-        for (size_t i = 0; i < x.v.size(); ++i) out += (i ? sep : "") + to_text({x.v[i], false});
+  }
+
+  Value filter_replace(const std::string&, const Value& x, const std::vector<Value>& a,
+                       const Expr& e, int line) {
+    return method({Json(to_text(x)), false}, "replace", a, e, line);
+  }
+
+  // selectattr / rejectattr: the attribute a[0] is truthy, or passes the test a[1] (with a[2]).
+  Value filter_select_or_reject(const std::string& f, const Value& x, const std::vector<Value>& a,
+                                const Expr&, int line) {
+    Json out = Json::array();
+    if (x.v.is_array() && !a.empty()) {
+      for (const auto& item : x.v) {
+        const Value attr = attribute({item, false}, to_text(a[0]));
+        const bool keep = a.size() > 1 ? attribute_passes(attr, a, f, line) : truthy(attr);
+        if (keep == (f == "selectattr")) out.push_back(item);
       }
-      return {Json(out), false};
     }
-    if (f == "list") {
-      if (x.v.is_array()) return x;
-      Json out = Json::array();
-      if (x.v.is_string()) {
-        for (uint32_t c : code_points(x.v.get<std::string>())) out.push_back(from_code_points({c}));
-      }
-      return {out, false};
+    return {out, false};
+  }
+
+  // The test named by a[1] (defined, undefined, equalto a[2]) on an attribute for filter f.
+  bool attribute_passes(const Value& attr, const std::vector<Value>& a, const std::string& f,
+                        int line) const {
+    const std::string test = to_text(a[1]);
+    if (test == "defined") return !attr.undefined;
+    if (test == "undefined") return attr.undefined;
+    if (test == "equalto" || test == "eq" || test == "==")
+      return a.size() > 2 && !attr.undefined && attr.v == a[2].v;
+    fail(line, "unsupported test " + test + " in " + f);
+  }
+
+  Value filter_map(const std::string&, const Value& x, const std::vector<Value>&, const Expr& e,
+                   int line) {
+    Json out = Json::array();
+    const Value attr = kwarg(e, "attribute", line);
+    if (attr.undefined) fail(line, "map filter supports attribute= only");
+    if (x.v.is_array()) {
+      for (const auto& item : x.v) out.push_back(attribute({item, false}, to_text(attr)).v);
     }
-    if (f == "reverse") {
-      if (x.v.is_string()) {
-        auto cps = code_points(x.v.get<std::string>());
-        std::reverse(cps.begin(), cps.end());
-        return {Json(from_code_points(cps)), false};
-      }
-      Json out = x.v;
-      if (out.is_array()) std::reverse(out.begin(), out.end());
-      return {out, false};
-    }
-    if (f == "int") {
-      if (x.v.is_number()) return {Json(static_cast<int64_t>(x.v.get<double>())), false};
-      try {
-        return {Json(std::stoll(to_text(x))), false};
-      } catch (const std::exception&) {
-        return {Json(0), false};
-      }
-    }
-    if (f == "replace") return method({Json(to_text(x)), false}, "replace", a, e, line);
-    if (f == "selectattr" || f == "rejectattr") {
-      Json out = Json::array();
-      if (x.v.is_array() && !a.empty()) {
-        for (const auto& item : x.v) {
-          const Value attr = attribute({item, false}, to_text(a[0]));
-          bool keep = truthy(attr);
-          if (a.size() > 1) {
-            keep = to_text(a[1]) == "defined"     ? !attr.undefined
-                   : to_text(a[1]) == "undefined" ? attr.undefined
-                   : (to_text(a[1]) == "equalto" || to_text(a[1]) == "eq" || to_text(a[1]) == "==")
-                       ? (a.size() > 2 && !attr.undefined && attr.v == a[2].v)
-                       : (fail(line, "unsupported test " + to_text(a[1]) + " in " + f), false);
-          }
-          if (keep == (f == "selectattr")) out.push_back(item);
-        }
-      }
-      return {out, false};
-    }
-    if (f == "map") {
-      Json out = Json::array();
-      const Value attr = kwarg(e, "attribute", line);
-      if (attr.undefined) fail(line, "map filter supports attribute= only");
-      if (x.v.is_array()) {
-        for (const auto& item : x.v) out.push_back(attribute({item, false}, to_text(attr)).v);
-      }
-      return {out, false};
-    }
-    fail(line, "unsupported filter |" + f);
+    return {out, false};
   }
 
   bool test(const Expr& e, int line) {
@@ -1416,68 +1590,78 @@ class Renderer {
       return truthy(a) ? a : eval(*e.args[1], line);
     }
     const Value a = eval(*e.args[0], line), b = eval(*e.args[1], line);
+    if (std::optional<Value> r = compare_or_concatenate(op, a, b, line)) return *r;
+    if (!a.v.is_number() || !b.v.is_number()) return repeat_string(op, a, b, line);
+    return arithmetic(op, a, b, line);
+  }
+
+  // ~, == and !=, in and not in, and + on two strings or two lists; none for other operators.
+  std::optional<Value> compare_or_concatenate(const std::string& op, const Value& a, const Value& b,
+                                              int line) const {
     if (op == "~") {
       std::string joined = to_text(a) + to_text(b);
       check_size(joined.size(), line);
-      return {Json(std::move(joined)), false};
+      return Value{Json(std::move(joined)), false};
     }
     if (op == "==" || op == "!=") {
       const bool eq = a.undefined || b.undefined ? (a.undefined && b.undefined) : a.v == b.v;
-      return {Json(op == "==" ? eq : !eq), false};
+      return Value{Json(op == "==" ? eq : !eq), false};
     }
     if (op == "in" || op == "not in") {
-      bool found = false;
-      if (b.v.is_string()) {
-        found = b.v.get<std::string>().find(to_text(a)) != std::string::npos;
-      } else if (b.v.is_array()) {
-        found = std::find(b.v.begin(), b.v.end(), a.v) != b.v.end();
-      } else if (b.v.is_object()) {
-        found = a.v.is_string() && b.v.contains(a.v.get<std::string>());
-      }
-      return {Json(op == "in" ? found : !found), false};
+      const bool found = contains(b, a);
+      return Value{Json(op == "in" ? found : !found), false};
     }
     if (op == "+" && a.v.is_string() && b.v.is_string()) {
       check_size(
           a.v.get_ref<const std::string&>().size() + b.v.get_ref<const std::string&>().size(),
           line);
-      return {Json(a.v.get<std::string>() + b.v.get<std::string>()), false};
+      return Value{Json(a.v.get<std::string>() + b.v.get<std::string>()), false};
     }
     if (op == "+" && a.v.is_array() && b.v.is_array()) {
       Json out = a.v;
       for (const auto& x : b.v) out.push_back(x);
-      return {out, false};
+      return Value{out, false};
     }
-    if (!a.v.is_number() || !b.v.is_number()) {
-      if (op == "*" && a.v.is_string() && b.v.is_number_integer()) {
-        const double bytes = static_cast<double>(a.v.get_ref<const std::string&>().size()) *
-                             static_cast<double>(std::max<int64_t>(0, b.v.get<int64_t>()));
-        check_size(bytes > static_cast<double>(kMaxTextBytes) ? kMaxTextBytes + 1
-                                                              : static_cast<size_t>(bytes),
-                   line);
-        std::string out;
-        for (int64_t i = 0; i < b.v.get<int64_t>(); ++i) out += a.v.get<std::string>();
-        return {Json(out), false};
-      }
-      fail(line, "operator " + op + " on " + (a.undefined ? "undefined" : a.v.type_name()) +
-                     " and " + (b.undefined ? "undefined" : b.v.type_name()));
+    return std::nullopt;
+  }
+
+  // `needle in haystack`: a substring, a list item or a mapping's key.
+  static bool contains(const Value& haystack, const Value& needle) {
+    const Json& b = haystack.v;
+    if (b.is_string()) return b.get<std::string>().find(to_text(needle)) != std::string::npos;
+    if (b.is_array()) return std::find(b.begin(), b.end(), needle.v) != b.end();
+    if (b.is_object()) return needle.v.is_string() && b.contains(needle.v.get<std::string>());
+    return false;
+  }
+
+  // An operator with an operand that is not a number: only string * integer is defined.
+  Value repeat_string(const std::string& op, const Value& a, const Value& b, int line) const {
+    if (op == "*" && a.v.is_string() && b.v.is_number_integer()) {
+      const double bytes = static_cast<double>(a.v.get_ref<const std::string&>().size()) *
+                           static_cast<double>(std::max<int64_t>(0, b.v.get<int64_t>()));
+      check_size(bytes > static_cast<double>(kMaxTextBytes) ? kMaxTextBytes + 1
+                                                            : static_cast<size_t>(bytes),
+                 line);
+      std::string out;
+      for (int64_t i = 0; i < b.v.get<int64_t>(); ++i) out += a.v.get<std::string>();
+      return {Json(out), false};
     }
-    const bool ints = a.v.is_number_integer() && b.v.is_number_integer();
+    fail(line, "operator " + op + " on " + (a.undefined ? "undefined" : a.v.type_name()) + " and " +
+                   (b.undefined ? "undefined" : b.v.type_name()));
+  }
+
+  // Comparisons and arithmetic on two numbers: integer arithmetic when both are integers.
+  Value arithmetic(const std::string& op, const Value& a, const Value& b, int line) const {
     const double x = a.v.get<double>(), y = b.v.get<double>();
     if (op == "<") return {Json(x < y), false};
     if (op == ">") return {Json(x > y), false};
     if (op == "<=") return {Json(x <= y), false};
     if (op == ">=") return {Json(x >= y), false};
-    if (ints) {
-      const int64_t i = a.v.get<int64_t>(), j = b.v.get<int64_t>();
-      if (op == "+") return {Json(i + j), false};
-      if (op == "-") return {Json(i - j), false};
-      if (op == "*") return {Json(i * j), false};
-      if ((op == "//" || op == "%") && j == 0) fail(line, "division by zero");
-      if (op == "//")
-        return {
-            Json(static_cast<int64_t>(std::floor(static_cast<double>(i) / static_cast<double>(j)))),
-            false};
-      if (op == "%") return {Json(((i % j) + j) % j), false};
+    if (a.v.is_number_integer() && b.v.is_number_integer()) {
+      if (std::optional<Value> r =
+              integer_arithmetic(op, a.v.get<int64_t>(), b.v.get<int64_t>(), line)) {
+        return *r;
+      }
     }
     if (op == "+") return {Json(x + y), false};
     if (op == "-") return {Json(x - y), false};
@@ -1487,6 +1671,21 @@ class Renderer {
     if (op == "//") return {Json(std::floor(x / y)), false};
     if (op == "%") return {Json(x - y * std::floor(x / y)), false};
     fail(line, "unsupported operator " + op);
+  }
+
+  // + - * // % on two integers (Python's floor division and modulo); none for other operators.
+  std::optional<Value> integer_arithmetic(const std::string& op, int64_t i, int64_t j,
+                                          int line) const {
+    if (op == "+") return Value{Json(i + j), false};
+    if (op == "-") return Value{Json(i - j), false};
+    if (op == "*") return Value{Json(i * j), false};
+    if ((op == "//" || op == "%") && j == 0) fail(line, "division by zero");
+    if (op == "//")
+      return Value{
+          Json(static_cast<int64_t>(std::floor(static_cast<double>(i) / static_cast<double>(j)))),
+          false};
+    if (op == "%") return Value{Json(((i % j) + j) % j), false};
+    return std::nullopt;
   }
 
   const std::string& origin_;
