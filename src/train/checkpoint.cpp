@@ -464,8 +464,16 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
   const bool adapters = j.contains("lora_base_fingerprint");
   if (adapters) check_lora_base(dir, j, model);
   SafetensorsFile weights((fs::path(dir) / "model.safetensors").string());
-  const auto params =
+  auto params =
       adapters || !model->has_lora() ? checkpointed_parameters(model) : base_parameters(model);
+  // A 4-bit base (its parameters are empty) is checked at its matrices' shapes, then each is read
+  // in fp32 on its own and quantized (host memory: the 4-bit base plus one parameter).
+  const auto& quantized = model->quantized_weights();
+  for (auto& [name, t] : params) {
+    if (const auto q = quantized.find(name); q != quantized.end()) {
+      t = at::empty(q->second->shape(), at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
+    }
+  }
   const RowsOf rows_of = [&model](const std::string& name) { return model->expert_rows(name); };
   check_tensor_set(weights, params, adapters ? "the model's LoRA adapters" : "the model", false, {},
                    rows_of);
@@ -508,7 +516,15 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
     }
     for (auto& [buf, v] : bias_values) buf.copy_(at::tensor(v));
   }
-  for (auto [name, t] : params) copy_into(weights, name, t, rows_of(name));
+  for (auto [name, t] : params) {
+    if (const auto q = quantized.find(name); q != quantized.end()) {
+      at::Tensor full = at::empty(q->second->shape(), at::kFloat);
+      copy_into(weights, name, full, rows_of(name));
+      q->second->requantize(full);
+      continue;
+    }
+    copy_into(weights, name, t, rows_of(name));
+  }
   if (optimizer != nullptr) {
     optimizer->reload_master_weights();
     load_master_weights(weights, *opt, params, *optimizer);

@@ -17,11 +17,6 @@ namespace fs = std::filesystem;
 std::string init_weights_from(const config::Config& cfg, model::TransformerLM& model) {
   const std::string& dir = cfg.model.init_from;
   if (fs::exists(fs::path(dir) / "state.json")) {
-    if (!model->quantized_weights().empty()) {
-      throw UserError("config: " + cfg.source_file + ": model.init_from = \"" + dir +
-                      "\": a 4-bit base (quantization.load_in_4bit) loads from a Hugging Face "
-                      "model directory; export-hf this moe-train checkpoint first");
-    }
     const CheckpointState cs = read_checkpoint_state(dir);
     config::check_same_architecture(cfg, cs.config, "the checkpoint " + dir);
     load_checkpoint(dir, model, nullptr, /*restore_rng=*/false);

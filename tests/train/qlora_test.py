@@ -231,6 +231,18 @@ def resume_and_other_quantization(tmp):
         a, b = load_file(checkpoint(full, STEPS) / f), load_file(checkpoint(split, STEPS) / f)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{f} differs"
     print("  20 steps straight == 10 + 10 resumed, bitwise (adapters and Adam state)")
+    # init_from the moe-train checkpoint import-hf writes (the docs' path): the same 4-bit base.
+    imported = tmp / "base-qwen3_moe-imported"
+    run("import-hf", src, "--out", imported)
+    via = tmp / "run-4bit-imported"
+    c = json.loads(config(tmp, "4bit-imported", imported, via, "nf4", True).read_text())
+    c["training"]["train_iters"] = 1
+    (tmp / "cfg-4bit-imported.json").write_text(json.dumps(c))
+    run("--config", tmp / "cfg-4bit-imported.json", "-q")
+    fp = [json.loads((checkpoint(d, 0) / "state.json").read_text())["lora_base_fingerprint"]
+          for d in (full, via)]
+    assert fp[0] == fp[1], fp
+    print("  init_from the import-hf checkpoint: the same 4-bit base (fingerprint) as from the HF directory")
     other = config(tmp, "4bit-fp4", src, split, "fp4", False)
     c = json.loads(other.read_text())
     c["training"]["train_iters"] = 30
