@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/build_info.h"
+#include "moe/cli/completion.h"
 #include "moe/cli/schema_command.h"
 #include "moe/config/config.h"
 #include "moe/config/memory_plan.h"
@@ -73,9 +74,14 @@ void setup_logging(const LogArgs& l) {
 
 std::string version_string() {
   std::string s = std::string("moe-train ") + build_info::kVersion + " (commit " +
-                  build_info::kGitCommit + ")\nLibTorch " + TORCH_VERSION + "\nCUDA kernels: ";
+                  build_info::kGitCommit + ")\nLibTorch " + TORCH_VERSION;
+  if (*build_info::kTorchCudaVersion != '\0') {
+    s += std::string(" (CUDA ") + build_info::kTorchCudaVersion + " build)";
+  }
+  s += "\nCUDA kernels: ";
   s += build_info::kCudaKernels
-           ? std::string("compiled in (sm ") + build_info::kCudaArchitectures + ")"
+           ? std::string("compiled in with CUDA ") + build_info::kCudaToolkitVersion + " (sm " +
+                 build_info::kCudaArchitectures + ")"
            : std::string("not compiled (CPU-only build)");
   return s;
 }
@@ -711,6 +717,9 @@ int run_cli(int argc, char** argv) {
   auto* ci =
       ck->add_subcommand("info", "List the tensors (name, dtype, shape) of a checkpoint as JSON");
   ci->add_option("dir", info_dir, "Checkpoint directory")->required();
+  std::string shell;
+  auto* co = app.add_subcommand("completion", "Print a shell completion script (bash)");
+  co->add_option("shell", shell, "bash")->required()->check(CLI::IsMember({"bash"}));
 
   try {
     app.parse(argc, argv);
@@ -741,6 +750,10 @@ int run_cli(int argc, char** argv) {
     return kExitOk;
   }
   if (*vd) return cmd_verify_data(verify);
+  if (*co) {
+    std::cout << bash_completion(app);
+    return kExitOk;
+  }
   if (!train_args.config_path.empty()) return cmd_train(train_args);
   std::cout << app.help();
   return kExitUserError;
