@@ -1,10 +1,11 @@
-"""The multi-GPU systemd unit's ExecStart line, run as systemd would run it (paths mapped to this
-build, 2 CPU ranks instead of 8 GPUs):
+"""The multi-GPU systemd unit's ExecStart line, run as systemd would run it: the unit, the
+moe-train-launch wrapper and the binary as `cmake --install` puts them into a scratch prefix
+(torchrun from this venv, 2 CPU ranks instead of 8 GPUs):
   - a bad config exits 2, so RestartPreventExitStatus=2 stops the restart loop (before the
     launcher wrapper torchrun's exit 1 restarted it forever);
   - a crash (a rank's training failure, exit 3) exits non-zero and not 2: systemd restarts it;
   - a good run exits 0.
-usage: multigpu_unit_test.py MOE_TRAIN_BINARY REPO_ROOT"""
+usage: multigpu_unit_test.py CMAKE BUILD_DIR"""
 import json
 import os
 import pathlib
@@ -16,17 +17,23 @@ import tempfile
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from e2e import Checks, make_synthetic  # noqa: E402
 
-BIN, ROOT = sys.argv[1], pathlib.Path(sys.argv[2])
+CMAKE, BUILD = sys.argv[1], pathlib.Path(sys.argv[2])
 TORCHRUN = pathlib.Path(sys.executable).parent / "torchrun"
 check = Checks()
 
-unit = (ROOT / "scripts/moe-train-multigpu.service").read_text()
-exec_start = next(l.split("=", 1)[1] for l in unit.splitlines() if l.startswith("ExecStart="))
-prevent = next(l.split("=", 1)[1] for l in unit.splitlines() if l.startswith("RestartPreventExitStatus="))
-check(prevent.split() == ["2"], f"RestartPreventExitStatus={prevent}")
-
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
+    prefix = tmp / "prefix"
+    for component in ("runtime", "launcher", "systemd"):
+        subprocess.run([CMAKE, "--install", str(BUILD), "--prefix", str(prefix), "--component", component],
+                       check=True, stdout=subprocess.DEVNULL)
+    BIN = str(prefix / "bin/moe-train")
+    unit = (prefix / "lib/systemd/system/moe-train-multigpu.service").read_text()
+    exec_start = next(l.split("=", 1)[1] for l in unit.splitlines() if l.startswith("ExecStart="))
+    prevent = next(l.split("=", 1)[1] for l in unit.splitlines() if l.startswith("RestartPreventExitStatus="))
+    check(prevent.split() == ["2"], f"RestartPreventExitStatus={prevent}")
+    check(exec_start.startswith(f"{prefix}/libexec/moe-train/moe-train-launch ") and f" {BIN} " in exec_start,
+          f"ExecStart names the installed wrapper and binary: {exec_start}")
     make_synthetic(BIN, tmp / "data", vocab=32, programs=2, doc_len=33, train_docs=200, valid_docs=16)
     good = {"train_batch_size": 8,
             "model": {"vocab_size": 128, "seq_len": 32, "hidden_size": 32, "num_layers": 2, "num_heads": 2},
@@ -37,12 +44,9 @@ with tempfile.TemporaryDirectory() as d:
 
     def run_unit(cfg, env=None):
         (tmp / "ds_config.json").write_text(json.dumps(cfg))
-        line = (exec_start.replace("/opt/moe-train/scripts/", str(ROOT / "scripts") + "/")
-                .replace("/opt/moe-train/venv/bin/torchrun", str(TORCHRUN))
-                .replace("/usr/local/bin/moe-train", str(pathlib.Path(BIN).resolve()))
-                .replace("/srv/moe-train", str(tmp))
-                .replace("--nproc-per-node 8", "--nproc-per-node 2"))
-        args = shlex.split(line)
+        args = shlex.split(exec_start.replace("/srv/moe-train", str(tmp))
+                           .replace("--nproc-per-node 8", "--nproc-per-node 2"))
+        args[1] = str(TORCHRUN)  # the unit's torchrun is the build's venv; this test's may differ
         # --standalone picks a free port itself; several tests may run side by side.
         return subprocess.run(args, capture_output=True, text=True, cwd=tmp, timeout=300,
                               env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})

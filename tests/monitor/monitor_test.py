@@ -1,7 +1,7 @@
 """Monitoring through the real binary: TensorBoard event files read back with TensorBoard's own
 reader, CSV files, the Prometheus endpoint during a run (its loss gauge against the metrics file),
 a port that cannot be bound, and `systemd-analyze verify` on the shipped unit.
-Usage: monitor_test.py MOE_TRAIN_BIN REPO_ROOT. Exit 77 (ctest SKIP) without the tensorboard package."""
+Usage: monitor_test.py MOE_TRAIN_BIN REPO_ROOT UNIT_DIR. Exit 77 (ctest SKIP) without the tensorboard package."""
 import json
 import math
 import os
@@ -26,6 +26,7 @@ except ImportError:
     sys.exit(77)
 
 BIN, ROOT = sys.argv[1], pathlib.Path(sys.argv[2])
+UNIT_DIR = pathlib.Path(sys.argv[3])  # the units CMake wrote from scripts/*.service.in
 check = Checks()
 
 
@@ -121,18 +122,19 @@ with tempfile.TemporaryDirectory() as d:
     check(r.returncode == 2 and "cannot listen on 127.0.0.1:" in r.stderr and not (tmp / "busy/metrics.jsonl").exists(),
           f"busy port: exit {r.returncode}, {r.stderr.strip()[-160:]!r}")
 
-    # systemd-analyze verify on the unit, with this build's binary and an existing user.
+    # systemd-analyze verify on the units CMake wrote for the build's prefix (UNIT_DIR), with this
+    # build's binary and wrapper and an existing user (tests/cli/install_test.py verifies the
+    # installed ones, man page included).
     if shutil.which("systemd-analyze"):
         for name in ("moe-train.service", "moe-train-multigpu.service"):
-            unit = (ROOT / "scripts" / name).read_text()
-            unit = unit.replace("/usr/local/bin/moe-train", str(pathlib.Path(BIN).resolve()))
-            unit = unit.replace("/opt/moe-train/venv/bin/torchrun",
-                                str(pathlib.Path(sys.executable).parent / "torchrun"))
-            unit = unit.replace("/opt/moe-train/scripts/", str(ROOT / "scripts") + "/")
+            unit = (UNIT_DIR / name).read_text()
+            unit = re.sub(r"(?<=[\s=])/\S*/libexec/moe-train/moe-train-launch", str(ROOT / "scripts/moe-train-launch"), unit)
+            unit = re.sub(r"(?<=[\s=])/\S*/bin/moe-train(?=\s)", str(pathlib.Path(BIN).resolve()), unit)
+            unit = re.sub(r"(?<=[\s=])/\S*/bin/torchrun", str(pathlib.Path(sys.executable).parent / "torchrun"), unit)
             unit = unit.replace("User=moe", "User=root").replace("Group=moe", "Group=root")
             unit = unit.replace("/srv/moe-train", str(tmp))
             (tmp / name).write_text(unit)
-            r = subprocess.run(["systemd-analyze", "verify", str(tmp / name)],
+            r = subprocess.run(["systemd-analyze", "verify", "--man=no", str(tmp / name)],
                                capture_output=True, text=True)
             problems = [l for l in (r.stdout + r.stderr).splitlines() if name in l]
             check(r.returncode == 0 and not problems, f"systemd-analyze verify {name}: rc {r.returncode} {problems}")
