@@ -285,8 +285,7 @@ void check_remote_paths(const Config& c, const Rules& rules) {
               "s3:// works for prepare-data datasets; give it as data.path (its valid split)");
 }
 
-void check_relations(Config& c, const Rules& rules) {
-  check_remote_paths(c, rules);
+void check_schedule(const Config& c, const Rules& rules) {
   const auto& s = c.scheduler;
   if (s.total_num_steps > 0 && s.type != SchedulerType::kWarmupLR &&
       s.type != SchedulerType::kConstant) {
@@ -294,9 +293,9 @@ void check_relations(Config& c, const Rules& rules) {
                 s.total_num_steps,
                 "must be > warmup_num_steps (" + std::to_string(s.warmup_num_steps) + ")");
   }
-  rules.check(!(c.fp16.enabled && c.bf16.enabled), "fp16.enabled", "true",
-              "fp16 and bf16 cannot both be enabled");
-  check_weight_precision(c, rules);
+}
+
+void check_zero(Config& c, const Rules& rules) {
   const int64_t stage = c.zero_optimization.stage;
   if (stage > 0 && c.world_size <= 1) {
     c.warnings.push_back("zero_optimization.stage = " + std::to_string(stage) +
@@ -312,9 +311,12 @@ void check_relations(Config& c, const Rules& rules) {
                 "ZeRO stage 1-2 with several ranks keeps fp32 moments for now; use "
                 "zero_optimization.stage 0 or fp32 moments");
   }
-  // What data parallelism cannot keep independent of the world size (docs/distributed.md):
-  // dropout masks come from each rank's own RNG stream. (A capacity limit is: the routers rank
-  // every rank's assignments together, router.cpp.)
+}
+
+// What data parallelism cannot keep independent of the world size (docs/distributed.md):
+// dropout masks come from each rank's own RNG stream. (A capacity limit is: the routers rank
+// every rank's assignments together, router.cpp.)
+void warn_world_size_dependence(Config& c) {
   if (c.world_size > 1) {
     const std::string n = std::to_string(c.world_size);
     if (c.model.dropout > 0 || c.moe.expert_dropout > 0) {
@@ -323,6 +325,9 @@ void check_relations(Config& c, const Rules& rules) {
                            "losses differ (slightly) from a run at another world size");
     }
   }
+}
+
+void check_profile_window(const Config& c, const Rules& rules) {
   const auto& t = c.training;
   if (t.profile_step_end > 0) {
     rules.check(t.profile_step_start > 0, "training.profile_step_end", t.profile_step_end,
@@ -332,6 +337,10 @@ void check_relations(Config& c, const Rules& rules) {
                 "must be > training.profile_step_start (" + std::to_string(t.profile_step_start) +
                     "): the window is [start, end)");
   }
+}
+
+// Heads that divide the hidden size and one another; rotary positions on an even head.
+void check_attention_heads(const Config& c, const Rules& rules) {
   const auto& m = c.model;
   if (m.head_dim == 0) {
     rules.check(m.hidden_size % m.num_heads == 0, "model.num_heads", m.num_heads,
@@ -344,6 +353,10 @@ void check_relations(Config& c, const Rules& rules) {
     rules.check(head_dim(c) % 2 == 0, "model.head_dim", head_dim(c),
                 "must be even with rotary positions (model.rope_theta > 0)");
   }
+}
+
+void check_rope_scaling(const Config& c, const Rules& rules) {
+  const auto& m = c.model;
   const auto& rs = m.rope_scaling;
   if (rs.type != RopeScalingType::kNone) {
     rules.check(m.rope_theta > 0, "model.rope_scaling.type", std::string(name(rs.type)),
@@ -357,6 +370,11 @@ void check_relations(Config& c, const Rules& rules) {
     rules.check(rs.beta_fast >= rs.beta_slow, "model.rope_scaling.beta_fast", rs.beta_fast,
                 "must be >= model.rope_scaling.beta_slow (" + shown(rs.beta_slow) + ")");
   }
+}
+
+// Which layers are MoE layers: valid dense-layer indices, and at least one MoE layer left.
+void check_moe_layers(const Config& c, const Rules& rules) {
+  const auto& m = c.model;
   const auto& e = c.moe;
   for (size_t i = 0; i < e.mlp_only_layers.size(); ++i) {
     rules.check(e.mlp_only_layers[i] < m.num_layers,
@@ -365,13 +383,9 @@ void check_relations(Config& c, const Rules& rules) {
   }
   rules.check(moe_layer_count(c) > 0, "moe.decoder_sparse_step", e.decoder_sparse_step,
               "leaves no MoE layer (with moe.mlp_only_layers)");
-  rules.check(m.qk_norm || m.qk_norm_scope == QkNormScope::kHead, "model.qk_norm_scope",
-              std::string(name(m.qk_norm_scope)), "needs model.qk_norm = true");
-  rules.check(e.top_k <= e.num_experts, "moe.top_k", e.top_k,
-              "must be <= moe.num_experts (" + std::to_string(e.num_experts) + ")");
-  check_lora(c, rules);
-  check_quantization(c, rules);
-  check_expert_parallel(c, rules);
+}
+
+void check_cpu_affinity(const Config& c, const Rules& rules) {
   if (const std::string& a = c.training.cpu_affinity; !a.empty() && a != "auto") {
     bool ok = true;
     try {
@@ -382,9 +396,13 @@ void check_relations(Config& c, const Rules& rules) {
     rules.check(ok, "training.cpu_affinity", a,
                 "expected \"auto\" or a CPU list such as \"0-7,16-23\"");
   }
-  warn_inert_checkpointing_keys(c);
+}
+
+// The end-of-document id, and one source of training data: a blend, data.path or
+// data.train_path.
+void check_data_source(Config& c, const Rules& rules) {
   const auto& d = c.data;
-  rules.check(!d.reset_attention_at_eod || (d.eod_id >= 0 && d.eod_id < m.vocab_size),
+  rules.check(!d.reset_attention_at_eod || (d.eod_id >= 0 && d.eod_id < c.model.vocab_size),
               "data.eod_id", d.eod_id,
               "data.reset_attention_at_eod needs the end-of-document id, < model.vocab_size");
   if (!d.blend.empty()) {
@@ -398,6 +416,31 @@ void check_relations(Config& c, const Rules& rules) {
               "give data.path or data.train_path, not both");
   rules.check(d.path.empty() || d.valid_path.empty(), "data.valid_path", d.valid_path,
               "with data.path the validation split comes from its manifest");
+}
+
+void check_relations(Config& c, const Rules& rules) {
+  check_remote_paths(c, rules);
+  check_schedule(c, rules);
+  rules.check(!(c.fp16.enabled && c.bf16.enabled), "fp16.enabled", "true",
+              "fp16 and bf16 cannot both be enabled");
+  check_weight_precision(c, rules);
+  check_zero(c, rules);
+  warn_world_size_dependence(c);
+  check_profile_window(c, rules);
+  check_attention_heads(c, rules);
+  check_rope_scaling(c, rules);
+  check_moe_layers(c, rules);
+  const auto& m = c.model;
+  rules.check(m.qk_norm || m.qk_norm_scope == QkNormScope::kHead, "model.qk_norm_scope",
+              std::string(name(m.qk_norm_scope)), "needs model.qk_norm = true");
+  rules.check(c.moe.top_k <= c.moe.num_experts, "moe.top_k", c.moe.top_k,
+              "must be <= moe.num_experts (" + std::to_string(c.moe.num_experts) + ")");
+  check_lora(c, rules);
+  check_quantization(c, rules);
+  check_expert_parallel(c, rules);
+  check_cpu_affinity(c, rules);
+  warn_inert_checkpointing_keys(c);
+  check_data_source(c, rules);
 }
 
 }  // namespace
