@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "moe/config/lora.h"
 #include "moe/model/parameter_layout.h"
@@ -314,36 +315,56 @@ LargestModel largest_fitting_model(const Config& c, const PlanOptions& opt) {
   return best;
 }
 
-// Whether the plan fits opt.device_bytes, the largest micro-batch that does, and what would make
-// a config that does not fit fit (each change tried alone on a copy).
-static void fit_and_advise(const Config& c, const PlanOptions& opt, MemoryPlan& p) {
-  const bool offload = c.zero_optimization.offload_optimizer.device == OffloadDevice::kCpu;
-  const bool mixed = !opt.cpu && (c.bf16.enabled || c.fp16.enabled);
-  const bool ckpt = opt.checkpointing;
-  p.fits = fits_memory(p, opt);
-  // Memory grows with the micro-batch: double to an upper bound, then bisect.
-  // Does the plan fit once `change` has altered a copy of the config and the options?
-  auto with = [&](auto change) {
-    Config alt = c;
-    PlanOptions o = opt;
+namespace {
+
+// Plans of altered copies: `change` alters a copy of the config and the options (device_bytes 0:
+// no advice of their own), and the plan is judged against the original options' device.
+class Trial {
+ public:
+  Trial(const Config& c, const PlanOptions& opt) : c_(c), opt_(opt) {}
+
+  template <typename Change>
+  MemoryPlan plan(Change change) const {
+    Config alt = c_;
+    PlanOptions o = opt_;
     o.device_bytes = 0;
     change(alt, o);
-    return fits_memory(plan_memory(alt, o), opt);
-  };
-  // The cheapest tier that fits as configured otherwise (LoRA runs keep their own rules).
-  if (!lora_enabled(c) && opt.world_size <= 1) {
-    for (const MemoryTier& t : memory_tiers()) {
-      if (with([&](Config& a, PlanOptions& o) { apply_tier(t, a, o); })) {
-        std::string settings = t.settings;
-        const auto at = settings.find("NUM_LAYERS");
-        if (at != std::string::npos) settings.replace(at, 10, std::to_string(c.model.num_layers));
-        p.cheapest_tier = t.name + (settings.empty() ? "" : " (" + settings + ")");
-        break;
-      }
+    return plan_memory(alt, o);
+  }
+  // Does the plan fit once `change` has altered a copy of the config and the options?
+  template <typename Change>
+  bool fits(Change change) const {
+    return fits_memory(plan(change), opt_);
+  }
+  // What the altered copy reserves where it fits; 0 where it does not.
+  template <typename Change>
+  double reserved_if_fits(Change change) const {
+    const MemoryPlan q = plan(change);
+    return fits_memory(q, opt_) ? q.reserved : 0.0;
+  }
+
+ private:
+  const Config& c_;
+  const PlanOptions& opt_;
+};
+
+// The cheapest tier that fits as configured otherwise, with its settings; none when none does.
+std::optional<std::string> cheapest_fitting_tier(const Config& c, const Trial& trial) {
+  for (const MemoryTier& t : memory_tiers()) {
+    if (trial.fits([&](Config& a, PlanOptions& o) { apply_tier(t, a, o); })) {
+      std::string settings = t.settings;
+      const auto at = settings.find("NUM_LAYERS");
+      if (at != std::string::npos) settings.replace(at, 10, std::to_string(c.model.num_layers));
+      return t.name + (settings.empty() ? "" : " (" + settings + ")");
     }
   }
+  return std::nullopt;
+}
+
+// Memory grows with the micro-batch: double to an upper bound, then bisect.
+int64_t largest_fitting_micro_batch(const Trial& trial) {
   auto fits_with = [&](int64_t b) {
-    return with([b](Config&, PlanOptions& o) { o.micro_batch = b; });
+    return trial.fits([b](Config&, PlanOptions& o) { o.micro_batch = b; });
   };
   int64_t lo = 0, hi = 1;
   while (hi <= (int64_t{1} << 20) && fits_with(hi)) lo = hi, hi *= 2;
@@ -351,87 +372,113 @@ static void fit_and_advise(const Config& c, const PlanOptions& opt, MemoryPlan& 
     const int64_t mid = lo + (hi - lo) / 2;
     (fits_with(mid) ? lo : hi) = mid;
   }
-  p.max_micro_batch = lo;
-  if (!p.fits || p.max_micro_batch < p.micro_batch) {
-    if (!ckpt && with([](Config&, PlanOptions& o) { o.checkpointing = true; })) {
+  return lo;
+}
+
+// LoRA (r = 16) on a frozen 16-bit base.
+void apply_lora16(Config& a) {
+  a.lora.r = 16;
+  a.lora.lora_alpha = 32;
+  if (!a.fp16.enabled) a.bf16.enabled = true;
+}
+
+// A 4-bit base (QLoRA): nf4 with double quantization, computing in the run's 16-bit dtype.
+void apply_4bit_base(Config& a) {
+  a.quantization.load_in_4bit = true;
+  a.quantization.bnb_4bit_quant_type = Quant4bitType::kNf4;
+  a.quantization.bnb_4bit_use_double_quant = true;
+  a.quantization.bnb_4bit_compute_dtype =
+      a.fp16.enabled ? QuantComputeDtype::kFloat16 : QuantComputeDtype::kBfloat16;
+}
+
+// Checkpointing, optimizer offload and bf16, each alone.
+void advise_single_changes(const Config& c, const PlanOptions& opt, const Trial& trial,
+                           MemoryPlan& p) {
+  const bool offload = c.zero_optimization.offload_optimizer.device == OffloadDevice::kCpu;
+  const bool mixed = !opt.cpu && (c.bf16.enabled || c.fp16.enabled);
+  if (!opt.checkpointing && trial.fits([](Config&, PlanOptions& o) { o.checkpointing = true; })) {
+    p.advice.push_back(
+        "activation checkpointing of every block "
+        "(activation_checkpointing.number_checkpoints = model.num_layers)");
+  }
+  if (!offload && trial.fits([](Config& a, PlanOptions&) {
+        a.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+      })) {
+    p.advice.push_back("optimizer offload (zero_optimization.offload_optimizer.device = cpu)");
+  }
+  if (!mixed && !opt.cpu && trial.fits([](Config& a, PlanOptions&) { a.bf16.enabled = true; })) {
+    p.advice.push_back("bf16 (bf16.enabled = true)");
+  }
+}
+
+// LoRA on a frozen 16-bit base, alone or with checkpointing: what single-GPU fine-tuning of the
+// large MoEs takes (docs/finetune.md).
+void advise_lora(const Config& c, const PlanOptions& opt, const Trial& trial, MemoryPlan& p) {
+  if (p.advice.empty() && !lora_enabled(c) && !opt.cpu) {
+    if (trial.fits([&](Config& a, PlanOptions&) { apply_lora16(a); })) {
+      p.advice.push_back("LoRA on a frozen bf16 base (lora.r = 16 on attention and experts)");
+    } else if (trial.fits([&](Config& a, PlanOptions& o) {
+                 apply_lora16(a);
+                 o.checkpointing = true;
+               })) {
       p.advice.push_back(
-          "activation checkpointing of every block "
-          "(activation_checkpointing.number_checkpoints = model.num_layers)");
+          "LoRA on a frozen bf16 base (lora.r = 16 on attention and experts) with activation "
+          "checkpointing of every block");
     }
-    if (!offload && with([](Config& a, PlanOptions&) {
-          a.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
-        })) {
-      p.advice.push_back("optimizer offload (zero_optimization.offload_optimizer.device = cpu)");
-    }
-    if (!mixed && !opt.cpu && with([](Config& a, PlanOptions&) { a.bf16.enabled = true; })) {
-      p.advice.push_back("bf16 (bf16.enabled = true)");
-    }
-    // LoRA on a frozen 16-bit base, alone or with checkpointing: what single-GPU fine-tuning of
-    // the large MoEs takes (docs/finetune.md).
-    auto lora16 = [](Config& a) {
-      a.lora.r = 16;
-      a.lora.lora_alpha = 32;
-      if (!a.fp16.enabled) a.bf16.enabled = true;
+  }
+}
+
+// A 4-bit base (QLoRA) under the adapters, alone or with checkpointing, with its figure.
+void advise_4bit_base(const Config& c, const PlanOptions& opt, const Trial& trial, MemoryPlan& p) {
+  const bool base16 = lora_enabled(c) && !c.quantization.load_in_4bit;
+  if (!p.fits && !opt.cpu && (base16 || (p.advice.empty() && !lora_enabled(c)))) {
+    const std::string what = base16 ? "a 4-bit base (quantization.load_in_4bit, nf4 + double quant)"
+                                    : "LoRA on a 4-bit base (lora.r = 16 on attention and experts; "
+                                      "quantization.load_in_4bit, nf4 + double quant)";
+    auto qlora = [&](Config& a) {
+      if (!base16) apply_lora16(a);
+      apply_4bit_base(a);
     };
-    if (p.advice.empty() && !lora_enabled(c) && !opt.cpu) {
-      if (with([&](Config& a, PlanOptions&) { lora16(a); })) {
-        p.advice.push_back("LoRA on a frozen bf16 base (lora.r = 16 on attention and experts)");
-      } else if (with([&](Config& a, PlanOptions& o) {
-                   lora16(a);
-                   o.checkpointing = true;
-                 })) {
-        p.advice.push_back(
-            "LoRA on a frozen bf16 base (lora.r = 16 on attention and experts) with activation "
-            "checkpointing of every block");
-      }
+    double need = trial.reserved_if_fits([&](Config& a, PlanOptions&) { qlora(a); });
+    std::string how = what;
+    if (need == 0 && !opt.checkpointing) {
+      need = trial.reserved_if_fits([&](Config& a, PlanOptions& o) {
+        qlora(a);
+        o.checkpointing = true;
+      });
+      how += " with activation checkpointing of every block";
     }
-    // A 4-bit base (QLoRA) under the adapters, alone or with checkpointing, with its figure.
-    auto four_bit = [](Config& a) {
-      a.quantization.load_in_4bit = true;
-      a.quantization.bnb_4bit_quant_type = Quant4bitType::kNf4;
-      a.quantization.bnb_4bit_use_double_quant = true;
-      a.quantization.bnb_4bit_compute_dtype =
-          a.fp16.enabled ? QuantComputeDtype::kFloat16 : QuantComputeDtype::kBfloat16;
-    };
-    auto reserved_with = [&](auto change) {
-      Config alt = c;
-      PlanOptions o = opt;
-      o.device_bytes = 0;
-      change(alt, o);
-      const MemoryPlan q = plan_memory(alt, o);
-      return fits_memory(q, opt) ? q.reserved : 0.0;
-    };
-    const bool base16 = lora_enabled(c) && !c.quantization.load_in_4bit;
-    if (!p.fits && !opt.cpu && (base16 || (p.advice.empty() && !lora_enabled(c)))) {
-      const std::string what = base16
-                                   ? "a 4-bit base (quantization.load_in_4bit, nf4 + double quant)"
-                                   : "LoRA on a 4-bit base (lora.r = 16 on attention and experts; "
-                                     "quantization.load_in_4bit, nf4 + double quant)";
-      auto qlora = [&](Config& a) {
-        if (!base16) lora16(a);
-        four_bit(a);
-      };
-      double need = reserved_with([&](Config& a, PlanOptions&) { qlora(a); });
-      std::string how = what;
-      if (need == 0 && !ckpt) {
-        need = reserved_with([&](Config& a, PlanOptions& o) {
-          qlora(a);
-          o.checkpointing = true;
-        });
-        how += " with activation checkpointing of every block";
-      }
-      if (need > 0) p.advice.push_back(how + ": " + gib(need) + " expected reserved");
-    }
-    if (p.advice.empty() && !ckpt && !offload && with([](Config& a, PlanOptions& o) {
-          o.checkpointing = true;
-          a.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
-        })) {
-      p.advice.push_back("activation checkpointing of every block together with optimizer offload");
-    }
-    if (p.max_micro_batch > 0) {
-      p.advice.push_back("train_micro_batch_size_per_gpu = " + std::to_string(p.max_micro_batch) +
-                         " with gradient_accumulation_steps raised to keep train_batch_size");
-    }
+    if (need > 0) p.advice.push_back(how + ": " + gib(need) + " expected reserved");
+  }
+}
+
+}  // namespace
+
+// Whether the plan fits opt.device_bytes, the largest micro-batch that does, and what would make
+// a config that does not fit fit (each change tried alone on a copy).
+static void fit_and_advise(const Config& c, const PlanOptions& opt, MemoryPlan& p) {
+  const bool offload = c.zero_optimization.offload_optimizer.device == OffloadDevice::kCpu;
+  const bool ckpt = opt.checkpointing;
+  p.fits = fits_memory(p, opt);
+  const Trial trial(c, opt);
+  // The cheapest tier that fits as configured otherwise (LoRA runs keep their own rules).
+  if (!lora_enabled(c) && opt.world_size <= 1) {
+    if (std::optional<std::string> tier = cheapest_fitting_tier(c, trial)) p.cheapest_tier = *tier;
+  }
+  p.max_micro_batch = largest_fitting_micro_batch(trial);
+  if (p.fits && p.max_micro_batch >= p.micro_batch) return;
+  advise_single_changes(c, opt, trial, p);
+  advise_lora(c, opt, trial, p);
+  advise_4bit_base(c, opt, trial, p);
+  if (p.advice.empty() && !ckpt && !offload && trial.fits([](Config& a, PlanOptions& o) {
+        o.checkpointing = true;
+        a.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+      })) {
+    p.advice.push_back("activation checkpointing of every block together with optimizer offload");
+  }
+  if (p.max_micro_batch > 0) {
+    p.advice.push_back("train_micro_batch_size_per_gpu = " + std::to_string(p.max_micro_batch) +
+                       " with gradient_accumulation_steps raised to keep train_batch_size");
   }
 }
 
@@ -481,27 +528,22 @@ double update_transient_bytes(const Config& c, const PlanOptions& opt, double tr
   return bytes;
 }
 
-}  // namespace
+// What the terms of a plan share: the parameters that train, stay frozen or live on other
+// ranks; the data-parallel layout; the dtypes of the weights and gradients.
+struct PlanBasis {
+  double P, N;
+  bool offload, mixed;
+  DataParallelMode dp;
+  double trained, sharded, frozen;
+  bool w16, accumulate, streamed, fp32_sums, kahan;
+};
 
-MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
-  MemoryPlan p;
-  p.parameters = count_parameters(c);
-  p.active_parameters = active_parameters_per_token(c);
-  p.micro_batch = opt.micro_batch > 0 ? opt.micro_batch : c.train_micro_batch_size_per_gpu;
-  const double P = static_cast<double>(p.parameters);
+PlanBasis plan_basis(const Config& c, const PlanOptions& opt, int64_t parameters) {
+  const double P = static_cast<double>(parameters);
   const double N = static_cast<double>(std::max<int64_t>(1, opt.world_size));
   const bool offload = c.zero_optimization.offload_optimizer.device == OffloadDevice::kCpu;
   const bool mixed = !opt.cpu && (c.bf16.enabled || c.fp16.enabled);
-  // fp32 weights always (they are the master copy); fp32 gradients; Adam's two fp32 moments.
-  // Gradients (fp32). Data parallel (docs/distributed.md): ZeRO-2 with overlap_comm reduces each
-  // gradient onto its owner during the backward and releases the others as it goes, so a rank
-  // holds its share (4/N bytes per parameter, accumulating as the backward proceeds) plus the
-  // bucket being filled and at most two in flight. Otherwise every gradient exists in the
-  // backward; ZeRO-2 without the overlap releases the foreign ones before the update. DDP's
-  // Reducer (stages 0-1 with the overlap) keeps its buckets, a second copy of every gradient.
   const DataParallelMode dp = data_parallel_mode(c, opt.world_size);
-  const bool partitioned = dp.reduction == GradientReduction::kReduceToOwnersInBackward;
-  const double bucket = static_cast<double>(reduce_bucket_bytes(c));
   // LoRA (config/lora.h): only the adapters and modules_to_save have gradients and Adam state;
   // the frozen base is fp32 on a CPU, the compute dtype (2 bytes) under bf16/fp16 on a GPU.
   const LoraParameterCounts lora = lora_parameter_counts(c);
@@ -515,8 +557,6 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   // 1/N of all the parameters per rank.
   const double sharded = trained + held_elsewhere;
   const double frozen = static_cast<double>(lora.frozen_base);
-  // The backward walk spreads gradients over the layers' parameters: scale them to the share
-  // that trains.
   // 16-bit working weights (training.param_dtype): 16-bit gradients, summed in fp32 over
   // micro-batches (and widened before fp16's unscaling); fp32 masters in the optimizer.
   const bool w16 = c.training.param_dtype != ParamDtype::kFp32;
@@ -527,8 +567,18 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   const bool streamed = offload && c.zero_optimization.overlap_comm && N == 1;
   const bool fp32_sums = w16 && (accumulate || c.fp16.enabled) && !streamed;
   const bool kahan = w16 && c.optimizer.main_params_dtype == ParamDtype::kBf16;
-  const double grad_bytes = !w16 ? 4 : fp32_sums && accumulate ? 6 : 2;  // during a backward
-  const double grad_per_param = (partitioned ? grad_bytes / N : grad_bytes) * trained / P;
+  return {P,      N,   offload,    mixed,    dp,        trained, sharded,
+          frozen, w16, accumulate, streamed, fp32_sums, kahan};
+}
+
+// Gradients, communication buffers, the optimizer's states (on the device or the host), master
+// weights and the update's transients.
+void plan_training_state(const Config& c, const PlanOptions& opt, const PlanBasis& b,
+                         MemoryPlan& p) {
+  const double N = b.N, trained = b.trained, sharded = b.sharded;
+  const bool offload = b.offload, w16 = b.w16, streamed = b.streamed, fp32_sums = b.fp32_sums;
+  const DataParallelMode& dp = b.dp;
+  const double bucket = static_cast<double>(reduce_bucket_bytes(c));
   p.gradients = (streamed && w16     ? 0
                  : !w16 || fp32_sums ? 4
                                      : 2) *
@@ -551,26 +601,47 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   const double staging_bytes = staging * trained + (streamed ? -2 : 4 - staging) * fp32_held;
   p.host_states = offload ? ((moments + 4) * trained + staging_bytes) / state_share : 0;
   p.host = p.host_states;
-  p.master_weights = !w16 || offload ? 0 : (kahan ? 2 : 4) * trained;
+  p.master_weights = !w16 || offload ? 0 : (b.kahan ? 2 : 4) * trained;
   p.update_transient = update_transient_bytes(c, opt, trained);
+}
+
+// The weights: the trained ones, the frozen base (16-bit under mixed precision or 16-bit
+// weights), a 4-bit base, and autocast's 16-bit copies.
+void plan_weights(const Config& c, const PlanOptions& opt, const PlanBasis& b, MemoryPlan& p) {
   // QLoRA: the quantized matrices at their 4-bit bytes, the rest of the frozen base as above.
   const Quantized4bitBase q4 = quantized_4bit_base(c, opt);
   p.quantized_base = q4.bytes;
   p.quantized_parameters = q4.parameters;
-  p.weights = (w16 ? 2 : 4) * trained +
-              (mixed || w16 ? 2 : 4) * (frozen - static_cast<double>(q4.parameters)) + q4.bytes;
+  p.weights = (b.w16 ? 2 : 4) * b.trained +
+              (b.mixed || b.w16 ? 2 : 4) * (b.frozen - static_cast<double>(q4.parameters)) +
+              q4.bytes;
   // Each 4-bit GEMM dequantizes its group into a temporary freed when the GEMM returns, in the
   // forward, its recomputation and again in the backward; autograd runs one node at a time, so
   // one group (the largest) is alive at a moment (docs/memory.md).
   p.dequant_scratch = q4.largest_group_bytes;
   // Autocast keeps the bf16/fp16 copy of every fp32 matmul weight from the forward to the end of
   // the backward (its cache is cleared after the step); 16-bit weights need none.
-  p.low_precision_weights = mixed && !w16 ? 2 * trained : 0;
-  const double fixed = p.weights + p.optimizer_states + p.low_precision_weights + p.master_weights;
+  p.low_precision_weights = b.mixed && !b.w16 ? 2 * b.trained : 0;
+}
 
+// The activations (as configured, and with and without checkpointing), the backward's
+// transients, the peak and what the allocator reserves.
+void plan_peak(const Config& c, const PlanOptions& opt, const PlanBasis& b, MemoryPlan& p) {
+  const double fixed = p.weights + p.optimizer_states + p.low_precision_weights + p.master_weights;
+  // The backward walk spreads gradients over the layers' parameters: scale them to the share
+  // that trains.
+  // Gradients (fp32). Data parallel (docs/distributed.md): ZeRO-2 with overlap_comm reduces each
+  // gradient onto its owner during the backward and releases the others as it goes, so a rank
+  // holds its share (4/N bytes per parameter, accumulating as the backward proceeds) plus the
+  // bucket being filled and at most two in flight. Otherwise every gradient exists in the
+  // backward; ZeRO-2 without the overlap releases the foreign ones before the update. DDP's
+  // Reducer (stages 0-1 with the overlap) keeps its buckets, a second copy of every gradient.
+  const bool partitioned = b.dp.reduction == GradientReduction::kReduceToOwnersInBackward;
+  const double grad_bytes = !b.w16 ? 4 : b.fp32_sums && b.accumulate ? 6 : 2;  // in a backward
+  const double grad_per_param = (partitioned ? grad_bytes / b.N : grad_bytes) * b.trained / b.P;
   const Shape s = shape_of(c, p.micro_batch, opt);
   const bool ckpt = opt.checkpointing;
-  const Walk as_configured = walk_backward(c, s, ckpt, grad_per_param, accumulate);
+  const Walk as_configured = walk_backward(c, s, ckpt, grad_per_param, b.accumulate);
   p.activations = as_configured.activations;
   Config no_checkpoint = c;
   no_checkpoint.activation_checkpointing.number_checkpoints = 0;
@@ -581,14 +652,27 @@ MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
   // The optimizer step: every gradient, the clipping norms, the fused update (no temporaries)
   // or the reference update's fp32 copies (on the host under offload).
   const double step_peak = p.gradients + 8 * static_cast<double>(c.model.num_layers) * 64 +
-                           (offload ? 0 : p.update_transient);
-  if (offload) p.host += p.update_transient;
+                           (b.offload ? 0 : p.update_transient);
+  if (b.offload) p.host += p.update_transient;
   p.peak =
       fixed + std::max(as_configured.peak_dynamic + p.communication + p.dequant_scratch, step_peak);
   // The caching allocator rounds and fragments (~5% measured by PyTorch users on LLM training);
   // the CUDA context and cuBLAS/cuDNN workspaces add about 0.5-1 GiB per process.
   p.reserved = opt.cpu ? p.peak : p.peak * 1.05 + 0.75 * kGiB;
+}
 
+}  // namespace
+
+MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
+  MemoryPlan p;
+  p.parameters = count_parameters(c);
+  p.active_parameters = active_parameters_per_token(c);
+  p.micro_batch = opt.micro_batch > 0 ? opt.micro_batch : c.train_micro_batch_size_per_gpu;
+  // fp32 weights always (they are the master copy); fp32 gradients; Adam's two fp32 moments.
+  const PlanBasis basis = plan_basis(c, opt, p.parameters);
+  plan_training_state(c, opt, basis, p);
+  plan_weights(c, opt, basis, p);
+  plan_peak(c, opt, basis, p);
   if (opt.device_bytes > 0) fit_and_advise(c, opt, p);
   return p;
 }
@@ -675,28 +759,44 @@ double moment_bytes_per_parameter(const Config& c) {
   return bytes(c.optimizer.exp_avg_dtype) + bytes(c.optimizer.exp_avg_sq_dtype);
 }
 
-std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPlan& p) {
-  std::string out;
-  char line[256];
-  auto row = [&](const char* what, double bytes, const std::string& note) {
+namespace {
+
+// The table of format_plan: a row per term, with bytes per parameter where that means something.
+class PlanRows {
+ public:
+  explicit PlanRows(double parameters) : parameters_(parameters) {}
+
+  void row(const char* what, double bytes, const std::string& note) {
+    char line[256];
     std::snprintf(line, sizeof line, "  %-34s %12s  %s", what, gib(bytes).c_str(), note.c_str());
     std::string l = line;
     l.erase(l.find_last_not_of(' ') + 1);
     out += l + "\n";
-  };
-  const double P = static_cast<double>(p.parameters);
+  }
+  std::string per(double bytes) const {
+    char b[48];
+    std::snprintf(b, sizeof b, "%.2f bytes/parameter", bytes / std::max(1.0, parameters_));
+    return std::string(b);
+  }
+
+  std::string out;
+
+ private:
+  double parameters_;
+};
+
+// The run's sizes, and its LoRA parameter counts.
+std::string plan_header(const Config& c, const PlanOptions& opt, const MemoryPlan& p) {
+  std::string out;
+  char line[256];
   std::snprintf(line, sizeof line,
                 "parameters: %.4g total, %.4g active per token; micro-batch %lld x %lld tokens; "
                 "world size %lld, ZeRO stage %lld\n",
-                P, static_cast<double>(p.active_parameters), static_cast<long long>(p.micro_batch),
-                static_cast<long long>(c.model.seq_len), static_cast<long long>(opt.world_size),
+                static_cast<double>(p.parameters), static_cast<double>(p.active_parameters),
+                static_cast<long long>(p.micro_batch), static_cast<long long>(c.model.seq_len),
+                static_cast<long long>(opt.world_size),
                 static_cast<long long>(c.zero_optimization.stage));
   out += line;
-  auto per = [&](double bytes) {
-    char b[48];
-    std::snprintf(b, sizeof b, "%.2f bytes/parameter", bytes / std::max(1.0, P));
-    return std::string(b);
-  };
   out += std::string(opt.cpu ? "host memory" : "device memory") + " of one training step:\n";
   if (lora_enabled(c)) {
     const LoraParameterCounts n = lora_parameter_counts(c);
@@ -710,82 +810,106 @@ std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPla
                       .c_str());
     out += line;
   }
+  return out;
+}
+
+// Weights (and their 4-bit part), gradients, master weights, moments and autocast's copies.
+void state_rows(const Config& c, const MemoryPlan& p, PlanRows& t) {
   const bool w16 = c.training.param_dtype != ParamDtype::kFp32;
   const std::string weight_dtype(name(c.training.param_dtype));
-  row(lora_enabled(c) ? "weights (frozen base + fp32 trained)"
-                      : ("weights (" + weight_dtype + ")").c_str(),
-      p.weights, per(p.weights));
+  t.row(lora_enabled(c) ? "weights (frozen base + fp32 trained)"
+                        : ("weights (" + weight_dtype + ")").c_str(),
+        p.weights, t.per(p.weights));
   if (p.quantized_parameters > 0) {
     const QuantizationConfig& q = c.quantization;
     char b[96];
     std::snprintf(b, sizeof b, "%.4g parameters, %.4f bytes each",
                   static_cast<double>(p.quantized_parameters),
                   p.quantized_base / static_cast<double>(p.quantized_parameters));
-    row(("  4-bit part (" + std::string(name(q.bnb_4bit_quant_type)) +
-         (q.bnb_4bit_use_double_quant ? ", double quant)" : ")"))
-            .c_str(),
-        p.quantized_base, b);
+    t.row(("  4-bit part (" + std::string(name(q.bnb_4bit_quant_type)) +
+           (q.bnb_4bit_use_double_quant ? ", double quant)" : ")"))
+              .c_str(),
+          p.quantized_base, b);
   }
-  row(p.gradients > 2.5 * static_cast<double>(p.parameters) || !w16
-          ? "gradients (fp32)"
-          : ("gradients (" + weight_dtype + ")").c_str(),
-      p.gradients, per(p.gradients));
+  t.row(p.gradients > 2.5 * static_cast<double>(p.parameters) || !w16
+            ? "gradients (fp32)"
+            : ("gradients (" + weight_dtype + ")").c_str(),
+        p.gradients, t.per(p.gradients));
   if (p.master_weights > 0) {
-    row(c.optimizer.main_params_dtype == ParamDtype::kBf16 ? "bf16 master compensation (Kahan)"
-                                                           : "fp32 master weights",
-        p.master_weights, per(p.master_weights));
+    t.row(c.optimizer.main_params_dtype == ParamDtype::kBf16 ? "bf16 master compensation (Kahan)"
+                                                             : "fp32 master weights",
+          p.master_weights, t.per(p.master_weights));
   }
   const std::string moment_names = std::string(name(c.optimizer.exp_avg_dtype)) + "/" +
                                    std::string(name(c.optimizer.exp_avg_sq_dtype));
-  row(("Adam moments (" + moment_names + ")").c_str(), p.optimizer_states,
-      p.optimizer_states == 0 ? "offloaded to the host" : per(p.optimizer_states));
+  t.row(("Adam moments (" + moment_names + ")").c_str(), p.optimizer_states,
+        p.optimizer_states == 0 ? "offloaded to the host" : t.per(p.optimizer_states));
   if (p.low_precision_weights > 0) {
-    row("bf16/fp16 weight copies (autocast)", p.low_precision_weights,
-        per(p.low_precision_weights));
+    t.row("bf16/fp16 weight copies (autocast)", p.low_precision_weights,
+          t.per(p.low_precision_weights));
   }
-  row("activations, one micro-batch", p.activations,
-      c.activation_checkpointing.number_checkpoints > 0 || opt.checkpointing
-          ? "with activation checkpointing"
-          : "no activation checkpointing");
-  row("  without checkpointing", p.activations_no_checkpoint, "");
-  row("  every block checkpointed", p.activations_checkpoint, "");
-  row("backward transients", p.backward_transient, "largest short-lived buffers");
+}
+
+// Activations, transients, communication buffers, the peak, the reserve and the host's share.
+void dynamic_rows(const Config& c, const PlanOptions& opt, const MemoryPlan& p, PlanRows& t) {
+  t.row("activations, one micro-batch", p.activations,
+        c.activation_checkpointing.number_checkpoints > 0 || opt.checkpointing
+            ? "with activation checkpointing"
+            : "no activation checkpointing");
+  t.row("  without checkpointing", p.activations_no_checkpoint, "");
+  t.row("  every block checkpointed", p.activations_checkpoint, "");
+  t.row("backward transients", p.backward_transient, "largest short-lived buffers");
   if (p.dequant_scratch > 0) {
-    row("4-bit dequantization scratch", p.dequant_scratch,
-        "the largest matrix group dequantized for one GEMM");
+    t.row("4-bit dequantization scratch", p.dequant_scratch,
+          "the largest matrix group dequantized for one GEMM");
   }
   if (p.update_transient > 0) {
-    row("update transients", p.update_transient,
-        "fp32 copies: the largest parameter's moments, 16-bit weights' gradient buckets");
+    t.row("update transients", p.update_transient,
+          "fp32 copies: the largest parameter's moments, 16-bit weights' gradient buckets");
   }
   if (p.communication > 0) {
     const GradientReduction r = data_parallel_mode(c, opt.world_size).reduction;
-    row("gradient communication", p.communication,
-        r == GradientReduction::kReduceToOwnersInBackward
-            ? "ZeRO-2 buckets being reduced onto owners"
-        : r == GradientReduction::kReducerInBackward
-            ? "DDP Reducer buckets (a copy of every gradient)"
-            : "one all-reduce bucket after the backward");
+    t.row("gradient communication", p.communication,
+          r == GradientReduction::kReduceToOwnersInBackward
+              ? "ZeRO-2 buckets being reduced onto owners"
+          : r == GradientReduction::kReducerInBackward
+              ? "DDP Reducer buckets (a copy of every gradient)"
+              : "one all-reduce bucket after the backward");
   }
-  row("peak of tensors", p.peak, "the worst moment of the backward or the update");
-  if (!opt.cpu) row("expected reserved", p.reserved, "+5% allocator, +0.75 GiB CUDA context");
-  if (p.host > 0) row("host (offload)", p.host, "moments, master weights, gradient staging");
-  if (opt.device_bytes > 0) {
-    std::snprintf(line, sizeof line,
-                  "verdict: %s on %s (%s needed); largest micro-batch that fits: %lld\n",
-                  p.fits ? "fits" : "does NOT fit", gib(opt.device_bytes).c_str(),
-                  gib(p.reserved).c_str(), static_cast<long long>(p.max_micro_batch));
-    out += line;
-    for (const auto& a : p.advice) out += "  would help: " + a + "\n";
-    if (!p.cheapest_tier.empty()) out += "  cheapest tier that fits: " + p.cheapest_tier + "\n";
-    if (!p.fits && p.advice.empty()) {
-      out +=
-          "  nothing tried fits one device (checkpointing, offload, LoRA, a 4-bit base, "
-          "micro-batch 1): more devices (data parallel with ZeRO), a shorter model.seq_len, or a "
-          "smaller model\n";
-    }
+  t.row("peak of tensors", p.peak, "the worst moment of the backward or the update");
+  if (!opt.cpu) t.row("expected reserved", p.reserved, "+5% allocator, +0.75 GiB CUDA context");
+  if (p.host > 0) t.row("host (offload)", p.host, "moments, master weights, gradient staging");
+}
+
+// Whether the plan fits the device, and the advice (with a device size to judge against).
+std::string plan_verdict(const PlanOptions& opt, const MemoryPlan& p) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "verdict: %s on %s (%s needed); largest micro-batch that fits: %lld\n",
+                p.fits ? "fits" : "does NOT fit", gib(opt.device_bytes).c_str(),
+                gib(p.reserved).c_str(), static_cast<long long>(p.max_micro_batch));
+  out += line;
+  for (const auto& a : p.advice) out += "  would help: " + a + "\n";
+  if (!p.cheapest_tier.empty()) out += "  cheapest tier that fits: " + p.cheapest_tier + "\n";
+  if (!p.fits && p.advice.empty()) {
+    out +=
+        "  nothing tried fits one device (checkpointing, offload, LoRA, a 4-bit base, "
+        "micro-batch 1): more devices (data parallel with ZeRO), a shorter model.seq_len, or a "
+        "smaller model\n";
   }
   return out;
+}
+
+}  // namespace
+
+std::string format_plan(const Config& c, const PlanOptions& opt, const MemoryPlan& p) {
+  PlanRows t(static_cast<double>(p.parameters));
+  t.out = plan_header(c, opt, p);
+  state_rows(c, p, t);
+  dynamic_rows(c, opt, p, t);
+  if (opt.device_bytes > 0) t.out += plan_verdict(opt, p);
+  return t.out;
 }
 
 double parse_memory_size(const std::string& text, const std::string& what) {
