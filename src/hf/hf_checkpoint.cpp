@@ -18,6 +18,7 @@
 #include "moe/train/checkpoint.h"
 #include "moe/train/resume_policy.h"
 #include "moe/util/errors.h"
+#include "moe/util/host_memory.h"
 #include "moe/util/safetensors_dtype.h"
 #include "moe/util/staged_dir.h"
 
@@ -146,6 +147,7 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
                                   std::move(*saved));
         }
       }
+      return_free_host_memory();  // the fp32 matrix, its sources and the old codes
       continue;
     }
     if (!rows) {

@@ -5,6 +5,7 @@
 #include "moe/kernels/swiglu.h"
 #include "moe/model/activation_checkpoint.h"
 #include "moe/model/profile_scope.h"
+#include "moe/util/host_memory.h"
 
 #include <algorithm>
 #include <cmath>
@@ -419,6 +420,7 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     if (!lora_) hold_matrices_in_16_bits(*blocks.back(), prefix);
     if (lora_ && cfg.quantization.load_in_4bit) {
       quantize_frozen(blocks.back(), prefix, quant_4bit_options(cfg, device), device);
+      return_free_host_memory();  // the fp32 block's matrices: not kept by the C heap
     }
     if (to_device) blocks.back()->to(device);
     list->push_back(blocks.back());

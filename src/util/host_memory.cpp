@@ -4,6 +4,9 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <atomic>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <mutex>
 #include <unordered_map>
 
@@ -78,5 +81,11 @@ void install_host_tensor_counter() {
 
 int64_t host_tensor_bytes() { return g_live.load(); }
 int64_t host_tensor_peak_bytes() { return g_peak.load(); }
+
+void return_free_host_memory() {
+#if defined(__GLIBC__)
+  ::malloc_trim(0);
+#endif
+}
 
 }  // namespace moe

@@ -12,4 +12,11 @@ void install_host_tensor_counter();  // idempotent; call before tensors are allo
 int64_t host_tensor_bytes();         // live now
 int64_t host_tensor_peak_bytes();    // the most live at any time since install
 
+// Gives the C heap's free pages back to the system (glibc's malloc_trim; a no-op elsewhere).
+// glibc raises its mmap threshold to the size of each large block freed (up to 32 MiB), so
+// after a few frees the 4 MiB matrices of a 4-bit load come from the heap, and the holes that
+// the long-lived 4-bit codes leave between them stay resident: called after each block is
+// quantized and each 4-bit parameter is loaded (tests/hf/qlora_memory_test.py).
+void return_free_host_memory();
+
 }  // namespace moe
