@@ -32,6 +32,65 @@ std::optional<std::string> token_text(const Json& v) {
   return std::nullopt;
 }
 
+// Whether list is a non-empty list of messages, each with a string "role"; why says what is not.
+bool check_messages(const Json& list, const char* key, std::string& why) {
+  if (!list.is_array() || list.empty()) {
+    why = std::string("\"") + key + "\" is not a non-empty list of messages";
+    return false;
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].is_object() || !list[i].contains("role") || !list[i]["role"].is_string()) {
+      why = std::string(key) + "[" + std::to_string(i) + "] has no string \"role\"";
+      return false;
+    }
+  }
+  return true;
+}
+
+// ShareGPT: {"from": "human" | "gpt" | "system", "value": ...} as {"role": ..., "content": ...}.
+void sharegpt_to_roles(Json& messages) {
+  for (auto& m : messages) {
+    if (!m.is_object() || !m.contains("from")) continue;
+    const std::string from = m["from"].is_string() ? m["from"].get<std::string>() : "";
+    m = Json{{"role", from == "human" ? "user"
+                      : from == "gpt" ? "assistant"
+                                      : from},
+             {"content", m.value("value", Json())}};
+  }
+}
+
+// A "messages" or ShareGPT "conversations" example into out, all of it trained; false (and
+// why) when the messages are malformed.
+bool read_conversation(const Json& j, Json& out, std::string& why) {
+  const char* key = j.contains("messages") ? "messages" : "conversations";
+  Json messages = j.at(key);
+  if (std::string(key) == "conversations" && messages.is_array()) sharegpt_to_roles(messages);
+  if (!check_messages(messages, key, why)) return false;
+  out["messages"] = std::move(messages);
+  out["first_trained"] = 0;
+  return true;
+}
+
+// Conversational prompt/completion (TRL) into out: the completion's messages are trained.
+bool read_prompt_completion_messages(const Json& p, const Json& c, Json& out, std::string& why) {
+  if (!check_messages(p, "prompt", why) || !check_messages(c, "completion", why)) return false;
+  Json messages = p;
+  for (const auto& m : c) messages.push_back(m);
+  out["messages"] = std::move(messages);
+  out["first_trained"] = p.size();
+  return true;
+}
+
+// Whether an assistant message stands among the trained ones.
+bool trains_an_assistant(const Json& out) {
+  const Json& messages = out["messages"];
+  bool trained = false;
+  for (size_t i = out["first_trained"].get<size_t>(); i < messages.size(); ++i) {
+    trained = trained || messages[i]["role"] == "assistant";
+  }
+  return trained;
+}
+
 }  // namespace
 
 ChatSetup load_chat_setup(const std::string& dir, const std::string& template_file) {
@@ -105,37 +164,9 @@ std::optional<Json> SftEncoder::parse(const std::string& line, std::string& why)
     why = "expected a JSON object";
     return std::nullopt;
   }
-  auto check_messages = [&](const Json& list, const char* key) -> bool {
-    if (!list.is_array() || list.empty()) {
-      why = std::string("\"") + key + "\" is not a non-empty list of messages";
-      return false;
-    }
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (!list[i].is_object() || !list[i].contains("role") || !list[i]["role"].is_string()) {
-        why = std::string(key) + "[" + std::to_string(i) + "] has no string \"role\"";
-        return false;
-      }
-    }
-    return true;
-  };
   Json out = Json::object();
   if (j.contains("messages") || j.contains("conversations")) {
-    const char* key = j.contains("messages") ? "messages" : "conversations";
-    Json messages = j[key];
-    if (std::string(key) == "conversations" && messages.is_array()) {
-      // ShareGPT: {"from": "human" | "gpt" | "system", "value": ...}
-      for (auto& m : messages) {
-        if (!m.is_object() || !m.contains("from")) continue;
-        const std::string from = m["from"].is_string() ? m["from"].get<std::string>() : "";
-        m = Json{{"role", from == "human" ? "user"
-                          : from == "gpt" ? "assistant"
-                                          : from},
-                 {"content", m.value("value", Json())}};
-      }
-    }
-    if (!check_messages(messages, key)) return std::nullopt;
-    out["messages"] = std::move(messages);
-    out["first_trained"] = 0;
+    if (!read_conversation(j, out, why)) return std::nullopt;
   } else if (j.contains("prompt") && j.contains("completion")) {
     const Json& p = j["prompt"];
     const Json& c = j["completion"];
@@ -144,22 +175,12 @@ std::optional<Json> SftEncoder::parse(const std::string& line, std::string& why)
       out["completion"] = c;
       return out;
     }
-    // Conversational prompt/completion (TRL): the completion's messages are trained.
-    if (!check_messages(p, "prompt") || !check_messages(c, "completion")) return std::nullopt;
-    Json messages = p;
-    for (const auto& m : c) messages.push_back(m);
-    out["messages"] = std::move(messages);
-    out["first_trained"] = p.size();
+    if (!read_prompt_completion_messages(p, c, out, why)) return std::nullopt;
   } else {
     why = "expected \"messages\", \"conversations\" or \"prompt\" and \"completion\"";
     return std::nullopt;
   }
-  const Json& messages = out["messages"];
-  bool trained = false;
-  for (size_t i = out["first_trained"].get<size_t>(); i < messages.size(); ++i) {
-    trained = trained || messages[i]["role"] == "assistant";
-  }
-  if (!trained) {
+  if (!trains_an_assistant(out)) {
     why = "no assistant message to train on";
     return std::nullopt;
   }
