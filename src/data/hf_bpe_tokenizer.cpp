@@ -107,6 +107,77 @@ SpecialTokens read_post_processor(const json& pp, const Refuse& refuse) {
   return st;
 }
 
+// (left id << 32 | right id) -> (merge rank, merged id), as HfBpeTokenizer::merges_.
+using MergeTable = std::unordered_map<uint64_t, std::pair<int32_t, int32_t>>;
+
+// One symbol of a word being merged: a linked list over a vector; merged-away symbols stay,
+// gone.
+struct Symbol {
+  int64_t id;
+  int32_t prev, next;
+  bool gone;
+};
+
+void append_symbol(std::vector<Symbol>& sym, int64_t id) {
+  const auto n = static_cast<int32_t>(sym.size());
+  if (n > 0) sym.back().next = n;
+  sym.push_back({id, n - 1, -1, false});
+}
+
+// byte_fallback: the <0xXX> tokens of `bytes` onto sym when the vocabulary has all of them.
+bool append_byte_fallback(std::string_view bytes,
+                          const std::unordered_map<std::string, int64_t>& vocab,
+                          std::vector<Symbol>& sym) {
+  std::vector<int64_t> ids;
+  for (unsigned char b : bytes) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    if (const auto v = vocab.find(name); v != vocab.end()) ids.push_back(v->second);
+  }
+  if (ids.size() != bytes.size()) return false;
+  for (int64_t b : ids) append_symbol(sym, b);
+  return true;
+}
+
+// Word::merge_all: a min-heap of candidate pairs by (rank, position) over the linked list of
+// symbols: each merge costs O(log n), nothing is rescanned, and a popped pair whose symbols
+// changed since it was pushed is stale and skipped. The ids of the symbols left.
+std::vector<uint32_t> merge_all(std::vector<Symbol>& sym, const MergeTable& merges) {
+  struct Candidate {
+    int32_t rank, pos, merged;
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+  auto push = [&](int32_t pos) {
+    if (pos < 0 || sym[pos].next < 0) return;
+    auto m = merges.find(pair_key(sym[pos].id, sym[sym[pos].next].id));
+    if (m != merges.end()) heap.push({m->second.first, pos, m->second.second});
+  };
+  for (int32_t i = 0; i + 1 < static_cast<int32_t>(sym.size()); ++i) push(i);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    Symbol& left = sym[c.pos];
+    if (left.gone || left.next < 0) continue;
+    auto m = merges.find(pair_key(left.id, sym[left.next].id));
+    if (m == merges.end() || m->second.first != c.rank) continue;  // stale
+    Symbol& right = sym[left.next];
+    left.id = c.merged;
+    right.gone = true;
+    left.next = right.next;
+    if (right.next >= 0) sym[right.next].prev = c.pos;
+    push(left.prev);
+    push(c.pos);
+  }
+  std::vector<uint32_t> ids;
+  for (const Symbol& x : sym) {
+    if (!x.gone) ids.push_back(static_cast<uint32_t>(x.id));
+  }
+  return ids;
+}
+
 }  // namespace
 
 HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
@@ -254,26 +325,14 @@ void HfBpeTokenizer::bpe(const std::string& piece, std::vector<uint32_t>& out) c
   if (shard.ids.size() < kCacheEntriesPerShard) shard.ids.emplace(piece, std::move(ids));
 }
 
-// tokenizers' BPE::merge_word, then Word::merge_all: the symbols are the characters (with the
-// subword prefix on all but the first and the word suffix on the last); one missing from the
-// vocabulary becomes its UTF-8 bytes as <0xXX> tokens with byte_fallback (when all exist), else
-// the unknown token, one for a run of them with fuse_unk (an unknown is written when the next
-// known character comes, as there). The merge is a min-heap of candidate pairs by (rank,
-// position) over a linked list of symbols: each merge costs O(log n), nothing is rescanned, and a
-// popped pair whose symbols changed since it was pushed is stale and skipped.
+// tokenizers' BPE::merge_word, then Word::merge_all (merge_all above): the symbols are the
+// characters (with the subword prefix on all but the first and the word suffix on the last); one
+// missing from the vocabulary becomes its UTF-8 bytes as <0xXX> tokens with byte_fallback (when
+// all exist), else the unknown token, one for a run of them with fuse_unk (an unknown is written
+// when the next known character comes, as there).
 std::vector<uint32_t> HfBpeTokenizer::merge_word(const std::string& w) const {
-  struct Symbol {
-    int64_t id;
-    int32_t prev, next;
-    bool gone;
-  };
   std::vector<Symbol> sym;
   sym.reserve(w.size());
-  auto add = [&](int64_t id) {
-    const auto n = static_cast<int32_t>(sym.size());
-    if (n > 0) sym.back().next = n;
-    sym.push_back({id, n - 1, -1, false});
-  };
   bool unknown_pending = false;
   for (size_t i = 0, n = 0; i < w.size(); i += n) {
     const uint32_t cp = utf8::decode(w, i, n);
@@ -289,66 +348,23 @@ std::vector<uint32_t> HfBpeTokenizer::merge_word(const std::string& w) const {
       id = c->second;
     }
     if (id >= 0) {
-      if (unknown_pending) add(unk_);
+      if (unknown_pending) append_symbol(sym, unk_);
       unknown_pending = false;
-      add(id);
+      append_symbol(sym, id);
       continue;
     }
-    if (byte_fallback_) {
-      const std::string_view bytes =
-          prefixed || suffixed ? std::string_view(decorated) : std::string_view(w).substr(i, n);
-      std::vector<int64_t> ids;
-      for (unsigned char b : bytes) {
-        char name[8];
-        std::snprintf(name, sizeof name, "<0x%02X>", b);
-        if (const int64_t v = symbol_id(name); v >= 0) ids.push_back(v);
-      }
-      if (ids.size() == bytes.size()) {
-        for (int64_t b : ids) add(b);
-        continue;
-      }
-    }
+    const std::string_view bytes =
+        prefixed || suffixed ? std::string_view(decorated) : std::string_view(w).substr(i, n);
+    if (byte_fallback_ && append_byte_fallback(bytes, vocab_, sym)) continue;
     if (unk_ < 0) {
       throw UserError("tokenizer: " + path_ + ": no vocabulary entry for \"" + w.substr(i, n) +
                       "\" and no unk_token");
     }
-    if (unknown_pending && !fuse_unk_) add(unk_);
+    if (unknown_pending && !fuse_unk_) append_symbol(sym, unk_);
     unknown_pending = true;
   }
-  if (unknown_pending) add(unk_);
-  struct Candidate {
-    int32_t rank, pos, merged;
-    bool operator>(const Candidate& o) const {
-      return rank != o.rank ? rank > o.rank : pos > o.pos;
-    }
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
-  auto push = [&](int32_t pos) {
-    if (pos < 0 || sym[pos].next < 0) return;
-    auto m = merges_.find(pair_key(sym[pos].id, sym[sym[pos].next].id));
-    if (m != merges_.end()) heap.push({m->second.first, pos, m->second.second});
-  };
-  for (int32_t i = 0; i + 1 < static_cast<int32_t>(sym.size()); ++i) push(i);
-  while (!heap.empty()) {
-    const Candidate c = heap.top();
-    heap.pop();
-    Symbol& left = sym[c.pos];
-    if (left.gone || left.next < 0) continue;
-    auto m = merges_.find(pair_key(left.id, sym[left.next].id));
-    if (m == merges_.end() || m->second.first != c.rank) continue;  // stale
-    Symbol& right = sym[left.next];
-    left.id = c.merged;
-    right.gone = true;
-    left.next = right.next;
-    if (right.next >= 0) sym[right.next].prev = c.pos;
-    push(left.prev);
-    push(c.pos);
-  }
-  std::vector<uint32_t> ids;
-  for (const Symbol& x : sym) {
-    if (!x.gone) ids.push_back(static_cast<uint32_t>(x.id));
-  }
-  return ids;
+  if (unknown_pending) append_symbol(sym, unk_);
+  return merge_all(sym, merges_);
 }
 
 void HfBpeTokenizer::split_added(
