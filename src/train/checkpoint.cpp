@@ -445,6 +445,40 @@ void save_checkpoint(const std::string& dir, model::TransformerLM& model,
   write_state_file(dir, &model, state, /*with_rng=*/true, json::object());
 }
 
+namespace {
+
+// A 4-bit base (its parameters are empty) is checked at its matrices' shapes: `params` with those
+// parameters as fp32 meta tensors of their shapes.
+std::vector<std::pair<std::string, at::Tensor>> with_4bit_shapes(
+    std::vector<std::pair<std::string, at::Tensor>> params,
+    const std::map<std::string, model::QuantizedWeightPtr>& quantized) {
+  for (auto& [name, t] : params) {
+    if (const auto q = quantized.find(name); q != quantized.end()) {
+      t = at::empty(q->second->shape(), at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
+    }
+  }
+  return params;
+}
+
+// The checked parameters' values from the file; a 4-bit matrix is read in fp32 on its own and
+// quantized (host memory: the 4-bit base plus one parameter).
+void copy_parameters(const SafetensorsFile& weights,
+                     const std::vector<std::pair<std::string, at::Tensor>>& params,
+                     const std::map<std::string, model::QuantizedWeightPtr>& quantized,
+                     const RowsOf& rows_of) {
+  for (auto [name, t] : params) {
+    if (const auto q = quantized.find(name); q != quantized.end()) {
+      at::Tensor full = at::empty(q->second->shape(), at::kFloat);
+      copy_into(weights, name, full, rows_of(name));
+      q->second->requantize(full);
+      continue;
+    }
+    copy_into(weights, name, t, rows_of(name));
+  }
+}
+
+}  // namespace
+
 TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& model,
                               FusedAdamW* optimizer, bool restore_rng, bool optimizer_share) {
   // state.json has one reader (resume_policy.h); the tensors' parts of it are read here.
@@ -464,16 +498,9 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
   const bool adapters = j.contains("lora_base_fingerprint");
   if (adapters) check_lora_base(dir, j, model);
   SafetensorsFile weights((fs::path(dir) / "model.safetensors").string());
-  auto params =
-      adapters || !model->has_lora() ? checkpointed_parameters(model) : base_parameters(model);
-  // A 4-bit base (its parameters are empty) is checked at its matrices' shapes, then each is read
-  // in fp32 on its own and quantized (host memory: the 4-bit base plus one parameter).
-  const auto& quantized = model->quantized_weights();
-  for (auto& [name, t] : params) {
-    if (const auto q = quantized.find(name); q != quantized.end()) {
-      t = at::empty(q->second->shape(), at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
-    }
-  }
+  const auto params = with_4bit_shapes(
+      adapters || !model->has_lora() ? checkpointed_parameters(model) : base_parameters(model),
+      model->quantized_weights());
   const RowsOf rows_of = [&model](const std::string& name) { return model->expert_rows(name); };
   check_tensor_set(weights, params, adapters ? "the model's LoRA adapters" : "the model", false, {},
                    rows_of);
@@ -516,15 +543,7 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
     }
     for (auto& [buf, v] : bias_values) buf.copy_(at::tensor(v));
   }
-  for (auto [name, t] : params) {
-    if (const auto q = quantized.find(name); q != quantized.end()) {
-      at::Tensor full = at::empty(q->second->shape(), at::kFloat);
-      copy_into(weights, name, full, rows_of(name));
-      q->second->requantize(full);
-      continue;
-    }
-    copy_into(weights, name, t, rows_of(name));
-  }
+  copy_parameters(weights, params, model->quantized_weights(), rows_of);
   if (optimizer != nullptr) {
     optimizer->reload_master_weights();
     load_master_weights(weights, *opt, params, *optimizer);
