@@ -121,12 +121,21 @@ double ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
   const double T = s.T, a = s.a;
   double b = T * s.d * a + T * 4 + T * s.d * a;  // residual (RMSNorm input), rstd, normalised
   b += lora_ffn_saved(c, s, moe_layer);
-  if (!moe_layer) return b + s.swiglu_kept * T * s.fd * a;  // gate, (silu,) up, product
-  b += 3 * T * s.E * 4;                             // router logits, probabilities, z-loss terms
-  b += T * s.k * (s.d * a + 3 * 8);                 // dispatched rows + plan indices
-  b += s.swiglu_kept * T * s.k * s.f * a;           // gate, (silu(gate),) up, product per row
-  b += T * s.k * s.d * a;                           // expert outputs (the combine's input)
-  if (s.fs > 0) b += s.swiglu_kept * T * s.fs * a;  // shared expert
+  // LoRA: a frozen projection keeps nothing of its own (lora_attention_saved), so the rows
+  // dispatched to the experts (gate and up's input) stay only for an adapter on gate/up, and the
+  // SwiGLU product (down's input) only for one on down.
+  const bool lora = lora_enabled(c);
+  const LoraTargets t = lora ? lora_targets(c.lora) : LoraTargets{};
+  if (!moe_layer) {  // gate, (silu,) up, product
+    return b + (s.swiglu_kept - (!lora || t.dense_mlp ? 0 : 1)) * T * s.fd * a;
+  }
+  const bool rows_kept = !lora || t.experts_gate_up_rank > 0;
+  const double product = !lora || t.experts_down ? 0 : 1;  // 1: the product is not kept
+  b += 3 * T * s.E * 4;                                // router logits, probabilities, z-loss terms
+  b += T * s.k * ((rows_kept ? s.d * a : 0) + 3 * 8);  // dispatched rows + plan indices
+  b += (s.swiglu_kept - product) * T * s.k * s.f * a;  // gate, (silu(gate),) up, product per row
+  b += T * s.k * s.d * a;                              // expert outputs (the combine's input)
+  if (s.fs > 0) b += s.swiglu_kept * T * s.fs * a;     // shared expert
   return b;
 }
 

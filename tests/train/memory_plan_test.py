@@ -1,7 +1,7 @@
 """`moe-train plan` against measured memory: for several model sizes and options, the planner's
 peak of tensors (from the config alone) is within 15% of the peak of live CPU tensor bytes of a
 real 3-step training run (MOE_HOST_MEMORY_REPORT=1 counts every CPU tensor allocation), for one
-process (LoRA runs over a frozen base among them) and for 2 data-parallel ranks under torchrun (DDP overlap, ZeRO-2 in the backward, ZeRO-1
+process (LoRA runs over a frozen fp32 or 4-bit base among them) and for 2 data-parallel ranks under torchrun (DDP overlap, ZeRO-2 in the backward, ZeRO-1
 after the backward, expert parallelism of 2 in two shapes). Also:
 the plan prints in well under a second, and the verdict / advice logic answers for a GPU.
 
@@ -18,6 +18,7 @@ import time
 BIN, SRC = sys.argv[1], pathlib.Path(sys.argv[2])
 TOL = 0.15
 
+Q4 = ["quantization.load_in_4bit=true", "quantization.bnb_4bit_compute_dtype=float32"]
 # name: (config file, overrides); sizes from 0.3 M to 60 M parameters
 CASES = {
     "tiny": ("tiny.json", []),
@@ -41,6 +42,14 @@ CASES = {
                                                             "lora.modules_to_save=[\"gate\",\"norm\"]",
                                                             "moe.mlp_only_layers=[0]", "train_batch_size=8",
                                                             "train_micro_batch_size_per_gpu=4"]),
+    # LoRA over a 4-bit base (quantization.load_in_4bit): the codes and statistics instead of the
+    # fp32 matrices, and each matrix dequantized to the compute dtype around its GEMMs
+    "qlora-nf4-dq-attention-experts": ("bench-cpu-small.json", ["lora.r=8"] + Q4 + [
+        "quantization.bnb_4bit_quant_type=nf4", "quantization.bnb_4bit_use_double_quant=true"]),
+    # (attention only: the frozen experts keep neither their input rows nor the SwiGLU product)
+    "qlora-fp4-attention-only": ("bench-cpu-small.json", [
+        "lora.r=16", "lora.target_modules=[\"q_proj\",\"k_proj\",\"v_proj\",\"o_proj\"]"] + Q4 + [
+        "quantization.bnb_4bit_quant_type=fp4", "quantization.bnb_4bit_use_double_quant=false"]),
     # Adam moments in bf16 / 8-bit (optimizer.exp_avg_dtype / exp_avg_sq_dtype), three shapes each
     "moments-bf16-tiny": ("tiny.json", ["optimizer.exp_avg_dtype=bf16", "optimizer.exp_avg_sq_dtype=bf16"]),
     "moments-bf16-small": ("bench-cpu-small.json", ["optimizer.exp_avg_dtype=bf16",
