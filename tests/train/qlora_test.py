@@ -75,6 +75,23 @@ def roundtrip(w, quant_type, dq):
     return DEQUANTIZE_4BIT(q.reshape(-1), absmax.float(), code, 64, list(w.shape), torch.float32)
 
 
+def roundtrip_experts(model, quant_type, dq):
+    """Each expert's gate, up and down matrix of transformers' 3-D stacks ([E, out, in]; gate_up
+    holds gate's rows then up's) replaced by bitsandbytes' round trip, in place. Returns how many."""
+    n = 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not (name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj")):
+                continue
+            f = p.shape[1] // 2
+            for e in range(p.shape[0]):
+                parts = [p[e, :f], p[e, f:]] if name.endswith("gate_up_proj") else [p[e]]
+                for m in parts:
+                    m.copy_(roundtrip(m, quant_type, dq))
+                    n += 1
+    return n
+
+
 def dequantized_peer(src, dst, quant_type, dq):
     m = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     n = 0
@@ -85,17 +102,7 @@ def dequantized_peer(src, dst, quant_type, dq):
                     any(f".mlp.{k}.weight" in name for k in ("gate_proj", "up_proj", "down_proj")):
                 p.copy_(roundtrip(p, quant_type, dq))
                 n += 1
-            elif name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
-                # [E, out, in]: each expert's matrices; gate_up holds gate's rows then up's
-                f = p.shape[1] // 2
-                for e in range(p.shape[0]):
-                    if name.endswith("gate_up_proj"):
-                        p[e, :f].copy_(roundtrip(p[e, :f], quant_type, dq))
-                        p[e, f:].copy_(roundtrip(p[e, f:], quant_type, dq))
-                        n += 2
-                    else:
-                        p[e].copy_(roundtrip(p[e], quant_type, dq))
-                        n += 1
+    n += roundtrip_experts(m, quant_type, dq)
     m.save_pretrained(dst)
     return n
 
@@ -275,18 +282,7 @@ def bnb_saved_checkpoint(tmp):
     assert type(q_proj).__name__ == "Linear4bit", type(q_proj)
     file = load_file(saved / "model.safetensors")
     assert file["model.layers.0.self_attn.q_proj.weight"].dtype == torch.uint8
-    n = 0
-    with torch.no_grad():
-        for name, p in theirs.named_parameters():
-            if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
-                for e in range(p.shape[0]):
-                    if name.endswith("gate_up_proj"):
-                        f = p.shape[1] // 2
-                        p[e, :f].copy_(roundtrip(p[e, :f], "nf4", True))
-                        p[e, f:].copy_(roundtrip(p[e, f:], "nf4", True))
-                    else:
-                        p[e].copy_(roundtrip(p[e], "nf4", True))
-                    n += 1
+    roundtrip_experts(theirs, "nf4", True)
 
     out = tmp / "run-bnb-saved"
     cfg = config(tmp, "bnb-saved", saved, out, "nf4", True)
@@ -406,16 +402,7 @@ def attention_lora_over_linear4bit(tmp):
         src, quantization_config=bnb_cfg, dtype=torch.float32, device_map="cpu",
         experts_implementation="eager")
     assert type(base.model.layers[0].self_attn.q_proj).__name__ == "Linear4bit"
-    with torch.no_grad():
-        for name, p in base.named_parameters():
-            if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
-                for e in range(p.shape[0]):
-                    if name.endswith("gate_up_proj"):
-                        f = p.shape[1] // 2
-                        p[e, :f].copy_(roundtrip(p[e, :f], "nf4", True))
-                        p[e, f:].copy_(roundtrip(p[e, f:], "nf4", True))
-                    else:
-                        p[e].copy_(roundtrip(p[e], "nf4", True))
+    roundtrip_experts(base, "nf4", True)
     theirs = peft_training(tmp, None, adapter0, ours, base=base)
     adapter = tmp / "adapter-attention-4bit"
     run("export-hf", checkpoint(out, STEPS), "--adapter", "--out", adapter)
