@@ -27,8 +27,6 @@ import subprocess
 import sys
 import tempfile
 
-import h5py
-import numpy as np
 import peft
 import torch
 import transformers
@@ -36,6 +34,9 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "hf"))
 from tiny_families import COMMON, FAMILIES  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from peft_peer import peft_steps  # noqa: E402
 
 BIN = sys.argv[1]
 ONLY = sys.argv[2:]
@@ -90,30 +91,7 @@ def peft_training(tmp, src, adapter0, ours):
     the exact answer that moe-train's float32 run is held to (a float32 peer differs from it by
     its own rounding, up to ~1e-5 on the adapters after 20 Adam steps)."""
     m = peft_model(src, adapter0, trainable=True, dtype=torch.float64)
-    m.train()
-    params = [p for p in m.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01,
-                            fused=True)
-    tokens = torch.from_numpy(h5py.File(tmp / "data/train.h5")["tokens"][:].astype(np.int64))
-    windows = tokens[: (tokens.numel() // (SEQ + 1)) * (SEQ + 1)].view(-1, SEQ + 1)
-    worst = 0.0
-    for step in range(STEPS):
-        batch = windows[torch.arange(step * BATCH, (step + 1) * BATCH) % windows.shape[0]]
-        for g in opt.param_groups:
-            g["lr"] = ours[step]["lr"]
-        opt.zero_grad()
-        logits = m(input_ids=batch[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 batch[:, 1:].reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        rel = abs(loss.item() - ours[step]["loss"]) / abs(loss.item())
-        worst = max(worst, rel)
-        assert rel <= LOSS_RTOL, (f"step {step + 1}: PEFT {loss.item():.7f} vs moe-train "
-                                  f"{ours[step]['loss']:.7f} (rel {rel:.1e})")
-    print(f"  20 steps: worst relative loss difference vs PEFT {worst:.1e}")
-    return peft.get_peft_model_state_dict(m)
+    return peft_steps(m, tmp / "data/train.h5", ours, STEPS, BATCH, SEQ, LOSS_RTOL, fused=True)
 
 
 def logits_of(model, tokens):
