@@ -23,7 +23,6 @@ usage: lora_test.py MOE_TRAIN_BINARY [FAMILY...]
 """
 import json
 import pathlib
-import subprocess
 import sys
 import tempfile
 
@@ -36,7 +35,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "hf"))
 from tiny_families import COMMON, FAMILIES  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from peft_peer import peft_steps  # noqa: E402
+from lora_common import checkpoint, peft_steps, runner  # noqa: E402
 
 BIN = sys.argv[1]
 ONLY = sys.argv[2:]
@@ -44,16 +43,7 @@ STEPS, BATCH, SEQ = 20, 8, 32
 LOSS_RTOL, TENSOR_TOL, LOGITS_TOL = 1e-5, 1e-5, 1e-4
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
-
-def run(*args, ok=True):
-    r = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
-    if ok and r.returncode != 0:
-        raise SystemExit(f"FAIL: {' '.join(map(str, args))}: exit {r.returncode}\n{r.stderr[-3000:]}")
-    return r
-
-
-def checkpoint(run_dir, step):
-    return run_dir / "checkpoints" / f"step-{step:08d}"
+run = runner(BIN)
 
 
 def config(tmp, tag, base, out, **training):

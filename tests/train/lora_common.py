@@ -1,10 +1,28 @@
-"""The PEFT peer of the LoRA tests (lora_test.py, qlora_test.py): AdamW steps of a PeftModel on
-the batches moe-train read (unshuffled windows of the training shard), with moe-train's learning
-rate at each step and its clipping; each step's loss is held to moe-train's within `rtol`."""
+"""What the LoRA tests (lora_test.py, qlora_test.py) share: running the binary, a checkpoint's
+directory, and the PEFT peer: AdamW steps of a PeftModel on the batches moe-train read
+(unshuffled windows of the training shard), with moe-train's learning rate at each step and its
+clipping; each step's loss is held to moe-train's within `rtol`."""
+import subprocess
+
 import h5py
 import numpy as np
 import peft
 import torch
+
+
+def runner(binary):
+    """run(*args, ok=True): the binary's result; a failure where success was expected ends the
+    test, naming the command and the end of its stderr."""
+    def run(*args, ok=True):
+        r = subprocess.run([binary, *map(str, args)], capture_output=True, text=True)
+        if ok and r.returncode != 0:
+            raise SystemExit(f"FAIL: {' '.join(map(str, args))}: exit {r.returncode}\n{r.stderr[-3000:]}")
+        return r
+    return run
+
+
+def checkpoint(run_dir, step):
+    return run_dir / "checkpoints" / f"step-{step:08d}"
 
 
 def peft_steps(model, train_h5, ours, steps, batch, seq, rtol, fused=False):
