@@ -8,31 +8,26 @@ directory after LibTorch has loaded.
 usage: import_memory_test.py MOE_TRAIN_BINARY
 """
 import pathlib
-import re
-import subprocess
 import sys
 import tempfile
 
 import torch
 import transformers
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from one_gb_model import one_gb_qwen3_moe_config, peak_rss_bytes as _peak  # noqa: E402
+
 BIN = sys.argv[1]
 
 
 def peak_rss_bytes(*args):
-    r = subprocess.run(["/usr/bin/time", "-v", BIN, *map(str, args)], capture_output=True, text=True)
-    kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr).group(1))
-    return r.returncode, kb * 1024, r.stderr
+    return _peak(BIN, *args)
 
 
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
     torch.manual_seed(0)
-    cfg = transformers.Qwen3MoeConfig(
-        vocab_size=32000, hidden_size=1024, num_hidden_layers=4, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=128, num_experts=16, num_experts_per_tok=2,
-        moe_intermediate_size=1024, intermediate_size=2048, tie_word_embeddings=False,
-        max_position_embeddings=256)
+    cfg = one_gb_qwen3_moe_config()
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     largest = max(p.numel() * p.element_size() for p in model.parameters())
     total = sum(p.numel() * p.element_size() for p in model.parameters())
