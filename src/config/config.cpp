@@ -127,6 +127,15 @@ bool is_moe_layer(const Config& c, int64_t layer) {
   return (layer + 1) % c.moe.decoder_sparse_step == 0;
 }
 
+int64_t attention_window(const Config& c, int64_t layer) {
+  const auto& types = c.model.layer_types;
+  if (c.model.sliding_window <= 0) return 0;
+  if (types.empty() || types.at(static_cast<size_t>(layer)) == "sliding_attention") {
+    return c.model.sliding_window;
+  }
+  return 0;
+}
+
 int64_t moe_layer_count(const Config& c) {
   int64_t n = 0;
   for (int64_t l = 0; l < c.model.num_layers; ++l) n += is_moe_layer(c, l) ? 1 : 0;
@@ -140,10 +149,23 @@ int64_t dense_hidden_size(const Config& c) {
 }
 
 namespace {
-// q, k, v and output projections: d x (H + 2 KV) hd + H hd x d.
+// q, k, v and output projections: d x (H + 2 KV) hd + H hd x d, their biases, the sinks.
 int64_t attention_weights(const Config& c) {
   const int64_t d = c.model.hidden_size, H = c.model.num_heads;
-  return d * (H + 2 * key_value_heads(c)) * head_dim(c) + H * head_dim(c) * d;
+  const int64_t qkv_width = (H + 2 * key_value_heads(c)) * head_dim(c);
+  return d * qkv_width + H * head_dim(c) * d + (c.model.attention_bias ? qkv_width + d : 0) +
+         (c.model.attention_sinks ? H : 0);
+}
+
+// The router's weight and bias.
+int64_t router_weights(const Config& c) {
+  return (c.model.hidden_size + (c.moe.router_bias ? 1 : 0)) * c.moe.num_experts;
+}
+
+// One routed expert: gate, up, down and their biases.
+int64_t expert_weights(const Config& c) {
+  const int64_t d = c.model.hidden_size, f = expert_hidden_size(c);
+  return 3 * d * f + (c.moe.expert_bias ? 2 * f + d : 0);
 }
 }  // namespace
 
@@ -156,13 +178,12 @@ static int64_t qk_norm_weights(const Config& c) {
 }
 
 int64_t layer_parameters(const Config& c, int64_t layer) {
-  const int64_t d = c.model.hidden_size, f = expert_hidden_size(c), E = c.moe.num_experts;
+  const int64_t d = c.model.hidden_size, E = c.moe.num_experts;
   const int64_t attention = attention_weights(c) + qk_norm_weights(c)  // attention
                             + 2 * d;                                   // two RMSNorm weights
   if (!is_moe_layer(c, layer)) return attention + 3 * d * dense_hidden_size(c);
-  return attention + d * E  // router
-         + E * 3 * d * f    // SwiGLU experts
-         + 3 * d * c.moe.shared_expert_hidden_size;
+  return attention + router_weights(c) + E * expert_weights(c) +
+         3 * d * c.moe.shared_expert_hidden_size;
 }
 
 int64_t count_parameters(const Config& c) {
@@ -178,7 +199,12 @@ int64_t fp32_parameters_under_16bit_weights(const Config& c) {
   const int64_t d = c.model.hidden_size;
   int64_t n = d;  // the final norm
   for (int64_t l = 0; l < c.model.num_layers; ++l) {
-    n += 2 * d + qk_norm_weights(c) + (is_moe_layer(c, l) ? d * c.moe.num_experts : 0);
+    n += 2 * d + qk_norm_weights(c) + (is_moe_layer(c, l) ? router_weights(c) : 0);
+    // Vectors stay fp32 too: the attention biases and sinks (the experts' [E, n] biases are
+    // matrices, held 16-bit).
+    const int64_t qkv_width = (c.model.num_heads + 2 * key_value_heads(c)) * head_dim(c);
+    n += (c.model.attention_bias ? qkv_width + d : 0) +
+         (c.model.attention_sinks ? c.model.num_heads : 0);
   }
   return n;
 }
@@ -194,9 +220,9 @@ std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
       {"embedding", 1, V * d + (c.model.rope_theta > 0 ? 0 : S * d), 0.0},
       {"attention", L, attn + qk_norm_weights(c) + d,                  // + its RMSNorm
        2 * dbl(attn) + (causal_half ? 2 : 4) * dbl(S) * dbl(H * hd)},  // projections + QK^T, AV
-      {"router", M, d * E + d, 2 * dbl(d * E)},                        // + the MoE RMSNorm
+      {"router", M, router_weights(c) + d, 2 * dbl(d * E)},            // + the MoE RMSNorm
       {"dispatch", M, 0, 0.0},                                         // a gather: no FLOPs
-      {"experts", M, E * 3 * d * f + 3 * d * fs, dbl(k) * 6 * dbl(d * f) + 6 * dbl(d * fs)},
+      {"experts", M, E * expert_weights(c) + 3 * d * fs, dbl(k) * 6 * dbl(d * f) + 6 * dbl(d * fs)},
       {"combine", M, 0, 2 * dbl(k * d)},  // weighted sum
   };
   if (L > M) costs.push_back({"dense_ffn", L - M, 3 * d * fd + d, 6 * dbl(d * fd)});  // + norm
@@ -214,10 +240,9 @@ double training_flops_per_token(const Config& c, bool causal_half) {
 
 int64_t active_parameters_per_token(const Config& c) {
   const int64_t d = c.model.hidden_size, L = c.model.num_layers;
-  const int64_t f = expert_hidden_size(c);
   const int64_t M = moe_layer_count(c);
   return L * attention_weights(c) +
-         M * (d * c.moe.num_experts + c.moe.top_k * 3 * d * f +
+         M * (router_weights(c) + c.moe.top_k * expert_weights(c) +
               3 * d * c.moe.shared_expert_hidden_size) +
          (L - M) * 3 * d * dense_hidden_size(c) + c.model.vocab_size * d;
 }

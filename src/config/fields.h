@@ -170,6 +170,10 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("qk_norm", m.qk_norm);
   v.field("qk_norm_scope", m.qk_norm_scope);
   v.field("clip_qkv", m.clip_qkv, at_least(0, "0 = off"));
+  v.field("attention_bias", m.attention_bias);
+  v.field("attention_sinks", m.attention_sinks);
+  v.field("sliding_window", m.sliding_window, at_least(0, "0 = none"));
+  v.field("layer_types", m.layer_types);
   v.field("dense_hidden_size", m.dense_hidden_size, at_least(0, "0 = derived from hidden_size"));
   v.field("init_from", m.init_from);
   v.field("attention_backend", m.attention_backend);
@@ -195,6 +199,12 @@ void visit_fields(auto& v, Section<MoeConfig> auto& m) {
   v.field("fused_gate_up", m.fused_gate_up);
   v.field("decoder_sparse_step", m.decoder_sparse_step, at_least(1));
   v.field("mlp_only_layers", m.mlp_only_layers, at_least(0));
+  v.field("router_bias", m.router_bias);
+  v.field("softmax_after_topk", m.softmax_after_topk);
+  v.field("expert_bias", m.expert_bias);
+  v.field("activation", m.activation);
+  v.field("swiglu_limit", m.swiglu_limit, above(0));
+  v.field("swiglu_alpha", m.swiglu_alpha, above(0));
 }
 
 void visit_fields(auto& v, Section<DistributedConfig> auto& d) {

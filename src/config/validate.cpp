@@ -385,6 +385,24 @@ void check_moe_layers(const Config& c, const Rules& rules) {
               "leaves no MoE layer (with moe.mlp_only_layers)");
 }
 
+// Sliding-window attention: one known type per layer, and a window where a layer slides.
+void check_layer_types(const Config& c, const Rules& rules) {
+  const auto& m = c.model;
+  if (m.layer_types.empty()) return;
+  rules.check(
+      static_cast<int64_t>(m.layer_types.size()) == m.num_layers, "model.layer_types",
+      std::to_string(m.layer_types.size()) + " entries",
+      "needs one entry per layer (model.num_layers = " + std::to_string(m.num_layers) + ")");
+  for (size_t i = 0; i < m.layer_types.size(); ++i) {
+    const std::string& t = m.layer_types[i];
+    const std::string key = "model.layer_types[" + std::to_string(i) + "]";
+    rules.check(t == "full_attention" || t == "sliding_attention", key, t,
+                "expected full_attention or sliding_attention");
+    rules.check(t != "sliding_attention" || m.sliding_window > 0, key, t,
+                "needs model.sliding_window > 0");
+  }
+}
+
 void check_cpu_affinity(const Config& c, const Rules& rules) {
   if (const std::string& a = c.training.cpu_affinity; !a.empty() && a != "auto") {
     bool ok = true;
@@ -430,6 +448,12 @@ void check_relations(Config& c, const Rules& rules) {
   check_attention_heads(c, rules);
   check_rope_scaling(c, rules);
   check_moe_layers(c, rules);
+  check_layer_types(c, rules);
+  rules.check(!c.moe.softmax_after_topk || c.moe.score_function == ScoreFunction::kSoftmax,
+              "moe.softmax_after_topk", "true", "needs moe.score_function = softmax");
+  rules.check(!c.moe.softmax_after_topk || c.moe.router_bias_update_rate == 0,
+              "moe.softmax_after_topk", "true",
+              "cannot be combined with moe.router_bias_update_rate (a selection bias on scores)");
   const auto& m = c.model;
   rules.check(m.qk_norm || m.qk_norm_scope == QkNormScope::kHead, "model.qk_norm_scope",
               std::string(name(m.qk_norm_scope)), "needs model.qk_norm = true");

@@ -13,6 +13,7 @@
 #include "moe/hf/hf_files.h"
 #include "moe/hf/hf_tensor_map.h"
 #include "moe/hf/load_hf_weights.h"
+#include "moe/hf/mxfp4_tensors.h"
 #include "moe/hf/peft_adapter.h"
 #include "moe/model/parameter_layout.h"
 #include "moe/train/checkpoint.h"
@@ -58,6 +59,17 @@ void check_hf_tensors(const HfWeights& w, const std::string& dir, const config::
   std::set<std::string> expected;
   for (const auto& p : pieces) {
     expected.insert(p.hf);
+    // What the whole HF tensor must be: our part of it, times the stride of an interleaved one.
+    auto want = piece_view(p, params).sizes().vec();
+    want.back() *= p.hf_step;
+    if (const auto mx = mxfp4_shape(w, p.hf)) {  // gpt-oss's MXFP4 experts
+      if (*mx != want) {
+        throw UserError("hf: " + dir + ": tensor '" + p.hf +
+                        "' (MXFP4 _blocks/_scales) has shape " + shape_text(*mx) +
+                        "; config.json implies " + shape_text(want));
+      }
+      continue;
+    }
     auto it = w.tensors().find(p.hf);
     if (it == w.tensors().end()) {
       throw UserError("hf: " + dir + ": tensor '" + p.hf + "' is missing (a " +
@@ -65,7 +77,6 @@ void check_hf_tensors(const HfWeights& w, const std::string& dir, const config::
     }
     const SafeTensorEntry& e = *it->second.entry;
     const std::string where = "hf: " + it->second.file->path() + ": tensor '" + p.hf + "'";
-    const auto want = piece_view(p, params).sizes().vec();
     if (const auto q = read_bnb_4bit(w, p.hf)) {  // saved by bitsandbytes in 4 bits
       if (q->shape != want) {
         throw UserError(where + " (bitsandbytes 4-bit) has shape " + shape_text(q->shape) +
@@ -82,7 +93,8 @@ void check_hf_tensors(const HfWeights& w, const std::string& dir, const config::
     }
   }
   for (const auto& [name, ref] : w.tensors()) {
-    if (expected.count(name) == 0 && !ignorable(name, cfg) && !is_bnb_4bit_companion(w, name)) {
+    if (expected.count(name) == 0 && !ignorable(name, cfg) && !is_bnb_4bit_companion(w, name) &&
+        !is_mxfp4_part(w, name)) {
       throw UserError("hf: " + ref.file->path() + ": unexpected tensor '" + name + "' (not in a " +
                       architecture_name(family) + " with this config.json)");
     }
@@ -97,6 +109,10 @@ void copy_piece(const HfWeights& w, const TensorPiece& p,
     piece_view(p, params).copy_(quant::dequantize_4bit(*q, torch::kFloat));
     return;
   }
+  if (mxfp4_shape(w, p.hf)) {  // exact in bf16: half the transient of fp32
+    piece_view(p, params).copy_(hf_part(p, read_mxfp4(w, p.hf, torch::kBFloat16)));
+    return;
+  }
   const HfTensorRef& ref = w.tensors().at(p.hf);
   const SafeTensorEntry& e = *ref.entry;
   // clone(): safetensors data offsets need not be aligned for the element type.
@@ -104,7 +120,7 @@ void copy_piece(const HfWeights& w, const TensorPiece& p,
                               torch::TensorOptions().dtype(*scalar_type_of_safetensors(e.dtype)))
                  .clone();
   ref.file->release(e);  // the mapped pages go: one source tensor in memory at a time
-  piece_view(p, params).copy_(src.to(torch::kFloat));
+  piece_view(p, params).copy_(hf_part(p, src));
 }
 
 // Checks every tensor, then copies them into the model as fp32 training weights.
@@ -386,8 +402,21 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   const auto params = parameter_map(model);
   std::vector<torch::Tensor> keep;
   std::vector<SafeTensorView> views;
-  for (const auto& p : tensor_pieces(cfg, family)) {
-    keep.push_back(piece_view(p, params).detach().to(dt->second).contiguous());
+  const auto pieces = tensor_pieces(cfg, family);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const TensorPiece& p = pieces[i];
+    if (i > 0 && pieces[i - 1].hf == p.hf && p.hf_step > 1) continue;  // written with the first
+    if (p.hf_step == 1) {
+      keep.push_back(piece_view(p, params).detach().to(dt->second).contiguous());
+    } else {  // an interleaved tensor: each of its pieces into its columns
+      auto sizes = piece_view(p, params).sizes().vec();
+      sizes.back() *= p.hf_step;
+      auto whole = torch::empty(sizes, torch::TensorOptions().dtype(dt->second));
+      for (size_t j = i; j < pieces.size() && pieces[j].hf == p.hf; ++j) {
+        hf_part(pieces[j], whole).copy_(piece_view(pieces[j], params).detach());
+      }
+      keep.push_back(whole);
+    }
     const auto& t = keep.back();
     views.push_back({p.hf, safetensors_dtype_of(t.scalar_type()), t.sizes().vec(), t.data_ptr(),
                      static_cast<size_t>(t.nbytes())});

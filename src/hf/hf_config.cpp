@@ -20,6 +20,7 @@ constexpr FamilyNames kFamilies[] = {
     {Family::kMixtral, "MixtralForCausalLM", "mixtral"},
     {Family::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
     {Family::kOlmoe, "OlmoeForCausalLM", "olmoe"},
+    {Family::kGptOss, "GptOssForCausalLM", "gpt_oss"},
 };
 
 // Typed reads of config.json keys; every error names the file and the key.
@@ -72,6 +73,16 @@ class HfKeys {
     for (const auto& v : c_[key]) {
       if (!v.is_number_integer()) fail(key, "expected an array of layer indices");
       out.push_back(v.get<int64_t>());
+    }
+    return out;
+  }
+  std::vector<std::string> strings(const std::string& key, const std::string& what) const {
+    if (!present(key)) return {};
+    if (!c_[key].is_array()) fail(key, "expected an array of " + what);
+    std::vector<std::string> out;
+    for (const auto& v : c_[key]) {
+      if (!v.is_string()) fail(key, "expected an array of " + what);
+      out.push_back(v.get<std::string>());
     }
     return out;
   }
@@ -330,6 +341,46 @@ static int64_t training_window(int64_t max_positions, std::vector<std::string>* 
   return std::min<int64_t>(max_positions, kImportSeqLenCap);
 }
 
+// gpt-oss (transformers' GptOssConfig): biases, sinks, alternating sliding windows, a biased
+// router whose top-k logits are softmaxed (= softmax scores renormalised over the k), clamped
+// SwiGLU experts.
+static void gpt_oss_architecture(const HfKeys& k, json& m, json& e) {
+  const int64_t layers = k.integer("num_hidden_layers");
+  m["attention_bias"] = k.boolean("attention_bias", true);
+  m["attention_sinks"] = true;
+  m["qk_norm"] = false;
+  const int64_t window = k.integer("sliding_window", 0);
+  m["sliding_window"] = window;
+  std::vector<std::string> types = k.strings("layer_types", "full_attention / sliding_attention");
+  if (types.empty()) {  // GptOssConfig's default: even layers slide
+    for (int64_t i = 0; i < layers; ++i) {
+      types.push_back((i + 1) % 2 ? "sliding_attention" : "full_attention");
+    }
+  }
+  if (static_cast<int64_t>(types.size()) != layers) {
+    k.fail("layer_types",
+           "needs one entry per layer (num_hidden_layers = " + std::to_string(layers) + ")");
+  }
+  for (const auto& t : types) {
+    if (t != "full_attention" && t != "sliding_attention") {
+      k.fail("layer_types", "expected full_attention or sliding_attention, got " + t);
+    }
+    if (t == "sliding_attention" && window <= 0) {
+      k.fail("sliding_window", "sliding_attention layers need a window > 0");
+    }
+  }
+  m["layer_types"] = types;
+  e["num_experts"] = k.integer("num_local_experts");
+  e["expert_hidden_size"] = k.integer("intermediate_size");
+  e["normalize_topk"] = true;
+  e["softmax_after_topk"] = true;
+  e["router_bias"] = true;
+  e["expert_bias"] = true;
+  e["activation"] = "clamped_swiglu";
+  e["swiglu_limit"] = k.number("swiglu_limit", 7.0);
+  e["swiglu_alpha"] = k.number("swiglu_alpha", 1.702);
+}
+
 json architecture_from_hf(const json& c, const std::string& file, Family* family_out,
                           std::vector<std::string>* warnings) {
   if (!c.is_object()) throw UserError("hf: " + file + ": expected a JSON object");
@@ -349,7 +400,10 @@ json architecture_from_hf(const json& c, const std::string& file, Family* family
   if (family_out != nullptr) *family_out = family;
 
   if (k.string("hidden_act", "silu") != "silu") k.fail("hidden_act", "only silu is supported");
-  if (k.boolean("attention_bias", false)) k.fail("attention_bias", "biases are not supported");
+  const bool gpt_oss = family == Family::kGptOss;
+  if (k.boolean("attention_bias", false) && !gpt_oss) {
+    k.fail("attention_bias", "biases are supported for gpt_oss only");
+  }
   if (k.present("sliding_window") && family == Family::kMixtral) {
     k.fail("sliding_window", "sliding-window attention is not supported (null is)");
   }
@@ -369,7 +423,8 @@ json architecture_from_hf(const json& c, const std::string& file, Family* family
   m["head_dim"] = k.integer("head_dim", hidden / std::max<int64_t>(heads, 1));
   m["norm_eps"] = k.number("rms_norm_eps", 1e-6);
   m["tie_embeddings"] = k.boolean("tie_word_embeddings", false);
-  const RopeSettings rope = rope_settings(k, family == Family::kMixtral ? 1e6 : 1e4, warnings);
+  const double default_theta = family == Family::kMixtral ? 1e6 : gpt_oss ? 150000.0 : 1e4;
+  const RopeSettings rope = rope_settings(k, default_theta, warnings);
   m["rope_theta"] = rope.theta;
   if (!rope.scaling.is_null()) m["rope_scaling"] = rope.scaling;
   m["init_std"] = k.number("initializer_range", 0.02);
@@ -404,6 +459,9 @@ json architecture_from_hf(const json& c, const std::string& file, Family* family
       e["normalize_topk"] = k.boolean("norm_topk_prob", false);
       m["qk_norm"] = true;
       m["qk_norm_scope"] = "head";
+      break;
+    case Family::kGptOss:
+      gpt_oss_architecture(k, m, e);
       break;
     case Family::kOlmoe:
       e["num_experts"] = k.integer("num_experts");
@@ -448,11 +506,38 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
   Family f = Family::kMixtral;
   if (!requested.empty()) {
     f = parse_family(requested, "export-hf: --architecture");
+  } else if (m.attention_sinks) {
+    f = Family::kGptOss;
   } else if (m.qk_norm) {
     f = m.qk_norm_scope == config::QkNormScope::kFull ? Family::kOlmoe : Family::kQwen3Moe;
   }
   const bool all_moe = config::moe_layer_count(cfg) == m.num_layers;
+  if (f != Family::kGptOss) {  // what only gpt-oss has
+    const char* only = "only gpt_oss has this among the families export-hf writes";
+    if (m.attention_bias) refuse("model.attention_bias", only);
+    if (m.attention_sinks) refuse("model.attention_sinks", only);
+    if (m.sliding_window > 0) refuse("model.sliding_window", only);
+    if (e.router_bias) refuse("moe.router_bias", only);
+    if (e.softmax_after_topk) refuse("moe.softmax_after_topk", only);
+    if (e.expert_bias) refuse("moe.expert_bias", only);
+    if (e.activation != config::ExpertActivation::kSwiglu) refuse("moe.activation", only);
+  }
   switch (f) {
+    case Family::kGptOss:
+      if (!m.attention_bias) refuse("model.attention_bias", "gpt-oss has q/k/v/o biases");
+      if (!m.attention_sinks) refuse("model.attention_sinks", "gpt-oss has attention sinks");
+      if (m.qk_norm) refuse("model.qk_norm", "gpt-oss has no q/k norms");
+      if (m.clip_qkv > 0) refuse("model.clip_qkv", "gpt-oss does not clip q, k, v");
+      if (!all_moe) refuse("moe.mlp_only_layers", "gpt-oss has no dense layers");
+      if (!e.softmax_after_topk) {
+        refuse("moe.softmax_after_topk", "gpt-oss softmaxes the top-k logits");
+      }
+      if (!e.router_bias) refuse("moe.router_bias", "gpt-oss's router has a bias");
+      if (!e.expert_bias) refuse("moe.expert_bias", "gpt-oss's experts have biases");
+      if (e.activation != config::ExpertActivation::kClampedSwiglu) {
+        refuse("moe.activation", "gpt-oss's experts use clamped_swiglu");
+      }
+      break;
     case Family::kMixtral:
       if (m.qk_norm) refuse("model.qk_norm", "Mixtral has no q/k norms");
       if (!e.normalize_topk) refuse("moe.normalize_topk", "Mixtral always renormalises");
@@ -509,6 +594,15 @@ config::RopeScalingConfig rope_scaling_of(const json& hf_config, const std::stri
   return config::from_json(root, file).model.rope_scaling;
 }
 
+// Each layer's type as transformers names it (model.layer_types, or what an empty list means).
+static json gpt_oss_layer_types(const config::Config& cfg) {
+  json types = json::array();
+  for (int64_t i = 0; i < cfg.model.num_layers; ++i) {
+    types.push_back(config::attention_window(cfg, i) > 0 ? "sliding_attention" : "full_attention");
+  }
+  return types;
+}
+
 json hf_config_from(const config::Config& cfg, Family f, const json& base, const std::string& dtype,
                     std::vector<std::string>* warnings) {
   const auto& m = cfg.model;
@@ -516,9 +610,11 @@ json hf_config_from(const config::Config& cfg, Family f, const json& base, const
   json j = base.is_object() ? base : json::object();
   // rope_scaling and a top-level original_max_position_embeddings (which transformers reads
   // over the rope dict's) are rewritten from the checkpoint's model.rope_scaling below.
-  for (const char* stale :
-       {"rope_scaling", "original_max_position_embeddings", "torch_dtype", "dtype",
-        "transformers_version", "num_local_experts", "num_experts", "moe_intermediate_size"}) {
+  // quantization_config: the exported weights are 16- or 32-bit whatever the base was stored in
+  // (MXFP4, bitsandbytes 4-bit); transformers would read them as quantized otherwise.
+  for (const char* stale : {"rope_scaling", "original_max_position_embeddings", "torch_dtype",
+                            "dtype", "transformers_version", "num_local_experts", "num_experts",
+                            "moe_intermediate_size", "quantization_config"}) {
     j.erase(stale);
   }
   j["architectures"] = {architecture_name(f)};
@@ -592,6 +688,15 @@ json hf_config_from(const config::Config& cfg, Family f, const json& base, const
       j["norm_topk_prob"] = e.normalize_topk;
       j["attention_bias"] = false;
       j["use_sliding_window"] = false;
+      break;
+    case Family::kGptOss:
+      j["num_local_experts"] = e.num_experts;
+      j["intermediate_size"] = config::expert_hidden_size(cfg);
+      j["attention_bias"] = true;
+      j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
+      j["layer_types"] = gpt_oss_layer_types(cfg);
+      j["swiglu_limit"] = e.swiglu_limit;
+      j["swiglu_alpha"] = e.swiglu_alpha;
       break;
     case Family::kOlmoe:
       j["num_experts"] = e.num_experts;

@@ -6,6 +6,23 @@
 
 namespace moe::hf {
 
+namespace {
+
+// gpt-oss: whole [E, ...] stacks, gate and up interleaved in one tensor, biases everywhere.
+void gpt_oss_experts(std::vector<TensorPiece>& p, const std::string& hf, const std::string& ours) {
+  const std::string ex = hf + "mlp.experts.", mine = ours + "moe.experts.";
+  p.push_back({hf + "mlp.router.weight", ours + "moe.router.weight"});
+  p.push_back({hf + "mlp.router.bias", ours + "moe.router.bias"});
+  p.push_back({ex + "gate_up_proj", mine + "w_gate", -1, 0, -1, false, 0, 2});
+  p.push_back({ex + "gate_up_proj", mine + "w_up", -1, 0, -1, false, 1, 2});
+  p.push_back({ex + "gate_up_proj_bias", mine + "b_gate", -1, 0, -1, false, 0, 2});
+  p.push_back({ex + "gate_up_proj_bias", mine + "b_up", -1, 0, -1, false, 1, 2});
+  p.push_back({ex + "down_proj", mine + "w_down"});
+  p.push_back({ex + "down_proj_bias", mine + "b_down"});
+}
+
+}  // namespace
+
 std::vector<TensorPiece> tensor_pieces(const config::Config& cfg, Family family) {
   const auto& m = cfg.model;
   const int64_t H = m.num_heads, KV = config::key_value_heads(cfg), hd = config::head_dim(cfg);
@@ -20,7 +37,15 @@ std::vector<TensorPiece> tensor_pieces(const config::Config& cfg, Family family)
     p.push_back({hf + "self_attn.k_proj.weight", ours + "attn.qkv.weight", -1, H * hd, KV * hd});
     p.push_back(
         {hf + "self_attn.v_proj.weight", ours + "attn.qkv.weight", -1, (H + KV) * hd, KV * hd});
+    if (m.attention_bias) {
+      p.push_back({hf + "self_attn.q_proj.bias", ours + "attn.qkv.bias", -1, 0, H * hd});
+      p.push_back({hf + "self_attn.k_proj.bias", ours + "attn.qkv.bias", -1, H * hd, KV * hd});
+      p.push_back(
+          {hf + "self_attn.v_proj.bias", ours + "attn.qkv.bias", -1, (H + KV) * hd, KV * hd});
+    }
     p.push_back({hf + "self_attn.o_proj.weight", ours + "attn.out.weight"});
+    if (m.attention_bias) p.push_back({hf + "self_attn.o_proj.bias", ours + "attn.out.bias"});
+    if (m.attention_sinks) p.push_back({hf + "self_attn.sinks", ours + "attn.sinks"});
     if (m.qk_norm) {
       p.push_back({hf + "self_attn.q_norm.weight", ours + "attn.q_norm.weight"});
       p.push_back({hf + "self_attn.k_norm.weight", ours + "attn.k_norm.weight"});
@@ -30,6 +55,10 @@ std::vector<TensorPiece> tensor_pieces(const config::Config& cfg, Family family)
       for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
         p.push_back({hf + "mlp." + proj + ".weight", ours + "mlp." + proj + ".weight"});
       }
+      continue;
+    }
+    if (family == Family::kGptOss) {
+      gpt_oss_experts(p, hf, ours);
       continue;
     }
     const std::string block = hf + (mixtral ? "block_sparse_moe." : "mlp.");
@@ -47,6 +76,11 @@ std::vector<TensorPiece> tensor_pieces(const config::Config& cfg, Family family)
   p.push_back({"model.norm.weight", "final_norm.weight"});
   if (!m.tie_embeddings) p.push_back({"lm_head.weight", "lm_head.weight"});
   return p;
+}
+
+torch::Tensor hf_part(const TensorPiece& piece, const torch::Tensor& hf) {
+  if (piece.hf_step == 1) return hf;
+  return hf.slice(-1, piece.hf_first, std::nullopt, piece.hf_step);
 }
 
 torch::Tensor piece_view(const TensorPiece& piece,

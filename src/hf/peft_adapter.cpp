@@ -65,6 +65,13 @@ std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg, Family famil
       }
       continue;
     }
+    if (family == Family::kGptOss && (t.experts_gate_up_rank > 0 || t.experts_down)) {
+      // Its stacks are [E, in, out] with gate and up interleaved: PEFT's ParamWrapper layout for
+      // them is not mapped yet.
+      throw UserError(
+          "export-hf --adapter: gpt-oss expert adapters (lora.target_modules has the experts) "
+          "are not written in PEFT's layout yet; use export-hf --merge, or adapt attention only");
+    }
     if (t.experts_gate_up_rank > 0) {
       pair(hf + (t.experts_down ? "mlp.experts.base_layer." : "mlp.experts."),
            ours + "moe.experts.lora_gate_up.", true);

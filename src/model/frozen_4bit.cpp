@@ -196,6 +196,12 @@ torch::Tensor linear_4bit(const torch::Tensor& x, const QuantizedWeightPtr& w) {
   return Linear4bitFn::apply(x, w, int64_t{-1});
 }
 
+torch::Tensor linear_4bit(const torch::Tensor& x, const QuantizedWeightPtr& w,
+                          const torch::Tensor& bias) {
+  const auto y = linear_4bit(x, w);
+  return bias.defined() ? y + bias.to(y.scalar_type()) : y;
+}
+
 torch::Tensor expert_linear_4bit(const torch::Tensor& x, const QuantizedWeightPtr& w, int64_t e) {
   return Linear4bitFn::apply(x, w, e);
 }

@@ -35,8 +35,11 @@ std::vector<ParameterShape> parameter_layout(const config::Config& c) {
   for (int64_t i = 0; i < m.num_layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     p.push_back({b + "attn_norm.weight", {d}});
+    if (m.attention_sinks) p.push_back({b + "attn.sinks", {H}});  // the module's own: first
     p.push_back({b + "attn.qkv.weight", {(H + 2 * KV) * hd, d}});
+    if (m.attention_bias) p.push_back({b + "attn.qkv.bias", {(H + 2 * KV) * hd}});
     p.push_back({b + "attn.out.weight", {d, H * hd}});
+    if (m.attention_bias) p.push_back({b + "attn.out.bias", {d}});
     if (m.qk_norm) {
       const bool full = m.qk_norm_scope == config::QkNormScope::kFull;
       p.push_back({b + "attn.q_norm.weight", {full ? H * hd : hd}});
@@ -61,9 +64,15 @@ std::vector<ParameterShape> parameter_layout(const config::Config& c) {
       continue;
     }
     p.push_back({b + "moe.router.weight", {E, d}});
+    if (c.moe.router_bias) p.push_back({b + "moe.router.bias", {E}});
     p.push_back({b + "moe.experts.w_gate", {E, d, f}});
     p.push_back({b + "moe.experts.w_up", {E, d, f}});
     p.push_back({b + "moe.experts.w_down", {E, f, d}});
+    if (c.moe.expert_bias) {
+      p.push_back({b + "moe.experts.b_gate", {E, f}});
+      p.push_back({b + "moe.experts.b_up", {E, f}});
+      p.push_back({b + "moe.experts.b_down", {E, d}});
+    }
     if (lora && t.experts_gate_up_rank > 0) {
       adapter(p, b + "moe.experts.lora_gate_up", d, 2 * f, t.experts_gate_up_rank, E);
     }

@@ -4,6 +4,7 @@
 #include "moe/kernels/rotary.h"
 #include "moe/kernels/swiglu.h"
 #include "moe/model/activation_checkpoint.h"
+#include "moe/model/attention_core.h"
 #include "moe/model/profile_scope.h"
 #include "moe/util/host_memory.h"
 
@@ -40,11 +41,12 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : opt_(opt) {
   const int64_t width = (opt.heads + 2 * opt.kv_heads) * opt.head_dim;
-  qkv = register_module("qkv",
-                        torch::nn::Linear(torch::nn::LinearOptions(opt.hidden, width).bias(false)));
+  qkv = register_module(
+      "qkv", torch::nn::Linear(torch::nn::LinearOptions(opt.hidden, width).bias(opt.bias)));
   out = register_module(
       "out", torch::nn::Linear(
-                 torch::nn::LinearOptions(opt.heads * opt.head_dim, opt.hidden).bias(false)));
+                 torch::nn::LinearOptions(opt.heads * opt.head_dim, opt.hidden).bias(opt.bias)));
+  if (opt.sinks) sinks = register_parameter("sinks", torch::empty({opt.heads}));
   if (opt.qk_norm) {
     const int64_t q_width = opt.qk_norm_full ? opt.heads * opt.head_dim : opt.head_dim;
     const int64_t k_width = opt.qk_norm_full ? opt.kv_heads * opt.head_dim : opt.head_dim;
@@ -55,6 +57,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
     torch::NoGradGuard g;
     qkv->weight.normal_(0.0, opt.init_std);
     out->weight.normal_(0.0, opt.out_init_std);
+    if (opt.bias) qkv->bias.zero_(), out->bias.zero_();  // transformers' init of Linear biases
+    if (opt.sinks) sinks.normal_(0.0, opt.init_std);     // and of gpt-oss's sinks
   }
   const auto& t = opt.lora_targets;
   if (opt.lora.r == 0) return;
@@ -166,7 +170,8 @@ torch::Tensor apply_rotary(const torch::Tensor& x, double theta, const torch::Te
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), S = x.size(1);
   const int64_t H = opt_.heads, KV = opt_.kv_heads, hd = opt_.head_dim;
-  auto proj = qkv_4bit ? linear_4bit(x, qkv_4bit) : qkv->forward(x);  // [B, S, (H + 2 KV) hd]
+  auto proj =
+      qkv_4bit ? linear_4bit(x, qkv_4bit, qkv->bias) : qkv->forward(x);  // [B, S, (H + 2 KV) hd]
   if (lora_q || lora_k || lora_v) {  // each adapter's update on its rows of the fused output
     auto update = [&](LoraAdapter& a, int64_t width) {
       return a ? a->forward(x) : torch::zeros({B, S, width}, proj.options());
@@ -214,11 +219,14 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
     v = v.repeat_interleave(H / KV, 1);
   }
   const double p = is_training() ? opt_.dropout : 0.0;
-  auto y = doc_mask_.defined()
-               ? at::scaled_dot_product_attention(q, k, v, doc_mask_, p, /*is_causal=*/false)
-               : at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
+  const AttentionMasking masking{doc_mask_, opt_.window, sinks};
+  // Sinks on the CPU (or moe.kernels = reference): transformers' eager attention, exactly;
+  // elsewhere SDPA, which never forms the [B, H, S, S] scores (attention_core.h).
+  auto y = sinks.defined() && !(opt_.fused_attention && q.is_cuda())
+               ? attention_reference(q, k, v, masking, p)
+               : attention_sdpa(q, k, v, masking, p);
   const auto heads = y.transpose(1, 2).reshape({B, S, H * hd});
-  const auto base = out_4bit ? linear_4bit(heads, out_4bit) : out->forward(heads);
+  const auto base = out_4bit ? linear_4bit(heads, out_4bit, out->bias) : out->forward(heads);
   return lora_o ? base + lora_o->forward(heads) : base;
 }
 
@@ -255,6 +263,12 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.router.normalize_topk = cfg.moe.normalize_topk;
   o.router.capacity_factor = cfg.moe.capacity_factor;
   o.router.router_bias_update_rate = cfg.moe.router_bias_update_rate;
+  o.router.bias = cfg.moe.router_bias;
+  o.router.softmax_after_topk = cfg.moe.softmax_after_topk;
+  o.experts.bias = cfg.moe.expert_bias;
+  o.experts.activation = cfg.moe.activation;
+  o.experts.swiglu_limit = cfg.moe.swiglu_limit;
+  o.experts.swiglu_alpha = cfg.moe.swiglu_alpha;
   o.router.load_reduction = parallel.loads;
   o.ep = parallel.ep;
   o.shared_expert_hidden_size = cfg.moe.shared_expert_hidden_size;
@@ -340,6 +354,9 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   a.qk_norm = m.qk_norm;
   a.qk_norm_full = m.qk_norm_scope == config::QkNormScope::kFull;
   a.clip_qkv = m.clip_qkv;
+  a.bias = m.attention_bias;
+  a.sinks = m.attention_sinks;
+  a.window = config::attention_window(cfg, layer);
   a.norm_eps = m.norm_eps;
   a.dropout = m.dropout;
   a.init_std = m.init_std;
@@ -351,6 +368,7 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   // for "cuda" on the CPU is not refused for want of a rotary kernel).
   a.fused_rotary = device.is_cuda() && cfg.moe.kernels != config::MoeKernels::kReference &&
                    kernels::cuda_kernels_compiled();
+  a.fused_attention = a.fused_rotary;
   attn = register_module("attn", CausalSelfAttention(a));
   moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps));
   if (config::is_moe_layer(cfg, layer)) {

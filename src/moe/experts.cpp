@@ -4,6 +4,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/torch.h>
 
+#include "moe/kernels/clamped_swiglu.h"
 #include "moe/kernels/swiglu.h"
 
 namespace moe::moe {
@@ -61,6 +62,11 @@ ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
   w_gate = register_parameter("w_gate", stack({E, d, f}, opt.init_std));
   w_up = register_parameter("w_up", stack({E, d, f}, opt.init_std));
   w_down = register_parameter("w_down", stack({E, f, d}, opt.output_init_std));
+  if (opt.bias) {  // zeros, as transformers initialises gpt-oss's expert biases
+    b_gate = register_parameter("b_gate", torch::zeros({held, f}));
+    b_up = register_parameter("b_up", torch::zeros({held, f}));
+    b_down = register_parameter("b_down", torch::zeros({held, d}));
+  }
   opt_.num_experts = held;  // forward() runs the experts held here
   if (opt.lora_gate_up.r > 0) {
     lora_gate_up =
@@ -100,6 +106,8 @@ bool ExpertsImpl::uses_grouped_mm(const torch::Tensor& x) const {
 
 bool ExpertsImpl::fuses_gate_up() const {
   if (gate_4bit) return false;  // each 4-bit stack is dequantized and multiplied on its own
+  // The packed activation is plain SwiGLU's, without biases.
+  if (opt_.bias || opt_.activation != config::ExpertActivation::kSwiglu) return false;
   // bf16 weights (training.param_dtype bf16, a frozen 16-bit base under LoRA) are read in place
   // by two GEMMs; one GEMM would need a concatenated copy kept for the backward: E d 2f bf16
   // per layer (38 GB over Qwen3-30B-A3B's 48 layers).
@@ -111,12 +119,30 @@ bool experts_grouped_mm_supported(const torch::Device& device) {
          at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->major == 9;
 }
 
+torch::Tensor ExpertsImpl::activation(const torch::Tensor& gate, const torch::Tensor& up) const {
+  if (opt_.activation == config::ExpertActivation::kClampedSwiglu) {
+    return kernels::clamped_swiglu_activation(gate, up, opt_.swiglu_limit, opt_.swiglu_alpha,
+                                              opt_.fused_swiglu);
+  }
+  return kernels::swiglu_activation(gate, up, opt_.fused_swiglu);
+}
+
 torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& tokens_per_expert) {
   if (uses_grouped_mm(x)) {
     // All experts in one grouped GEMM per projection; offsets (group ends) stay on the device.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto offs = tokens_per_expert.to(x.device()).cumsum(0).to(torch::kInt);
     const auto xb = x.to(torch::kBFloat16);
+    // Each row's expert, for the biases (output_size: no host sync).
+    torch::Tensor row_expert;
+    if (b_gate.defined()) {
+      row_expert = torch::repeat_interleave(
+          torch::arange(opt_.num_experts, offs.options().dtype(torch::kLong)),
+          tokens_per_expert.to(x.device()), 0, x.size(0));
+    }
+    const auto plus_bias = [&](const torch::Tensor& y, const torch::Tensor& b) {
+      return b.defined() ? y + b.index_select(0, row_expert).to(y.scalar_type()) : y;
+    };
     torch::Tensor h;
     if (fuses_gate_up()) {
       // One GEMM of N = 2f instead of two: x read once, and its backward is one input-gradient
@@ -132,18 +158,19 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
         return q ? model::grouped_linear_4bit(xb, q, offs)
                  : at::_grouped_mm(xb, w.to(torch::kBFloat16), offs);
       };
-      auto gate = project(w_gate, gate_4bit);
-      auto up = project(w_up, up_4bit);
+      auto gate = plus_bias(project(w_gate, gate_4bit), b_gate);
+      auto up = plus_bias(project(w_up, up_4bit), b_up);
       if (lora_gate_up) {
         const auto delta = lora_gate_up->forward_grouped(xb, offs).chunk(2, 1);
         gate = gate + delta[0];
         up = up + delta[1];
       }
-      h = kernels::swiglu_activation(gate, up, opt_.fused_swiglu);
+      h = activation(gate, up);
     }
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
     auto y = down_4bit ? model::grouped_linear_4bit(h, down_4bit, offs)
                        : at::_grouped_mm(h, w_down.to(torch::kBFloat16), offs);
+    y = plus_bias(y, b_down);
     if (lora_down) y = y + lora_down->forward_grouped(h, offs);
     return y;
   }
@@ -156,9 +183,14 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   // gradients and add them up; unbind's backward stacks the E slices into one.
   // (A 4-bit base's stacks are empty: nothing to unbind.)
   const auto unbound = [](const torch::Tensor& w) {
-    return w.numel() > 0 ? w.unbind(0) : std::vector<torch::Tensor>{};
+    return w.defined() && w.numel() > 0 ? w.unbind(0) : std::vector<torch::Tensor>{};
   };
   const auto gate = unbound(w_gate), up = unbound(w_up), down = unbound(w_down);
+  const auto bias_gate = unbound(b_gate), bias_up = unbound(b_up), bias_down = unbound(b_down);
+  const auto plus_bias = [](const torch::Tensor& y, const std::vector<torch::Tensor>& b,
+                            int64_t e) {
+    return b.empty() ? y : y + b[static_cast<size_t>(e)].to(y.scalar_type());
+  };
   const auto gate_up_lora =
       lora_gate_up ? lora_gate_up->slices() : model::ExpertLora::Impl::Slices{};
   const auto down_lora = lora_down ? lora_down->slices() : model::ExpertLora::Impl::Slices{};
@@ -168,16 +200,20 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   for (int64_t e = 0; e < opt_.num_experts; ++e) {
     if (c[e] == 0) continue;  // experts without tokens are normal
     const auto& seg = segments[static_cast<size_t>(e)];
-    auto g = gate_4bit ? model::expert_linear_4bit(seg, gate_4bit, e) : seg.matmul(gate[e]);
-    auto u = up_4bit ? model::expert_linear_4bit(seg, up_4bit, e) : seg.matmul(up[e]);
+    auto g =
+        plus_bias(gate_4bit ? model::expert_linear_4bit(seg, gate_4bit, e) : seg.matmul(gate[e]),
+                  bias_gate, e);
+    auto u = plus_bias(up_4bit ? model::expert_linear_4bit(seg, up_4bit, e) : seg.matmul(up[e]),
+                       bias_up, e);
     if (lora_gate_up) {
       const auto delta = lora_gate_up->forward_expert(seg, gate_up_lora, e).chunk(2, 1);
       g = g + delta[0];
       u = u + delta[1];
     }
-    auto h = kernels::swiglu_activation(g, u, opt_.fused_swiglu);
+    auto h = activation(g, u);
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
-    auto y = down_4bit ? model::expert_linear_4bit(h, down_4bit, e) : h.matmul(down[e]);
+    auto y = plus_bias(down_4bit ? model::expert_linear_4bit(h, down_4bit, e) : h.matmul(down[e]),
+                       bias_down, e);
     if (lora_down) y = y + lora_down->forward_expert(h, down_lora, e);
     outs.push_back(y);
   }

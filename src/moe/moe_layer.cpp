@@ -33,6 +33,10 @@ MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt)
     shared.num_experts = 1;
     shared.ffn_size = opt.shared_expert_hidden_size;
     shared.lora_gate_up = shared.lora_down = {};  // LoRA adapts the routed experts only
+    // The routed experts' biases and activation are gpt-oss's; shared experts (DeepSeekMoE)
+    // are plain SwiGLU MLPs.
+    shared.bias = false;
+    shared.activation = config::ExpertActivation::kSwiglu;
     shared_expert = register_module("shared_expert", Experts(shared));
   }
 }

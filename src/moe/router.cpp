@@ -15,6 +15,7 @@ namespace moe::moe {
 RouterImpl::RouterImpl(const RouterOptions& opt) : opt_(opt) {
   weight = register_parameter("weight", torch::empty({opt.num_experts, opt.hidden_size}));
   torch::nn::init::xavier_uniform_(weight);
+  if (opt.bias) bias = register_parameter("bias", torch::zeros({opt.num_experts}));
   expert_bias = register_buffer("expert_bias", torch::zeros({opt.num_experts}));
 }
 
@@ -38,6 +39,18 @@ RouterScores score_and_select(const torch::Tensor& logits, const torch::Tensor& 
   if (normalize_topk && (k > 1 || sigmoid_scores)) {
     s.topk_weight = s.topk_weight / s.topk_weight.sum(-1, true).clamp_min(1e-20);
   }
+  s.lse = at::logsumexp(logits, -1);
+  s.tokens_per_expert = at::bincount(s.topk_idx.reshape(-1), {}, logits.size(-1));
+  return s;
+}
+
+RouterScores softmax_after_topk(const torch::Tensor& logits, int64_t k) {
+  RouterScores s;
+  s.probs = torch::softmax(logits, -1);
+  const auto keys =
+      logits.detach().masked_fill(logits.detach().isnan(), -std::numeric_limits<float>::infinity());
+  s.topk_idx = topk_lower_id_wins(keys, k).second;
+  s.topk_weight = torch::softmax(logits.gather(-1, s.topk_idx), -1);
   s.lse = at::logsumexp(logits, -1);
   s.tokens_per_expert = at::bincount(s.topk_idx.reshape(-1), {}, logits.size(-1));
   return s;
@@ -104,13 +117,17 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
   {
     // Router math in fp32 whatever the surrounding autocast dtype.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    r.logits = torch::nn::functional::linear(x.to(torch::kFloat), weight.to(torch::kFloat));
+    r.logits = torch::nn::functional::linear(x.to(torch::kFloat), weight.to(torch::kFloat),
+                                             bias.defined() ? bias.to(torch::kFloat) : bias);
   }
   // The bias takes part only when it is in use: a zero bias changes no selection.
-  const torch::Tensor bias = opt_.router_bias_update_rate > 0 ? expert_bias : torch::Tensor();
+  const torch::Tensor selection_bias =
+      opt_.router_bias_update_rate > 0 ? expert_bias : torch::Tensor();
   const bool sigmoid = opt_.score_function == config::ScoreFunction::kSigmoid;
   const auto select = opt_.fused_kernel ? score_and_select_fused : score_and_select;
-  const RouterScores s = select(r.logits, bias, k, sigmoid, opt_.normalize_topk);
+  const RouterScores s = opt_.softmax_after_topk
+                             ? softmax_after_topk(r.logits, k)
+                             : select(r.logits, selection_bias, k, sigmoid, opt_.normalize_topk);
   const torch::Tensor &scores = s.probs, &top_idx = s.topk_idx, &lse = s.lse;
   torch::Tensor w = s.topk_weight, counts = s.tokens_per_expert;
   r.topk_idx = top_idx;

@@ -60,6 +60,27 @@ TEST(ParameterLayout, RotaryGqaQkNormDenseLayersSharedExpert) {
            nlohmann::json::object(), {{"r", 0}}));
 }
 
+// gpt-oss: attention biases and sinks (a module's own parameter comes before its children's),
+// router bias, expert biases; with LoRA on attention and experts.
+TEST(ParameterLayout, GptOssBiasesSinksWindows) {
+  const nlohmann::json model = {
+      {"rope_theta", 150000.0},
+      {"num_key_value_heads", 2},
+      {"attention_bias", true},
+      {"attention_sinks", true},
+      {"sliding_window", 4},
+      {"layer_types",
+       {"sliding_attention", "full_attention", "sliding_attention"}}};
+  const nlohmann::json moe = {{"router_bias", true},
+                              {"expert_bias", true},
+                              {"softmax_after_topk", true},
+                              {"activation", "clamped_swiglu"}};
+  expect_layout_is_the_models(make(model, moe, {{"r", 0}}));
+  expect_layout_is_the_models(
+      make(model, moe,
+           {{"r", 2}, {"target_modules", {"q_proj", "o_proj", "gate_up_proj", "down_proj"}}}));
+}
+
 TEST(ParameterLayout, EveryLoraTarget) {
   const nlohmann::json dense = {
       {"rope_theta", 10000.0}, {"num_key_value_heads", 2}, {"dense_hidden_size", 20}};

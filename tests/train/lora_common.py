@@ -25,12 +25,13 @@ def checkpoint(run_dir, step):
     return run_dir / "checkpoints" / f"step-{step:08d}"
 
 
-def peft_steps(model, train_h5, ours, steps, batch, seq, rtol, fused=False):
-    """Trains `model` (a trainable PeftModel) for `steps` steps; returns its adapter state dict.
+def peft_steps(model, train_h5, ours, steps, batch, seq, rtol, fused=False, weight_decay=0.01):
+    """Trains `model` (a trainable PeftModel, or a plain model for full fine-tuning) for `steps`
+    steps; returns its adapter state dict (its whole state dict when not a PeftModel).
     `ours`: moe-train's metrics.jsonl train records (loss and lr per step)."""
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01,
+    opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay,
                             fused=fused)
     tokens = torch.from_numpy(h5py.File(train_h5)["tokens"][:].astype(np.int64))
     windows = tokens[: (tokens.numel() // (seq + 1)) * (seq + 1)].view(-1, seq + 1)
@@ -50,5 +51,7 @@ def peft_steps(model, train_h5, ours, steps, batch, seq, rtol, fused=False):
         worst = max(worst, rel)
         assert rel <= rtol, (f"step {step + 1}: PEFT {loss.item():.7f} vs moe-train "
                              f"{ours[step]['loss']:.7f} (rel {rel:.1e})")
-    print(f"  {steps} steps: worst relative loss difference vs PEFT {worst:.1e}")
-    return peft.get_peft_model_state_dict(model)
+    print(f"  {steps} steps: worst relative loss difference vs the transformers peer {worst:.1e}")
+    if isinstance(model, peft.PeftModel):
+        return peft.get_peft_model_state_dict(model)
+    return model.state_dict()

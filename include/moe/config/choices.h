@@ -45,6 +45,9 @@ enum class Quant4bitType { kNf4, kFp4 };
 // quantization.bnb_4bit_compute_dtype: what a 4-bit matrix is dequantized to before its GEMM
 // (torch's dtype names, as transformers' BitsAndBytesConfig writes them into config.json).
 enum class QuantComputeDtype { kFloat32, kBfloat16, kFloat16 };
+// moe.activation: the experts' gated activation: silu(gate) * up, or gpt-oss's clamped form
+// (up + 1) * gate * sigmoid(alpha * gate) with gate <= limit and |up| <= limit.
+enum class ExpertActivation { kSwiglu, kClampedSwiglu };
 
 template <class E>
 struct ChoiceNames;  // kNames[i] is the JSON name of the enumerator with value i
@@ -63,6 +66,10 @@ struct ChoiceNames<Quant4bitType> {
 template <>
 struct ChoiceNames<QuantComputeDtype> {
   static constexpr std::array<std::string_view, 3> kNames = {"float32", "bfloat16", "float16"};
+};
+template <>
+struct ChoiceNames<ExpertActivation> {
+  static constexpr std::array<std::string_view, 2> kNames = {"swiglu", "clamped_swiglu"};
 };
 template <>
 struct ChoiceNames<OptimizerType> {

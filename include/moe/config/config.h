@@ -132,8 +132,14 @@ struct ModelConfig {
   int64_t head_dim = 0;             // 0 = hidden_size / num_heads
   bool qk_norm = false;             // RMSNorm on q and k before the rotation
   QkNormScope qk_norm_scope =
-      QkNormScope::kHead;         // head: over head_dim (Qwen3-MoE); full: all heads (OLMoE)
-  double clip_qkv = 0.0;          // > 0: clamp q, k, v to [-c, c] (OLMoE's clip_qkv)
+      QkNormScope::kHead;        // head: over head_dim (Qwen3-MoE); full: all heads (OLMoE)
+  double clip_qkv = 0.0;         // > 0: clamp q, k, v to [-c, c] (OLMoE's clip_qkv)
+  bool attention_bias = false;   // biases on the q, k, v and o projections (gpt-oss)
+  bool attention_sinks = false;  // a learned logit per head joined to the softmax (gpt-oss)
+  int64_t sliding_window = 0;    // > 0: sliding_attention layers see this many keys (incl. self)
+  // Per layer "full_attention" or "sliding_attention" (HF's layer_types); empty: every layer
+  // sliding when sliding_window > 0, else full.
+  std::vector<std::string> layer_types;
   int64_t dense_hidden_size = 0;  // dense FFN layers' width; 0 = as expert_hidden_size's rule
   std::string init_from;          // a moe-train checkpoint or Hugging Face directory to start from
   // The SDPA kernel torch tries first on CUDA (the others follow in torch's order, so a shape
@@ -169,6 +175,14 @@ struct MoeConfig {
   // and (i + 1) % decoder_sparse_step == 0; the others are dense SwiGLU FFNs.
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
+  bool router_bias = false;  // a learned bias on the router's logits (gpt-oss)
+  // Top-k on the logits, then softmax over the k chosen (Megatron's default, gpt-oss), instead
+  // of softmax over every expert before the top-k. Softmax scores only.
+  bool softmax_after_topk = false;
+  bool expert_bias = false;  // biases on each routed expert's gate, up and down (gpt-oss)
+  ExpertActivation activation = ExpertActivation::kSwiglu;  // the routed experts' activation
+  double swiglu_limit = 7.0;                                // clamped_swiglu's clamp
+  double swiglu_alpha = 1.702;                              // clamped_swiglu's sigmoid slope
 };
 
 // One source of a weighted blend (data.blend; docs/data-format.md "Blends").
@@ -361,6 +375,9 @@ int64_t head_dim(const Config& cfg);                  // model.head_dim, or hidd
 int64_t key_value_heads(const Config& cfg);           // model.num_key_value_heads, or num_heads
 bool is_moe_layer(const Config& cfg, int64_t layer);  // moe.decoder_sparse_step, mlp_only_layers
 int64_t moe_layer_count(const Config& cfg);
+// The keys a query of decoder block `layer` sees (model.sliding_window where the layer slides,
+// per model.layer_types); 0 = every earlier position (full causal attention).
+int64_t attention_window(const Config& cfg, int64_t layer);
 int64_t dense_hidden_size(const Config& cfg);  // model.dense_hidden_size, or the SwiGLU rule
 int64_t count_parameters(const Config& cfg);
 // The parameters that stay fp32 under 16-bit working weights (training.param_dtype): the RMSNorm

@@ -22,10 +22,16 @@ struct TensorPiece {
   int64_t row_begin = 0;  // rows [row_begin, row_begin + rows) of ours (rows < 0: all)
   int64_t rows = -1;
   bool transpose = false;  // ours holds the transpose (our experts are [d, f], HF's [f, d])
+  // step > 1: ours is every step-th element of the HF tensor's last dimension from `first`
+  // (gpt-oss's gate_up_proj interleaves gate and up columns); several pieces share the tensor.
+  int64_t hf_first = 0, hf_step = 1;
 };
 
 // In the order transformers writes a state dict: embeddings, layers, final norm, head.
 std::vector<TensorPiece> tensor_pieces(const config::Config& cfg, Family family);
+
+// The part of the HF tensor `hf` that `piece` covers (a strided view where hf_step > 1).
+torch::Tensor hf_part(const TensorPiece& piece, const torch::Tensor& hf);
 
 // The view of `params[piece.ours]` that `piece.hf` corresponds to (writable: copy_ into it).
 torch::Tensor piece_view(const TensorPiece& piece,

@@ -72,6 +72,9 @@ using QuantizedWeightPtr = std::shared_ptr<QuantizedWeight>;
 // x [..., in] -> x W^T [..., out] as bitsandbytes' Linear4bit computes it: x and W in the
 // compute dtype, the result in x's dtype. Gradients reach x only (the base is frozen).
 torch::Tensor linear_4bit(const torch::Tensor& x, const QuantizedWeightPtr& w);
+// The same plus a 16-bit `bias` [out] (undefined: none), added in the result's dtype.
+torch::Tensor linear_4bit(const torch::Tensor& x, const QuantizedWeightPtr& w,
+                          const torch::Tensor& bias);
 // Expert e's projection of rows `x` [n, in] -> [n, out].
 torch::Tensor expert_linear_4bit(const torch::Tensor& x, const QuantizedWeightPtr& w, int64_t e);
 // Expert-ordered bf16 rows with group ends `offs` through every expert's matrix

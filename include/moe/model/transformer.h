@@ -43,6 +43,9 @@ struct AttentionOptions {
   bool qk_norm = false;                    // RMSNorm on q and k before the rotation
   bool qk_norm_full = false;  // over all heads' width (OLMoE), else over head_dim (Qwen3-MoE)
   double clip_qkv = 0;        // > 0: clamp q, k, v to [-clip_qkv, clip_qkv] (OLMoE)
+  bool bias = false;          // biases on qkv and out (gpt-oss)
+  bool sinks = false;         // a learned logit per head in the softmax (gpt-oss)
+  int64_t window = 0;         // > 0: sliding-window attention over this many positions
   double norm_eps = 1e-5;
   double dropout = 0, init_std = 0.02, out_init_std = 0.02;
   LoraSpec lora;  // adapters on the projections lora_targets names
@@ -50,6 +53,9 @@ struct AttentionOptions {
   // Rotary embedding by our fused CUDA kernel (moe/kernels/rotary.h) on CUDA tensors; else the
   // ATen reference `rotate`. The two are bitwise equal. Set from moe.kernels.
   bool fused_rotary = false;
+  // Sinks through SDPA as an extra key (model/attention_core.h) on CUDA tensors; else the eager
+  // ATen reference. Set from moe.kernels as fused_rotary.
+  bool fused_attention = false;
 };
 
 // The rotary cos/sin tables of one forward, shared by every layer of a model (and by their
@@ -93,6 +99,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   const RotaryTableCache& rotary_table_cache() const { return *rotary_; }
   torch::nn::Linear qkv{nullptr}, out{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
+  torch::Tensor sinks;                       // [H] (attention sinks only)
   LoraAdapter lora_q{nullptr}, lora_k{nullptr}, lora_v{nullptr}, lora_o{nullptr};
   // A 4-bit frozen base (quantization.load_in_4bit): qkv's q, k and v and out, in place of the
   // emptied qkv / out weights.

@@ -5,6 +5,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include "moe/config/choices.h"
 #include "moe/model/frozen_4bit.h"
 #include "moe/model/lora.h"
 
@@ -34,6 +35,10 @@ struct ExpertsOptions {
   int64_t first_expert = 0, local_experts = -1;
   // LoRA (config/lora.h): one adapter per expert over [gate | up] and/or over down; r = 0: none.
   model::LoraSpec lora_gate_up, lora_down;
+  bool bias = false;  // b_gate, b_up, b_down (gpt-oss's gate_up_proj_bias and down_proj_bias)
+  // moe.activation: silu(gate) * up, or gpt-oss's clamped form (kernels/clamped_swiglu.h).
+  config::ExpertActivation activation = config::ExpertActivation::kSwiglu;
+  double swiglu_limit = 7.0, swiglu_alpha = 1.702;
 };
 
 class ExpertsImpl : public torch::nn::Module {
@@ -50,6 +55,7 @@ class ExpertsImpl : public torch::nn::Module {
   torch::Tensor w_gate;                     // [E, d, f] (E: the experts held here)
   torch::Tensor w_up;                       // [E, d, f]
   torch::Tensor w_down;                     // [E, f, d]
+  torch::Tensor b_gate, b_up, b_down;       // [E, f], [E, f], [E, d] (bias only)
   model::ExpertLora lora_gate_up{nullptr};  // [E, d, r] x [E, r, 2f]: gate's and up's update
   model::ExpertLora lora_down{nullptr};     // [E, f, r] x [E, r, d]
   // A 4-bit frozen base (quantization.load_in_4bit): the stacks above are emptied and each
@@ -59,6 +65,8 @@ class ExpertsImpl : public torch::nn::Module {
   void merge_lora();
 
  private:
+  // The gated activation of moe.activation on gate and up [n, f].
+  torch::Tensor activation(const torch::Tensor& gate, const torch::Tensor& up) const;
   ExpertsOptions opt_;
 };
 TORCH_MODULE(Experts);

@@ -20,6 +20,8 @@ struct RouterOptions {
   // Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for selection
   // only, moved by this much towards balance once per optimizer step. 0 = off.
   double router_bias_update_rate = 0.0;
+  bool bias = false;  // a learned bias on the logits (gpt-oss's router.bias; moe.router_bias)
+  bool softmax_after_topk = false;  // moe.softmax_after_topk (always the ATen form)
   // Scores and selection in our fused CUDA kernel (moe/kernels/router.h) instead of the ATen
   // reference; settled when the layer is built (resolve_kernel_path in dispatcher.h).
   bool fused_kernel = false;
@@ -53,6 +55,9 @@ struct RouterScores {
 };
 RouterScores score_and_select(const torch::Tensor& logits, const torch::Tensor& bias, int64_t k,
                               bool sigmoid_scores, bool normalize_topk);
+// moe.softmax_after_topk: the k highest logits (ties -> lower id), weights = softmax over those
+// k; probs, lse and tokens_per_expert as above (the aux and z losses are unchanged).
+RouterScores softmax_after_topk(const torch::Tensor& logits, int64_t k);
 
 class RouterImpl : public torch::nn::Module {
  public:
@@ -64,6 +69,7 @@ class RouterImpl : public torch::nn::Module {
   // counted over the whole optimizer step. A no-op when router_bias_update_rate is 0.
   void update_expert_bias(const torch::Tensor& tokens_per_expert);
   torch::Tensor weight;       // [E, hidden], xavier_uniform
+  torch::Tensor bias;         // [E] zeros (moe.router_bias only)
   torch::Tensor expert_bias;  // [E] fp32 buffer (zeros; not a parameter, never decayed)
 
  private:

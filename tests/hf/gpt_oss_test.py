@@ -1,0 +1,264 @@
+"""gpt-oss against transformers' GptOssForCausalLM (a tiny random model built locally from
+GptOssConfig with the family's real settings: YaRN rotary, attention sinks, sliding windows
+alternating with full attention, q/k/v/o and router and expert biases, clamped SwiGLU;
+nothing is downloaded):
+
+  - 4 layers (sliding, full, sliding, full) with a window of 8 inside 32-token windows, 8 experts
+    top-2, non-zero sinks and biases, gate/up weights large enough that the SwiGLU clamp binds:
+    import-hf (fp32 single file, and bf16 shards) -> `eval --dump-logits`: loss within 1e-6
+    relative of transformers, logits within 1e-5;
+  - 10 steps of full fine-tuning against transformers training the same model (float64 AdamW
+    on moe-train's batches): per-step loss within 1e-5 relative, weights within 1e-5;
+  - 10 steps of full fine-tuning -> export-hf -> transformers loads it with no missing or
+    unexpected keys and its logits are within 1e-5 of `eval --dump-logits`; import-hf of the
+    export is bitwise identical to the trained checkpoint;
+  - MXFP4: a checkpoint whose experts are packed as released (gate_up_proj_blocks / _scales,
+    down_proj_blocks / _scales, quantization_config mxfp4) imports to weights bitwise equal to
+    transformers' own dequantization (integrations/mxfp4.py convert_moe_packed_tensors).
+
+usage: gpt_oss_test.py MOE_TRAIN_BINARY
+"""
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "train"))
+from lora_common import peft_steps  # noqa: E402
+
+BIN = sys.argv[1]
+LOGITS_TOL, LOSS_RTOL = 1e-5, 1e-6
+CONFIG = dict(vocab_size=320, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+              intermediate_size=48, sliding_window=8, max_position_embeddings=4096,
+              tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=None,
+              router_aux_loss_coef=0.01)
+
+
+def run(*args, ok=True):
+    r = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
+    if ok and r.returncode != 0:
+        raise SystemExit(f"FAIL: {' '.join(map(str, args))}: exit {r.returncode}\n{r.stderr[-3000:]}")
+    return r
+
+
+def tiny_model(**changes):
+    torch.manual_seed(11)
+    config = transformers.GptOssConfig(**{**CONFIG, **changes})
+    assert config.layer_types == ["sliding_attention", "full_attention"] * 2
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # transformers initialises biases to zero and sinks small: make them count
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):
+                p.normal_(0.0, 1.0)
+            elif "bias" in name:
+                p.normal_(0.0, 0.3)
+            elif name.endswith("experts.gate_up_proj"):
+                p.normal_(0.0, 0.6)  # pre-activations past +-7: the clamp binds
+    return model
+
+
+def clamp_binds(model, tokens):
+    """The fraction of gate/up pre-activations beyond the clamp in the first MoE layer."""
+    seen = []
+    experts = model.model.layers[0].mlp.experts
+    original = experts._apply_gate
+
+    def spy(gate_up):
+        seen.append((gate_up.abs() > experts.limit).float().mean().item())
+        return original(gate_up)
+    experts._apply_gate = spy
+    with torch.no_grad():
+        model(input_ids=tokens)
+    experts._apply_gate = original
+    return max(seen)
+
+
+def hf_logits(model_dir, tokens):
+    m = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return m(input_ids=tokens).logits
+
+
+def compare(what, dump_path, model_dir, eval_loss):
+    d = load_file(dump_path)
+    windows, ours = d["tokens"], d["logits"]
+    theirs = hf_logits(model_dir, windows[:, :-1])
+    diff = (theirs - ours).abs().max().item()
+    loss = torch.nn.functional.cross_entropy(theirs.double().reshape(-1, theirs.shape[-1]),
+                                             windows[:, 1:].reshape(-1)).item()
+    rel = abs(loss - eval_loss) / abs(loss)
+    print(f"  {what}: {windows.shape[0]} windows x {windows.shape[1] - 1} tokens: max |logit diff| "
+          f"{diff:.2e}, loss transformers {loss:.8f} moe-train {eval_loss:.8f} (rel {rel:.1e})")
+    assert diff <= LOGITS_TOL, f"{what}: logits differ by {diff}"
+    assert rel <= LOSS_RTOL, f"{what}: loss differs by {rel} relative"
+
+
+def newest_checkpoint(run_dir):
+    cks = sorted(p for p in (run_dir / "checkpoints").iterdir() if (p / "state.json").exists())
+    return max(cks, key=lambda p: json.loads((p / "state.json").read_text())["step"])
+
+
+def round_trip(tmp, model, sharded):
+    tag = "bf16-sharded" if sharded else "fp32"
+    print(f"gpt-oss {tag}:")
+    src = tmp / f"hf-{tag}"
+    if sharded:
+        model.to(torch.bfloat16).save_pretrained(src, max_shard_size="60KB")
+        model.to(torch.float32)
+        assert (src / "model.safetensors.index.json").exists()
+    else:
+        model.save_pretrained(src)
+    imported = tmp / f"imported-{tag}"
+    run("import-hf", src, "--out", imported)
+    cfg = tmp / f"eval-{tag}.json"
+    cfg.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4,
+        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")},
+        "model": {"seq_len": 32},
+        "training": {"eval_iters": 4, "device": "cpu", "output_dir": str(tmp / f"run-{tag}")}}))
+    dump = tmp / f"logits-{tag}.safetensors"
+    r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
+    compare("imported", dump, src, r["loss"])
+
+    run("--config", cfg, "-q", "--set", f"model.init_from={imported}", "--set", "training.train_iters=10",
+        "--set", "training.eval_interval=0", "--set", "optimizer.params.lr=0.003",
+        "--set", "scheduler.params.warmup_num_steps=2")
+    trained = newest_checkpoint(tmp / f"run-{tag}")
+    exported = tmp / f"exported-{tag}"
+    run("export-hf", trained, "--out", exported)
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(exported, output_loading_info=True)
+    for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        assert not info[k], f"{tag}: transformers reports {k}: {info[k]}"
+    dump2 = tmp / f"logits-trained-{tag}.safetensors"
+    r2 = json.loads(run("eval", "--config", cfg, "--checkpoint", trained, "--dump-logits", dump2).stdout)
+    assert r2["step"] == 10
+    compare("trained 10 steps, exported", dump2, exported, r2["loss"])
+    again = tmp / f"reimported-{tag}"
+    run("import-hf", exported, "--out", again)
+    a, b = load_file(trained / "model.safetensors"), load_file(again / "model.safetensors")
+    assert a.keys() == b.keys(), "same tensor names"
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), f"{tag}: {k} differs after the round trip"
+    print(f"  import-hf of the export: {len(a)} tensors bitwise identical to the trained checkpoint")
+
+
+def full_fine_tuning_peer(tmp, model):
+    """10 full fine-tuning steps against transformers' own training of the same model (float64,
+    AdamW on moe-train's batches and learning rates, clipping 1.0; no weight decay, no router
+    losses: moe-train spares 1-D parameters from decay and transformers' aux loss is another
+    formula): per-step loss within 1e-5 relative, then every weight within 1e-5."""
+    print("gpt-oss full fine-tuning vs transformers:")
+    src = tmp / "hf-peer"
+    model.save_pretrained(src)
+    base = tmp / "imported-peer"
+    run("import-hf", src, "--out", base)
+    out = tmp / "run-peer"
+    cfg = tmp / "peer.json"
+    cfg.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                   "weight_decay": 0.0}},
+        "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 3}},
+        "gradient_clipping": 1.0,
+        "model": {"seq_len": 32, "init_from": str(base)},
+        "moe": {"aux_loss_coeff": 0.0, "z_loss_coeff": 0.0},
+        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5"),
+                 "shuffle": False},
+        "training": {"device": "cpu", "output_dir": str(out), "train_iters": 10, "eval_interval": 0,
+                     "eval_iters": 2}}))
+    run("--config", cfg, "-q")
+    ours = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    ours = [m for m in ours if m["type"] == "train"]
+    peer = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float64,
+                                                             experts_implementation="eager")
+    theirs = peft_steps(peer, tmp / "data/train.h5", ours, 10, 4, 32, 1e-5, weight_decay=0.0)
+    # The trained models' logits, and every weight (transformers' own float32 training differs
+    # from this float64 one by up to 3.5e-5 after these 10 steps).
+    dump = tmp / "logits-peer.safetensors"
+    r = json.loads(run("eval", "--config", cfg, "--checkpoint", newest_checkpoint(out),
+                       "--dump-logits", dump).stdout)
+    d = load_file(dump)
+    peer.eval()
+    with torch.no_grad():
+        peer_logits = peer(input_ids=d["tokens"][:, :-1]).logits
+    diff = (peer_logits - d["logits"].double()).abs().max().item()
+    exported = tmp / "exported-peer"
+    run("export-hf", newest_checkpoint(out), "--out", exported)
+    mine = load_file(exported / "model.safetensors")
+    weights = max((mine[k].double() - theirs[k]).abs().max().item() for k in theirs)
+    print(f"  after 10 steps: max |logit difference| {diff:.1e} (validation loss {r['loss']:.6f}); "
+          f"max |weight difference| {weights:.1e} over {len(theirs)} tensors")
+    assert diff <= LOGITS_TOL, f"logits after 10 steps differ by {diff}"
+    assert weights <= 1e-5, f"weights after 10 steps differ by {weights}"
+
+
+def mxfp4_import(tmp, model):
+    """Experts packed as gpt-oss is released; the import must equal transformers' dequantization."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    print("gpt-oss MXFP4 experts:")
+    src = tmp / "hf-mxfp4"
+    model.save_pretrained(src)
+    tensors = load_file(src / "model.safetensors")
+    gen = torch.Generator().manual_seed(3)
+    packed = {}
+    for name in list(tensors):
+        if not (name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj")):
+            continue
+        E, rows_in, cols = tensors.pop(name).shape  # [E, in, out]: blocks run along `in`
+        blocks = torch.randint(0, 256, (E, cols, rows_in // 32, 16), generator=gen, dtype=torch.uint8)
+        scales = torch.randint(118, 131, (E, cols, rows_in // 32), generator=gen, dtype=torch.uint8)
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        packed[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4",
+                                     "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                                "model.layers.*.mlp.router",
+                                                                "model.embed_tokens", "lm_head"]}
+    (src / "config.json").write_text(json.dumps(config))
+    imported = tmp / "imported-mxfp4"
+    run("import-hf", src, "--out", imported)
+    ours = load_file(imported / "model.safetensors")
+    for name, want in packed.items():
+        layer = name.split(".")[2]
+        mine = f"blocks.{layer}.moe.experts."
+        if name.endswith("gate_up_proj"):
+            got = {"w_gate": want[..., 0::2], "w_up": want[..., 1::2]}
+        else:
+            got = {"w_down": want}
+        for ours_name, t in got.items():
+            assert ours[mine + ours_name].dtype == torch.float32
+            assert torch.equal(ours[mine + ours_name], t.contiguous()), f"{mine + ours_name} differs"
+    print(f"  {len(packed)} MXFP4 stacks imported bitwise equal to convert_moe_packed_tensors")
+    bad = tmp / "hf-mxfp4-bad"
+    bad.mkdir()
+    for f in src.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    t = load_file(bad / "model.safetensors")
+    t["model.layers.0.mlp.experts.down_proj_scales"] = t["model.layers.0.mlp.experts.down_proj_scales"][..., :-1].contiguous()
+    save_file(t, bad / "model.safetensors", metadata={"format": "pt"})
+    r = run("import-hf", bad, "--out", tmp / "bad-import", ok=False)
+    assert r.returncode == 2 and "down_proj_scales" in r.stderr and "MXFP4" in r.stderr, r.stderr
+    assert not (tmp / "bad-import").exists(), "nothing left behind"
+    print("  damaged scales: exit 2 naming the tensor")
+
+
+with tempfile.TemporaryDirectory() as d:
+    tmp = pathlib.Path(d)
+    run("make-synthetic", "--out", tmp / "data", "--vocab", "320", "--programs", "4", "--doc-len", "33",
+        "--train-docs", "800", "--valid-docs", "64")
+    model = tiny_model()
+    frac = clamp_binds(model, torch.randint(0, 320, (2, 32), generator=torch.Generator().manual_seed(1)))
+    print(f"gate/up pre-activations beyond the clamp in layer 0: {frac:.1%}")
+    assert frac > 0.01, "the clamp must bind for the test to check it"
+    for sharded in (False, True):
+        round_trip(tmp, model, sharded)
+    full_fine_tuning_peer(tmp, tiny_model())
+    mxfp4_import(tmp, tiny_model(intermediate_size=64))  # MXFP4 blocks of 32 along d and f
+print("ok")
