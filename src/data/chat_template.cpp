@@ -33,17 +33,24 @@ struct SyntaxError {
 // The sandbox's budgets (docs/reliability.md): a downloaded template cannot exhaust the stack,
 // memory or time. Real templates nest a few levels, loop over messages and tools, and write
 // kilobytes; Jinja2's own sandbox caps range() at 100,000 items (MAX_RANGE).
-constexpr int kMaxNesting = 200;                 // expressions within expressions, blocks in blocks
-constexpr int64_t kMaxRange = 100000;            // items of one range()
+constexpr int kMaxNesting = 200;       // expressions in expressions, blocks in blocks, macro calls
+constexpr int64_t kMaxRange = 100000;  // items of one range()
 constexpr int64_t kMaxLoopIterations = 1000000;  // for-loop iterations in one render
+constexpr int64_t kMaxMacroCalls = 1000000;      // macro calls in one render
 constexpr size_t kMaxTextBytes = 64u << 20;      // the output, and any one string value
+// The renderer's recursion (an expression evaluated within another, a block within a block, a
+// macro's body within its call), all together: with macros calling macros the parse limits no
+// longer bound it. Real templates stay within a few dozen levels; 2,000 take under 2 MiB of the
+// stack (a thread has 8).
+constexpr int kMaxRenderDepth = 2000;
 
-// Counts one level of nesting for the life of a parse call; past kMaxNesting, `fail` is called.
+// Counts one level of nesting for the life of a parse (or render) call; past `limit`, `fail` is
+// called.
 class NestingGuard {
  public:
   template <typename Fail>
-  NestingGuard(int& depth, Fail&& fail) : depth_(depth) {
-    if (++depth_ > kMaxNesting) {
+  NestingGuard(int& depth, Fail&& fail, int limit = kMaxNesting) : depth_(depth) {
+    if (++depth_ > limit) {
       --depth_;
       fail();
     }
@@ -498,15 +505,27 @@ class ExprParser {
 // ---- statements ---------------------------------------------------------------------------
 
 struct ChatTemplate::Node {
-  enum Kind { kText, kOutput, kIf, kFor, kSet, kSetBlock, kBreak, kContinue, kGeneration } kind;
+  enum Kind {
+    kText,
+    kOutput,
+    kIf,
+    kFor,
+    kSet,
+    kSetBlock,
+    kBreak,
+    kContinue,
+    kGeneration,
+    kMacro
+  } kind;
   int line = 0;
-  std::string text;                  // kText; kSet/kSetBlock: the variable
+  std::string text;                  // kText; kSet/kSetBlock: the variable; kMacro: the name
   std::string attribute;             // kSet: "ns.attr" assigns attr of ns
-  std::vector<std::string> targets;  // kFor: the loop variables
+  std::vector<std::string> targets;  // kFor: the loop variables; kMacro: the parameters
+  std::vector<ExprPtr> defaults;     // kMacro: each parameter's default (null: none)
   ExprPtr expr;                      // kOutput, kSet, kFor (iterable)
   ExprPtr loop_filter;               // kFor: "for x in xs if cond"
   std::vector<std::pair<ExprPtr, std::vector<std::unique_ptr<Node>>>> branches;  // kIf
-  std::vector<std::unique_ptr<Node>> body, else_body;  // kFor, kSetBlock, kGeneration; else
+  std::vector<std::unique_ptr<Node>> body, else_body;  // kFor, kSetBlock, kGeneration, kMacro
 };
 
 namespace {
@@ -665,34 +684,9 @@ class TemplateParser {
     n->line = line;
     std::string found;
     if (keyword == "if") {
-      n->kind = Node::kIf;
-      ExprPtr cond = ex.expression();
-      for (;;) {
-        Body b = parse_body({"elif", "else", "endif"}, found);
-        n->branches.emplace_back(std::move(cond), std::move(b));
-        if (found == "elif") {
-          cond = last_->expression();
-          continue;
-        }
-        if (found == "else") n->else_body = parse_body({"endif"}, found);
-        break;
-      }
+      if_statement(*n, ex);
     } else if (keyword == "for") {
-      n->kind = Node::kFor;
-      n->targets.push_back(ex.name());
-      while (ex.is_op(",")) {
-        ex.expect_op(",");
-        n->targets.push_back(ex.name());
-      }
-      if (!ex.is_name("in")) ex.fail("'in'");
-      ex.name();
-      n->expr = ex.or_expr();
-      if (ex.is_name("if")) {
-        ex.name();
-        n->loop_filter = ex.expression();
-      }
-      n->body = parse_body({"else", "endfor"}, found);
-      if (found == "else") n->else_body = parse_body({"endfor"}, found);
+      for_statement(*n, ex);
     } else if (keyword == "set") {
       n->text = ex.name();
       if (ex.is_op(".")) {
@@ -707,17 +701,82 @@ class TemplateParser {
         n->kind = Node::kSetBlock;
         n->body = parse_body({"endset"}, found);
       }
+    } else if (keyword == "macro") {
+      macro_statement(*n, ex);
     } else if (keyword == "generation") {
       n->kind = Node::kGeneration;
       n->body = parse_body({"endgeneration"}, found);
     } else if (keyword == "break" || keyword == "continue") {
       n->kind = keyword == "break" ? Node::kBreak : Node::kContinue;
     } else {
-      throw SyntaxError{line, "a supported tag (if, for, set, generation, break, continue), not '" +
-                                  keyword + "'"};
+      throw SyntaxError{
+          line, "a supported tag (if, for, set, macro, generation, break, continue), not '" +
+                    keyword + "'"};
     }
     if (!ex.at_end() && n->kind != Node::kIf && n->kind != Node::kFor) ex.fail("'%}'");
     return n;
+  }
+
+  // {% if c %} ... {% elif c %} ... {% else %} ... {% endif %}
+  void if_statement(Node& n, ExprParser& ex) {
+    n.kind = Node::kIf;
+    std::string found;
+    ExprPtr cond = ex.expression();
+    for (;;) {
+      Body b = parse_body({"elif", "else", "endif"}, found);
+      n.branches.emplace_back(std::move(cond), std::move(b));
+      if (found == "elif") {
+        cond = last_->expression();
+        continue;
+      }
+      if (found == "else") n.else_body = parse_body({"endif"}, found);
+      break;
+    }
+  }
+
+  // {% for x[, y...] in xs [if cond] %} ... [{% else %} ...] {% endfor %}
+  void for_statement(Node& n, ExprParser& ex) {
+    n.kind = Node::kFor;
+    std::string found;
+    n.targets.push_back(ex.name());
+    while (ex.is_op(",")) {
+      ex.expect_op(",");
+      n.targets.push_back(ex.name());
+    }
+    if (!ex.is_name("in")) ex.fail("'in'");
+    ex.name();
+    n.expr = ex.or_expr();
+    if (ex.is_name("if")) {
+      ex.name();
+      n.loop_filter = ex.expression();
+    }
+    n.body = parse_body({"else", "endfor"}, found);
+    if (found == "else") n.else_body = parse_body({"endfor"}, found);
+  }
+
+  // {% macro name(a, b=default, ...) %} ... {% endmacro %}: as Jinja2, a parameter without a
+  // default may not follow one with a default.
+  void macro_statement(Node& n, ExprParser& ex) {
+    n.kind = Node::kMacro;
+    n.text = ex.name();
+    ex.expect_op("(");
+    while (!ex.is_op(")")) {
+      n.targets.push_back(ex.name());
+      if (ex.is_op("=")) {
+        ex.expect_op("=");
+        n.defaults.push_back(ex.expression());
+      } else if (!n.defaults.empty() && n.defaults.back()) {
+        throw SyntaxError{n.line, "non-default argument '" + n.targets.back() +
+                                      "' follows default argument (as Jinja2 refuses)"};
+      } else {
+        n.defaults.push_back(nullptr);
+      }
+      if (!ex.is_op(",")) break;
+      ex.expect_op(",");
+    }
+    ex.expect_op(")");
+    std::string found;
+    n.body = parse_body({"endmacro"}, found);
   }
 
   std::vector<Piece> pieces_;
@@ -760,10 +819,22 @@ std::string python_float(double d) {
 
 std::string python_repr(const Json& v);
 
+// A macro is a value too (a name {% macro %} binds, passed around like one): JSON binary whose
+// bytes are its name and whose subtype indexes the renderer's macros. A macro's parameter given
+// no value is bound to binary without a subtype, which reads as undefined. (JSON from the
+// context never holds binary.)
+bool is_macro(const Json& v) { return v.is_binary() && v.get_binary().has_subtype(); }
+bool is_unbound(const Json& v) { return v.is_binary() && !v.get_binary().has_subtype(); }
+std::string macro_name(const Json& v) {
+  const auto& bytes = v.get_binary();
+  return std::string(bytes.begin(), bytes.end());
+}
+
 // str(value) as Python prints it.
 std::string to_text(const Value& x) {
   if (x.undefined) return "";
   const Json& v = x.v;
+  if (v.is_binary()) return is_macro(v) ? "<Macro '" + macro_name(v) + "'>" : "";
   if (v.is_string()) return v.get<std::string>();
   if (v.is_null()) return "None";
   if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
@@ -871,15 +942,18 @@ class Renderer {
                      std::to_string(kMaxTextBytes >> 20) + " MiB");
     }
   }
+  // The output budget counts the text of the callers of the macros (and set blocks) rendering
+  // now, held while they render.
   void emit(const std::string& text, int line) {
-    check_size(out_.size() + text.size(), line);
+    check_size(suspended_bytes_ + out_.size() + text.size(), line);
     out_ += text;
   }
 
   Value lookup(const std::string& name) const {
     for (auto s = scopes_.rbegin(); s != scopes_.rend(); ++s) {
       auto hit = s->find(name);
-      if (hit != s->end()) return {hit->second, false};
+      if (hit != s->end())
+        return is_unbound(hit->second) ? Value::undef() : Value{hit->second, false};
     }
     return Value::undef();
   }
@@ -899,7 +973,19 @@ class Renderer {
     return Flow::kNormal;
   }
 
+  // The sandbox's limit on the renderer's recursion (kMaxRenderDepth).
+  [[noreturn]] void too_deep(int line) const {
+    fail(line, "rendering nested more than " + std::to_string(kMaxRenderDepth) +
+                   " levels deep (the template sandbox's limit)");
+  }
+
   Flow exec(const Node& n) {
+    NestingGuard guard(
+        render_depth_, [&] { too_deep(n.line); }, kMaxRenderDepth);
+    return exec_node(n);
+  }
+
+  Flow exec_node(const Node& n) {
     switch (n.kind) {
       case Node::kText:
         emit(n.text, n.line);
@@ -920,14 +1006,14 @@ class Renderer {
         return Flow::kNormal;
       }
       case Node::kSetBlock: {
-        std::string saved = std::move(out_);
-        out_.clear();
-        const Flow f = exec(n.body);
-        std::string captured = std::move(out_);
-        out_ = std::move(saved);
-        assign(n, Json(captured));
+        Flow f = Flow::kNormal;
+        std::string captured = capture([&] { f = exec(n.body); });
+        assign(n, Json(std::move(captured)));
         return f;
       }
+      case Node::kMacro:
+        define_macro(n);
+        return Flow::kNormal;
       case Node::kGeneration: {
         const size_t begin = out_.size();
         const Flow f = exec(n.body);
@@ -940,6 +1026,79 @@ class Renderer {
         return Flow::kContinue;
     }
     return Flow::kNormal;
+  }
+
+  // What `body()` writes, instead of writing it to the output.
+  template <typename Body>
+  std::string capture(Body&& body) {
+    std::string saved = std::move(out_);
+    out_.clear();
+    suspended_bytes_ += saved.size();
+    body();
+    suspended_bytes_ -= saved.size();
+    std::string captured = std::move(out_);
+    out_ = std::move(saved);
+    return captured;
+  }
+
+  // {% macro %}: binds its name, here, to the macro and the scopes it sees (those open here).
+  void define_macro(const Node& n) {
+    const Macro m{&n, scopes_.size()};
+    size_t i = 0;
+    while (i < macros_.size() && (macros_[i].node != m.node || macros_[i].depth != m.depth)) ++i;
+    if (i == macros_.size()) macros_.push_back(m);
+    scopes_.back()[n.text] = Json::binary(std::vector<uint8_t>(n.text.begin(), n.text.end()), i);
+  }
+
+  // A call of a macro: the arguments bound to its parameters (positional ones, then keywords,
+  // then the defaults, evaluated in order in the macro's scope; a parameter without any is
+  // undefined), its body rendered seeing the variables of its definition's scopes (not the
+  // caller's locals; sets stay local, namespaces are shared), and the text it wrote returned.
+  Value call_macro(const Json& callee, std::vector<Value> a, const Expr& e, int line) {
+    const Macro m = macros_.at(static_cast<size_t>(callee.get_binary().subtype()));
+    const Node& def = *m.node;
+    std::vector<std::optional<Value>> bound(def.targets.size());
+    if (a.size() > bound.size()) {
+      fail(line, "macro '" + def.text + "' takes not more than " + std::to_string(bound.size()) +
+                     " argument(s)");
+    }
+    for (size_t i = 0; i < a.size(); ++i) bound[i] = std::move(a[i]);
+    for (const auto& [k, x] : e.kwargs) {
+      const auto at = std::find(def.targets.begin(), def.targets.end(), k);
+      const auto i = static_cast<size_t>(at - def.targets.begin());
+      if (at == def.targets.end() || bound[i]) {
+        fail(line, "macro '" + def.text + "' takes no keyword argument '" + k + "'");
+      }
+      bound[i] = eval(*x, line);
+    }
+    if (++macro_calls_ > kMaxMacroCalls) {
+      fail(line, "more than " + std::to_string(kMaxMacroCalls) +
+                     " macro calls in one rendering (the template sandbox's limit)");
+    }
+    if (++macro_depth_ > kMaxNesting) {
+      fail(line, "macro calls nested more than " + std::to_string(kMaxNesting) +
+                     " levels deep (the template sandbox's limit)");
+    }
+    // The caller's scopes above the definition's are hidden while the macro renders.
+    const size_t keep = std::min(m.depth, scopes_.size());
+    std::vector<std::map<std::string, Json>> hidden(
+        std::make_move_iterator(scopes_.begin() + static_cast<std::ptrdiff_t>(keep)),
+        std::make_move_iterator(scopes_.end()));
+    scopes_.resize(keep);
+    scopes_.emplace_back();
+    for (size_t i = 0; i < bound.size(); ++i) {
+      if (!bound[i] && def.defaults[i]) bound[i] = eval(*def.defaults[i], def.line);
+      const bool unbound = !bound[i] || bound[i]->undefined;
+      scopes_.back()[def.targets[i]] =
+          unbound ? Json::binary(std::vector<uint8_t>()) : std::move(bound[i]->v);
+    }
+    Flow f = Flow::kNormal;
+    std::string text = capture([&] { f = exec(def.body); });
+    if (f != Flow::kNormal) fail(def.line, "break or continue outside a loop");
+    scopes_.resize(keep);
+    for (auto& s : hidden) scopes_.push_back(std::move(s));
+    --macro_depth_;
+    return {Json(std::move(text)), false};
   }
 
   void assign(const Node& n, Json v) {
@@ -1015,6 +1174,12 @@ class Renderer {
 
   // ---- expressions ----
   Value eval(const Expr& e, int line) {
+    NestingGuard guard(
+        render_depth_, [&] { too_deep(line); }, kMaxRenderDepth);
+    return eval_node(e, line);
+  }
+
+  Value eval_node(const Expr& e, int line) {
     switch (e.kind) {
       case Expr::kLiteral:
         return e.name == "undefined" ? Value::undef() : Value{e.literal, false};
@@ -1149,6 +1314,8 @@ class Renderer {
     const Expr& callee = *e.args[0];
     std::vector<Value> a = arguments(e, line, 1);
     if (callee.kind == Expr::kName) {
+      const Value f = lookup(callee.name);
+      if (is_macro(f.v)) return call_macro(f.v, std::move(a), e, line);
       if (callee.name == "raise_exception") {
         fail(line, "raise_exception: " + (a.empty() ? std::string() : to_text(a[0])));
       }
@@ -1693,6 +1860,15 @@ class Renderer {
   std::vector<std::map<std::string, Json>> scopes_;
   std::string out_;
   int64_t iterations_ = 0;  // for-loop iterations so far in this rendering
+  struct Macro {
+    const Node* node;  // its {% macro %}
+    size_t depth;      // the scopes open where it was defined: those it sees
+  };
+  std::vector<Macro> macros_;   // those defined so far (a binary value's subtype indexes them)
+  int macro_depth_ = 0;         // macro calls within macro calls now
+  int render_depth_ = 0;        // eval and exec calls within each other now (kMaxRenderDepth)
+  int64_t macro_calls_ = 0;     // macro calls so far in this rendering
+  size_t suspended_bytes_ = 0;  // the output held by the macro calls and set blocks rendering
 };
 
 }  // namespace

@@ -81,6 +81,17 @@ bool read_prompt_completion_messages(const Json& p, const Json& c, Json& out, st
   return true;
 }
 
+// The special tokens that can end an assistant's turn: all but harmony's (gpt-oss's) markers of
+// a message's header, channel and body, which come before its end (<|end|>, <|return|>,
+// <|call|>).
+std::vector<std::string> turn_ending_tokens(std::vector<std::string> special) {
+  static const char* const markers[] = {"<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"};
+  std::erase_if(special, [](const std::string& t) {
+    return std::find(std::begin(markers), std::end(markers), t) != std::end(markers);
+  });
+  return special;
+}
+
 // Whether an assistant message stands among the trained ones.
 bool trains_an_assistant(const Json& out) {
   const Json& messages = out["messages"];
@@ -141,7 +152,7 @@ SftEncoder::SftEncoder(const Tokenizer& tok, ChatSetup chat, SpecialTokens speci
     : tok_(tok),
       chat_(std::move(chat)),
       special_(std::move(special)),
-      turn_ends_(tok.special_token_texts()),
+      turn_ends_(turn_ending_tokens(tok.special_token_texts())),
       eos_(tok.eos_id()) {
   // The EOS a completion ends with: tokenizer_config.json's eos_token (Qwen3's <|im_end|>, as
   // TRL appends tokenizer.eos_token), else the tokenizer's own.
@@ -220,10 +231,14 @@ size_t SftEncoder::token_at(const std::string& text, size_t pos,
 // Where the assistant turns of the rendered conversation are, as byte ranges: the template's
 // {% generation %} blocks when it has them (as transformers' return_assistant_tokens_mask);
 // else each turn runs from its start to the end of the first special token after it (the turn's
-// end: <|im_end|>, </s>, <|eot_id|>, an EOS), inclusive. A turn starts at the end of the
-// template's generation prompt (the text add_generation_prompt appends, e.g.
+// end: <|im_end|>, </s>, <|eot_id|>, an EOS, harmony's <|end|>), inclusive. A turn starts at the
+// end of the template's generation prompt (the text add_generation_prompt appends, e.g.
 // "<|im_start|>assistant\n"); a template without one (Mixtral's: the answer follows
-// "[/INST]") starts it where the rendering of the messages before it ends.
+// "[/INST]") starts it where the rendering of the messages before it ends. When the generation
+// prompt follows the turn's end again (white space between) and the next message is not an
+// assistant's, the turn goes on through that part too: the model writes it (gpt-oss's harmony
+// format renders one assistant message as its analysis then its final answer or tool call, each
+// opened by "<|start|>assistant").
 std::vector<std::pair<size_t, size_t>> SftEncoder::assistant_spans(const Json& messages,
                                                                    const std::string& rendered,
                                                                    const Json& tools) const {
@@ -238,7 +253,7 @@ std::vector<std::pair<size_t, size_t>> SftEncoder::assistant_spans(const Json& m
         "template with {% generation %} blocks (--chat-template)");
   }
   const std::string prompt = with.substr(without.size());
-  auto turn_end = [&](size_t begin) {
+  auto first_end = [&](size_t begin) {
     size_t end = rendered.size();
     for (const auto& t : turn_ends_) {
       const size_t hit = rendered.find(t, begin);
@@ -246,10 +261,21 @@ std::vector<std::pair<size_t, size_t>> SftEncoder::assistant_spans(const Json& m
     }
     return end;
   };
+  // The end of the turn starting at `begin`, through the parts of it that follow (above).
+  auto turn_end = [&](size_t begin, bool last_of_run) {
+    size_t end = first_end(begin);
+    while (last_of_run && !prompt.empty()) {
+      const size_t next = rendered.find_first_not_of(" \t\r\n", end);
+      if (next == std::string::npos || rendered.compare(next, prompt.size(), prompt) != 0) break;
+      end = first_end(next + prompt.size());
+    }
+    return end;
+  };
   std::vector<std::pair<size_t, size_t>> spans;
   size_t from = 0;
   Json earlier = Json::array();
-  for (const auto& m : messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json& m = messages[i];
     if (m["role"] == "assistant") {
       size_t begin = 0;
       if (!prompt.empty()) {
@@ -270,7 +296,8 @@ std::vector<std::pair<size_t, size_t>> SftEncoder::assistant_spans(const Json& m
         }
         begin = head.size();
       }
-      spans.emplace_back(begin, turn_end(begin));
+      const bool last_of_run = i + 1 == messages.size() || messages[i + 1]["role"] != "assistant";
+      spans.emplace_back(begin, turn_end(begin, last_of_run));
       from = spans.back().second;
     }
     earlier.push_back(m);

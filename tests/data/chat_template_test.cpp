@@ -86,11 +86,11 @@ TEST(ChatTemplate, GenerationBlocksAreRecorded) {
 
 TEST(ChatTemplate, ErrorsNameTheTemplateAndLine) {
   try {
-    ChatTemplate("ok\n{% macro m() %}{% endmacro %}", "t.jinja");
-    FAIL() << "a macro should be refused";
+    ChatTemplate("ok\n{% include 'other.jinja' %}", "t.jinja");
+    FAIL() << "include should be refused";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("t.jinja:2"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("macro"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("include"), std::string::npos) << e.what();
   }
   EXPECT_THROW(ChatTemplate("{% if x %}never closed", "t.jinja"), UserError);
   EXPECT_THROW(ChatTemplate("{{ 'unterminated }}", "t.jinja"), UserError);
@@ -102,6 +102,99 @@ TEST(ChatTemplate, ErrorsNameTheTemplateAndLine) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Macros (gpt-oss's harmony template renders its tools and system message with them).
+TEST(ChatTemplateMacros, PositionalKeywordAndDefaultArguments) {
+  // A default is evaluated at the call, after the parameters before it; a missing argument
+  // without one is undefined.
+  EXPECT_EQ(render("{% macro m(a, b=a ~ '!', c='z') %}{{ a }}{{ b }}{{ c }}{% endmacro %}"
+                   "{{ m(1) }}|{{ m(1, 2) }}|{{ m(c=3, a=4) }}|{{ m() }}"),
+            "11!z|12z|44!3|!z");
+  EXPECT_EQ(render("{% macro m(x, is_nullable=false) %}{{ x }}{{ '?' if is_nullable }}"
+                   "{% endmacro %}{{ m('a') }}{{ m('b', is_nullable=true) }}{{ m('c', true) }}"),
+            "ab?c?");
+  // A parameter shadows the variable of the same name even when no argument is given.
+  EXPECT_EQ(render("{% macro m(a) %}[{{ a }}]{% endmacro %}{{ m() }}", {{"a", "outer"}}), "[]");
+}
+
+TEST(ChatTemplateMacros, TheCallIsTextForExpressionsAndFilters) {
+  EXPECT_EQ(render("{% macro w(s) %}<{{ s }}>{% endmacro %}{{ w('ab')|length }} {{ w('a') + 'b' }} "
+                   "{{ w('q') == '<q>' }} {{ w is defined }} {% set t = w('x') %}{{ t|upper }} "
+                   "{{ [w(1), w(2)]|join(',') }}"),
+            "4 <a>b True True <X> <1>,<2>");
+  EXPECT_EQ(render("{{ m }}{% macro m() %}{% endmacro %}{{ m }}"), "<Macro 'm'>");
+  // Whitespace control inside the body, and trim_blocks after {% endmacro %}.
+  EXPECT_EQ(render("{%- macro m(x) -%}\n    {{- x }}\n    {%- if x %}\n        {{- '!' }}\n"
+                   "    {%- endif %}\n{%- endmacro -%}\n[{{ m(1) }}]\n[{{ m(0) }}]"),
+            "[1!]\n[0]");
+}
+
+TEST(ChatTemplateMacros, ScopeLocalsStayInsideNamespacesAreShared) {
+  // The body sees the context and the template's top-level variables, not the caller's loop
+  // variables; its sets are its own; a namespace's attribute set inside it is seen outside.
+  EXPECT_EQ(render("{% set x = 'top' %}{% set ns = namespace(n=0) %}{% macro m(a) %}{% set x = a "
+                   "%}{% set ns.n = ns.n + 1 %}{{ x }}/{{ messages|length }}/{{ i }}{% endmacro %}"
+                   "{% for i in [1, 2] %}{{ m(i) }};{% endfor %}{{ x }} {{ ns.n }}",
+                   {{"messages", Json::array({1, 2, 3})}}),
+            "1/3/;2/3/;top 2");
+  // A macro defined in a loop sees that loop's variables, and is gone after it.
+  EXPECT_EQ(render("{% for i in ['a', 'b'] %}{% macro m() %}{{ i }}{% endmacro %}{{ m() }}"
+                   "{% endfor %}{{ m is defined }}"),
+            "abFalse");
+  // Loop controls inside a macro's body.
+  EXPECT_EQ(render("{% macro m() %}{% for i in range(5) %}{% if i == 2 %}{% break %}{% endif %}"
+                   "{{ i }}{% endfor %}{% endmacro %}{{ m() }}{{ m() }}"),
+            "0101");
+}
+
+TEST(ChatTemplateMacros, NestedAndRecursiveCalls) {
+  // A macro calls one defined after it (looked up at the call), calls nest in arguments.
+  EXPECT_EQ(render("{% macro outer(n) %}{{ inner(n) ~ inner(n + 1) }}{% endmacro %}{% macro "
+                   "inner(k) %}({{ k }}){% endmacro %}{{ outer(1) }} {{ inner(outer(5)) }}"),
+            "(1)(2) ((5)(6))");
+  // Recursion over a nested schema, as gpt-oss's render_typescript_type.
+  const Json schema = Json::parse(R"({"type": "object", "properties": {
+      "a": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+      "b": {"type": "object", "properties": {"c": {"type": "integer"}}}}})");
+  EXPECT_EQ(render("{% macro t(s) %}{% if s.type == 'array' %}{{ t(s['items']) }}[]{% elif s.type "
+                   "== 'object' %}{{ '{' }}{% for k, v in s.properties.items() %}{{ k }}: "
+                   "{{ t(v) }}{% if not loop.last %}, {% endif %}{% endfor %}{{ '}' }}{% else %}"
+                   "{{ s.type }}{% endif %}{% endmacro %}{{ t(schema) }}",
+                   {{"schema", schema}}),
+            "{a: string[][], b: {c: integer}}");
+  // 150 levels (deeper than any real template's) render.
+  EXPECT_EQ(render("{% macro m(n) %}{% if n > 0 %}{{ n }}{{ m(n - 1) }}{% endif %}{% endmacro %}"
+                   "{{ m(150)|length }}"),
+            "342");
+}
+
+TEST(ChatTemplateMacros, BadCallsAndDefinitionsAreErrors) {
+  // Jinja2's messages (TypeError there).
+  auto error = [](const std::string& src) {
+    try {
+      render(src);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(rendered)");
+  };
+  EXPECT_NE(error("{% macro m(a) %}{% endmacro %}\n{{ m(1, 2) }}")
+                .find("test.jinja:2: macro 'm' takes not more than 1 argument(s)"),
+            std::string::npos);
+  EXPECT_NE(error("{% macro m(a) %}{% endmacro %}{{ m(z=1) }}")
+                .find("macro 'm' takes no keyword argument 'z'"),
+            std::string::npos);
+  EXPECT_NE(error("{% macro m(a) %}{% endmacro %}{{ m(1, a=2) }}")
+                .find("macro 'm' takes no keyword argument 'a'"),
+            std::string::npos);
+  EXPECT_NE(error("{{ m() }}{% macro m() %}{% endmacro %}").find("unknown function m()"),
+            std::string::npos);
+  EXPECT_NE(error("\n{% macro m(a=1, b) %}{% endmacro %}")
+                .find("test.jinja:2: non-default argument 'b' follows default argument"),
+            std::string::npos)
+      << error("\n{% macro m(a=1, b) %}{% endmacro %}");
+  EXPECT_THROW(ChatTemplate("{% macro m() %}never closed", "t.jinja"), UserError);
 }
 
 // The sandbox's budgets (docs/reliability.md): each hostile template of issue 51 stops at once
@@ -131,6 +224,40 @@ TEST(ChatTemplateSandbox, DeepNestingIsRefusedNotAStackOverflow) {
       << refusal(ifs);
   // 150 levels (beyond any real template) still render.
   EXPECT_EQ(render("{{ " + std::string(150, '(') + "7" + std::string(150, ')') + " }}"), "7");
+}
+
+TEST(ChatTemplateSandbox, MacroRecursionAndCallsHaveBudgets) {
+  // A macro calling itself without end stops at the nesting limit (Jinja2: RecursionError).
+  EXPECT_NE(refusal("{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}\n{{ m(0) }}")
+                .find("test.jinja:1: macro calls nested more than 200 levels deep (the template "
+                      "sandbox's limit)"),
+            std::string::npos)
+      << refusal("{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}\n{{ m(0) }}");
+  // Each level nested 190 deep in blocks and expressions: the renderer's depth limit stops it
+  // before the stack runs out.
+  std::string deep = "{% macro m(n) %}";
+  for (int i = 0; i < 95; ++i) deep += "{% for i in [1] %}";
+  deep += "{{ " + std::string(95, '[') + "m(n + 1)" + std::string(95, ']') + " }}";
+  for (int i = 0; i < 95; ++i) deep += "{% endfor %}";
+  deep += "{% endmacro %}{{ m(0) }}";
+  EXPECT_NE(refusal(deep).find("rendering nested more than 2000 levels deep"), std::string::npos)
+      << refusal(deep);
+  // A long chain of operators (unbounded by the parser) evaluates within the same limit.
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 100000; ++i) chain += " + 1";
+  EXPECT_NE(refusal(chain + " }}").find("rendering nested more than 2000 levels deep"),
+            std::string::npos);
+  // Calls doubling at each level: 2^31 of them stop at the call budget.
+  EXPECT_NE(refusal("{% macro m(n) %}{% if n %}{{ m(n - 1) }}{{ m(n - 1) }}{% endif %}"
+                    "{% endmacro %}{{ m(30) }}")
+                .find("more than 1000000 macro calls in one rendering"),
+            std::string::npos);
+  // The output held by the callers counts toward the size budget: 100 levels of 60 MB each
+  // stop at 64 MiB, not at 6 GB.
+  EXPECT_NE(refusal("{% macro m(n) %}{{ 'x' * 60000000 }}{% if n %}{{ m(n - 1) }}{% endif %}"
+                    "{% endmacro %}{{ m(100) }}")
+                .find("64 MiB"),
+            std::string::npos);
 }
 
 TEST(ChatTemplateSandbox, RangeLoopsAndSizesHaveBudgets) {

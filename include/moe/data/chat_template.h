@@ -1,6 +1,6 @@
 // Hugging Face chat templates (tokenizer_config.json's "chat_template", or chat_template.jinja):
 // the subset of Jinja2 that the families' templates use, rendered as transformers'
-// apply_chat_template renders them (trim_blocks, lstrip_blocks, loop controls,
+// apply_chat_template renders them (trim_blocks, lstrip_blocks, loop controls, macros,
 // raise_exception, tojson as Python's json.dumps, {% generation %} blocks). Debian packages no
 // C++ Jinja library; docs/data-format.md lists what is supported. Values are JSON (ordered, as
 // Python dicts keep insertion order).
