@@ -26,6 +26,9 @@ enum class Layout {
   kSame,     // lora.Linear's lora_A [r, in] / lora_B [out, r], a module_to_save's weight
   kExpertA,  // ours [E, in, r]  -> PEFT's ParamWrapper lora_A.weight [E r, in] (expert-major)
   kExpertB,  // ours [E, r, out] -> PEFT's lora_B.weight [out, r E] (expert-minor)
+  // gpt-oss's gate_up_proj interleaves gate and up columns (2j gate, 2j + 1 up); our [gate | up]
+  // update's columns go there, then as kExpertB.
+  kExpertBInterleaved,
 };
 
 struct AdapterPiece {
@@ -41,11 +44,14 @@ const char* kPrefix = "base_model.model.";
 std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg, Family family) {
   const config::LoraTargets t = config::lora_targets(cfg.lora);
   std::vector<AdapterPiece> p;
-  auto pair = [&](const std::string& peft, const std::string& ours, bool experts) {
+  auto pair = [&](const std::string& peft, const std::string& ours, bool experts,
+                  bool interleaved = false) {
     p.push_back(
         {peft + "lora_A.weight", ours + "lora_A", experts ? Layout::kExpertA : Layout::kSame});
-    p.push_back(
-        {peft + "lora_B.weight", ours + "lora_B", experts ? Layout::kExpertB : Layout::kSame});
+    p.push_back({peft + "lora_B.weight", ours + "lora_B",
+                 !experts      ? Layout::kSame
+                 : interleaved ? Layout::kExpertBInterleaved
+                               : Layout::kExpertB});
   };
   for (int64_t i = 0; i < cfg.model.num_layers; ++i) {
     const std::string hf = std::string(kPrefix) + "model.layers." + std::to_string(i) + ".";
@@ -65,16 +71,9 @@ std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg, Family famil
       }
       continue;
     }
-    if (family == Family::kGptOss && (t.experts_gate_up_rank > 0 || t.experts_down)) {
-      // Its stacks are [E, in, out] with gate and up interleaved: PEFT's ParamWrapper layout for
-      // them is not mapped yet.
-      throw UserError(
-          "export-hf --adapter: gpt-oss expert adapters (lora.target_modules has the experts) "
-          "are not written in PEFT's layout yet; use export-hf --merge, or adapt attention only");
-    }
     if (t.experts_gate_up_rank > 0) {
       pair(hf + (t.experts_down ? "mlp.experts.base_layer." : "mlp.experts."),
-           ours + "moe.experts.lora_gate_up.", true);
+           ours + "moe.experts.lora_gate_up.", true, family == Family::kGptOss);
     }
     if (t.experts_down) pair(hf + "mlp.experts.", ours + "moe.experts.lora_down.", true);
   }
@@ -88,8 +87,19 @@ std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg, Family famil
   return p;
 }
 
+// [..., gate | up] <-> [..., gate_0, up_0, gate_1, up_1, ...] (gpt-oss's column order).
+torch::Tensor interleave_halves(const torch::Tensor& t) {
+  const auto halves = t.chunk(2, -1);
+  return torch::stack({halves[0], halves[1]}, -1).flatten(-2);
+}
+torch::Tensor split_interleaved(const torch::Tensor& t) {
+  return torch::cat({t.slice(-1, 0, std::nullopt, 2), t.slice(-1, 1, std::nullopt, 2)}, -1);
+}
+
 torch::Tensor to_peft(const torch::Tensor& t, Layout l) {
   switch (l) {
+    case Layout::kExpertBInterleaved:
+      return to_peft(interleave_halves(t), Layout::kExpertB);
     case Layout::kExpertA:  // [E, in, r] -> [E r, in]
       return t.transpose(1, 2).reshape({t.size(0) * t.size(2), t.size(1)});
     case Layout::kExpertB:  // [E, r, out] -> [out, r E], column j E + e
@@ -102,6 +112,8 @@ torch::Tensor to_peft(const torch::Tensor& t, Layout l) {
 
 torch::Tensor from_peft(const torch::Tensor& t, Layout l, const torch::Tensor& like) {
   switch (l) {
+    case Layout::kExpertBInterleaved:
+      return split_interleaved(from_peft(t, Layout::kExpertB, like));
     case Layout::kExpertA:
       return t.reshape({like.size(0), like.size(2), like.size(1)}).transpose(1, 2);
     case Layout::kExpertB:

@@ -1,6 +1,7 @@
-"""The tiny random Mixtral, Qwen3-MoE and OLMoE the HF tests build from transformers' own config
+"""The tiny random Mixtral, Qwen3-MoE, OLMoE and gpt-oss the HF tests build from transformers' own config
 classes (nothing is downloaded): 3 layers, 4 experts, top-2, 4 query heads on 2 key/value heads,
-vocab 320; Qwen3-MoE with layer 1 dense and renormalised top-k, OLMoE with clip_qkv."""
+vocab 320; Qwen3-MoE with layer 1 dense and renormalised top-k, OLMoE with clip_qkv, gpt-oss with
+its own settings (tests/hf/gpt_oss_test.py has the larger gpt-oss checks)."""
 import transformers
 
 COMMON = dict(vocab_size=320, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -13,4 +14,7 @@ FAMILIES = {
                   dict(num_experts=4, moe_intermediate_size=32, intermediate_size=80,
                        mlp_only_layers=[1], norm_topk_prob=True)),
     "olmoe": (transformers.OlmoeConfig, dict(num_experts=4, intermediate_size=48, clip_qkv=8.0)),
+    # sliding and full layers alternating (window 16), sinks, biases, clamped SwiGLU, YaRN
+    "gpt_oss": (transformers.GptOssConfig,
+                dict(num_local_experts=4, intermediate_size=48, head_dim=16, sliding_window=16)),
 }
