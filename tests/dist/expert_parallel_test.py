@@ -7,6 +7,8 @@
     aux-loss-free bias and a dense layer; plain data parallelism with the capacity limit too;
   - EP=2 x DP=2 on 4 processes vs 1 process, 20 steps: the same, dropless and with capacity, and
     with ZeRO stages 1 and 2 (the experts' state shared out over their replicas);
+  - a gpt-oss-shaped model (biases, sinks, sliding windows, softmax after top-k, clamped
+    SwiGLU): EP=2 and DP=2 on 2 processes vs 1 process, 15 steps, the same bar;
   - resume EP=2 -> EP=1, EP=1 -> EP=2 and EP=2 ZeRO-2 -> EP=2 ZeRO-1 at step 20 of 40 continues
     the straight run's losses;
   - the checkpoint's tensors (model and optimizer) have the single-process names and shapes,
@@ -108,6 +110,20 @@ with tempfile.TemporaryDirectory() as d:
     print(f"EP=2 with activation checkpointing, 2 accumulation steps, a shared expert, the expert bias and a "
           f"dense layer, 15 steps: {w:.1e}")
     assert w <= RTOL, w
+    # A gpt-oss-shaped model: attention biases and sinks, sliding and full layers, router and
+    # expert biases, softmax after the top-k, the clamped SwiGLU; EP=2 and plain DP=2.
+    oss = ["model.rope_theta=150000", "model.num_key_value_heads=2", "model.attention_bias=true",
+           "model.attention_sinks=true", "model.sliding_window=16",
+           'model.layer_types=["sliding_attention","full_attention"]', "moe.router_bias=true",
+           "moe.expert_bias=true", "moe.softmax_after_topk=true", "moe.activation=clamped_swiglu",
+           "training.train_iters=15"]
+    single(cfg, *oss, f"training.output_dir={tmp / 'oss-one'}")
+    for name, extra in (("EP=2", [EP2]), ("DP=2", [])):
+        out = tmp / f"oss-{name[:2].lower()}"
+        torchrun(cfg, 2, *oss, *extra, f"training.output_dir={out}")
+        w = worst(records(out), records(tmp / "oss-one"))
+        print(f"gpt-oss-shaped model, {name} on 2 processes vs 1 process, 15 steps: {w:.1e}")
+        assert w <= RTOL, (name, w)
     torchrun(cfg, 2, f"training.output_dir={tmp / 'dp2-capacity'}", CAP)
     w = worst(records(tmp / "dp2-capacity"), records(tmp / "one-capacity"))
     print(f"data parallel 2 x 4 vs 1 x 8 with capacity factor 1.0 (global capacity ranking): {w:.1e}")
