@@ -127,6 +127,11 @@ bool is_moe_layer(const Config& c, int64_t layer) {
   return (layer + 1) % c.moe.decoder_sparse_step == 0;
 }
 
+bool quantized_base(const Config& c) {
+  return c.lora.r > 0 &&
+         (c.quantization.load_in_4bit || c.quantization.quant_method == QuantMethod::kMxfp4);
+}
+
 int64_t attention_window(const Config& c, int64_t layer) {
   const auto& types = c.model.layer_types;
   if (c.model.sliding_window <= 0) return 0;

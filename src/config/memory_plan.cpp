@@ -394,6 +394,7 @@ void apply_lora16(Config& a) {
 // A 4-bit base (QLoRA): nf4 with double quantization, computing in the run's 16-bit dtype.
 void apply_4bit_base(Config& a) {
   a.quantization.load_in_4bit = true;
+  a.quantization.quant_method = QuantMethod::kBitsandbytes;
   a.quantization.bnb_4bit_quant_type = Quant4bitType::kNf4;
   a.quantization.bnb_4bit_use_double_quant = true;
   a.quantization.bnb_4bit_compute_dtype =
@@ -439,7 +440,7 @@ void advise_lora(const Config& c, const PlanOptions& opt, const Trial& trial, Me
 
 // A 4-bit base (QLoRA) under the adapters, alone or with checkpointing, with its figure.
 void advise_4bit_base(const Config& c, const PlanOptions& opt, const Trial& trial, MemoryPlan& p) {
-  const bool base16 = lora_enabled(c) && !c.quantization.load_in_4bit;
+  const bool base16 = lora_enabled(c) && !quantized_base(c);
   if (!p.fits && !opt.cpu && (base16 || (p.advice.empty() && !lora_enabled(c)))) {
     const std::string what = base16 ? "a 4-bit base (quantization.load_in_4bit, nf4 + double quant)"
                                     : "LoRA on a 4-bit base (lora.r = 16 on attention and experts; "
@@ -698,7 +699,8 @@ double quantized_4bit_bytes(int64_t values, bool double_quant) {
 
 Quantized4bitBase quantized_4bit_base(const Config& c, const PlanOptions& opt) {
   Quantized4bitBase q;
-  if (!c.quantization.load_in_4bit || !lora_enabled(c)) return q;
+  if (!quantized_base(c)) return q;
+  const bool mxfp4 = c.quantization.quant_method == QuantMethod::kMxfp4;
   const bool dq = c.quantization.bnb_4bit_use_double_quant;
   // Linear4bitFn dequantizes to bnb_4bit_compute_dtype; the grouped GEMM over a whole expert
   // stack (a GPU with bf16 activations and aligned widths; sm_90 at run time, assumed here:
@@ -719,7 +721,9 @@ Quantized4bitBase quantized_4bit_base(const Config& c, const PlanOptions& opt) {
   auto add = [&](int64_t values, int64_t count) {
     q.parameters += values * count;
     q.matrices += count;
-    q.bytes += static_cast<double>(count) * quantized_4bit_bytes(values, dq);
+    // MXFP4: 16 bytes of codes and one scale byte per 32 values.
+    q.bytes += static_cast<double>(count) * (mxfp4 ? static_cast<double>(values) * 17.0 / 32.0
+                                                   : quantized_4bit_bytes(values, dq));
   };
   auto group = [&](double values, double bytes_per_value) {
     if (values * bytes_per_value > q.largest_group_bytes) {
@@ -729,6 +733,10 @@ Quantized4bitBase quantized_4bit_base(const Config& c, const PlanOptions& opt) {
   };
   for (const auto& p : model::parameter_layout(c)) {
     if (saved_in_full(c.lora, p.name, c.model.tie_embeddings)) continue;
+    const bool expert_stack = ends_with(p.name, ".moe.experts.w_gate") ||
+                              ends_with(p.name, ".moe.experts.w_up") ||
+                              ends_with(p.name, ".moe.experts.w_down");
+    if (mxfp4 && !expert_stack) continue;  // MXFP4 holds the experts only
     if (ends_with(p.name, ".attn.qkv.weight")) {  // q, k and v: three matrices, one GEMM
       const int64_t d = p.shape[1];
       add(q_rows * d, 1);
@@ -740,8 +748,7 @@ Quantized4bitBase quantized_4bit_base(const Config& c, const PlanOptions& opt) {
                ends_with(p.name, ".mlp.down_proj.weight")) {
       add(p.shape[0] * p.shape[1], 1);
       group(static_cast<double>(p.shape[0] * p.shape[1]), compute);
-    } else if (ends_with(p.name, ".moe.experts.w_gate") || ends_with(p.name, ".moe.experts.w_up") ||
-               ends_with(p.name, ".moe.experts.w_down")) {
+    } else if (expert_stack) {
       const int64_t matrix = p.shape[1] * p.shape[2];
       add(matrix, p.shape[0]);
       if (grouped) {
@@ -835,10 +842,12 @@ void state_rows(const Config& c, const MemoryPlan& p, PlanRows& t) {
     std::snprintf(b, sizeof b, "%.4g parameters, %.4f bytes each",
                   static_cast<double>(p.quantized_parameters),
                   p.quantized_base / static_cast<double>(p.quantized_parameters));
-    t.row(("  4-bit part (" + std::string(name(q.bnb_4bit_quant_type)) +
-           (q.bnb_4bit_use_double_quant ? ", double quant)" : ")"))
-              .c_str(),
-          p.quantized_base, b);
+    const std::string how =
+        q.quant_method == QuantMethod::kMxfp4
+            ? std::string("MXFP4 experts")
+            : std::string(name(q.bnb_4bit_quant_type)) +
+                  (q.bnb_4bit_use_double_quant ? ", double quant" : "");
+    t.row(("  4-bit part (" + how + ")").c_str(), p.quantized_base, b);
   }
   t.row(p.gradients > 2.5 * static_cast<double>(p.parameters) || !w16
             ? "gradients (fp32)"

@@ -176,6 +176,20 @@ void check_quantization(const Config& c, const Rules& rules) {
   const QuantizationConfig& q = c.quantization;
   rules.check(!q.load_in_8bit, "quantization.load_in_8bit", "true",
               "LLM.int8() bases are not supported; use load_in_4bit (nf4 or fp4)");
+  if (q.quant_method == QuantMethod::kMxfp4) {
+    rules.check(!q.load_in_4bit, "quantization.quant_method", "mxfp4",
+                "holds the experts in MXFP4; load_in_4bit (bitsandbytes) is another method: "
+                "set one of them");
+    rules.check(lora_enabled(c), "quantization.quant_method", "mxfp4",
+                "quantizes the frozen base of a LoRA run: set lora.r > 0");
+    rules.check(c.model.hidden_size % 32 == 0 && expert_hidden_size(c) % 32 == 0,
+                "quantization.quant_method", "mxfp4",
+                "needs model.hidden_size and the experts' width to be multiples of 32 (MXFP4 "
+                "blocks)");
+    rules.check(c.moe.expert_parallel_size <= 1, "quantization.quant_method", "mxfp4",
+                "is not supported with moe.expert_parallel_size > 1 yet");
+    return;
+  }
   if (!q.load_in_4bit) return;
   rules.check(lora_enabled(c), "quantization.load_in_4bit", "true",
               "quantizes the frozen base of a LoRA run: set lora.r > 0 (a 4-bit matrix has no "

@@ -152,6 +152,14 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
           {name, torch::empty(q->second->shape(), torch::kFloat)}};
       for (const auto& p : pieces) copy_piece(w, p, one);
       q->second->requantize(one.at(name));
+      // An MXFP4 base from an MXFP4 checkpoint keeps the checkpoint's own codes (gate and up:
+      // every second row of gate_up_proj's blocks).
+      if (q->second->is_mxfp4() && pieces.size() == 1 && mxfp4_shape(w, pieces[0].hf)) {
+        const TensorPiece& p = pieces[0];
+        auto [blocks, scales] = read_mxfp4_codes(w, p.hf);
+        q->second->replace_mxfp4(blocks.slice(1, p.hf_first, std::nullopt, p.hf_step),
+                                 scales.slice(1, p.hf_first, std::nullopt, p.hf_step));
+      }
       // A matrix bitsandbytes saved in this very format is kept as saved, not requantized from
       // its dequantized values (which need not give the same codes back).
       for (const auto& p : pieces) {

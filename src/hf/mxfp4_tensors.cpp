@@ -71,6 +71,12 @@ std::optional<std::vector<int64_t>> mxfp4_shape(const HfWeights& w, const std::s
   return std::vector<int64_t>{s[0], s[2] * 2 * quant::kMxfp4BlockBytes, s[1]};
 }
 
+std::pair<torch::Tensor, torch::Tensor> read_mxfp4_codes(const HfWeights& w,
+                                                         const std::string& name) {
+  const Halves h = halves(w, name);
+  return {read_u8(*h.blocks), read_u8(*h.scales)};
+}
+
 torch::Tensor read_mxfp4(const HfWeights& w, const std::string& name, torch::ScalarType dtype) {
   const Halves h = halves(w, name);
   const auto values = quant::dequantize_mxfp4(read_u8(*h.blocks), read_u8(*h.scales), dtype);

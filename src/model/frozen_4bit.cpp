@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "moe/kernels/dequant_4bit.h"
+#include "moe/quant/mxfp4.h"
 
 namespace moe::model {
 
@@ -95,6 +96,7 @@ Quant4bitOptions quant_4bit_options(const config::Config& cfg, const torch::Devi
   o.double_quant = cfg.quantization.bnb_4bit_use_double_quant;
   o.compute = compute_dtype(cfg.quantization.bnb_4bit_compute_dtype);
   o.fused = device.is_cuda() && cfg.moe.kernels != config::MoeKernels::kReference;
+  o.mxfp4 = cfg.quantization.quant_method == config::QuantMethod::kMxfp4;
   return o;
 }
 
@@ -119,6 +121,14 @@ std::shared_ptr<QuantizedWeight> QuantizedWeight::experts(const torch::Tensor& w
 
 void QuantizedWeight::requantize(const torch::Tensor& w) {
   TORCH_CHECK(w.sizes().vec() == shape_, "requantize: shape ", w.sizes(), " is not ", shape_);
+  if (opt_.mxfp4) {
+    TORCH_CHECK(experts_, "MXFP4 holds expert stacks only");
+    const auto device = mx_blocks_.defined() ? mx_blocks_.device() : w.device();
+    auto [blocks, scales] = quant::quantize_mxfp4(w.transpose(1, 2));  // [E, out, in]
+    mx_blocks_ = blocks.to(device);
+    mx_scales_ = scales.to(device);
+    return;
+  }
   const auto device = parts_.empty() ? w.device() : parts_.front().codes.device();
   std::vector<quant::Quantized4bit> parts;
   auto add = [&](const torch::Tensor& m) {
@@ -142,6 +152,15 @@ void QuantizedWeight::replace_part(int64_t i, quant::Quantized4bit q) {
   part = q.to(part.codes.device());
 }
 
+void QuantizedWeight::replace_mxfp4(const torch::Tensor& blocks, const torch::Tensor& scales) {
+  TORCH_CHECK(
+      is_mxfp4() && blocks.sizes() == mx_blocks_.sizes() && scales.sizes() == mx_scales_.sizes(),
+      "replace_mxfp4: blocks ", blocks.sizes(), " / scales ", scales.sizes(), " are not ",
+      mx_blocks_.sizes(), " / ", mx_scales_.sizes());
+  mx_blocks_ = blocks.contiguous().to(mx_blocks_.device());
+  mx_scales_ = scales.contiguous().to(mx_scales_.device());
+}
+
 int64_t QuantizedWeight::part_of_row(int64_t row) const {
   int64_t begin = 0;
   for (size_t i = 0; i < row_parts_.size(); ++i) {
@@ -152,6 +171,10 @@ int64_t QuantizedWeight::part_of_row(int64_t row) const {
 }
 
 torch::Tensor QuantizedWeight::dequantize_matrices(torch::ScalarType dtype) const {
+  if (is_mxfp4()) {  // [E, out, G * 32] = [E, out, in]
+    return quant::dequantize_mxfp4(mx_blocks_, mx_scales_, dtype)
+        .reshape({shape_[0], shape_[2], shape_[1]});
+  }
   const auto options = parts_.front().codes.options().dtype(dtype);
   if (experts_) {
     const int64_t E = shape_[0], in = shape_[1], out = shape_[2];
@@ -171,6 +194,10 @@ torch::Tensor QuantizedWeight::dequantize_matrices(torch::ScalarType dtype) cons
 }
 
 torch::Tensor QuantizedWeight::dequantize_expert(int64_t e, torch::ScalarType dtype) const {
+  if (is_mxfp4()) {
+    return quant::dequantize_mxfp4(mx_blocks_[e], mx_scales_[e], dtype)
+        .reshape({shape_[2], shape_[1]});
+  }
   const auto& p = parts_.at(static_cast<size_t>(e));
   auto m = torch::empty(p.shape, p.codes.options().dtype(dtype));
   kernels::dequantize_4bit_into(p, m, opt_.fused);
@@ -184,10 +211,11 @@ torch::Tensor QuantizedWeight::dequantize(torch::ScalarType dtype) const {
 
 void QuantizedWeight::to(const torch::Device& device) {
   for (auto& p : parts_) p = p.to(device);
+  if (is_mxfp4()) mx_blocks_ = mx_blocks_.to(device), mx_scales_ = mx_scales_.to(device);
 }
 
 int64_t QuantizedWeight::bytes() const {
-  int64_t b = 0;
+  int64_t b = is_mxfp4() ? mx_blocks_.nbytes() + mx_scales_.nbytes() : 0;
   for (const auto& p : parts_) b += p.bytes();
   return b;
 }

@@ -92,6 +92,11 @@ std::string base_fingerprint(const torch::nn::Module& model, torch::ScalarType h
     if (const auto q = quantized.find(item.key()); q != quantized.end()) {
       h.update(item.key() + ":4bit");  // never equal to a 16-bit base's
       for (const int64_t s : q->second->shape()) h.update(&s, sizeof s);
+      if (q->second->is_mxfp4()) {
+        h.update(std::string(":mxfp4"));
+        hash_bytes(q->second->mxfp4_blocks());
+        hash_bytes(q->second->mxfp4_scales());
+      }
       for (const auto& part : q->second->parts()) {
         hash_bytes(part.codes);
         hash_bytes(part.absmax);

@@ -436,7 +436,7 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     const std::string prefix = "blocks." + std::to_string(i) + ".";
     if (lora_) freeze_for_lora(*blocks.back(), cfg, prefix);
     if (!lora_) hold_matrices_in_16_bits(*blocks.back(), prefix);
-    if (lora_ && cfg.quantization.load_in_4bit) {
+    if (config::quantized_base(cfg)) {
       quantize_frozen(blocks.back(), prefix, quant_4bit_options(cfg, device), device);
       return_free_host_memory();  // the fp32 block's matrices: not kept by the C heap
     }
@@ -495,6 +495,13 @@ void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
     quantized_[prefix + name] = slot;
     p.set_data(torch::empty({0}, p.options()));
   };
+  if (!block->moe.is_empty()) {
+    auto& e = *block->moe->experts;
+    quantize("moe.experts.w_gate", e.w_gate, e.gate_4bit, true);
+    quantize("moe.experts.w_up", e.w_up, e.up_4bit, true);
+    quantize("moe.experts.w_down", e.w_down, e.down_4bit, true);
+  }
+  if (opt.mxfp4) return;  // MXFP4: the experts only (transformers' Mxfp4Config)
   auto& a = *block->attn;
   const int64_t width = a.qkv->weight.size(0), out_in = a.out->weight.size(1);
   const int64_t kv_rows = (width - out_in) / 2;  // q: heads * hd = out's input width
@@ -505,12 +512,6 @@ void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
     quantize("mlp.gate_proj.weight", m.gate_proj->weight, m.gate_4bit, false);
     quantize("mlp.up_proj.weight", m.up_proj->weight, m.up_4bit, false);
     quantize("mlp.down_proj.weight", m.down_proj->weight, m.down_4bit, false);
-  }
-  if (!block->moe.is_empty()) {
-    auto& e = *block->moe->experts;
-    quantize("moe.experts.w_gate", e.w_gate, e.gate_4bit, true);
-    quantize("moe.experts.w_up", e.w_up, e.up_4bit, true);
-    quantize("moe.experts.w_down", e.w_down, e.down_4bit, true);
   }
 }
 

@@ -324,11 +324,15 @@ void check_lora_base(const std::string& dir, const json& state, model::Transform
   };
   const auto& wq = written.quantization;
   const auto& mq = model->quantized_weights();
+  const bool their_mx = wq.quant_method == config::QuantMethod::kMxfp4;
   const std::string theirs =
-      held_as(wq.load_in_4bit, wq.bnb_4bit_quant_type, wq.bnb_4bit_use_double_quant);
+      their_mx ? std::string(" with MXFP4 experts")
+               : held_as(wq.load_in_4bit, wq.bnb_4bit_quant_type, wq.bnb_4bit_use_double_quant);
   const std::string ours = mq.empty() ? std::string()
-                                      : held_as(true, mq.begin()->second->options().type,
-                                                mq.begin()->second->options().double_quant);
+                           : mq.begin()->second->options().mxfp4
+                               ? " with MXFP4 experts"
+                               : held_as(true, mq.begin()->second->options().type,
+                                         mq.begin()->second->options().double_quant);
   throw BaseMismatchError("checkpoint: " + dir + ": its LoRA adapters were trained on " +
                           named(written.model.init_from) + theirs + " (base fingerprint " +
                           recorded + "); this run's base, " + named(model->lora_base_source()) +

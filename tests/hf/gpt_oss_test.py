@@ -198,6 +198,53 @@ def full_fine_tuning_peer(tmp, model):
     assert weights <= 1e-5, f"weights after 10 steps differ by {weights}"
 
 
+def mxfp4_base(tmp, src, imported):
+    """LoRA over the MXFP4 experts kept 4-bit (quantization.quant_method mxfp4, the checkpoint's
+    own codes) trains as LoRA over the same values held in 16 bits: step-0 logits within 1e-5,
+    10 steps' losses within 1e-6 relative; the base fingerprint tells the two apart; --merge gives
+    transformers our logits."""
+    print("gpt-oss LoRA over MXFP4 experts kept 4-bit:")
+    targets = ["q_proj", "v_proj", "gate_up_proj", "down_proj"]
+    runs = {}
+    for tag, base, quant in (("mxfp4", src, {"quant_method": "mxfp4"}), ("16-bit", imported, {})):
+        out = tmp / f"run-lora-{tag}"
+        cfg = tmp / f"lora-{tag}.json"
+        cfg.write_text(json.dumps({
+            "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0,
+            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+            "lora": {"r": 4, "lora_alpha": 8, "target_modules": targets},
+            "quantization": quant,
+            "model": {"seq_len": 32, "init_from": str(base)},
+            "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5"),
+                     "shuffle": False},
+            "training": {"device": "cpu", "output_dir": str(out), "train_iters": 10,
+                         "eval_interval": 0, "eval_iters": 4},
+            "checkpoint": {"save_initial": True}}))
+        run("--config", cfg, "-q")
+        losses = [json.loads(l)["loss"] for l in open(out / "metrics.jsonl") if '"train"' in l]
+        dump = tmp / f"logits-lora-{tag}.safetensors"
+        run("eval", "--config", cfg, "--checkpoint", out / "checkpoints/step-00000000", "--dump-logits", dump)
+        state = json.loads((out / "checkpoints/step-00000010/state.json").read_text())
+        runs[tag] = (losses, load_file(dump)["logits"], state["lora_base_fingerprint"], out, cfg)
+    (lq, gq, fq, out, cfg), (l16, g16, f16, _, _) = runs["mxfp4"], runs["16-bit"]
+    worst = max(abs(a - b) / abs(b) for a, b in zip(lq, l16))
+    diff = (gq - g16).abs().max().item()
+    print(f"  step-0 logits vs the 16-bit base: {diff:.1e}; 10 steps' losses: worst rel {worst:.1e}")
+    assert len(lq) == 10 and worst <= LOSS_RTOL and diff <= LOGITS_TOL, (worst, diff)
+    assert fq != f16, "the MXFP4 base has its own fingerprint"
+    merged = tmp / "merged-mxfp4"
+    run("export-hf", out / "checkpoints/step-00000010", "--merge", "--out", merged)
+    config = json.loads((merged / "config.json").read_text())
+    assert "quantization_config" not in config, "the merged export is 16/32-bit"
+    dump = tmp / "logits-lora-mxfp4-10.safetensors"
+    run("eval", "--config", cfg, "--checkpoint", out / "checkpoints/step-00000010", "--dump-logits", dump)
+    d = load_file(dump)
+    theirs = hf_logits(merged, d["tokens"][:, :-1])
+    merged_diff = (theirs - d["logits"]).abs().max().item()
+    print(f"  export-hf --merge: transformers' logits within {merged_diff:.1e} of ours")
+    assert merged_diff <= LOGITS_TOL, merged_diff
+
+
 def mxfp4_import(tmp, model):
     """Experts packed as gpt-oss is released; the import must equal transformers' dequantization."""
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
@@ -212,7 +259,8 @@ def mxfp4_import(tmp, model):
             continue
         E, rows_in, cols = tensors.pop(name).shape  # [E, in, out]: blocks run along `in`
         blocks = torch.randint(0, 256, (E, cols, rows_in // 32, 16), generator=gen, dtype=torch.uint8)
-        scales = torch.randint(118, 131, (E, cols, rows_in // 32), generator=gen, dtype=torch.uint8)
+        # e8m0 scales 2^-9 .. 2^-4: weights up to 0.375, as trained checkpoints hold them
+        scales = torch.randint(118, 124, (E, cols, rows_in // 32), generator=gen, dtype=torch.uint8)
         tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
         packed[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
     save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
@@ -236,6 +284,7 @@ def mxfp4_import(tmp, model):
             assert ours[mine + ours_name].dtype == torch.float32
             assert torch.equal(ours[mine + ours_name], t.contiguous()), f"{mine + ours_name} differs"
     print(f"  {len(packed)} MXFP4 stacks imported bitwise equal to convert_moe_packed_tensors")
+    mxfp4_base(tmp, src, imported)
     bad = tmp / "hf-mxfp4-bad"
     bad.mkdir()
     for f in src.iterdir():

@@ -45,6 +45,9 @@ enum class Quant4bitType { kNf4, kFp4 };
 // quantization.bnb_4bit_compute_dtype: what a 4-bit matrix is dequantized to before its GEMM
 // (torch's dtype names, as transformers' BitsAndBytesConfig writes them into config.json).
 enum class QuantComputeDtype { kFloat32, kBfloat16, kFloat16 };
+// quantization.quant_method: bitsandbytes' 4-bit blocks over every frozen matrix (with
+// load_in_4bit), or the routed experts in MXFP4 (gpt-oss's released format) with the rest 16-bit.
+enum class QuantMethod { kBitsandbytes, kMxfp4 };
 // moe.activation: the experts' gated activation: silu(gate) * up, or gpt-oss's clamped form
 // (up + 1) * gate * sigmoid(alpha * gate) with gate <= limit and |up| <= limit.
 enum class ExpertActivation { kSwiglu, kClampedSwiglu };
@@ -70,6 +73,10 @@ struct ChoiceNames<QuantComputeDtype> {
 template <>
 struct ChoiceNames<ExpertActivation> {
   static constexpr std::array<std::string_view, 2> kNames = {"swiglu", "clamped_swiglu"};
+};
+template <>
+struct ChoiceNames<QuantMethod> {
+  static constexpr std::array<std::string_view, 2> kNames = {"bitsandbytes", "mxfp4"};
 };
 template <>
 struct ChoiceNames<OptimizerType> {

@@ -268,6 +268,10 @@ struct QuantizationConfig {
   bool bnb_4bit_use_double_quant = false;
   QuantComputeDtype bnb_4bit_compute_dtype = QuantComputeDtype::kFloat32;
   bool load_in_8bit = false;  // LLM.int8(): not supported (refused when true)
+  // mxfp4: the routed experts' frozen matrices held in MXFP4 (32-value blocks of e2m1 with an
+  // e8m0 scale; an MXFP4 checkpoint's own codes, as gpt-oss is released), the other matrices
+  // 16-bit, as transformers' Mxfp4Config keeps attention, routers, embeddings and head.
+  QuantMethod quant_method = QuantMethod::kBitsandbytes;
 };
 
 struct TrainingConfig {
@@ -375,6 +379,9 @@ int64_t head_dim(const Config& cfg);                  // model.head_dim, or hidd
 int64_t key_value_heads(const Config& cfg);           // model.num_key_value_heads, or num_heads
 bool is_moe_layer(const Config& cfg, int64_t layer);  // moe.decoder_sparse_step, mlp_only_layers
 int64_t moe_layer_count(const Config& cfg);
+// Whether a LoRA run holds part of its frozen base quantized: quantization.load_in_4bit
+// (bitsandbytes) or quant_method mxfp4 (the experts).
+bool quantized_base(const Config& cfg);
 // The keys a query of decoder block `layer` sees (model.sliding_window where the layer slides,
 // per model.layer_types); 0 = every earlier position (full causal attention).
 int64_t attention_window(const Config& cfg, int64_t layer);

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/types.h>
@@ -22,6 +23,10 @@ std::optional<std::vector<int64_t>> mxfp4_shape(const HfWeights& w, const std::s
 
 // The dequantized parameter [E, G * 32, rows] in `dtype` (mxfp4_shape must have said yes).
 torch::Tensor read_mxfp4(const HfWeights& w, const std::string& name, torch::ScalarType dtype);
+
+// The stored codes as they are: blocks U8 [E, rows, G, 16], scales U8 [E, rows, G].
+std::pair<torch::Tensor, torch::Tensor> read_mxfp4_codes(const HfWeights& w,
+                                                         const std::string& name);
 
 // Whether `name` is the _blocks or _scales half of an MXFP4 tensor in `w`.
 bool is_mxfp4_part(const HfWeights& w, const std::string& name);

@@ -22,6 +22,9 @@ struct Quant4bitOptions {
   bool double_quant = false;
   torch::ScalarType compute = torch::kFloat;  // bnb_4bit_compute_dtype
   bool fused = false;  // dequantize with our CUDA kernel on CUDA (moe.kernels not `reference`)
+  // quantization.quant_method mxfp4: expert stacks held in MXFP4 (quant/mxfp4.h), dequantized
+  // by the ATen reference on every device (no kernel of ours yet).
+  bool mxfp4 = false;
 };
 Quant4bitOptions quant_4bit_options(const config::Config& cfg, const torch::Device& device);
 
@@ -42,6 +45,12 @@ class QuantizedWeight {
   // Part `i` (an expert, or a row block of a linear weight) replaced by a state quantized
   // elsewhere (a bitsandbytes checkpoint's), of the same [out, in] shape.
   void replace_part(int64_t i, quant::Quantized4bit q);
+  // MXFP4 experts: every expert's codes replaced by an MXFP4 checkpoint's, blocks [E, out, G,
+  // 16] and scales [E, out, G] (the [out, in] matrices' layout).
+  void replace_mxfp4(const torch::Tensor& blocks, const torch::Tensor& scales);
+  bool is_mxfp4() const { return mx_blocks_.defined(); }
+  const torch::Tensor& mxfp4_blocks() const { return mx_blocks_; }
+  const torch::Tensor& mxfp4_scales() const { return mx_scales_; }
   // The part of a linear weight whose rows start at `row`.
   int64_t part_of_row(int64_t row) const;
   // Our parameter's values in `dtype` (default: the compute dtype), our layout.
@@ -66,6 +75,7 @@ class QuantizedWeight {
   std::vector<int64_t> row_parts_;  // linear: rows per part
   Quant4bitOptions opt_;
   std::vector<quant::Quantized4bit> parts_;
+  torch::Tensor mx_blocks_, mx_scales_;  // MXFP4 experts (opt_.mxfp4) instead of parts_
 };
 using QuantizedWeightPtr = std::shared_ptr<QuantizedWeight>;
 

@@ -6,6 +6,8 @@
 // range), so the result does not depend on the dtype asked for, except past fp32's range.
 #pragma once
 
+#include <utility>
+
 #include <torch/types.h>
 
 namespace moe::quant {
@@ -15,5 +17,11 @@ inline constexpr int64_t kMxfp4BlockBytes = 16;  // 32 values per block
 // blocks uint8 [..., G, 16], scales uint8 [..., G] -> [..., G * 32] in `dtype`.
 torch::Tensor dequantize_mxfp4(const torch::Tensor& blocks, const torch::Tensor& scales,
                                torch::ScalarType dtype);
+
+// MXFP4 quantization (OCP Microscaling v1.0) of m [..., n], n a multiple of 32: per block of 32
+// the shared exponent floor(log2(max |x|)) - 2 (e2m1's largest exponent; 0 -> the smallest scale,
+// clamped to e8m0's range), each x / 2^exponent rounded to the nearest e2m1 value, ties to the
+// even code, saturating at +-6. -> {blocks uint8 [..., n / 32, 16], scales uint8 [..., n / 32]}.
+std::pair<torch::Tensor, torch::Tensor> quantize_mxfp4(const torch::Tensor& m);
 
 }  // namespace moe::quant
