@@ -41,9 +41,10 @@ SCRIPT = SRC / "scripts" / "gpu-check"
 # built on the device, data) plus their steps at the 1 B bench's speed (0.17 s a step; offload adds
 # ~1 s a step of host AdamW over 1.1 B parameters and pins 17 GiB of host buffers). The 4-bit
 # dequantization suites' 5 s and the 4-bit LoRA run's 4 s came out of configure's room (30 -> 21
-# s, measured 11 s): the plan was full (bench at 0 s).
-STEP_TABLE = [("env", 15, "sh"), ("deps", 25, "sh"), ("configure", 21, "sh"), ("build", 180, "sh"),
-              ("gpu-tests", 99, "py"), ("memcheck", 30, "py"), ("racecheck", 30, "py"),
+# s, measured 11 s): the plan was full (bench at 0 s). The clamped-SwiGLU suites' 3 s took 2 s
+# more of it (21 -> 19 s) and 1 s of the reruns' room.
+STEP_TABLE = [("env", 15, "sh"), ("deps", 25, "sh"), ("configure", 19, "sh"), ("build", 180, "sh"),
+              ("gpu-tests", 101, "py"), ("memcheck", 30, "py"), ("racecheck", 30, "py"),
               ("lora-bf16", 35, "py"), ("offload-1b", 40, "py"), ("bench", None, "sh"),
               ("full-ctest", 300, "sh")]
 PLAN_S = 480          # the default steps and the summary: 8 minutes
@@ -58,7 +59,8 @@ MAX_FILES = 8         # the GPU machine sends back at most this many files of OU
 # the poison test, the rotary kernel on a strided view with documents, the SwiGLU kernel's
 # packed form (rows of [gate | up]) with 16-byte packs and with one element per thread, and the
 # 8-bit AdamW kernel one value past a block, and the 4-bit dequantization with one byte per thread
-# (odd n, double quant) and with 16-byte packs. Every kernel family of src/kernels/*.cu is in it.
+# (odd n, double quant) and with 16-byte packs, and the clamped SwiGLU with one element per
+# thread and misaligned. Every kernel family of src/kernels/*.cu is in it.
 # gtest's '*' also matches '/' and '.'.
 SAN_FILTER = ("Grid/PermuteGpu.*/fp32_T7_E8_k2:Grid/PermuteGpu.*/bf16_T7_E64_k8:"
               "Shapes/PermuteGpu.*/bf16_T33_E16_k8_d1000:Shapes/PermuteGpu.*/fp16_T33_E16_k10_d3:"
@@ -68,7 +70,8 @@ SAN_FILTER = ("Grid/PermuteGpu.*/fp32_T7_E8_k2:Grid/PermuteGpu.*/bf16_T7_E64_k8:
               "Grid/RotaryGpu.*/bf16_B2_N3_S5_hd6_view_docs:"
               "Grid/SwigluGpu.*/bf16_33x1024_packed:Grid/SwigluGpu.*/fp32_3x5_packed:"
               "Grid/Adam8bitGpu.*/n4097_scale1_wd1_t3:"
-              "Grid/Dequant4bitGpu.*/nf4_dq_bf16_33x65:Grid/Dequant4bitGpu.*/fp4_fp32_5x100")
+              "Grid/Dequant4bitGpu.*/nf4_dq_bf16_33x65:Grid/Dequant4bitGpu.*/fp4_fp32_5x100:"
+              "Grid/ClampedSwigluGpu.*/bf16_33x1024_misaligned:Grid/ClampedSwigluGpu.*/fp32_3x5")
 MAX_CRASH_RERUNS = 3  # reruns after a crash or a hang, per gpu-tests step
 
 # moe_gpu_tests by suite: (cases, estimated seconds for all of them on an H200). The 368 kernel
@@ -94,6 +97,8 @@ GPU_SUITES = {
     "RmsNormGpu": (2, 1.0),
     # 96 launches; the CPU quantization and references of the 24 cases of ~1 M values dominate.
     "Grid/Dequant4bitGpu": (96, 3.0), "Dequant4bitGpuDispatch": (1, 0.5),
+    # gpt-oss's clamped SwiGLU: 25 elementwise cases (as Grid/SwigluGpu's), three autograd tests.
+    "Grid/ClampedSwigluGpu": (25, 2.0), "ClampedSwigluGpuAutograd": (3, 1.0),
 }
 GPU_TESTS_START_S = 5.0  # loading LibTorch twice (the list, the run) and one CUDA context
 RERUN_START_S = 3.0      # a rerun loads LibTorch and makes a CUDA context again

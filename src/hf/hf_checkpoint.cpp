@@ -306,6 +306,34 @@ ExportReport export_adapter(model::TransformerLM& model, const config::Config& c
   return r;
 }
 
+// Every HF tensor of the export in `dtype`, in transformers' order; `keep` holds their data.
+std::vector<SafeTensorView> export_views(model::TransformerLM& model, const config::Config& cfg,
+                                         Family family, torch::ScalarType dtype,
+                                         std::vector<torch::Tensor>& keep) {
+  const auto params = parameter_map(model);
+  std::vector<SafeTensorView> views;
+  const auto pieces = tensor_pieces(cfg, family);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const TensorPiece& p = pieces[i];
+    if (i > 0 && pieces[i - 1].hf == p.hf && p.hf_step > 1) continue;  // written with the first
+    if (p.hf_step == 1) {
+      keep.push_back(piece_view(p, params).detach().to(dtype).contiguous());
+    } else {  // an interleaved tensor: each of its pieces into its columns
+      auto sizes = piece_view(p, params).sizes().vec();
+      sizes.back() *= p.hf_step;
+      auto whole = torch::empty(sizes, torch::TensorOptions().dtype(dtype));
+      for (size_t j = i; j < pieces.size() && pieces[j].hf == p.hf; ++j) {
+        hf_part(pieces[j], whole).copy_(piece_view(pieces[j], params).detach());
+      }
+      keep.push_back(whole);
+    }
+    const auto& t = keep.back();
+    views.push_back({p.hf, safetensors_dtype_of(t.scalar_type()), t.sizes().vec(), t.data_ptr(),
+                     static_cast<size_t>(t.nbytes())});
+  }
+  return views;
+}
+
 }  // namespace
 
 ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
@@ -407,28 +435,8 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   std::vector<std::string> warnings;
   const json hf_config = hf_config_from(cfg, family, base, opt.dtype, &warnings);
 
-  const auto params = parameter_map(model);
   std::vector<torch::Tensor> keep;
-  std::vector<SafeTensorView> views;
-  const auto pieces = tensor_pieces(cfg, family);
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const TensorPiece& p = pieces[i];
-    if (i > 0 && pieces[i - 1].hf == p.hf && p.hf_step > 1) continue;  // written with the first
-    if (p.hf_step == 1) {
-      keep.push_back(piece_view(p, params).detach().to(dt->second).contiguous());
-    } else {  // an interleaved tensor: each of its pieces into its columns
-      auto sizes = piece_view(p, params).sizes().vec();
-      sizes.back() *= p.hf_step;
-      auto whole = torch::empty(sizes, torch::TensorOptions().dtype(dt->second));
-      for (size_t j = i; j < pieces.size() && pieces[j].hf == p.hf; ++j) {
-        hf_part(pieces[j], whole).copy_(piece_view(pieces[j], params).detach());
-      }
-      keep.push_back(whole);
-    }
-    const auto& t = keep.back();
-    views.push_back({p.hf, safetensors_dtype_of(t.scalar_type()), t.sizes().vec(), t.data_ptr(),
-                     static_cast<size_t>(t.nbytes())});
-  }
+  const std::vector<SafeTensorView> views = export_views(model, cfg, family, dt->second, keep);
 
   StagedDir out(
       "export-hf", out_dir,

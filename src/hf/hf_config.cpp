@@ -381,6 +381,48 @@ static void gpt_oss_architecture(const HfKeys& k, json& m, json& e) {
   e["swiglu_alpha"] = k.number("swiglu_alpha", 1.702);
 }
 
+// The keys each family names its own way (experts, widths, norms, routing).
+static void family_architecture(const HfKeys& k, Family family, json& m, json& e,
+                                std::vector<std::string>* warnings) {
+  const int64_t hidden = m["hidden_size"].get<int64_t>(), heads = m["num_heads"].get<int64_t>();
+  switch (family) {
+    case Family::kMixtral:
+      e["num_experts"] = k.integer("num_local_experts");
+      e["expert_hidden_size"] = k.integer("intermediate_size");
+      e["normalize_topk"] = true;
+      m["qk_norm"] = false;
+      if (k.number("router_jitter_noise", 0.0) != 0.0 && warnings != nullptr) {
+        warnings->push_back("router_jitter_noise is not imported (moe-train routes without it)");
+      }
+      break;
+    case Family::kQwen3Moe:
+      e["num_experts"] =
+          k.present("num_experts") ? k.integer("num_experts") : k.integer("num_local_experts");
+      e["expert_hidden_size"] = k.integer("moe_intermediate_size");
+      m["dense_hidden_size"] = k.integer("intermediate_size");
+      e["decoder_sparse_step"] = k.integer("decoder_sparse_step", 1);
+      e["mlp_only_layers"] = k.integers("mlp_only_layers");
+      e["normalize_topk"] = k.boolean("norm_topk_prob", false);
+      m["qk_norm"] = true;
+      m["qk_norm_scope"] = "head";
+      break;
+    case Family::kGptOss:
+      gpt_oss_architecture(k, m, e);
+      break;
+    case Family::kOlmoe:
+      e["num_experts"] = k.integer("num_experts");
+      e["expert_hidden_size"] = k.integer("intermediate_size");
+      e["normalize_topk"] = k.boolean("norm_topk_prob", false);
+      m["qk_norm"] = true;
+      m["qk_norm_scope"] = "full";
+      m["clip_qkv"] = k.number("clip_qkv", 0.0);
+      if (m["head_dim"].get<int64_t>() * heads != hidden) {
+        k.fail("head_dim", "OLMoE's q/k norms need num_attention_heads x head_dim = hidden_size");
+      }
+      break;
+  }
+}
+
 json architecture_from_hf(const json& c, const std::string& file, Family* family_out,
                           std::vector<std::string>* warnings) {
   if (!c.is_object()) throw UserError("hf: " + file + ": expected a JSON object");
@@ -439,47 +481,53 @@ json architecture_from_hf(const json& c, const std::string& file, Family* family
   e["capacity_factor"] = 0.0;
   e["aux_loss_coeff"] = k.number("router_aux_loss_coef", 0.01);
   e["z_loss_coeff"] = 0.0;
-  switch (family) {
-    case Family::kMixtral:
-      e["num_experts"] = k.integer("num_local_experts");
-      e["expert_hidden_size"] = k.integer("intermediate_size");
-      e["normalize_topk"] = true;
-      m["qk_norm"] = false;
-      if (k.number("router_jitter_noise", 0.0) != 0.0 && warnings != nullptr) {
-        warnings->push_back("router_jitter_noise is not imported (moe-train routes without it)");
-      }
-      break;
-    case Family::kQwen3Moe:
-      e["num_experts"] =
-          k.present("num_experts") ? k.integer("num_experts") : k.integer("num_local_experts");
-      e["expert_hidden_size"] = k.integer("moe_intermediate_size");
-      m["dense_hidden_size"] = k.integer("intermediate_size");
-      e["decoder_sparse_step"] = k.integer("decoder_sparse_step", 1);
-      e["mlp_only_layers"] = k.integers("mlp_only_layers");
-      e["normalize_topk"] = k.boolean("norm_topk_prob", false);
-      m["qk_norm"] = true;
-      m["qk_norm_scope"] = "head";
-      break;
-    case Family::kGptOss:
-      gpt_oss_architecture(k, m, e);
-      break;
-    case Family::kOlmoe:
-      e["num_experts"] = k.integer("num_experts");
-      e["expert_hidden_size"] = k.integer("intermediate_size");
-      e["normalize_topk"] = k.boolean("norm_topk_prob", false);
-      m["qk_norm"] = true;
-      m["qk_norm_scope"] = "full";
-      m["clip_qkv"] = k.number("clip_qkv", 0.0);
-      if (m["head_dim"].get<int64_t>() * heads != hidden) {
-        k.fail("head_dim", "OLMoE's q/k norms need num_attention_heads x head_dim = hidden_size");
-      }
-      break;
-  }
+  family_architecture(k, family, m, e, warnings);
   if (e["top_k"].get<int64_t>() == 1 && e["normalize_topk"].get<bool>()) {
     k.fail("num_experts_per_tok",
            "top-1 routing with renormalised weights (a weight of exactly 1) is not supported");
   }
   return {{"model", m}, {"moe", e}};
+}
+
+// What only gpt-oss has, refused for the other families.
+static void check_gpt_oss_features(const config::Config& cfg, Family f) {
+  const auto& m = cfg.model;
+  const auto& e = cfg.moe;
+  auto refuse = [](const std::string& key, const std::string& why) {
+    throw UserError(key + ": " + why);
+  };
+  if (f == Family::kGptOss) return;
+  const char* only = "only gpt_oss has this among the families export-hf writes";
+  if (m.attention_bias) refuse("model.attention_bias", only);
+  if (m.attention_sinks) refuse("model.attention_sinks", only);
+  if (m.sliding_window > 0) refuse("model.sliding_window", only);
+  if (e.router_bias) refuse("moe.router_bias", only);
+  if (e.softmax_after_topk) refuse("moe.softmax_after_topk", only);
+  if (e.expert_bias) refuse("moe.expert_bias", only);
+  if (e.activation != config::ExpertActivation::kSwiglu) refuse("moe.activation", only);
+}
+
+// What a gpt-oss export needs to be one.
+static void check_gpt_oss_export(const config::Config& cfg) {
+  const auto& m = cfg.model;
+  const auto& e = cfg.moe;
+  const bool all_moe = config::moe_layer_count(cfg) == m.num_layers;
+  auto refuse = [](const std::string& key, const std::string& why) {
+    throw UserError(key + ": " + why);
+  };
+  if (!m.attention_bias) refuse("model.attention_bias", "gpt-oss has q/k/v/o biases");
+  if (!m.attention_sinks) refuse("model.attention_sinks", "gpt-oss has attention sinks");
+  if (m.qk_norm) refuse("model.qk_norm", "gpt-oss has no q/k norms");
+  if (m.clip_qkv > 0) refuse("model.clip_qkv", "gpt-oss does not clip q, k, v");
+  if (!all_moe) refuse("moe.mlp_only_layers", "gpt-oss has no dense layers");
+  if (!e.softmax_after_topk) {
+    refuse("moe.softmax_after_topk", "gpt-oss softmaxes the top-k logits");
+  }
+  if (!e.router_bias) refuse("moe.router_bias", "gpt-oss's router has a bias");
+  if (!e.expert_bias) refuse("moe.expert_bias", "gpt-oss's experts have biases");
+  if (e.activation != config::ExpertActivation::kClampedSwiglu) {
+    refuse("moe.activation", "gpt-oss's experts use clamped_swiglu");
+  }
 }
 
 Family export_family(const config::Config& cfg, const std::string& requested) {
@@ -512,31 +560,10 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
     f = m.qk_norm_scope == config::QkNormScope::kFull ? Family::kOlmoe : Family::kQwen3Moe;
   }
   const bool all_moe = config::moe_layer_count(cfg) == m.num_layers;
-  if (f != Family::kGptOss) {  // what only gpt-oss has
-    const char* only = "only gpt_oss has this among the families export-hf writes";
-    if (m.attention_bias) refuse("model.attention_bias", only);
-    if (m.attention_sinks) refuse("model.attention_sinks", only);
-    if (m.sliding_window > 0) refuse("model.sliding_window", only);
-    if (e.router_bias) refuse("moe.router_bias", only);
-    if (e.softmax_after_topk) refuse("moe.softmax_after_topk", only);
-    if (e.expert_bias) refuse("moe.expert_bias", only);
-    if (e.activation != config::ExpertActivation::kSwiglu) refuse("moe.activation", only);
-  }
+  check_gpt_oss_features(cfg, f);
   switch (f) {
     case Family::kGptOss:
-      if (!m.attention_bias) refuse("model.attention_bias", "gpt-oss has q/k/v/o biases");
-      if (!m.attention_sinks) refuse("model.attention_sinks", "gpt-oss has attention sinks");
-      if (m.qk_norm) refuse("model.qk_norm", "gpt-oss has no q/k norms");
-      if (m.clip_qkv > 0) refuse("model.clip_qkv", "gpt-oss does not clip q, k, v");
-      if (!all_moe) refuse("moe.mlp_only_layers", "gpt-oss has no dense layers");
-      if (!e.softmax_after_topk) {
-        refuse("moe.softmax_after_topk", "gpt-oss softmaxes the top-k logits");
-      }
-      if (!e.router_bias) refuse("moe.router_bias", "gpt-oss's router has a bias");
-      if (!e.expert_bias) refuse("moe.expert_bias", "gpt-oss's experts have biases");
-      if (e.activation != config::ExpertActivation::kClampedSwiglu) {
-        refuse("moe.activation", "gpt-oss's experts use clamped_swiglu");
-      }
+      check_gpt_oss_export(cfg);
       break;
     case Family::kMixtral:
       if (m.qk_norm) refuse("model.qk_norm", "Mixtral has no q/k norms");
@@ -601,6 +628,46 @@ static json gpt_oss_layer_types(const config::Config& cfg) {
     types.push_back(config::attention_window(cfg, i) > 0 ? "sliding_attention" : "full_attention");
   }
   return types;
+}
+
+// The keys each family writes its own way.
+static void family_keys_to_hf(const config::Config& cfg, Family f, json& j) {
+  const auto& m = cfg.model;
+  const auto& e = cfg.moe;
+  switch (f) {
+    case Family::kMixtral:
+      j["num_local_experts"] = e.num_experts;
+      j["intermediate_size"] = config::expert_hidden_size(cfg);
+      j["sliding_window"] = nullptr;
+      j["router_jitter_noise"] = 0.0;
+      break;
+    case Family::kQwen3Moe:
+      j["num_experts"] = e.num_experts;
+      j["moe_intermediate_size"] = config::expert_hidden_size(cfg);
+      j["intermediate_size"] = config::dense_hidden_size(cfg);
+      j["decoder_sparse_step"] = e.decoder_sparse_step;
+      j["mlp_only_layers"] = e.mlp_only_layers;
+      j["norm_topk_prob"] = e.normalize_topk;
+      j["attention_bias"] = false;
+      j["use_sliding_window"] = false;
+      break;
+    case Family::kGptOss:
+      j["num_local_experts"] = e.num_experts;
+      j["intermediate_size"] = config::expert_hidden_size(cfg);
+      j["attention_bias"] = true;
+      j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
+      j["layer_types"] = gpt_oss_layer_types(cfg);
+      j["swiglu_limit"] = e.swiglu_limit;
+      j["swiglu_alpha"] = e.swiglu_alpha;
+      break;
+    case Family::kOlmoe:
+      j["num_experts"] = e.num_experts;
+      j["intermediate_size"] = config::expert_hidden_size(cfg);
+      j["norm_topk_prob"] = e.normalize_topk;
+      j["attention_bias"] = false;
+      j["clip_qkv"] = m.clip_qkv > 0 ? json(m.clip_qkv) : json(nullptr);
+      break;
+  }
 }
 
 json hf_config_from(const config::Config& cfg, Family f, const json& base, const std::string& dtype,
@@ -672,40 +739,7 @@ json hf_config_from(const config::Config& cfg, Family f, const json& base, const
   j["num_experts_per_tok"] = e.top_k;
   j["router_aux_loss_coef"] = e.aux_loss_coeff;
   j["output_router_logits"] = false;
-  switch (f) {
-    case Family::kMixtral:
-      j["num_local_experts"] = e.num_experts;
-      j["intermediate_size"] = config::expert_hidden_size(cfg);
-      j["sliding_window"] = nullptr;
-      j["router_jitter_noise"] = 0.0;
-      break;
-    case Family::kQwen3Moe:
-      j["num_experts"] = e.num_experts;
-      j["moe_intermediate_size"] = config::expert_hidden_size(cfg);
-      j["intermediate_size"] = config::dense_hidden_size(cfg);
-      j["decoder_sparse_step"] = e.decoder_sparse_step;
-      j["mlp_only_layers"] = e.mlp_only_layers;
-      j["norm_topk_prob"] = e.normalize_topk;
-      j["attention_bias"] = false;
-      j["use_sliding_window"] = false;
-      break;
-    case Family::kGptOss:
-      j["num_local_experts"] = e.num_experts;
-      j["intermediate_size"] = config::expert_hidden_size(cfg);
-      j["attention_bias"] = true;
-      j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
-      j["layer_types"] = gpt_oss_layer_types(cfg);
-      j["swiglu_limit"] = e.swiglu_limit;
-      j["swiglu_alpha"] = e.swiglu_alpha;
-      break;
-    case Family::kOlmoe:
-      j["num_experts"] = e.num_experts;
-      j["intermediate_size"] = config::expert_hidden_size(cfg);
-      j["norm_topk_prob"] = e.normalize_topk;
-      j["attention_bias"] = false;
-      j["clip_qkv"] = m.clip_qkv > 0 ? json(m.clip_qkv) : json(nullptr);
-      break;
-  }
+  family_keys_to_hf(cfg, f, j);
   j["dtype"] = dtype;
   j["torch_dtype"] = dtype;
   return j;
