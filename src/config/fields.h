@@ -294,7 +294,7 @@ void visit_fields(auto& v, Section<QuantizationConfig> auto& q) {
   v.field("quant_method", q.quant_method);
   v.ignored("dequantize");              // Mxfp4Config's: moe-train dequantizes for the GEMMs anyway
   v.ignored("modules_to_not_convert");  // Mxfp4Config's: attention, routers, embeddings, head
-  v.ignored("bnb_4bit_quant_storage");      // uint8: how the codes are stored
+  v.ignored("bnb_4bit_quant_storage");  // uint8: how the codes are stored
   v.field("load_in_8bit", q.load_in_8bit);  // refused in validate() when true
   v.ignored("llm_int8_threshold");
   v.ignored("llm_int8_skip_modules");

@@ -736,7 +736,7 @@ Quantized4bitBase quantized_4bit_base(const Config& c, const PlanOptions& opt) {
     const bool expert_stack = ends_with(p.name, ".moe.experts.w_gate") ||
                               ends_with(p.name, ".moe.experts.w_up") ||
                               ends_with(p.name, ".moe.experts.w_down");
-    if (mxfp4 && !expert_stack) continue;  // MXFP4 holds the experts only
+    if (mxfp4 && !expert_stack) continue;         // MXFP4 holds the experts only
     if (ends_with(p.name, ".attn.qkv.weight")) {  // q, k and v: three matrices, one GEMM
       const int64_t d = p.shape[1];
       add(q_rows * d, 1);
@@ -842,11 +842,10 @@ void state_rows(const Config& c, const MemoryPlan& p, PlanRows& t) {
     std::snprintf(b, sizeof b, "%.4g parameters, %.4f bytes each",
                   static_cast<double>(p.quantized_parameters),
                   p.quantized_base / static_cast<double>(p.quantized_parameters));
-    const std::string how =
-        q.quant_method == QuantMethod::kMxfp4
-            ? std::string("MXFP4 experts")
-            : std::string(name(q.bnb_4bit_quant_type)) +
-                  (q.bnb_4bit_use_double_quant ? ", double quant" : "");
+    const std::string how = q.quant_method == QuantMethod::kMxfp4
+                                ? std::string("MXFP4 experts")
+                                : std::string(name(q.bnb_4bit_quant_type)) +
+                                      (q.bnb_4bit_use_double_quant ? ", double quant" : "");
     t.row(("  4-bit part (" + how + ")").c_str(), p.quantized_base, b);
   }
   t.row(p.gradients > 2.5 * static_cast<double>(p.parameters) || !w16

@@ -69,8 +69,7 @@ TEST(ParameterLayout, GptOssBiasesSinksWindows) {
       {"attention_bias", true},
       {"attention_sinks", true},
       {"sliding_window", 4},
-      {"layer_types",
-       {"sliding_attention", "full_attention", "sliding_attention"}}};
+      {"layer_types", {"sliding_attention", "full_attention", "sliding_attention"}}};
   const nlohmann::json moe = {{"router_bias", true},
                               {"expert_bias", true},
                               {"softmax_after_topk", true},
