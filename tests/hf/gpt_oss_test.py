@@ -28,6 +28,9 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+import hf_parity  # noqa: E402
+from hf_parity import hf_logits, newest_checkpoint  # noqa: E402
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "train"))
 from lora_common import peft_steps  # noqa: E402
 
@@ -79,29 +82,8 @@ def clamp_binds(model, tokens):
     return max(seen)
 
 
-def hf_logits(model_dir, tokens):
-    m = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return m(input_ids=tokens).logits
-
-
 def compare(what, dump_path, model_dir, eval_loss):
-    d = load_file(dump_path)
-    windows, ours = d["tokens"], d["logits"]
-    theirs = hf_logits(model_dir, windows[:, :-1])
-    diff = (theirs - ours).abs().max().item()
-    loss = torch.nn.functional.cross_entropy(theirs.double().reshape(-1, theirs.shape[-1]),
-                                             windows[:, 1:].reshape(-1)).item()
-    rel = abs(loss - eval_loss) / abs(loss)
-    print(f"  {what}: {windows.shape[0]} windows x {windows.shape[1] - 1} tokens: max |logit diff| "
-          f"{diff:.2e}, loss transformers {loss:.8f} moe-train {eval_loss:.8f} (rel {rel:.1e})")
-    assert diff <= LOGITS_TOL, f"{what}: logits differ by {diff}"
-    assert rel <= LOSS_RTOL, f"{what}: loss differs by {rel} relative"
-
-
-def newest_checkpoint(run_dir):
-    cks = sorted(p for p in (run_dir / "checkpoints").iterdir() if (p / "state.json").exists())
-    return max(cks, key=lambda p: json.loads((p / "state.json").read_text())["step"])
+    hf_parity.compare(what, dump_path, model_dir, eval_loss, LOGITS_TOL, LOSS_RTOL)
 
 
 def round_trip(tmp, model, sharded):

@@ -20,6 +20,9 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
+import hf_parity  # noqa: E402
+from hf_parity import newest_checkpoint  # noqa: E402
+
 from tiny_families import COMMON, FAMILIES  # noqa: E402
 
 BIN = sys.argv[1]
@@ -34,29 +37,8 @@ def run(*args, ok=True):
     return r
 
 
-def hf_logits(model_dir, tokens):
-    m = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return m(input_ids=tokens).logits
-
-
 def compare(what, dump_path, model_dir, eval_loss):
-    d = load_file(dump_path)
-    windows, ours = d["tokens"], d["logits"]
-    theirs = hf_logits(model_dir, windows[:, :-1])
-    diff = (theirs - ours).abs().max().item()
-    loss = torch.nn.functional.cross_entropy(theirs.double().reshape(-1, theirs.shape[-1]),
-                                             windows[:, 1:].reshape(-1)).item()
-    rel = abs(loss - eval_loss) / abs(loss)
-    print(f"  {what}: {windows.shape[0]} windows x {windows.shape[1] - 1} tokens: max |logit diff| "
-          f"{diff:.2e}, loss transformers {loss:.7f} moe-train {eval_loss:.7f} (rel {rel:.1e})")
-    assert diff <= LOGITS_TOL, f"{what}: logits differ by {diff}"
-    assert rel <= LOSS_RTOL, f"{what}: loss differs by {rel} relative"
-
-
-def newest_checkpoint(run_dir):
-    cks = sorted(p for p in (run_dir / "checkpoints").iterdir() if (p / "state.json").exists())
-    return max(cks, key=lambda p: json.loads((p / "state.json").read_text())["step"])
+    hf_parity.compare(what, dump_path, model_dir, eval_loss, LOGITS_TOL, LOSS_RTOL)
 
 
 def write_tokenizer(d):
