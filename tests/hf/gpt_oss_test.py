@@ -114,20 +114,7 @@ def round_trip(tmp, model, sharded):
     trained = newest_checkpoint(tmp / f"run-{tag}")
     exported = tmp / f"exported-{tag}"
     run("export-hf", trained, "--out", exported)
-    _, info = transformers.AutoModelForCausalLM.from_pretrained(exported, output_loading_info=True)
-    for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-        assert not info[k], f"{tag}: transformers reports {k}: {info[k]}"
-    dump2 = tmp / f"logits-trained-{tag}.safetensors"
-    r2 = json.loads(run("eval", "--config", cfg, "--checkpoint", trained, "--dump-logits", dump2).stdout)
-    assert r2["step"] == 10
-    compare("trained 10 steps, exported", dump2, exported, r2["loss"])
-    again = tmp / f"reimported-{tag}"
-    run("import-hf", exported, "--out", again)
-    a, b = load_file(trained / "model.safetensors"), load_file(again / "model.safetensors")
-    assert a.keys() == b.keys(), "same tensor names"
-    for k in a:
-        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), f"{tag}: {k} differs after the round trip"
-    print(f"  import-hf of the export: {len(a)} tensors bitwise identical to the trained checkpoint")
+    r2 = hf_parity.exported_matches(run, tmp, tag, cfg, trained, exported, 10, compare)
 
 
 def full_fine_tuning_peer(tmp, model):
