@@ -1,4 +1,4 @@
-#include "moe/data/chat_template.h"
+#include "moe/chat/chat_template.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "moe/data/utf8.h"
+#include "moe/tokenizers/utf8.h"
 #include "moe/util/errors.h"
 
 namespace moe::data {

@@ -1,4 +1,4 @@
-#include "moe/data/sft.h"
+#include "moe/chat/sft.h"
 
 #include <algorithm>
 #include <filesystem>

@@ -1,4 +1,4 @@
-#include "moe/train/checkpoint_store.h"
+#include "moe/checkpoint/checkpoint_dirs.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "moe/train/checkpoint.h"
+#include "moe/checkpoint/checkpoint_files.h"
 
 #include <ATen/Context.h>
 
@@ -10,11 +10,11 @@
 #include <sstream>
 #include <thread>
 
+#include "moe/checkpoint/checkpoint_dirs.h"
+#include "moe/checkpoint/init_from.h"
 #include "moe/config/lora.h"
-#include "moe/model/lora.h"
-#include "moe/train/blockwise_quant.h"
-#include "moe/train/checkpoint_store.h"
-#include "moe/train/init_from.h"
+#include "moe/layers/lora.h"
+#include "moe/quant/blockwise_quant.h"
 #include "moe/util/errors.h"
 #include "moe/util/fault_injection.h"
 #include "moe/util/safetensors.h"
@@ -437,7 +437,7 @@ void save_checkpoint(const std::string& dir, model::TransformerLM& model,
                      const OptimizerStream& optimizer, const TrainingState& state) {
   try {
     write_model_file(dir, model, optimizer.master_weight, optimizer.whole_parameter);
-    // Test hook (tests/train/checkpoint_test.py): die half-way through a checkpoint write.
+    // Test hook (tests/checkpoint/checkpoint_test.py): die half-way through a checkpoint write.
     if (state.step == fault_injection().abort_in_checkpoint_step) std::abort();
     test_pause();
   } catch (...) {

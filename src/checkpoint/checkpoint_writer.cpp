@@ -1,10 +1,10 @@
-#include "moe/train/checkpointer.h"
+#include "moe/checkpoint/checkpoint_writer.h"
 
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
 
-#include "moe/hf/hf_files.h"
+#include "moe/checkpoint/side_files.h"
 #include "moe/util/errors.h"
 #include "moe/util/remove_tree.h"
 
@@ -25,9 +25,9 @@ Checkpointer::Checkpointer(const config::Config& cfg, CheckpointStore& store,
       state_(state),
       log_(log),
       last_save_(Clock::now()),
-      hf_source_(hf::hf_side_source(cfg.model.init_from)) {
+      hf_source_(hf_side_source(cfg.model.init_from)) {
   // A resumed run whose init_from directory is gone still has the files in its checkpoint.
-  if (hf_source_.empty()) hf_source_ = hf::hf_side_source(resumed_dir);
+  if (hf_source_.empty()) hf_source_ = hf_side_source(resumed_dir);
 }
 
 void Checkpointer::save(const char* why, int64_t metrics_lines, const OptimizerStream* optimizer) {
@@ -46,7 +46,7 @@ void Checkpointer::save(const char* why, int64_t metrics_lines, const OptimizerS
                     optimizer != nullptr ? *optimizer : local_optimizer_stream(optimizer_), state_);
     if (!hf_source_.empty()) {
       try {
-        hf::copy_hf_side_files(hf_source_, tmp);
+        copy_hf_side_files(hf_source_, tmp);
       } catch (const fs::filesystem_error& e) {
         throw TrainingError("checkpoint " + tmp +
                             ": cannot copy the model's Hugging Face files from " + hf_source_ +

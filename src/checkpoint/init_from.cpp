@@ -1,13 +1,13 @@
-#include "moe/train/init_from.h"
+#include "moe/checkpoint/init_from.h"
 
 #include <filesystem>
 
 #include <torch/torch.h>
 
+#include "moe/checkpoint/checkpoint_files.h"
+#include "moe/checkpoint/resume_policy.h"
 #include "moe/config/architecture.h"
 #include "moe/hf/load_hf_weights.h"
-#include "moe/train/checkpoint.h"
-#include "moe/train/resume_policy.h"
 #include "moe/util/errors.h"
 
 namespace moe::train {

@@ -1,4 +1,4 @@
-#include "moe/train/remote_checkpoints.h"
+#include "moe/checkpoint/remote_checkpoints.h"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -15,8 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moe/checkpoint/checkpoint_dirs.h"
 #include "moe/data/checksum.h"
-#include "moe/train/checkpoint_store.h"
 #include "moe/util/errors.h"
 #include "moe/util/fault_injection.h"
 #include "moe/util/remove_tree.h"

@@ -1,4 +1,4 @@
-#include "moe/train/resume_policy.h"
+#include "moe/checkpoint/resume_policy.h"
 
 #include <spdlog/spdlog.h>
 
@@ -78,7 +78,7 @@ int64_t peek_checkpoint_step(const std::string& dir) {
              : -1;
 }
 
-ResumeDecision decide_resume(const TrainOptions& opt, const std::vector<std::string>& candidates,
+ResumeDecision decide_resume(const ResumeRequest& opt, const std::vector<std::string>& candidates,
                              int64_t total_steps, const std::string& checkpoints_root,
                              size_t first) {
   ResumeDecision d;

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "moe/cli/commands.h"
-#include "moe/dist/launch_env.h"
+#include "moe/parallel/launch_env.h"
 #include "moe/util/errors.h"
 #include "moe/util/fault_injection.h"
 #include "moe/util/host_memory.h"

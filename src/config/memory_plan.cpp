@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "moe/config/lora.h"
-#include "moe/model/parameter_layout.h"
+#include "moe/config/parameter_layout.h"
 #include "moe/util/errors.h"
 
 namespace moe::config {
@@ -572,7 +572,7 @@ PlanBasis plan_basis(const Config& c, const PlanOptions& opt, int64_t parameters
   const bool w16 = c.training.param_dtype != ParamDtype::kFp32;
   const bool accumulate = c.gradient_accumulation_steps > 1;
   // Offload in one process with overlap_comm streams gradients to the host during the backward
-  // (train/offload_gradient_stream.h): 16-bit ones are released on the device as they are
+  // (optim/offload_gradient_stream.h): 16-bit ones are released on the device as they are
   // copied and summed in fp32 on the host, so the device holds no fp32 sums.
   const bool streamed = offload && c.zero_optimization.overlap_comm && N == 1;
   const bool fp32_sums = w16 && (accumulate || c.fp16.enabled) && !streamed;
@@ -603,7 +603,7 @@ void plan_training_state(const Config& c, const PlanOptions& opt, const PlanBasi
   p.optimizer_states = offload ? 0 : moments * (dp.shards_optimizer() ? sharded / N : trained);
   // Moments + fp32 master copy + gradient staging (in the gradients' dtype); streamed: fp32
   // gradients, and a 16-bit staging buffer for 16-bit weights (their copies both ways).
-  // One host buffer per dtype, packed (train/host_arena.h): no allocator rounding to add. Under
+  // One host buffer per dtype, packed (optim/host_arena.h): no allocator rounding to add. Under
   // 16-bit weights the norms and routers stay fp32: fp32 staging, no 16-bit copy.
   const double staging = streamed ? 4 + (w16 ? 2 : 0) : !w16 || fp32_sums ? 4 : 2;
   const double fp32_held =
@@ -704,7 +704,7 @@ Quantized4bitBase quantized_4bit_base(const Config& c, const PlanOptions& opt) {
   const bool dq = c.quantization.bnb_4bit_use_double_quant;
   // Linear4bitFn dequantizes to bnb_4bit_compute_dtype; the grouped GEMM over a whole expert
   // stack (a GPU with bf16 activations and aligned widths; sm_90 at run time, assumed here:
-  // the larger group) to bf16 (model/frozen_4bit.cpp, moe/experts.cpp).
+  // the larger group) to bf16 (layers/frozen_4bit.cpp, moe/experts.cpp).
   const double compute =
       c.quantization.bnb_4bit_compute_dtype == QuantComputeDtype::kFloat32 ? 4.0 : 2.0;
   const LoraTargets t = lora_targets(c.lora);

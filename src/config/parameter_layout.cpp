@@ -1,4 +1,4 @@
-#include "moe/model/parameter_layout.h"
+#include "moe/config/parameter_layout.h"
 
 #include "moe/config/lora.h"
 
@@ -6,7 +6,7 @@ namespace moe::model {
 
 namespace {
 
-// A LoRA adapter's two tensors (model/lora.h): lora_A [r, in], lora_B [out, r]; experts'
+// A LoRA adapter's two tensors (layers/lora.h): lora_A [r, in], lora_B [out, r]; experts'
 // stacked: lora_A [E, in, r], lora_B [E, r, out].
 void adapter(std::vector<ParameterShape>& out, const std::string& prefix, int64_t in, int64_t out_w,
              int64_t r, int64_t experts = 0) {

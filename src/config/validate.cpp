@@ -12,7 +12,7 @@
 #include "fields.h"
 #include "moe/config/config.h"
 #include "moe/config/lora.h"
-#include "moe/env/placement.h"
+#include "moe/util/cpu_list.h"
 #include "moe/util/errors.h"
 #include "moe/util/s3_client.h"
 
@@ -317,7 +317,7 @@ void check_zero(Config& c, const Rules& rules) {
   } else if (stage > 0) {
     rules.check(stage < 3, "zero_optimization.stage", stage,
                 "stage 3 (parameter partitioning) is not supported; use 0, 1 or 2");
-    // The ZeRO checkpoint gathers fp32 moments from their owners (train/zero.cpp).
+    // The ZeRO checkpoint gathers fp32 moments from their owners (parallel/zero.cpp).
     const auto& o = c.optimizer;
     rules.check(o.exp_avg_dtype == StateDtype::kFp32 && o.exp_avg_sq_dtype == StateDtype::kFp32,
                 "optimizer.exp_avg_dtype",
@@ -421,7 +421,7 @@ void check_cpu_affinity(const Config& c, const Rules& rules) {
   if (const std::string& a = c.training.cpu_affinity; !a.empty() && a != "auto") {
     bool ok = true;
     try {
-      env::parse_cpu_list(a, "training.cpu_affinity");
+      parse_cpu_list(a, "training.cpu_affinity");
     } catch (const UserError&) {
       ok = false;
     }

@@ -1,4 +1,4 @@
-#include "moe/hf/hf_checkpoint.h"
+#include "moe/convert/hf_checkpoint.h"
 
 #include <filesystem>
 #include <fstream>
@@ -7,17 +7,18 @@
 
 #include <torch/torch.h>
 
+#include "moe/checkpoint/checkpoint_files.h"
+#include "moe/checkpoint/resume_policy.h"
+#include "moe/checkpoint/side_files.h"
 #include "moe/config/architecture.h"
 #include "moe/config/lora.h"
+#include "moe/config/parameter_layout.h"
 #include "moe/hf/bnb_4bit_tensors.h"
 #include "moe/hf/hf_files.h"
 #include "moe/hf/hf_tensor_map.h"
 #include "moe/hf/load_hf_weights.h"
 #include "moe/hf/mxfp4_tensors.h"
 #include "moe/hf/peft_adapter.h"
-#include "moe/model/parameter_layout.h"
-#include "moe/train/checkpoint.h"
-#include "moe/train/resume_policy.h"
 #include "moe/util/errors.h"
 #include "moe/util/host_memory.h"
 #include "moe/util/safetensors_dtype.h"
@@ -30,227 +31,6 @@ using nlohmann::json;
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::ostringstream o;
-  o << at::IntArrayRef(s);
-  return o.str();
-}
-
-std::map<std::string, torch::Tensor> parameter_map(model::TransformerLM& model) {
-  std::map<std::string, torch::Tensor> out;
-  for (auto& item : model->named_parameters()) out[item.key()] = item.value();
-  return out;
-}
-
-// HF tensors that carry no weight of ours: rotary caches of old checkpoints, a tied head.
-bool ignorable(const std::string& name, const config::Config& cfg) {
-  const std::string inv = "rotary_emb.inv_freq";
-  if (name.size() >= inv.size() && name.compare(name.size() - inv.size(), inv.size(), inv) == 0) {
-    return true;
-  }
-  return cfg.model.tie_embeddings && name == "lm_head.weight";
-}
-
-// Checks every tensor (presence, dtype, shape, nothing unexpected) against `params` (our
-// parameters by name; meta tensors do: only shapes are read).
-void check_hf_tensors(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                      Family family, const std::map<std::string, torch::Tensor>& params) {
-  const auto pieces = tensor_pieces(cfg, family);
-  std::set<std::string> expected;
-  for (const auto& p : pieces) {
-    expected.insert(p.hf);
-    // What the whole HF tensor must be: our part of it, times the stride of an interleaved one.
-    auto want = piece_view(p, params).sizes().vec();
-    want.back() *= p.hf_step;
-    if (const auto mx = mxfp4_shape(w, p.hf)) {  // gpt-oss's MXFP4 experts
-      if (*mx != want) {
-        throw UserError("hf: " + dir + ": tensor '" + p.hf +
-                        "' (MXFP4 _blocks/_scales) has shape " + shape_text(*mx) +
-                        "; config.json implies " + shape_text(want));
-      }
-      continue;
-    }
-    auto it = w.tensors().find(p.hf);
-    if (it == w.tensors().end()) {
-      throw UserError("hf: " + dir + ": tensor '" + p.hf + "' is missing (a " +
-                      architecture_name(family) + " with this config.json has it)");
-    }
-    const SafeTensorEntry& e = *it->second.entry;
-    const std::string where = "hf: " + it->second.file->path() + ": tensor '" + p.hf + "'";
-    if (const auto q = read_bnb_4bit(w, p.hf)) {  // saved by bitsandbytes in 4 bits
-      if (q->shape != want) {
-        throw UserError(where + " (bitsandbytes 4-bit) has shape " + shape_text(q->shape) +
-                        "; config.json implies " + shape_text(want));
-      }
-      continue;
-    }
-    if (!is_float_weight_dtype(e.dtype)) {
-      throw UserError(where + " is " + e.dtype + "; expected F32, BF16 or F16");
-    }
-    if (e.shape != want) {
-      throw UserError(where + " has shape " + shape_text(e.shape) + "; config.json implies " +
-                      shape_text(want));
-    }
-  }
-  for (const auto& [name, ref] : w.tensors()) {
-    if (expected.count(name) == 0 && !ignorable(name, cfg) && !is_bnb_4bit_companion(w, name) &&
-        !is_mxfp4_part(w, name)) {
-      throw UserError("hf: " + ref.file->path() + ": unexpected tensor '" + name + "' (not in a " +
-                      architecture_name(family) + " with this config.json)");
-    }
-  }
-}
-
-// Copies one HF tensor into its part of our parameter (fp32), releasing the mapped source.
-void copy_piece(const HfWeights& w, const TensorPiece& p,
-                const std::map<std::string, torch::Tensor>& params) {
-  torch::NoGradGuard no_grad;
-  if (const auto q = read_bnb_4bit(w, p.hf)) {  // a bitsandbytes 4-bit weight: its values
-    piece_view(p, params).copy_(quant::dequantize_4bit(*q, torch::kFloat));
-    return;
-  }
-  if (mxfp4_shape(w, p.hf)) {  // exact in bf16: half the transient of fp32
-    piece_view(p, params).copy_(hf_part(p, read_mxfp4(w, p.hf, torch::kBFloat16)));
-    return;
-  }
-  const HfTensorRef& ref = w.tensors().at(p.hf);
-  const SafeTensorEntry& e = *ref.entry;
-  // clone(): safetensors data offsets need not be aligned for the element type.
-  auto src = torch::from_blob(const_cast<char*>(ref.file->data(e)), e.shape,
-                              torch::TensorOptions().dtype(*scalar_type_of_safetensors(e.dtype)))
-                 .clone();
-  ref.file->release(e);  // the mapped pages go: one source tensor in memory at a time
-  piece_view(p, params).copy_(hf_part(p, src));
-}
-
-// Checks every tensor, then copies them into the model as fp32 training weights.
-void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                     Family family, model::TransformerLM& model) {
-  const auto params = parameter_map(model);
-  // Expert parallelism: a rank holds some experts' rows of the routed experts' stacks; those
-  // are checked whole and assembled whole, one parameter at a time, and the rank keeps its rows.
-  // A 4-bit base: its (emptied) matrices are checked at their shapes, assembled whole in fp32
-  // one at a time and quantized (host memory: the 4-bit base plus one matrix and one source).
-  const auto& quantized = model->quantized_weights();
-  auto whole = params;
-  for (auto& [name, t] : whole) {
-    if (const auto rows = model->expert_rows(name)) {
-      auto shape = t.sizes().vec();
-      shape[0] = rows->total;
-      t = torch::empty(shape, t.options().device(torch::kMeta));
-    } else if (const auto q = quantized.find(name); q != quantized.end()) {
-      t = torch::empty(q->second->shape(), t.options().device(torch::kMeta));
-    }
-  }
-  check_hf_tensors(w, dir, cfg, family, whole);
-  std::map<std::string, std::vector<TensorPiece>> pieces_of;
-  for (auto& p : tensor_pieces(cfg, family)) pieces_of[p.ours].push_back(p);
-  for (const auto& [name, pieces] : pieces_of) {
-    const auto rows = model->expert_rows(name);
-    if (const auto q = quantized.find(name); q != quantized.end()) {
-      const std::map<std::string, torch::Tensor> one{
-          {name, torch::empty(q->second->shape(), torch::kFloat)}};
-      for (const auto& p : pieces) copy_piece(w, p, one);
-      q->second->requantize(one.at(name));
-      // An MXFP4 base from an MXFP4 checkpoint keeps the checkpoint's own codes (gate and up:
-      // every second row of gate_up_proj's blocks).
-      if (q->second->is_mxfp4() && pieces.size() == 1 && mxfp4_shape(w, pieces[0].hf)) {
-        const TensorPiece& p = pieces[0];
-        auto [blocks, scales] = read_mxfp4_codes(w, p.hf);
-        q->second->replace_mxfp4(blocks.slice(1, p.hf_first, std::nullopt, p.hf_step),
-                                 scales.slice(1, p.hf_first, std::nullopt, p.hf_step));
-      }
-      // A matrix bitsandbytes saved in this very format is kept as saved, not requantized from
-      // its dequantized values (which need not give the same codes back).
-      for (const auto& p : pieces) {
-        auto saved = read_bnb_4bit(w, p.hf);
-        const auto& o = q->second->options();
-        if (saved && saved->type == o.type && saved->double_quant() == o.double_quant &&
-            saved->blocksize == quant::kBlocksize) {
-          q->second->replace_part(p.expert >= 0 ? p.expert : q->second->part_of_row(p.row_begin),
-                                  std::move(*saved));
-        }
-      }
-      return_free_host_memory();  // the fp32 matrix, its sources and the old codes
-      continue;
-    }
-    if (!rows) {
-      for (const auto& p : pieces) copy_piece(w, p, params);
-      continue;
-    }
-    const std::map<std::string, torch::Tensor> one{
-        {name, torch::empty(whole.at(name).sizes(), torch::kFloat)}};
-    for (const auto& p : pieces) copy_piece(w, p, one);
-    torch::NoGradGuard no_grad;
-    params.at(name).copy_(one.at(name).narrow(0, rows->first, rows->count));
-  }
-}
-
-// import-hf without building the model: each of our parameters (model/parameter_layout.h) is
-// assembled from its HF tensors and appended to model.safetensors, then freed. Host memory:
-// one parameter and one source tensor, not the model.
-void stream_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                       Family family, const std::string& out_file) {
-  const auto layout = model::parameter_layout(cfg);
-  std::map<std::string, torch::Tensor> shapes;
-  for (const auto& l : layout) {
-    shapes[l.name] = torch::empty(l.shape, torch::TensorOptions().device(torch::kMeta));
-  }
-  check_hf_tensors(w, dir, cfg, family, shapes);
-  std::map<std::string, std::vector<TensorPiece>> pieces_of;
-  for (auto& p : tensor_pieces(cfg, family)) pieces_of[p.ours].push_back(p);
-  std::vector<SafeTensorView> views;
-  for (const auto& l : layout) {
-    if (pieces_of.count(l.name) == 0) {
-      throw std::logic_error("import-hf: no Hugging Face tensor fills " + l.name);
-    }
-    int64_t n = 1;
-    for (const int64_t s : l.shape) n *= s;
-    views.push_back({l.name, "F32", l.shape, nullptr, static_cast<size_t>(n) * 4});
-  }
-  SafetensorsWriter out(out_file, views, {{"format", "pt"}, {"producer", "moe-train"}});
-  for (const auto& l : layout) {
-    const std::map<std::string, torch::Tensor> one{{l.name, torch::empty(l.shape)}};
-    for (const TensorPiece& p : pieces_of.at(l.name)) copy_piece(w, p, one);
-    const torch::Tensor& t = one.at(l.name);
-    out.append(t.data_ptr(), static_cast<size_t>(t.nbytes()));
-  }
-  out.finish();
-}
-
-struct HfModel {
-  json hf_config;
-  Family family = Family::kMixtral;
-  json sections;  // {"model", "moe"}
-  std::vector<std::string> warnings;
-  config::Config cfg;
-};
-
-HfModel read_hf_model(const std::string& dir) {
-  const fs::path path = fs::path(dir) / "config.json";
-  if (!fs::is_directory(dir)) throw UserError("hf: " + dir + ": not a directory");
-  if (!fs::exists(path)) {
-    throw UserError("hf: " + dir + ": no config.json (not a Hugging Face model directory)");
-  }
-  HfModel m;
-  m.hf_config = config::load_json_file(path.string(), "hf");
-  m.sections = architecture_from_hf(m.hf_config, path.string(), &m.family, &m.warnings);
-  json root = m.sections;
-  // validate() wants data and a batch size; neither is part of an architecture.
-  root["data"] = {{"path", "-"}};
-  root["train_micro_batch_size_per_gpu"] = 1;
-  try {
-    m.cfg = config::from_json(root, path.string());
-    config::validate(m.cfg);
-  } catch (const UserError& e) {
-    throw UserError("hf: " + path.string() +
-                    ": maps to a configuration moe-train refuses: " + e.what());
-  }
-  m.cfg.data.path.clear();
-  m.cfg.warnings.clear();
-  return m;
-}
-
 void write_json(const fs::path& path, const json& j) {
   std::ofstream out(path);
   out << j.dump(2) << "\n";
@@ -262,8 +42,8 @@ void write_json(const fs::path& path, const json& j) {
 // and every checkpoint descending from an import carry them), or the directory its run started
 // from (model.init_from, for checkpoints written before they were carried). "" when none.
 std::string hf_source_dir(const std::string& checkpoint_dir, const config::Config& cfg) {
-  const std::string own = hf_side_source(checkpoint_dir);
-  return own.empty() ? hf_side_source(cfg.model.init_from) : own;
+  const std::string own = train::hf_side_source(checkpoint_dir);
+  return own.empty() ? train::hf_side_source(cfg.model.init_from) : own;
 }
 
 ExportReport export_adapter(model::TransformerLM& model, const config::Config& cfg, Family family,
@@ -301,7 +81,7 @@ ExportReport export_adapter(model::TransformerLM& model, const config::Config& c
         rope_parameters(cfg.model).dump() + window + ") or export with --merge");
   }
   r.shards = 1;
-  r.tokenizer_files = copy_tokenizer_files(checkpoint_dir, out.path());
+  r.tokenizer_files = train::copy_tokenizer_files(checkpoint_dir, out.path());
   out.commit();
   return r;
 }
@@ -375,7 +155,7 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
   r.family = hm.family;
   r.tensors = static_cast<int64_t>(weights.tensors().size());
   r.warnings = hm.warnings;
-  r.tokenizer_files = copy_tokenizer_files(hf_dir, out.path());
+  r.tokenizer_files = train::copy_tokenizer_files(hf_dir, out.path());
   out.commit();
   return r;
 }
@@ -458,20 +238,12 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   r.warnings = std::move(warnings);
   r.tensors = static_cast<int64_t>(views.size());
   r.shards = shards;
-  r.tokenizer_files = copy_tokenizer_files(checkpoint_dir, out.path());
+  r.tokenizer_files = train::copy_tokenizer_files(checkpoint_dir, out.path());
   if (r.tokenizer_files.empty() && !source.empty()) {
-    r.tokenizer_files = copy_tokenizer_files(source, out.path());
+    r.tokenizer_files = train::copy_tokenizer_files(source, out.path());
   }
   out.commit();
   return r;
-}
-
-void load_hf_weights(const std::string& hf_dir, const config::Config& cfg,
-                     model::TransformerLM& model) {
-  const HfModel hm = read_hf_model(hf_dir);
-  config::check_same_architecture(cfg, hm.sections, hf_dir + "/config.json");
-  const HfWeights weights(hf_dir);
-  copy_hf_weights(weights, hf_dir, cfg, hm.family, model);
 }
 
 }  // namespace moe::hf

@@ -12,12 +12,12 @@
 #include <optional>
 #include <set>
 
+#include "moe/chat/sft.h"
 #include "moe/data/checksum.h"
 #include "moe/data/line_reader.h"
-#include "moe/data/sft.h"
 #include "moe/data/split_writer.h"
 #include "moe/data/token_shard.h"
-#include "moe/data/tokenizer.h"
+#include "moe/tokenizers/tokenizer.h"
 #include "moe/util/errors.h"
 #include "moe/util/staged_dir.h"
 

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "moe/data/token_shard.h"
 #include "moe/data/verify.h"
 #include "moe/util/errors.h"
 #include "moe/util/s3_client.h"
@@ -307,8 +308,6 @@ class ShardCache : public ShardFetcher {
   std::vector<std::thread> workers_;
 };
 
-int bytes_per_token(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
-
 }  // namespace
 
 RemoteDataset open_remote_dataset(const std::string& url, const RemoteCacheOptions& opt,
@@ -342,7 +341,7 @@ RemoteDataset open_remote_dataset(const std::string& url, const RemoteCacheOptio
       info.num_tokens = s.tokens;
       info.vocab_size = d.manifest.vocab_size;
       info.format_version = kShardFormatVersion;
-      info.bytes_per_token = bytes_per_token(d.manifest.vocab_size);
+      info.bytes_per_token = token_bytes(d.manifest.vocab_size);
       info.tokenizer = d.manifest.tokenizer;
       info.has_loss_mask = d.manifest.loss_mask;
       out.push_back(std::move(info));

@@ -146,7 +146,7 @@ ShardInfo inspect_shard(const std::string& path) {
   if (info.vocab_size < 2) {
     fail(path, "vocab_size = " + std::to_string(info.vocab_size) + "; expected >= 2");
   }
-  if (info.bytes_per_token == 2 && info.vocab_size > 65536) {
+  if (info.bytes_per_token < token_bytes(info.vocab_size)) {
     fail(path, "vocab_size = " + std::to_string(info.vocab_size) + " does not fit uint16 tokens");
   }
   info.tokenizer = read_string_attr(file.get(), "tokenizer", path);
@@ -231,7 +231,7 @@ void write_shard(const std::string& path, std::span<const uint32_t> tokens, int6
                       std::to_string(i) + " is >= vocab_size " + std::to_string(vocab_size));
     }
   }
-  const bool narrow = vocab_size <= 65536;
+  const bool narrow = token_bytes(vocab_size) == 2;
   std::string tmp = path + ".tmp";
   {
     // No object timestamps: the same input gives byte-identical shards (and manifest

@@ -1,4 +1,4 @@
-#include "moe/model/frozen_4bit.h"
+#include "moe/layers/frozen_4bit.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/custom_class.h>

@@ -1,11 +1,11 @@
-#include "moe/model/lora.h"
+#include "moe/layers/lora.h"
 
 #include <cmath>
 
 #include <torch/torch.h>
 
 #include "moe/config/lora.h"
-#include "moe/model/frozen_4bit.h"
+#include "moe/layers/frozen_4bit.h"
 #include "moe/util/content_hash.h"
 
 namespace moe::model {

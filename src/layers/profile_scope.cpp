@@ -1,4 +1,4 @@
-#include "moe/model/profile_scope.h"
+#include "moe/layers/profile_scope.h"
 
 #include <torch/cuda.h>
 

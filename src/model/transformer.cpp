@@ -3,9 +3,9 @@
 #include "moe/kernels/permute.h"
 #include "moe/kernels/rotary.h"
 #include "moe/kernels/swiglu.h"
+#include "moe/layers/profile_scope.h"
 #include "moe/model/activation_checkpoint.h"
 #include "moe/model/attention_core.h"
-#include "moe/model/profile_scope.h"
 #include "moe/util/host_memory.h"
 
 #include <algorithm>

@@ -3,7 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
-#include "moe/model/profile_scope.h"
+#include "moe/layers/profile_scope.h"
 
 namespace moe::moe {
 
@@ -52,7 +52,7 @@ torch::Tensor MoeLayerImpl::dispatch_rows(const torch::Tensor& x) const {
 
 MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
   const int64_t T = x.size(0);
-  // Scopes: the flops profiler's module kinds (moe/model/profile_scope.h; off otherwise).
+  // Scopes: the flops profiler's module kinds (moe/layers/profile_scope.h; off otherwise).
   Routing r;
   {
     profile::Scope scope("router");

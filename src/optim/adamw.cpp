@@ -1,4 +1,4 @@
-#include "moe/train/adamw.h"
+#include "moe/optim/adamw.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -11,9 +11,9 @@
 
 #include "moe/kernels/adam8bit.h"
 #include "moe/kernels/permute.h"
-#include "moe/train/blockwise_quant.h"
-#include "moe/train/host_arena.h"
-#include "moe/train/offload_gradient_stream.h"
+#include "moe/optim/host_arena.h"
+#include "moe/optim/offload_gradient_stream.h"
+#include "moe/quant/blockwise_quant.h"
 
 namespace moe::train {
 

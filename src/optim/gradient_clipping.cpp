@@ -1,4 +1,4 @@
-#include "moe/train/gradient_clipping.h"
+#include "moe/optim/gradient_clipping.h"
 
 #include <ATen/ATen.h>
 

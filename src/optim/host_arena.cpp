@@ -1,4 +1,4 @@
-#include "moe/train/host_arena.h"
+#include "moe/optim/host_arena.h"
 
 #include <ATen/ATen.h>
 

@@ -1,4 +1,4 @@
-#include "moe/train/loss_scaler.h"
+#include "moe/optim/loss_scaler.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "moe/train/lr_schedule.h"
+#include "moe/optim/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>

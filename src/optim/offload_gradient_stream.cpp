@@ -1,4 +1,4 @@
-#include "moe/train/offload_gradient_stream.h"
+#include "moe/optim/offload_gradient_stream.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>

@@ -1,4 +1,4 @@
-#include "moe/train/data_parallel.h"
+#include "moe/parallel/data_parallel.h"
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/config/architecture.h"
-#include "moe/dist/process_group.h"
-#include "moe/train/gradient_clipping.h"
-#include "moe/train/step_runner.h"
-#include "moe/train/zero.h"
+#include "moe/optim/gradient_clipping.h"
+#include "moe/parallel/process_group.h"
+#include "moe/parallel/step_result.h"
+#include "moe/parallel/zero.h"
 #include "moe/util/errors.h"
 #include "moe/util/fault_injection.h"
 
@@ -48,7 +48,7 @@ namespace {
 
 class LocalTraining final : public DataParallel {};
 
-// Test hook (tests/dist/expert_parallel_test.py): this rank dies in its N-th all-to-all, while
+// Test hook (tests/parallel/expert_parallel_test.py): this rank dies in its N-th all-to-all, while
 // the others wait in theirs.
 void die_here_for_tests() {
   static int64_t calls = 0;

@@ -1,4 +1,4 @@
-#include "moe/dist/launch_env.h"
+#include "moe/parallel/launch_env.h"
 
 #include <cstdlib>
 #include <string>

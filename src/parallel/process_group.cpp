@@ -2,7 +2,7 @@
 // file in src/CMakeLists.txt). The pip wheel ships LibTorch's c10d headers and its bundled Gloo
 // library but not Gloo's headers: Debian's libgloo-dev provides them (only smart-pointer types
 // of Gloo cross this boundary, so its version does not change any layout we use).
-#include "moe/dist/process_group.h"
+#include "moe/parallel/process_group.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -22,7 +22,7 @@
 #include <sstream>
 #include <thread>
 
-#include "moe/dist/buckets.h"
+#include "moe/parallel/buckets.h"
 #include "moe/util/errors.h"
 
 namespace moe::dist {

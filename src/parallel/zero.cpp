@@ -1,4 +1,4 @@
-#include "moe/train/zero.h"
+#include "moe/parallel/zero.h"
 
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -8,9 +8,9 @@
 #include <map>
 #include <numeric>
 
-#include "moe/dist/buckets.h"
-#include "moe/dist/process_group.h"
-#include "moe/train/gradient_clipping.h"
+#include "moe/optim/gradient_clipping.h"
+#include "moe/parallel/buckets.h"
+#include "moe/parallel/process_group.h"
 
 namespace moe::train {
 

@@ -1,7 +1,7 @@
 // 8-bit blockwise dynamic quantisation (blockwise_quant.h), written after bitsandbytes'
 // create_dynamic_map and its default quantize/dequantize ops, operation for operation, so that
-// the codes match bitsandbytes' (tests/train/optimizer_precision_test.py checks them).
-#include "moe/train/blockwise_quant.h"
+// the codes match bitsandbytes' (tests/optim/optimizer_precision_test.py checks them).
+#include "moe/quant/blockwise_quant.h"
 
 #include <ATen/ATen.h>
 

@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "moe/train/blockwise_quant.h"
+#include "moe/quant/blockwise_quant.h"
 
 namespace moe::quant {
 
@@ -134,7 +134,7 @@ torch::Tensor code_4bit(Quant4bitType type) {
 }
 
 torch::Tensor dynamic_map() {
-  // The 8-bit optimizer's map (train/blockwise_quant.h, checked against bitsandbytes there).
+  // The 8-bit optimizer's map (quant/blockwise_quant.h, checked against bitsandbytes there).
   return train::dynamic_map(/*is_signed=*/true, torch::kCPU);
 }
 

@@ -1,4 +1,4 @@
-#include "moe/data/hf_bpe_tokenizer.h"
+#include "moe/tokenizers/hf_bpe_tokenizer.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "moe/data/utf8.h"
+#include "moe/tokenizers/utf8.h"
 #include "moe/util/errors.h"
 
 namespace moe::data {

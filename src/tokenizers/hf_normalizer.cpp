@@ -1,4 +1,4 @@
-#include "moe/data/hf_normalizer.h"
+#include "moe/tokenizers/hf_normalizer.h"
 
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
@@ -9,7 +9,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "moe/data/utf8.h"
+#include "moe/tokenizers/utf8.h"
 
 namespace moe::data {
 

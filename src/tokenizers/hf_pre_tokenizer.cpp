@@ -1,4 +1,4 @@
-#include "moe/data/hf_pre_tokenizer.h"
+#include "moe/tokenizers/hf_pre_tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

@@ -1,10 +1,10 @@
-#include "moe/data/tokenizer.h"
+#include "moe/tokenizers/tokenizer.h"
 
 #include <sentencepiece_processor.h>
 
 #include <filesystem>
 
-#include "moe/data/hf_bpe_tokenizer.h"
+#include "moe/tokenizers/hf_bpe_tokenizer.h"
 #include "moe/util/errors.h"
 
 namespace moe::data {

@@ -9,13 +9,13 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include "moe/checkpoint/checkpoint_dirs.h"
+#include "moe/checkpoint/checkpoint_files.h"
+#include "moe/checkpoint/resume_policy.h"
 #include "moe/config/architecture.h"
 #include "moe/data/dataset.h"
 #include "moe/data/token_shard.h"
-#include "moe/train/checkpoint.h"
-#include "moe/train/checkpoint_store.h"
 #include "moe/train/evaluation.h"
-#include "moe/train/resume_policy.h"
 #include "moe/train/run_config.h"
 #include "moe/util/errors.h"
 #include "moe/util/safetensors.h"

@@ -2,10 +2,10 @@
 
 #include <filesystem>
 
+#include "moe/checkpoint/resume_policy.h"
 #include "moe/config/architecture.h"
 #include "moe/data/manifest.h"
 #include "moe/hf/hf_config.h"
-#include "moe/train/resume_policy.h"
 #include "moe/util/errors.h"
 
 namespace moe::train {

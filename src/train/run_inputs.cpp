@@ -5,9 +5,9 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "moe/dist/launch_env.h"
 #include "moe/env/environment.h"
 #include "moe/model/attention_backend.h"
+#include "moe/parallel/launch_env.h"
 #include "moe/train/device.h"
 #include "moe/util/errors.h"
 #include "moe/util/s3_client.h"

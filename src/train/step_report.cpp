@@ -1,4 +1,4 @@
-#include "moe/monitor/step_report.h"
+#include "moe/train/step_report.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -1,6 +1,6 @@
 #include "moe/train/step_runner.h"
 
-#include "moe/train/data_parallel.h"
+#include "moe/parallel/data_parallel.h"
 
 #include <ATen/autocast_mode.h>
 #include <spdlog/spdlog.h>
@@ -11,7 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "moe/model/profile_scope.h"
+#include "moe/layers/profile_scope.h"
 #include "moe/train/chunked_lm_loss.h"
 #include "moe/train/cuda_graph_step.h"
 #include "moe/train/loss_targets.h"

@@ -1,8 +1,8 @@
 // The training run as one session object: each method is one phase (inputs, resume, output
 // directory, first validation, the loop, one step), delegating to the rooms that own the
 // decisions: run_inputs.h (checks before any write), resume_policy.h (where the run starts),
-// checkpointer.h (writes), cadence.h (when to validate, save, stop), step_runner.h (the
-// step's compute), monitor/step_report.h (what each step reports).
+// checkpoint_writer.h (writes), cadence.h (when to validate, save, stop), step_runner.h (the
+// step's compute), train/step_report.h (what each step reports).
 #include "moe/train/trainer.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -28,32 +28,32 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moe/checkpoint/checkpoint_dirs.h"
+#include "moe/checkpoint/checkpoint_files.h"
+#include "moe/checkpoint/checkpoint_writer.h"
+#include "moe/checkpoint/init_from.h"
+#include "moe/checkpoint/remote_checkpoints.h"
+#include "moe/checkpoint/resume_policy.h"
 #include "moe/config/architecture.h"
 #include "moe/config/memory_plan.h"
 #include "moe/data/blended_loader.h"
 #include "moe/data/streaming_loader.h"
 #include "moe/kernels/permute.h"  // cuda_kernels_compiled
-#include "moe/model/profile_scope.h"
+#include "moe/layers/profile_scope.h"
 #include "moe/model/transformer.h"
 #include "moe/monitor/flops_report.h"
 #include "moe/monitor/monitor.h"
-#include "moe/monitor/step_report.h"
 #include "moe/monitor/step_trace.h"
-#include "moe/train/adamw.h"
+#include "moe/optim/adamw.h"
+#include "moe/optim/loss_scaler.h"
+#include "moe/optim/lr_schedule.h"
+#include "moe/parallel/data_parallel.h"
 #include "moe/train/cadence.h"
-#include "moe/train/checkpoint.h"
-#include "moe/train/checkpoint_store.h"
-#include "moe/train/checkpointer.h"
-#include "moe/train/data_parallel.h"
 #include "moe/train/device.h"
 #include "moe/train/evaluation.h"
-#include "moe/train/init_from.h"
-#include "moe/train/loss_scaler.h"
-#include "moe/train/lr_schedule.h"
 #include "moe/train/metrics_log.h"
-#include "moe/train/remote_checkpoints.h"
-#include "moe/train/resume_policy.h"
 #include "moe/train/run_inputs.h"
+#include "moe/train/step_report.h"
 #include "moe/train/step_runner.h"
 #include "moe/util/errors.h"
 #include "moe/util/fault_injection.h"

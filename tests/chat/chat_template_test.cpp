@@ -1,10 +1,10 @@
 // The chat-template evaluator on the Jinja features the families' templates use (each expected
 // string is what Python's jinja2, with transformers' trim_blocks and lstrip_blocks, renders), its
-// errors, and Python-style tojson. tests/data/sft_data_test.py checks whole templates against
+// errors, and Python-style tojson. tests/chat/sft_data_test.py checks whole templates against
 // transformers.
 #include <gtest/gtest.h>
 
-#include "moe/data/chat_template.h"
+#include "moe/chat/chat_template.h"
 #include "moe/util/errors.h"
 
 namespace moe::data {

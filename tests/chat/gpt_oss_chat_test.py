@@ -12,7 +12,7 @@ parameter schemas, tool calls with and without analysis and their results, Share
 conversational prompt/completion records, multilingual text), the ids prepare-data writes equal
 apply_chat_template(messages, tools=..., tokenize=True), and the loss mask is set exactly on the
 assistant turns. The expected mask is derived here from the harmony structure of transformers'
-rendered text, independently of src/data/sft.cpp: the text is cut into harmony messages
+rendered text, independently of src/chat/sft.cpp: the text is cut into harmony messages
 (<|start|>HEADER<|message|>BODY then <|end|>, <|return|> or <|call|>); each run of consecutive
 messages whose author is the assistant is one assistant message of the conversation (its analysis,
 then its final answer or tool call), and its turn runs from the end of the first

@@ -1,7 +1,7 @@
 // Where a run starts, on real directories: state.json reading, the choice of checkpoint
 // (explicit, newest loadable, the one before a damaged one, a finished run, none), setting an
 // earlier run aside and cutting metrics.jsonl back to a checkpoint.
-#include "moe/train/resume_policy.h"
+#include "moe/checkpoint/resume_policy.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -81,7 +81,7 @@ class ResumePolicyTest : public ::testing::Test {
   std::shared_ptr<spdlog::logger> log_;
 };
 
-TrainOptions auto_resume() { return TrainOptions{}; }
+ResumeRequest auto_resume() { return ResumeRequest{}; }
 
 // ---- state.json ----
 
@@ -191,7 +191,7 @@ TEST_F(ResumePolicyTest, NewestLoadableIsTried) {
 
 TEST_F(ResumePolicyTest, ExplicitDirectoryIsLoadedAsGiven) {
   const std::vector<std::string> c = {checkpoint(30), checkpoint(20)};
-  TrainOptions o;
+  ResumeRequest o;
   o.resume_from = c[1];
   o.overwrite = true;  // ignored with --resume
   o.resume = false;    // --resume wins over --no-resume too
@@ -208,10 +208,10 @@ TEST_F(ResumePolicyTest, ExplicitDirectoryIsLoadedAsGiven) {
 
 TEST_F(ResumePolicyTest, NoResumeAndOverwriteStartFresh) {
   const std::vector<std::string> c = {checkpoint(30)};
-  TrainOptions no_resume;
+  ResumeRequest no_resume;
   no_resume.resume = false;
   EXPECT_EQ(decide_resume(no_resume, c, 40, checkpoints().string()).action, Action::kFresh);
-  TrainOptions overwrite;
+  ResumeRequest overwrite;
   overwrite.overwrite = true;
   EXPECT_EQ(decide_resume(overwrite, c, 40, checkpoints().string()).action, Action::kFresh);
   // A finished run is not even looked at: --overwrite deletes it.

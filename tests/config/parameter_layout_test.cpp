@@ -1,4 +1,4 @@
-// parameter_layout (src/model/parameter_layout.cpp) is the model's named_parameters() without
+// parameter_layout (src/config/parameter_layout.cpp) is the model's named_parameters() without
 // building it: names, order and shapes, for every architecture switch and LoRA target.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/config/config.h"
-#include "moe/model/parameter_layout.h"
+#include "moe/config/parameter_layout.h"
 #include "moe/model/transformer.h"
 
 namespace moe::model {

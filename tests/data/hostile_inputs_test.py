@@ -121,7 +121,7 @@ with tempfile.TemporaryDirectory() as d:
     assert not out.exists(), f"{out} was written"
 
     # Real templates still render (the families' templates are checked against transformers by
-    # tests/data/sft_data_test.py; here: the sandbox does not refuse an ordinary run).
+    # tests/chat/sft_data_test.py; here: the sandbox does not refuse an ordinary run).
     rc, _, err, _ = run(["prepare-data", chat, "--out", tmp / "ok", "--format", "sft", "--tokenizer-from", model])
     assert rc == 0, err
 

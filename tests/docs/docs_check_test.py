@@ -10,7 +10,7 @@
   recipes  the ```sh / ```bash / ```python blocks of docs/finetune.md run as written, in document
            order, in one scratch directory, on a tiny model built here (nothing is downloaded):
            a Qwen3-MoE from tests/hf/tiny_families.py, a Qwen3-style byte-level BPE tokenizer
-           trained with `tokenizers`, Qwen3's chat template (tests/data/chat_templates/qwen3.jinja),
+           trained with `tokenizers`, Qwen3's chat template (tests/chat/chat_templates/qwen3.jinja),
            and a small instruction file. A block preceded by `<!-- docs-check: skip (REASON) -->`
            is skipped and reported; an unlabelled block holding a `moe-train` command fails (label
            it or mark it).
@@ -215,7 +215,7 @@ def tokenizer_and_model(out):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.save(str(out / "tokenizer.json"))
     assert tok.get_vocab_size() <= COMMON["vocab_size"]
-    template = (ROOT / "tests/data/chat_templates/qwen3.jinja").read_text(encoding="utf-8")
+    template = (ROOT / "tests/chat/chat_templates/qwen3.jinja").read_text(encoding="utf-8")
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20,
         "chat_template": template, "bos_token": None, "eos_token": "<|im_end|>",

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "moe/train/adamw.h"
-#include "moe/train/blockwise_quant.h"
+#include "moe/optim/adamw.h"
+#include "moe/quant/blockwise_quant.h"
 #include "train/device_bounds.h"
 
 namespace moe::kernel_checks {

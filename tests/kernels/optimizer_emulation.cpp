@@ -6,7 +6,7 @@
 #include <array>
 #include <cmath>
 
-#include "moe/train/blockwise_quant.h"
+#include "moe/quant/blockwise_quant.h"
 
 namespace moe::kernel_emulation {
 

@@ -1,4 +1,4 @@
-// A 4-bit frozen base (src/model/frozen_4bit.cpp): each bitsandbytes matrix quantized on its
+// A 4-bit frozen base (src/layers/frozen_4bit.cpp): each bitsandbytes matrix quantized on its
 // own (q, k and v of the fused projection; each expert's [out, in] matrix), the GEMMs computed
 // on the dequantized matrices with gradients reaching the input only, the model's frozen
 // matrices emptied and held 4-bit, the fingerprint covering the codes, and a merge over the
@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/config/config.h"
-#include "moe/model/frozen_4bit.h"
-#include "moe/model/lora.h"
+#include "moe/layers/frozen_4bit.h"
+#include "moe/layers/lora.h"
 #include "moe/model/transformer.h"
 #include "moe/quant/bnb_4bit.h"
 #include "moe/util/errors.h"

@@ -1,4 +1,4 @@
-// LoRA adapters (src/model/lora.cpp, config/lora.cpp): a new adapter leaves the model's function
+// LoRA adapters (src/layers/lora.cpp, config/lora.cpp): a new adapter leaves the model's function
 // unchanged, merging folds it in without changing the function, the base is frozen, the planner's
 // parameter counts are the model's, and the config refuses what PEFT cannot express.
 #include <gtest/gtest.h>
@@ -11,11 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moe/checkpoint/checkpoint_files.h"
 #include "moe/config/config.h"
 #include "moe/config/lora.h"
-#include "moe/model/lora.h"
+#include "moe/layers/lora.h"
 #include "moe/model/transformer.h"
-#include "moe/train/checkpoint.h"
 #include "moe/util/errors.h"
 #include "moe/util/remove_tree.h"
 

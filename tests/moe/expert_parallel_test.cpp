@@ -9,8 +9,8 @@
 #include <mutex>
 #include <thread>
 
-#include "moe/dist/process_group.h"
 #include "moe/moe/moe_layer.h"
+#include "moe/parallel/process_group.h"
 #include "util/free_port.h"
 
 namespace moe::moe {

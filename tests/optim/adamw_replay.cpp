@@ -1,5 +1,5 @@
 // Replays AdamW steps of our optimizer on given tensors, for
-// tests/train/optimizer_precision_test.py to compare with bitsandbytes' 8-bit AdamW (the oracle) on
+// tests/optim/optimizer_precision_test.py to compare with bitsandbytes' 8-bit AdamW (the oracle) on
 // the same inputs.
 //   adamw_replay IN.safetensors OUT.safetensors EXP_AVG_DTYPE EXP_AVG_SQ_DTYPE
 // IN: "param" (fp32), "grad.0" ... "grad.{steps-1}" (fp32, param's shape); metadata "lr",
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "moe/config/choices.h"
-#include "moe/train/adamw.h"
-#include "moe/train/blockwise_quant.h"
+#include "moe/optim/adamw.h"
+#include "moe/quant/blockwise_quant.h"
 #include "moe/util/safetensors.h"
 
 namespace {

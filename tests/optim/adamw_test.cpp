@@ -7,8 +7,8 @@
 
 #include <torch/torch.h>
 
-#include "moe/train/adamw.h"
-#include "moe/train/blockwise_quant.h"
+#include "moe/optim/adamw.h"
+#include "moe/quant/blockwise_quant.h"
 #include "moe/train/step_runner.h"
 
 namespace moe::train {

@@ -1,5 +1,5 @@
 // DeepSpeed's dynamic loss-scaling rules, computed by hand step by step.
-#include "moe/train/loss_scaler.h"
+#include "moe/optim/loss_scaler.h"
 
 #include <gtest/gtest.h>
 

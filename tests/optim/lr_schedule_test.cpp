@@ -1,6 +1,6 @@
 // LR values at chosen steps against DeepSpeed's published formulas
 // (deepspeed/runtime/lr_schedules.py), computed independently here.
-#include "moe/train/lr_schedule.h"
+#include "moe/optim/lr_schedule.h"
 
 #include <gtest/gtest.h>
 

@@ -7,8 +7,8 @@
 
 #include <torch/torch.h>
 
-#include "moe/train/adamw.h"
-#include "moe/train/offload_gradient_stream.h"
+#include "moe/optim/adamw.h"
+#include "moe/optim/offload_gradient_stream.h"
 
 namespace moe::train {
 namespace {

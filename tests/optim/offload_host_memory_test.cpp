@@ -1,7 +1,7 @@
 // Optimizer offload's host memory: the master weights, gradient staging (or streamed gradients)
 // and moments that a real training run allocates are exactly what `moe-train plan` counts as
 // the host's states, for each offload layout. The buffers come from one allocation per dtype
-// (train/host_arena.h), so the figure has no allocator rounding to hide.
+// (optim/host_arena.h), so the figure has no allocator rounding to hide.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,7 +12,7 @@
 #include "moe/config/memory_plan.h"
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
-#include "moe/train/host_arena.h"
+#include "moe/optim/host_arena.h"
 #include "moe/train/trainer.h"
 #include "moe/util/remove_tree.h"
 

@@ -223,7 +223,7 @@ def tiers_train(tmp):
 def tiers_resume(tmp):
     for tier, tier_sets in dict(TIERS, **COMBINED).items():
         if tier == "fp32" or not in_group(tier):
-            continue  # tests/train/checkpoint_test.py holds the fp32 resume
+            continue  # tests/checkpoint/checkpoint_test.py holds the fp32 resume
         sets = dict(tier_sets, **{"training.train_iters": 40, "training.eval_interval": 0,
                                   "checkpoint.save_interval": 20})
         straight = train(tmp, f"straight-{tier}", sets)

@@ -222,7 +222,7 @@ with tempfile.TemporaryDirectory() as d:
 
     # Dropout is not world-size independent: said at start, and by `config show` under a
     # launcher (docs/distributed.md says why). A capacity limit is (ranked over every rank's
-    # assignments: tests/dist/expert_parallel_test.py), so it is not warned about.
+    # assignments: tests/parallel/expert_parallel_test.py), so it is not warned about.
     r = torchrun(cfg, 2, f"training.output_dir={tmp / 'warn'}", "training.train_iters=2", "model.dropout=0.1",
                  "moe.capacity_factor=1.0")
     assert "each rank draws its own dropout masks" in r.stderr and "capacity" not in r.stderr, r.stderr[-2000:]

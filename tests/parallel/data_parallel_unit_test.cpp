@@ -1,4 +1,4 @@
-// The data-parallel boundary (src/train/data_parallel.cpp) driven through the step runner:
+// The data-parallel boundary (src/parallel/data_parallel.cpp) driven through the step runner:
 //   - a Gloo group of one rank in every mode (DDP Reducer, all-reduce after the backward, ZeRO-1,
 //     ZeRO-2 reducing onto owners or after the backward) trains bitwise like LocalTraining: with
 //     one rank every reduction must be the identity, so any stray scaling, lost gradient or
@@ -20,9 +20,9 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/config/config.h"
-#include "moe/dist/process_group.h"
-#include "moe/train/data_parallel.h"
-#include "moe/train/loss_scaler.h"
+#include "moe/optim/loss_scaler.h"
+#include "moe/parallel/data_parallel.h"
+#include "moe/parallel/process_group.h"
 #include "moe/train/step_runner.h"
 #include "util/free_port.h"
 

@@ -4,7 +4,7 @@
 #include <map>
 #include <string>
 
-#include "moe/dist/launch_env.h"
+#include "moe/parallel/launch_env.h"
 #include "moe/util/errors.h"
 
 namespace moe::dist {

@@ -9,9 +9,9 @@
 
 #include <torch/torch.h>
 
-#include "moe/dist/process_group.h"
 #include "moe/moe/expert_parallel.h"
 #include "moe/moe/experts.h"
+#include "moe/parallel/process_group.h"
 #include "util/free_port.h"
 
 namespace moe::dist {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "moe/config/choices.h"
-#include "moe/model/frozen_4bit.h"
+#include "moe/layers/frozen_4bit.h"
 #include "moe/quant/bnb_4bit.h"
 #include "moe/util/safetensors.h"
 #include "moe/util/safetensors_dtype.h"

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "moe/data/hf_pre_tokenizer.h"
+#include "moe/tokenizers/hf_pre_tokenizer.h"
 #include "moe/util/errors.h"
 
 namespace moe::data {

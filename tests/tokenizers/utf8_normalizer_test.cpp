@@ -1,12 +1,13 @@
 // --invalid-utf8 replace against Python's bytes.decode("utf-8", errors="replace") (expected
 // strings taken from CPython 3.11), and the ICU-backed normalizers at `tokenizers`' Unicode
-// version (tests/data/hf_tokenizer_families_test.py compares whole pipelines with `tokenizers`).
+// version (tests/tokenizers/hf_tokenizer_families_test.py compares whole pipelines with
+// `tokenizers`).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-#include "moe/data/hf_normalizer.h"
-#include "moe/data/tokenizer.h"
+#include "moe/tokenizers/hf_normalizer.h"
+#include "moe/tokenizers/tokenizer.h"
 
 namespace moe::data {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "kernels/optimizer_checks.h"
 #include "kernels/optimizer_emulation.h"
-#include "moe/train/adamw.h"
+#include "moe/optim/adamw.h"
 #include "train/device_bounds.h"
 
 namespace moe::device_bounds {

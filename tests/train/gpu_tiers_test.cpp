@@ -24,9 +24,9 @@
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
 #include "moe/kernels/adam8bit.h"
-#include "moe/train/adamw.h"
-#include "moe/train/blockwise_quant.h"
-#include "moe/train/offload_gradient_stream.h"
+#include "moe/optim/adamw.h"
+#include "moe/optim/offload_gradient_stream.h"
+#include "moe/quant/blockwise_quant.h"
 #include "moe/train/trainer.h"
 #include "moe/util/remove_tree.h"
 #include "moe/util/safetensors.h"
@@ -309,7 +309,7 @@ TEST(SixteenBitWeightsGpu, TrainsWithFp32AndKahanMasters) {
   ::moe::remove_tree(dir);
 }
 
-// Offload's gradients streamed during the backward (train/offload_gradient_stream.h) on a GPU:
+// Offload's gradients streamed during the backward (optim/offload_gradient_stream.h) on a GPU:
 // the side-stream copies into pinned memory, summed on the host over three micro-batches, equal
 // the fp32 sums taken on the device bitwise, and the device gradients are released as they go.
 TEST(OffloadGradientStreamGpu, HostSumsEqualDeviceSums) {

@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "moe/data/chat_template.h"
-#include "moe/data/tokenizer.h"
+#include "moe/chat/chat_template.h"
+#include "moe/tokenizers/tokenizer.h"
 
 namespace moe::data {
 

@@ -14,11 +14,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moe/checkpoint/resume_policy.h"
 #include "moe/data/dataset.h"
 #include "moe/model/transformer.h"
-#include "moe/train/adamw.h"
-#include "moe/train/loss_scaler.h"
-#include "moe/train/resume_policy.h"
+#include "moe/optim/adamw.h"
+#include "moe/optim/loss_scaler.h"
 #include "moe/util/errors.h"
 #include "moe/util/safetensors.h"
 

@@ -1,4 +1,4 @@
-// Writes the run's checkpoints (atomically, with retention; see checkpoint_store.h) from the
+// Writes the run's checkpoints (atomically, with retention; see checkpoint_dirs.h) from the
 // live model, optimizer, loss scaler and training state, and applies checkpoint.on_failure.
 #pragma once
 
@@ -7,12 +7,12 @@
 #include <functional>
 #include <string>
 
+#include "moe/checkpoint/checkpoint_dirs.h"
+#include "moe/checkpoint/checkpoint_files.h"
 #include "moe/config/config.h"
 #include "moe/model/transformer.h"
-#include "moe/train/adamw.h"
-#include "moe/train/checkpoint.h"
-#include "moe/train/checkpoint_store.h"
-#include "moe/train/loss_scaler.h"
+#include "moe/optim/adamw.h"
+#include "moe/optim/loss_scaler.h"
 
 namespace spdlog {
 class logger;

@@ -14,8 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/data/dataset.h"
-#include "moe/train/loss_scaler.h"
-#include "moe/train/trainer.h"
+#include "moe/optim/loss_scaler.h"
 
 namespace spdlog {
 class logger;
@@ -23,7 +22,14 @@ class logger;
 
 namespace moe::train {
 
-// state.json's format_version that this build reads and writes (checkpoint.h's
+// What the command line asked about earlier runs' files (--overwrite, --no-resume, --resume DIR).
+struct ResumeRequest {
+  bool overwrite = false;   // delete an earlier run's files in output_dir instead of keeping them
+  bool resume = true;       // resume from <output_dir>/checkpoints/latest when there is one
+  std::string resume_from;  // a specific checkpoint directory (implies resume)
+};
+
+// state.json's format_version that this build reads and writes (checkpoint_files.h's
 // kCheckpointFormatVersion must equal it).
 inline constexpr int64_t kStateFormatVersion = 1;
 
@@ -81,7 +87,7 @@ struct ResumeDecision {
 // user's, no fallback, no finished check); --no-resume and --overwrite start fresh; otherwise
 // each candidate from `first` on: one that reached total_steps is a finished run, any other is
 // tried. Reads only state.json (peek_checkpoint_step).
-ResumeDecision decide_resume(const TrainOptions& opt, const std::vector<std::string>& candidates,
+ResumeDecision decide_resume(const ResumeRequest& opt, const std::vector<std::string>& candidates,
                              int64_t total_steps, const std::string& checkpoints_root,
                              size_t first = 0);
 

@@ -330,8 +330,8 @@ struct Config {
   LoraConfig lora;
   QuantizationConfig quantization;
 
-  // Not a key: data-parallel ranks, from the launcher (dist/launch_env.h), set before validate()
-  // (DeepSpeed's batch rule: train_batch_size = micro x accumulation x world size).
+  // Not a key: data-parallel ranks, from the launcher (parallel/launch_env.h), set before
+  // validate() (DeepSpeed's batch rule: train_batch_size = micro x accumulation x world size).
   int64_t world_size = 1;
 
   std::string source_file;            // where it came from, for messages; not serialised
@@ -393,7 +393,7 @@ int64_t fp32_parameters_under_16bit_weights(const Config& cfg);
 // Parameters of decoder block `layer` (attention, its norms, and the MoE or dense FFN).
 int64_t layer_parameters(const Config& cfg, int64_t layer);
 
-// Data parallelism as the trainer runs it (train/data_parallel.h) and the planner sizes it
+// Data parallelism as the trainer runs it (parallel/data_parallel.h) and the planner sizes it
 // (memory_plan.h), decided once from the world size, ZeRO stage and overlap_comm
 // (docs/distributed.md).
 enum class GradientReduction {

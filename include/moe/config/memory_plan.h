@@ -38,7 +38,7 @@ double moment_bytes_per_parameter(const Config& c);
 double quantized_4bit_bytes(int64_t values, bool double_quant);
 
 // The frozen base a QLoRA run (quantization.load_in_4bit) holds in 4 bits, as the model quantizes
-// it (model/frozen_4bit.h): q, k, v and o of each attention, the dense MLPs' gate, up and down,
+// it (layers/frozen_4bit.h): q, k, v and o of each attention, the dense MLPs' gate, up and down,
 // and each routed expert's gate, up and down matrix, every one its own matrix; modules trained
 // in full (lora.modules_to_save) stay as they are. All zero without load_in_4bit.
 struct Quantized4bitBase {

@@ -42,6 +42,10 @@ struct ShardInfo {
   bool has_loss_mask = false;  // a `loss_mask` dataset beside `tokens`
 };
 
+// Bytes per token on disk for a vocabulary: uint16 when every id fits (vocab_size <= 65536),
+// else uint32. The one rule for the writer, the reader's checks and an s3:// dataset's sizes.
+inline int token_bytes(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
+
 // Opens the file and checks its structure and attributes (cheap: no token data is read).
 ShardInfo inspect_shard(const std::string& path);
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "moe/util/cpu_list.h"
+
 namespace moe::env {
 
 struct NumaNode {
@@ -18,9 +20,8 @@ struct NumaNode {
 // /sys/devices/system/node/node*; empty where the kernel exposes no NUMA information.
 std::vector<NumaNode> numa_nodes(const std::string& sys_root = "/sys");
 
-// "0-3,8,10-11" -> {0, 1, 2, 3, 8, 10, 11}; a bad list throws UserError naming `what`.
-std::vector<int> parse_cpu_list(const std::string& text, const std::string& what);
-std::string format_cpu_list(const std::vector<int>& cpus);  // the inverse, ranges collapsed
+using moe::format_cpu_list;  // util/cpu_list.h
+using moe::parse_cpu_list;
 
 // The CPUs near the PCI device `bus_id` (e.g. "0000:17:00.0", cudaDeviceGetPCIBusId's form);
 // empty when sysfs does not say.

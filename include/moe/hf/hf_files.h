@@ -42,21 +42,6 @@ int64_t parse_size(const std::string& text, const std::string& what);
 int64_t write_hf_weights(const std::string& dir, const std::vector<SafeTensorView>& tensors,
                          int64_t max_shard_bytes);
 
-// The tokenizer files copied alongside a model when present.
-const std::vector<std::string>& tokenizer_file_names();
-// Copies those of `from` that exist into `to`; returns their names.
-std::vector<std::string> copy_tokenizer_files(const std::string& from, const std::string& to);
-
-// The directory whose Hugging Face side files (the model's config.json, generation config,
-// tokenizer) a model descending from `dir` carries: `dir` itself when it is an import or a
-// checkpoint that carries them (hf_config.json), or an HF model directory (config.json, no
-// state.json); "" otherwise (a model trained from scratch).
-std::string hf_side_source(const std::string& dir);
-
-// Copies those files from `from` (hf_side_source) into the checkpoint directory `to`: the HF
-// config as hf_config.json, generation_config.json, the tokenizer files. Every checkpoint of a
-// run that started from an import carries them, so a fine-tune of a fine-tune exports with the
-// model's own settings and tokenizer.
-void copy_hf_side_files(const std::string& from, const std::string& to);
+// The tokenizer and config files a checkpoint carries beside its weights: checkpoint/side_files.h.
 
 }  // namespace moe::hf

@@ -1,7 +1,7 @@
 // The optimizer's CUDA kernel: one AdamW step on 8-bit blockwise moments (src/kernels/adam8bit.cu),
 // fused: dequantise both moments, step them and the weight, requantise each 256-value block
 // against its new absolute maximum. The ATen reference of the same arithmetic is
-// FusedAdamW::update_reference with train/blockwise_quant.h (the CPU path and the test oracle);
+// FusedAdamW::update_reference with quant/blockwise_quant.h (the CPU path and the test oracle);
 // FusedAdamW calls this kernel for CUDA parameters whose two moments are 8-bit, unless
 // moe.kernels = reference.
 #pragma once
@@ -24,7 +24,7 @@ struct Adam8bitScalars {
 namespace detail {
 // param, grad: fp32 [n] (any shape, contiguous, same CUDA device); m_codes, v_codes: uint8 of
 // param's shape; m_absmax, v_absmax: fp32 [ceil(n / 256)]; signed_map, unsigned_map: fp32 [256]
-// sorted (train/blockwise_quant.h's dynamic maps). Updates param and the four state tensors in
+// sorted (quant/blockwise_quant.h's dynamic maps). Updates param and the four state tensors in
 // place, one thread block per 256-value block.
 void adam8bit_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& m_codes,
                    at::Tensor& m_absmax, at::Tensor& v_codes, at::Tensor& v_absmax,

@@ -17,8 +17,8 @@
 
 #include "moe/config/config.h"
 #include "moe/config/lora.h"
-#include "moe/model/frozen_4bit.h"
-#include "moe/model/lora.h"
+#include "moe/layers/frozen_4bit.h"
+#include "moe/layers/lora.h"
 #include "moe/moe/moe_layer.h"
 
 namespace moe::model {
@@ -217,7 +217,7 @@ class TransformerLMImpl : public torch::nn::Module {
   // Blocks [0, n) recompute their activations in the backward (activation checkpointing).
   void set_checkpoint_blocks(int64_t n) { checkpoint_blocks_ = n; }
   // LoRA (lora.r > 0): whether the model carries adapters; its base weights' fingerprint once
-  // the base is loaded (model/lora.h), "" before.
+  // the base is loaded (layers/lora.h), "" before.
   bool has_lora() const { return lora_; }
   // The dtype the model's matrices are held in: a LoRA base's (bf16/fp16 on a GPU under
   // bf16/fp16: lora_base_dtype()), or training.param_dtype's; else fp32.

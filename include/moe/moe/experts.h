@@ -6,8 +6,8 @@
 #include <torch/types.h>
 
 #include "moe/config/choices.h"
-#include "moe/model/frozen_4bit.h"
-#include "moe/model/lora.h"
+#include "moe/layers/frozen_4bit.h"
+#include "moe/layers/lora.h"
 
 namespace moe::moe {
 

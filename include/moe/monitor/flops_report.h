@@ -1,7 +1,7 @@
 // The flops profiler's table (DeepSpeed's flops_profiler block): per module kind, its
 // parameters, forward + backward FLOPs in the profiled step (config::module_costs x tokens), the
 // measured forward latency and its share of the step; the slowest modules; per-layer rows.
-// No LibTorch: the latencies are measured by moe/model/profile_scope.h.
+// No LibTorch: the latencies are measured by moe/layers/profile_scope.h.
 #pragma once
 
 #include <cstdint>

@@ -37,7 +37,7 @@
 #include <torch/types.h>
 
 #include "moe/config/choices.h"
-#include "moe/train/host_arena.h"
+#include "moe/optim/host_arena.h"
 
 namespace moe::train {
 

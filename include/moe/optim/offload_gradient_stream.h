@@ -20,7 +20,7 @@
 
 #include <torch/types.h>
 
-#include "moe/train/host_arena.h"
+#include "moe/optim/host_arena.h"
 
 namespace moe::train {
 

@@ -17,12 +17,12 @@
 
 #include <torch/types.h>
 
+#include "moe/checkpoint/checkpoint_files.h"
 #include "moe/config/config.h"
-#include "moe/dist/launch_env.h"
 #include "moe/model/transformer.h"
 #include "moe/moe/moe_math.h"
-#include "moe/train/adamw.h"
-#include "moe/train/checkpoint.h"
+#include "moe/optim/adamw.h"
+#include "moe/parallel/launch_env.h"
 
 namespace spdlog {
 class logger;
@@ -99,8 +99,8 @@ class DataParallel {
   // fp16: an overflow in any rank's gradient share skips the step everywhere.
   virtual void agree_on_overflow(torch::Tensor& found_inf) {}
   // Clipping to max_norm (clip_grad_norm's arithmetic): the global L2 norm before it, and the
-  // divisor the optimizer applies as its grad_scale (clip_divisor in step_runner.h): the
-  // gradients are left as they are, one pass over them fewer. ZeRO-2 (sharded gradients) and
+  // divisor the optimizer applies as its grad_scale (clip_divisor in optim/gradient_clipping.h):
+  // the gradients are left as they are, one pass over them fewer. ZeRO-2 (sharded gradients) and
   // expert-parallel groups scale the gradients here and return no divisor.
   virtual Clipping clip(const std::vector<torch::Tensor>& grads, double max_norm);
   // After the optimizer's update: ZeRO owners broadcast their parameters.

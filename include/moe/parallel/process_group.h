@@ -12,7 +12,7 @@
 #include <torch/types.h>
 
 #include "moe/config/choices.h"
-#include "moe/dist/launch_env.h"
+#include "moe/parallel/launch_env.h"
 
 namespace moe::dist {
 

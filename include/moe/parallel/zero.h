@@ -15,8 +15,8 @@
 
 #include <torch/types.h>
 
-#include "moe/train/adamw.h"
-#include "moe/train/checkpoint.h"
+#include "moe/checkpoint/checkpoint_files.h"
+#include "moe/optim/adamw.h"
 
 namespace moe::dist {
 class ProcessGroup;

@@ -2,7 +2,7 @@
 // `tokenizers` runs it (GPT-2, Llama-3, Qwen2/Qwen3, OLMoE, DeepSeek-V3, Llama-2, Mixtral): added
 // tokens split out, the normalizer (hf_normalizer.h), the pre-tokenizer (hf_pre_tokenizer.h), then
 // the BPE model; the post-processor's special tokens when asked. ids identical to that package's
-// encode(text, add_special_tokens=...) (tests/data/hf_tokenizer_test.py).
+// encode(text, add_special_tokens=...) (tests/tokenizers/hf_tokenizer_test.py).
 #pragma once
 
 #include <array>
@@ -12,9 +12,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "moe/data/hf_normalizer.h"
-#include "moe/data/hf_pre_tokenizer.h"
-#include "moe/data/tokenizer.h"
+#include "moe/tokenizers/hf_normalizer.h"
+#include "moe/tokenizers/hf_pre_tokenizer.h"
+#include "moe/tokenizers/tokenizer.h"
 
 namespace moe::data {
 

@@ -20,7 +20,7 @@
 #include <torch/types.h>
 
 #include "moe/config/config.h"
-#include "moe/train/adamw.h"
+#include "moe/optim/adamw.h"
 
 namespace moe::train {
 

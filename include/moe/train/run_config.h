@@ -22,7 +22,7 @@ void fill_eod_from_manifest(nlohmann::json& root);
 // file -> overrides -> missing architecture keys from model.init_from (when set), and
 // data.eod_id from the dataset's manifest when data.reset_attention_at_eod leaves it out ->
 // typed -> validated. Otherwise exactly config::load.
-// `world_size`: data-parallel ranks (the batch rule; dist/launch_env.h).
+// `world_size`: data-parallel ranks (the batch rule; parallel/launch_env.h).
 config::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides,
                                int64_t world_size = 1);
 

@@ -14,10 +14,11 @@
 
 #include "moe/config/config.h"
 #include "moe/model/transformer.h"
-#include "moe/train/adamw.h"
+#include "moe/optim/adamw.h"
+#include "moe/optim/gradient_clipping.h"
+#include "moe/optim/loss_scaler.h"
+#include "moe/parallel/step_result.h"
 #include "moe/train/cuda_graph_step.h"
-#include "moe/train/gradient_clipping.h"
-#include "moe/train/loss_scaler.h"
 
 namespace spdlog {
 class logger;
@@ -30,17 +31,6 @@ class DataParallel;
 // loss (loss_targets.h), plus the weighted router losses.
 MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batch,
                            const config::Config& cfg);
-
-struct StepResult {
-  double lm_sum = 0, aux_sum = 0, z_sum = 0;  // summed over the micro-batches
-  double grad_norm = 0;       // global L2 norm before clipping; NaN after an fp16 overflow
-  bool overflow = false;      // fp16: the scaled gradients overflowed (the update is skipped)
-  bool graphed = false;       // replayed from the CUDA graph (clipping and update done inside)
-  int64_t dropped = 0;        // assignments dropped by expert capacity
-  int64_t target_tokens = 0;  // positions that took the loss (SFT data: the answers' tokens)
-  std::vector<torch::Tensor> tokens_per_expert;  // per MoE layer [E], summed over micro-batches
-  double forward_s = 0, backward_s = 0;          // wall_clock_breakdown (synced) or coarse
-};
 
 // The next micro-batch [B, S + 1] on the training device.
 using NextBatch = std::function<torch::Tensor()>;

@@ -7,8 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "moe/checkpoint/resume_policy.h"
 #include "moe/config/config.h"
-#include "moe/dist/launch_env.h"
+#include "moe/parallel/launch_env.h"
 #include "moe/train/eval_result.h"
 
 namespace moe::train {
@@ -29,11 +30,10 @@ struct TrainSummary {
   int64_t offload_host_bytes = 0;
 };
 
-struct TrainOptions {
-  bool overwrite = false;   // delete an earlier run's files in output_dir instead of keeping them
-  bool resume = true;       // resume from <output_dir>/checkpoints/latest when there is one
-  std::string resume_from;  // a specific checkpoint directory (implies resume)
-  dist::LaunchEnv launch;   // rank and world size from torchrun / Slurm (world size 1: alone)
+// The command line's run options: what to do with earlier runs' files (ResumeRequest) and where
+// the launcher put this process.
+struct TrainOptions : ResumeRequest {
+  dist::LaunchEnv launch;  // rank and world size from torchrun / Slurm (world size 1: alone)
 };
 
 TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt);
