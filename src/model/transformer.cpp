@@ -1,5 +1,6 @@
 #include "moe/model/transformer.h"
 
+#include "moe/config/parallel_dims.h"
 #include "moe/kernels/permute.h"
 #include "moe/kernels/rotary.h"
 #include "moe/kernels/swiglu.h"
@@ -422,8 +423,9 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     if (pos_embed) pos_embed->weight.normal_(0.0, m.init_std);
   }
   lora_ = config::lora_enabled(cfg);
-  const int64_t E = cfg.moe.num_experts, ep = std::max<int64_t>(1, parallel.ep.size);
-  expert_rows_ = {parallel.ep.rank * (E / ep), E / ep, E};
+  const config::ExpertRange held = config::expert_range(
+      cfg.moe.num_experts, std::max<int64_t>(1, parallel.ep.size), parallel.ep.rank);
+  expert_rows_ = {held.first, held.count, held.total};
   base_dtype_ = lora_ ? lora_base_dtype(cfg, device) : param_dtype(cfg);
   // On a GPU each block goes to the device as soon as it is built (its frozen LoRA base in the
   // compute dtype): the host never holds the whole model, the device never its fp32 base.

@@ -3,6 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include "moe/config/parallel_dims.h"
 #include "moe/layers/profile_scope.h"
 
 namespace moe::moe {
@@ -20,12 +21,12 @@ MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt)
   router = register_module("router", Router(router_options(opt)));
   ExpertsOptions routed = opt.experts;
   if (opt.ep.size > 1) {
-    TORCH_CHECK(routed.num_experts % opt.ep.size == 0, "num_experts ", routed.num_experts,
-                " is not a multiple of the expert-parallel size ", opt.ep.size);
     TORCH_CHECK(routed.lora_gate_up.r == 0 && routed.lora_down.r == 0,
                 "LoRA on expert-parallel experts is not supported");
-    routed.local_experts = routed.num_experts / opt.ep.size;
-    routed.first_expert = opt.ep.rank * routed.local_experts;
+    const config::ExpertRange held =
+        config::expert_range(routed.num_experts, opt.ep.size, opt.ep.rank);
+    routed.local_experts = held.count;
+    routed.first_expert = held.first;
   }
   experts = register_module("experts", Experts(routed));
   if (opt.shared_expert_hidden_size > 0) {

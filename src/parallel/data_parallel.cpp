@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/config/architecture.h"
+#include "moe/config/parallel_dims.h"
 #include "moe/optim/gradient_clipping.h"
 #include "moe/parallel/process_group.h"
 #include "moe/parallel/step_result.h"
@@ -276,12 +277,10 @@ class RankGroup final : public DataParallel {
   // parallel groups (ranks equal mod EP: the replicas of the same experts). Every rank creates
   // its two in the same order, so no rendezvous waits on another.
   void make_expert_groups() {
-    const int64_t ep = mode_.expert_parallel, r = group_->rank(), W = group_->size();
-    std::vector<int64_t> ep_ranks, replicas;
-    for (int64_t i = 0; i < ep; ++i) ep_ranks.push_back(r / ep * ep + i);
-    for (int64_t j = r % ep; j < W; j += ep) replicas.push_back(j);
-    ep_group_ = group_->new_group(ep_ranks);
-    expert_dp_group_ = group_->new_group(replicas);
+    const config::ParallelDims dims =
+        config::parallel_dims(group_->size(), group_->rank(), mode_.expert_parallel);
+    ep_group_ = group_->new_group(dims.ep_group());
+    expert_dp_group_ = group_->new_group(dims.expert_replicas());
   }
 
   // The global norm: the other gradients are the same on every rank after the reduction, the

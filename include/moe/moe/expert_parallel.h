@@ -1,7 +1,7 @@
 // Expert parallelism as the MoE layer sees it (issue 28): the experts are spread over the ranks
-// of an EP group, each holding experts [rank * E / size, (rank + 1) * E / size); after the local
-// permute, the rows travel to the rank of their expert and back through an all-to-all. The
-// exchange is a function here (the EP group's c10d alltoall_base in training,
+// of an EP group, each holding an equal contiguous share (config/parallel_dims.h says which); after
+// the local permute, the rows travel to the rank of their expert and back through an all-to-all.
+// The exchange is a function here (the EP group's c10d alltoall_base in training,
 // dist::ProcessGroup::all_to_all), so the layer needs no process group of its own.
 #pragma once
 
