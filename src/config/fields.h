@@ -194,6 +194,9 @@ void visit_fields(auto& v, Section<MoeConfig> auto& m) {
   v.field("expert_parallel_size", m.expert_parallel_size, at_least(1, "1 = no expert parallelism"));
   v.field("router_bias_update_rate", m.router_bias_update_rate,
           in_open(0, 1, "0 = no expert bias"));
+  v.field("n_group", m.n_group, at_least(1, "1 = no expert groups"));
+  v.field("topk_group", m.topk_group, at_least(1));
+  v.field("routed_scaling_factor", m.routed_scaling_factor, above(0));
   v.field("kernels", m.kernels);
   v.field("dispatch_dtype", m.dispatch_dtype);
   v.field("fused_gate_up", m.fused_gate_up);

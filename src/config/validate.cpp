@@ -399,6 +399,28 @@ void check_moe_layers(const Config& c, const Rules& rules) {
               "leaves no MoE layer (with moe.mlp_only_layers)");
 }
 
+// Group-limited routing (DeepSeek-V3's rule): equal groups of at least two experts (a group's
+// score is the sum of its two best), enough experts in the chosen groups for top_k, sigmoid
+// scores, and the usual softmax-then-top-k order.
+void check_expert_groups(const MoeConfig& e, const Rules& rules) {
+  const std::string experts = "moe.num_experts (" + std::to_string(e.num_experts) + ")";
+  rules.check(e.num_experts % e.n_group == 0, "moe.n_group", e.n_group, "must divide " + experts);
+  rules.check(e.topk_group <= e.n_group, "moe.topk_group", e.topk_group,
+              "must be <= moe.n_group (" + std::to_string(e.n_group) + ")");
+  if (e.n_group == 1 || e.num_experts % e.n_group != 0) return;
+  const int64_t per_group = e.num_experts / e.n_group;
+  rules.check(per_group >= 2, "moe.n_group", e.n_group,
+              "leaves " + std::to_string(per_group) +
+                  " expert per group; a group's score is the sum of its two best experts");
+  rules.check(e.top_k <= e.topk_group * per_group, "moe.top_k", e.top_k,
+              "must be <= moe.topk_group x experts per group (" +
+                  std::to_string(e.topk_group * per_group) + ")");
+  rules.check(e.score_function == ScoreFunction::kSigmoid, "moe.n_group", e.n_group,
+              "needs moe.score_function = sigmoid (DeepSeek-V3's group rule)");
+  rules.check(!e.softmax_after_topk, "moe.n_group", e.n_group,
+              "cannot be combined with moe.softmax_after_topk");
+}
+
 // Sliding-window attention: one known type per layer, and a window where a layer slides.
 void check_layer_types(const Config& c, const Rules& rules) {
   const auto& m = c.model;
@@ -468,6 +490,7 @@ void check_relations(Config& c, const Rules& rules) {
   rules.check(!c.moe.softmax_after_topk || c.moe.router_bias_update_rate == 0,
               "moe.softmax_after_topk", "true",
               "cannot be combined with moe.router_bias_update_rate (a selection bias on scores)");
+  check_expert_groups(c.moe, rules);
   const auto& m = c.model;
   rules.check(m.qk_norm || m.qk_norm_scope == QkNormScope::kHead, "model.qk_norm_scope",
               std::string(name(m.qk_norm_scope)), "needs model.qk_norm = true");

@@ -548,6 +548,10 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
   if (e.router_bias_update_rate > 0) {
     refuse("moe.router_bias_update_rate", "these families have no expert selection bias");
   }
+  if (e.n_group > 1) refuse("moe.n_group", "these families have no expert groups");
+  if (e.routed_scaling_factor != 1.0) {
+    refuse("moe.routed_scaling_factor", "these families do not scale the routed weights");
+  }
   if (e.top_k == 1 && e.normalize_topk) {
     refuse("moe.top_k", "1 with moe.normalize_topk: HF renormalises a single weight to 1");
   }

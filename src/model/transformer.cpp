@@ -266,6 +266,9 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.router.router_bias_update_rate = cfg.moe.router_bias_update_rate;
   o.router.bias = cfg.moe.router_bias;
   o.router.softmax_after_topk = cfg.moe.softmax_after_topk;
+  o.router.n_group = cfg.moe.n_group;
+  o.router.topk_group = cfg.moe.topk_group;
+  o.router.routed_scaling_factor = cfg.moe.routed_scaling_factor;
   o.experts.bias = cfg.moe.expert_bias;
   o.experts.activation = cfg.moe.activation;
   o.experts.swiglu_limit = cfg.moe.swiglu_limit;

@@ -26,14 +26,33 @@ void RouterImpl::update_expert_bias(const torch::Tensor& tokens_per_expert) {
   expert_bias.add_(torch::sign(load.mean() - load), opt_.router_bias_update_rate);
 }
 
+namespace {
+// Keys outside the topk_group best groups set to -inf: a group's key is the sum of its two
+// highest keys (transformers' DeepseekV3TopkRouter: topk(2).sum), groups chosen lower id first
+// on ties, as the experts are.
+torch::Tensor keep_best_groups(const torch::Tensor& keys, int64_t n_group, int64_t topk_group) {
+  const int64_t T = keys.size(0), E = keys.size(1);
+  const auto grouped = keys.view({T, n_group, E / n_group});
+  const auto group_keys = std::get<0>(at::topk(grouped, 2, -1)).sum(-1);  // [T, n_group]
+  const auto best = topk_lower_id_wins(group_keys, topk_group).second;    // [T, topk_group]
+  auto chosen = torch::zeros({T, n_group}, keys.options().dtype(torch::kBool));
+  chosen.scatter_(1, best, true);
+  return grouped
+      .masked_fill(chosen.logical_not().unsqueeze(-1), -std::numeric_limits<float>::infinity())
+      .view({T, E});
+}
+}  // namespace
+
 RouterScores score_and_select(const torch::Tensor& logits, const torch::Tensor& bias, int64_t k,
-                              bool sigmoid_scores, bool normalize_topk) {
+                              bool sigmoid_scores, bool normalize_topk, int64_t n_group,
+                              int64_t topk_group) {
   RouterScores s;
   s.probs = sigmoid_scores ? torch::sigmoid(logits) : torch::softmax(logits, -1);
   auto keys = bias.defined() ? s.probs.detach() + bias : s.probs.detach();
   // NaN keys (a diverging step) rank lowest, as in the fused kernel: at::sort would put them
   // first; as -inf they tie with real -inf keys, and ties go to the lower id on both paths.
   keys = keys.masked_fill(keys.isnan(), -std::numeric_limits<float>::infinity());
+  if (n_group > 1) keys = keep_best_groups(keys, n_group, topk_group);
   s.topk_idx = topk_lower_id_wins(keys, k).second;
   s.topk_weight = s.probs.gather(-1, s.topk_idx);
   if (normalize_topk && (k > 1 || sigmoid_scores)) {
@@ -124,12 +143,18 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
   const torch::Tensor selection_bias =
       opt_.router_bias_update_rate > 0 ? expert_bias : torch::Tensor();
   const bool sigmoid = opt_.score_function == config::ScoreFunction::kSigmoid;
-  const auto select = opt_.fused_kernel ? score_and_select_fused : score_and_select;
-  const RouterScores s = opt_.softmax_after_topk
-                             ? softmax_after_topk(r.logits, k)
-                             : select(r.logits, selection_bias, k, sigmoid, opt_.normalize_topk);
+  RouterScores s;
+  if (opt_.softmax_after_topk) {
+    s = softmax_after_topk(r.logits, k);
+  } else if (opt_.n_group > 1 || !opt_.fused_kernel) {  // the kernel has no expert groups
+    s = score_and_select(r.logits, selection_bias, k, sigmoid, opt_.normalize_topk, opt_.n_group,
+                         opt_.topk_group);
+  } else {
+    s = score_and_select_fused(r.logits, selection_bias, k, sigmoid, opt_.normalize_topk);
+  }
   const torch::Tensor &scores = s.probs, &top_idx = s.topk_idx, &lse = s.lse;
   torch::Tensor w = s.topk_weight, counts = s.tokens_per_expert;
+  if (opt_.routed_scaling_factor != 1.0) w = w * opt_.routed_scaling_factor;
   r.topk_idx = top_idx;
   // A limit that binds for the micro-batch it covers (every rank's in training: see above).
   const int64_t W = capacity_ranks();

@@ -396,6 +396,38 @@ TEST(Config, LayerLayoutKeysAreChecked) {
             "config: test.json: model.qk_norm_scope = \"all\": expected one of head, full");
 }
 
+// Group-limited routing: each rule names its key.
+TEST(Config, ExpertGroupKeysAreChecked) {
+  json j = minimal();
+  auto moe = [&](json m) {
+    m["num_experts"] = 16;
+    m["score_function"] = "sigmoid";
+    j["moe"] = m;
+    return error_of([&] { build(j); });
+  };
+  EXPECT_EQ(moe({{"n_group", 3}}),
+            "config: test.json: moe.n_group = 3: must divide moe.num_experts (16)");
+  EXPECT_EQ(moe({{"n_group", 4}, {"topk_group", 5}}),
+            "config: test.json: moe.topk_group = 5: must be <= moe.n_group (4)");
+  EXPECT_EQ(moe({{"n_group", 16}}),
+            "config: test.json: moe.n_group = 16: leaves 1 expert per group; a group's score is "
+            "the sum of its two best experts");
+  EXPECT_EQ(moe({{"n_group", 4}, {"topk_group", 1}, {"top_k", 5}}),
+            "config: test.json: moe.top_k = 5: must be <= moe.topk_group x experts per group (4)");
+  j["moe"] = {{"num_experts", 16}, {"n_group", 4}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: moe.n_group = 4: needs moe.score_function = sigmoid "
+            "(DeepSeek-V3's group rule)");
+  EXPECT_EQ(moe({{"routed_scaling_factor", 0}}),
+            "config: test.json: moe.routed_scaling_factor = 0: must be > 0");
+  j["moe"] = {{"num_experts", 16}, {"score_function", "sigmoid"}, {"n_group", 4}, {"topk_group", 2},
+              {"top_k", 4},        {"routed_scaling_factor", 2.5}};
+  const Config c = build(j);
+  EXPECT_EQ(c.moe.n_group, 4);
+  EXPECT_EQ(c.moe.topk_group, 2);
+  EXPECT_EQ(to_json(c)["moe"]["routed_scaling_factor"], 2.5);
+}
+
 // model.rope_scaling: a nested section read, checked and written like the others.
 TEST(Config, RopeScalingIsCheckedAndWrittenBack) {
   json j = minimal();

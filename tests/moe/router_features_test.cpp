@@ -5,6 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
+#include <limits>
+#include <vector>
+
 #include "moe/config/config.h"
 #include "moe/model/transformer.h"
 #include "moe/moe/moe_layer.h"
@@ -70,6 +74,83 @@ TEST(ExpertBias, BalancesASkewedRouter) {
   const float after = spread();
   EXPECT_GT(before, 1.0f);
   EXPECT_LT(after, 0.5f * before) << "before " << before << " after " << after;
+}
+
+// transformers' DeepseekV3TopkRouter selection, written as it is there (topk(2).sum per group,
+// topk over groups, masked_fill(-inf), topk over experts), as an independent formulation of
+// the one score_and_select implements with stable sorts.
+torch::Tensor hf_group_limited_topk(const torch::Tensor& scores_for_choice, int64_t n_group,
+                                    int64_t topk_group, int64_t k) {
+  const int64_t T = scores_for_choice.size(0), E = scores_for_choice.size(1);
+  auto group_scores =
+      std::get<0>(scores_for_choice.view({T, n_group, E / n_group}).topk(2, -1)).sum(-1);
+  auto group_idx = std::get<1>(torch::topk(group_scores, topk_group, -1, true, false));
+  auto group_mask = torch::zeros_like(group_scores).scatter_(1, group_idx, 1);
+  auto score_mask = group_mask.unsqueeze(-1).expand({T, n_group, E / n_group}).reshape({T, E});
+  auto masked = scores_for_choice.masked_fill(score_mask.logical_not(),
+                                              -std::numeric_limits<float>::infinity());
+  return std::get<1>(torch::topk(masked, k, -1, true, false));
+}
+
+TEST(ExpertGroups, SelectionMatchesTransformersRule) {
+  torch::manual_seed(7);
+  // DeepSeek-V3's shape scaled down (32 experts in 8 groups, 4 kept, top 8), one group kept,
+  // uneven group counts, and every group kept (no masking).
+  for (auto [E, n_group, topk_group, k] : std::vector<std::array<int64_t, 4>>{
+           {32, 8, 4, 8}, {16, 4, 1, 2}, {64, 8, 3, 6}, {8, 2, 2, 4}}) {
+    const auto logits = torch::randn({97, E});
+    const auto bias = torch::randn({E}) * 0.2;
+    const auto s = score_and_select(logits, bias, k, /*sigmoid=*/true, /*normalize=*/true, n_group,
+                                    topk_group);
+    const auto probs = torch::sigmoid(logits);
+    const auto want = hf_group_limited_topk(probs + bias, n_group, topk_group, k);
+    // The same expert sets (transformers' topk is unsorted; ours is by key, ties lower id).
+    EXPECT_TRUE(torch::equal(std::get<0>(s.topk_idx.sort(-1)), std::get<0>(want.sort(-1))))
+        << "E " << E << " groups " << n_group << "/" << topk_group << " k " << k;
+    // Each token's experts lie in at most topk_group groups.
+    const auto gid = torch::floor_divide(s.topk_idx, E / n_group);
+    const auto groups_used = torch::zeros({97, n_group}).scatter_(1, gid, 1.0).sum(-1);
+    EXPECT_LE(groups_used.max().item<float>(), static_cast<float>(topk_group));
+    // Weights: the unbiased sigmoid scores of the chosen experts, renormalised.
+    auto w = probs.gather(-1, s.topk_idx);
+    w = w / w.sum(-1, true);
+    EXPECT_TRUE(torch::allclose(s.topk_weight, w, 1e-6, 1e-7));
+  }
+}
+
+TEST(ExpertGroups, AGroupsBestPairOutranksOneStrongExpert) {
+  // Group 0 holds the single best expert (0.9) but its pair sums to 0.9 + 0.0; group 1's pair
+  // sums to 0.6 + 0.6: with one group kept, experts 2 and 3 are chosen, not expert 0.
+  const auto logits = torch::logit(torch::tensor({{0.9, 0.0001, 0.6, 0.6}}, torch::kFloat));
+  const auto s = score_and_select(logits, torch::Tensor(), 2, true, true, 2, 1);
+  EXPECT_TRUE(torch::equal(std::get<0>(s.topk_idx.sort(-1)), torch::tensor({{2, 3}})));
+  // Without groups the best two are 0 and one of 2, 3 (ties: lower id).
+  const auto flat = score_and_select(logits, torch::Tensor(), 2, true, true);
+  EXPECT_TRUE(torch::equal(flat.topk_idx, torch::tensor({{0, 2}})));
+}
+
+TEST(ExpertGroups, RoutedScalingFactorScalesTheRoutedWeightsOnly) {
+  RouterOptions o;
+  o.hidden_size = 16;
+  o.num_experts = 8;
+  o.top_k = 2;
+  o.score_function = config::ScoreFunction::kSigmoid;
+  o.n_group = 4;
+  o.topk_group = 2;
+  torch::manual_seed(3);
+  Router plain(o);
+  o.routed_scaling_factor = 2.5;
+  Router scaled(o);
+  {
+    torch::NoGradGuard g;
+    scaled->weight.copy_(plain->weight);
+  }
+  const auto x = torch::randn({33, 16});
+  const auto a = plain->forward(x), b = scaled->forward(x);
+  EXPECT_TRUE(torch::equal(a.topk_idx, b.topk_idx));
+  EXPECT_TRUE(torch::allclose(b.topk_weight, a.topk_weight * 2.5, 1e-6, 1e-7));
+  EXPECT_TRUE(torch::allclose(a.topk_weight.sum(-1), torch::ones({33}), 1e-6, 1e-6));
+  EXPECT_TRUE(torch::equal(a.aux_loss, b.aux_loss));  // the aux loss reads the scores, not weights
 }
 
 TEST(SharedExpert, AddsADenseSwiGluToEveryToken) {

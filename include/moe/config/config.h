@@ -152,13 +152,19 @@ struct MoeConfig {
   int64_t top_k = 2;
   int64_t expert_hidden_size = 0;  // 0: 4 * hidden_size * 2 / 3 rounded up to 64 (SwiGLU)
   ScoreFunction score_function = ScoreFunction::kSoftmax;
-  bool normalize_topk = true;              // renormalise the k weights to sum to 1
-  double aux_loss_coeff = 0.01;            // Switch/GShard load-balancing loss
-  double z_loss_coeff = 0.001;             // router z-loss
-  double capacity_factor = 0.0;            // 0 = dropless
-  double expert_dropout = 0.0;             // dropout on the experts' hidden activations (Switch)
-  int64_t shared_expert_hidden_size = 0;   // > 0: a dense SwiGLU expert every token passes through
-  double router_bias_update_rate = 0.0;    // > 0: aux-loss-free expert bias (DeepSeek-V3)
+  bool normalize_topk = true;             // renormalise the k weights to sum to 1
+  double aux_loss_coeff = 0.01;           // Switch/GShard load-balancing loss
+  double z_loss_coeff = 0.001;            // router z-loss
+  double capacity_factor = 0.0;           // 0 = dropless
+  double expert_dropout = 0.0;            // dropout on the experts' hidden activations (Switch)
+  int64_t shared_expert_hidden_size = 0;  // > 0: a dense SwiGLU expert every token passes through
+  double router_bias_update_rate = 0.0;   // > 0: aux-loss-free expert bias (DeepSeek-V3)
+  // Group-limited routing (DeepSeek-V3, GLM-4.5: n_group, topk_group): the experts in n_group
+  // equal groups; each token picks topk_group groups by the sum of their two best scores, then
+  // its top_k experts within them. 1 = no groups.
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;      // the routed experts' weights times this (DeepSeek-V3)
   MoeKernels kernels = MoeKernels::kAuto;  // auto | cuda | reference
   // The routed rows' dtype through the dispatch: fp32 (the MoE layer's input as it is), or the
   // mixed-precision compute dtype the experts cast them to anyway (Megatron's and DeepSpeed's

@@ -22,6 +22,10 @@ struct RouterOptions {
   double router_bias_update_rate = 0.0;
   bool bias = false;  // a learned bias on the logits (gpt-oss's router.bias; moe.router_bias)
   bool softmax_after_topk = false;  // moe.softmax_after_topk (always the ATen form)
+  // Group-limited selection (moe.n_group, moe.topk_group; the ATen form) and the weights'
+  // scale (moe.routed_scaling_factor, applied after normalisation).
+  int64_t n_group = 1, topk_group = 1;
+  double routed_scaling_factor = 1.0;
   // Scores and selection in our fused CUDA kernel (moe/kernels/router.h) instead of the ATen
   // reference; settled when the layer is built (resolve_kernel_path in dispatcher.h).
   bool fused_kernel = false;
@@ -53,8 +57,12 @@ struct Routing {
 struct RouterScores {
   torch::Tensor probs, topk_idx, topk_weight, lse, tokens_per_expert;
 };
+// With n_group > 1 (DeepSeek-V3's group-limited routing): the experts form n_group equal groups
+// of consecutive ids; a group's key is the sum of its two highest keys (probs + bias), the
+// topk_group best groups are kept (ties -> lower group id) and the k experts chosen among them.
 RouterScores score_and_select(const torch::Tensor& logits, const torch::Tensor& bias, int64_t k,
-                              bool sigmoid_scores, bool normalize_topk);
+                              bool sigmoid_scores, bool normalize_topk, int64_t n_group = 1,
+                              int64_t topk_group = 1);
 // moe.softmax_after_topk: the k highest logits (ties -> lower id), weights = softmax over those
 // k; probs, lse and tokens_per_expert as above (the aux and z losses are unchanged).
 RouterScores softmax_after_topk(const torch::Tensor& logits, int64_t k);
