@@ -42,9 +42,13 @@ SCRIPT = SRC / "scripts" / "gpu-check"
 # ~1 s a step of host AdamW over 1.1 B parameters and pins 17 GiB of host buffers). The 4-bit
 # dequantization suites' 5 s and the 4-bit LoRA run's 4 s came out of configure's room (30 -> 21
 # s, measured 11 s): the plan was full (bench at 0 s). The clamped-SwiGLU suites' 3 s took 2 s
-# more of it (21 -> 19 s) and 1 s of the reruns' room.
-STEP_TABLE = [("env", 15, "sh"), ("deps", 25, "sh"), ("configure", 19, "sh"), ("build", 180, "sh"),
-              ("gpu-tests", 101, "py"), ("memcheck", 30, "py"), ("racecheck", 30, "py"),
+# more of it (21 -> 19 s) and 1 s of the reruns' room. The 2026-12-04 H200 measured deps 3.8 s,
+# configure 8.3 s, build 102.5 s, gpu-tests 28.8 s, memcheck 6.9 s, racecheck 4.4 s, lora-bf16
+# 23.1 s, offload-1b 25.8 s: deps 25 -> 15, build 180 -> 150, gpu-tests 101 -> 70 (the suites
+# re-estimated below), the sanitizers 30 -> 20 each; the 91 s freed go to bench, which took
+# 106.6 s for one round and the profiled step (the steps before it leave the rest unused).
+STEP_TABLE = [("env", 15, "sh"), ("deps", 15, "sh"), ("configure", 19, "sh"), ("build", 150, "sh"),
+              ("gpu-tests", 70, "py"), ("memcheck", 20, "py"), ("racecheck", 20, "py"),
               ("lora-bf16", 35, "py"), ("offload-1b", 40, "py"), ("bench", None, "sh"),
               ("full-ctest", 300, "sh")]
 PLAN_S = 480          # the default steps and the summary: 8 minutes
@@ -74,31 +78,32 @@ SAN_FILTER = ("Grid/PermuteGpu.*/fp32_T7_E8_k2:Grid/PermuteGpu.*/bf16_T7_E64_k8:
               "Grid/ClampedSwigluGpu.*/bf16_33x1024_misaligned:Grid/ClampedSwigluGpu.*/fp32_3x5")
 MAX_CRASH_RERUNS = 3  # reruns after a crash or a hang, per gpu-tests step
 
-# moe_gpu_tests by suite: (cases, estimated seconds for all of them on an H200). The 368 kernel
-# cases of 2026-11-30 (Grid/PermuteGpu, PlanGrid, Grid/RouterGpu and the small suites) ran in
-# 20.1 s in one process; the suites added since are estimated from what they do: a tiny training
-# run (12 steps, eval, a checkpoint) ~3 s, NCCL's set-up ~3 s, the profiler's start ~3 s. Not yet
-# measured together: the step logs each suite's time next to its estimate for the next plan.
+# moe_gpu_tests by suite: (cases, estimated seconds for all of them on an H200): 1.5 x what each
+# suite took on the 2026-12-04 H200 (the gpu-tests log's measured column; 26.7 s for 833 cases in
+# one process), rounded up to 0.5 s, at least 0.5 s; suites added since are estimated from what
+# they do. The step logs each suite's time next to its estimate for the next plan.
 GPU_SUITES = {
-    "Grid/PermuteGpu": (120, 6.0), "Shapes/PermuteGpu": (210, 4.0),
-    "PlanGrid/DispatchPlanGpu": (40, 1.0), "PermuteGpuPoison": (1, 0.5), "KernelArgsGpu": (1, 0.5),
-    "Grid/RouterGpu": (200, 8.0), "RouterGpuRules": (1, 0.5), "RouterGpuArgs": (1, 0.5),
-    "TinyStepGpu": (1, 2.0), "ExpertsGpu": (3, 1.5),
-    "CudaGraphGpu": (1, 8.0),               # two training runs, one of them captured
-    "NcclGpu": (2, 6.0),                    # two process groups
-    "MomentPrecisionGpu": (2, 4.0),         # one training run
-    "LoraGpu": (2, 8.0),                    # two training runs (bf16 base, 4-bit base)
-    "SixteenBitWeightsGpu": (2, 7.0),       # two training runs
-    "Grid/Adam8bitGpu": (6, 1.0),
-    "OffloadGradientStreamGpu": (2, 8.0),   # two offloaded training runs
-    "ChunkedLmLossGpu": (1, 2.0), "StepTraceGpu": (1, 3.0),
-    "Grid/RotaryGpu": (61, 1.5), "RotaryAttentionGpu": (1, 1.0),
-    "Grid/SwigluGpu": (44, 2.0), "SwigluGpuAutograd": (1, 1.0), "SwigluFfnGpu": (2, 2.0),
-    "RmsNormGpu": (2, 1.0),
-    # 96 launches; the CPU quantization and references of the 24 cases of ~1 M values dominate.
-    "Grid/Dequant4bitGpu": (96, 3.0), "Dequant4bitGpuDispatch": (1, 0.5),
-    # gpt-oss's clamped SwiGLU: 25 elementwise cases (as Grid/SwigluGpu's), three autograd tests.
-    "Grid/ClampedSwigluGpu": (25, 2.0), "ClampedSwigluGpuAutograd": (3, 1.0),
+    "Grid/PermuteGpu": (120, 14.0), "Shapes/PermuteGpu": (210, 2.0),        # 9.2 s, 1.2 s
+    "PlanGrid/DispatchPlanGpu": (40, 1.5), "PermuteGpuPoison": (1, 1.0), "KernelArgsGpu": (1, 0.5),
+    "Grid/RouterGpu": (200, 7.5), "RouterGpuRules": (1, 0.5), "RouterGpuArgs": (1, 0.5),  # 4.8 s
+    "TinyStepGpu": (1, 3.0), "ExpertsGpu": (3, 2.0),                        # 1.7 s, 1.2 s
+    "CudaGraphGpu": (1, 1.0),               # two training runs, one of them captured: 0.4 s
+    "NcclGpu": (2, 4.0),                    # two process groups: 2.4 s
+    "MomentPrecisionGpu": (2, 1.0),         # one training run
+    "LoraGpu": (2, 2.0),                    # two training runs (bf16 base, 4-bit base): 1.3 s
+    "SixteenBitWeightsGpu": (2, 1.0),       # two training runs
+    "Grid/Adam8bitGpu": (6, 0.5),
+    "OffloadGradientStreamGpu": (2, 1.0),   # two offloaded training runs
+    "ChunkedLmLossGpu": (1, 0.5), "StepTraceGpu": (1, 0.5),
+    "Grid/RotaryGpu": (61, 0.5), "RotaryAttentionGpu": (1, 1.5),
+    "Grid/SwigluGpu": (44, 1.0), "SwigluGpuAutograd": (1, 0.5), "SwigluFfnGpu": (2, 0.5),
+    "RmsNormGpu": (2, 0.5),
+    "Grid/Dequant4bitGpu": (96, 0.5), "Dequant4bitGpuDispatch": (1, 0.5),
+    # gpt-oss's clamped SwiGLU: 25 elementwise cases, three autograd tests.
+    "Grid/ClampedSwigluGpu": (25, 1.0), "ClampedSwigluGpuAutograd": (3, 0.5),
+    # gpt-oss's sinks and windows through SDPA vs the eager reference, fp32 and bf16, forward and
+    # backward: six small cases (not yet measured; SDPA's first calls pick kernels).
+    "Masks/AttentionCoreGpu": (6, 2.0),
 }
 GPU_TESTS_START_S = 5.0  # loading LibTorch twice (the list, the run) and one CUDA context
 RERUN_START_S = 3.0      # a rerun loads LibTorch and makes a CUDA context again
