@@ -1,14 +1,19 @@
 #include "moe/chat/chat_template.h"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string_view>
 #include <unordered_map>
 
+#include "moe/tokenizers/tokenizer.h"
 #include "moe/tokenizers/utf8.h"
 #include "moe/util/errors.h"
 
@@ -38,6 +43,11 @@ constexpr int64_t kMaxRange = 100000;  // items of one range()
 constexpr int64_t kMaxLoopIterations = 1000000;  // for-loop iterations in one render
 constexpr int64_t kMaxMacroCalls = 1000000;      // macro calls in one render
 constexpr size_t kMaxTextBytes = 64u << 20;      // the output, and any one string value
+// What the lists and dicts one render builds (literals, list + list) hold in all: their items, and
+// the bytes of their strings. Each is a copy of its parts, so a value doubled in a loop would
+// otherwise take gigabytes, and one wrapped in itself nest past the stack (nesting: kMaxNesting).
+constexpr int64_t kMaxBuiltItems = 1000000;
+constexpr size_t kMaxBuiltBytes = 4 * kMaxTextBytes;
 // The renderer's recursion (an expression evaluated within another, a block within a block, a
 // macro's body within its call), all together: with macros calling macros the parse limits no
 // longer bound it. Real templates stay within a few dozen levels; 2,000 take under 2 MiB of the
@@ -100,7 +110,7 @@ Token lex_number(const std::string& s, size_t& i) {
 }
 
 // The escape whose letter is s[j] (after a backslash) onto str; j moves to its last character.
-void append_escape(const std::string& s, size_t& j, std::string& str) {
+void append_escape(const std::string& s, size_t& j, std::string& str, int line) {
   const char e = s[j];
   if (e == 'n') {
     str += '\n';
@@ -108,8 +118,17 @@ void append_escape(const std::string& s, size_t& j, std::string& str) {
     str += '\t';
   } else if (e == 'r') {
     str += '\r';
-  } else if (e == 'u' && j + 4 < s.size()) {
-    utf8::append(str, static_cast<uint32_t>(std::stoul(s.substr(j + 1, 4), nullptr, 16)));
+  } else if (e == 'u') {
+    // Four hex digits, as Python's unicode-escape (Jinja2) requires.
+    uint32_t cp = 0;
+    for (size_t k = j + 1; k <= j + 4; ++k) {
+      if (k >= s.size() || !std::isxdigit(static_cast<unsigned char>(s[k]))) {
+        throw SyntaxError{line, "a truncated \\uXXXX escape (four hex digits expected)"};
+      }
+      const int c = std::tolower(static_cast<unsigned char>(s[k]));
+      cp = cp * 16 + static_cast<uint32_t>(is_digit(static_cast<char>(c)) ? c - '0' : c - 'a' + 10);
+    }
+    utf8::append(str, cp);
     j += 4;
   } else {
     str += e;  // \\ \' \" and anything else: the character itself
@@ -126,7 +145,7 @@ Token lex_string(const std::string& s, size_t& i, int line) {
       str += s[j];
       continue;
     }
-    append_escape(s, ++j, str);
+    append_escape(s, ++j, str, line);
   }
   if (j >= s.size()) throw SyntaxError{line, "an unterminated string"};
   i = j + 1;
@@ -436,10 +455,17 @@ class ExprParser {
         e->literal = s;
         return e;
       }
-      case Token::kInt:
-        return lit(Json(std::stoll(t.text)));
+      case Token::kInt: {
+        // Python's ints are unbounded; a template's literals must fit 64 bits here.
+        int64_t v = 0;
+        const auto [end, ec] = std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
+        if (ec != std::errc() || end != t.text.data() + t.text.size()) {
+          throw SyntaxError{line_, "an integer literal beyond 64 bits"};
+        }
+        return lit(Json(v));
+      }
       case Token::kFloat:
-        return lit(Json(std::stod(t.text)));
+        return lit(Json(std::strtod(t.text.c_str(), nullptr)));  // too large: inf, as Python
       case Token::kName:
         if (t.text == "true" || t.text == "True") return lit(Json(true));
         if (t.text == "false" || t.text == "False") return lit(Json(false));
@@ -800,7 +826,15 @@ bool truthy(const Value& x) {
 
 std::vector<uint32_t> code_points(const std::string& s) {
   std::vector<uint32_t> out;
-  for (size_t i = 0, n = 0; i < s.size(); i += n) out.push_back(utf8::decode(s, i, n));
+  for (size_t i = 0, n = 0; i < s.size(); i += n) {
+    // A sequence cut short (text that is not UTF-8): its bytes, never past the end.
+    if (i + utf8::length(static_cast<unsigned char>(s[i])) > s.size()) {
+      out.push_back(static_cast<unsigned char>(s[i]));
+      n = 1;
+      continue;
+    }
+    out.push_back(utf8::decode(s, i, n));
+  }
   return out;
 }
 
@@ -941,6 +975,31 @@ class Renderer {
       fail(line, "text of " + std::to_string(bytes) + " bytes: more than the template sandbox's " +
                      std::to_string(kMaxTextBytes >> 20) + " MiB");
     }
+  }
+  // The sandbox's budget for the lists and dicts built (kMaxBuiltItems, kMaxBuiltBytes, their
+  // nesting within kMaxNesting): `v` was just built. Walking it costs what copying it did.
+  void charge_built(const Json& v, int line) {
+    if (measure(v, 0) > kMaxNesting) {
+      fail(line, "lists or dicts nested more than " + std::to_string(kMaxNesting) +
+                     " deep: the template sandbox's limit");
+    }
+    if (built_items_ > kMaxBuiltItems || built_bytes_ > kMaxBuiltBytes) {
+      fail(line, "more than the template sandbox's " + std::to_string(kMaxBuiltItems) +
+                     " items or " + std::to_string(kMaxBuiltBytes >> 20) +
+                     " MiB of strings in the lists and dicts built in one rendering");
+    }
+  }
+  // The nesting of `v` (at `depth`), its items and string bytes added to the budget's counts;
+  // stops early past either limit.
+  int measure(const Json& v, int depth) {
+    if (v.is_string()) built_bytes_ += v.get_ref<const std::string&>().size();
+    if (!v.is_structured() || depth > kMaxNesting || built_items_ > kMaxBuiltItems) return depth;
+    int deepest = depth + 1;
+    for (const auto& x : v) {
+      ++built_items_;
+      deepest = std::max(deepest, measure(x, depth + 1));
+    }
+    return deepest;
   }
   // The output budget counts the text of the callers of the macros (and set blocks) rendering
   // now, held while they render.
@@ -1188,6 +1247,7 @@ class Renderer {
       case Expr::kList: {
         Json a = Json::array();
         for (const auto& x : e.args) a.push_back(eval(*x, line).v);
+        charge_built(a, line);
         return {a, false};
       }
       case Expr::kDict: {
@@ -1195,6 +1255,7 @@ class Renderer {
         for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
           o[to_text(eval(*e.args[i], line))] = eval(*e.args[i + 1], line).v;
         }
+        charge_built(o, line);
         return {o, false};
       }
       case Expr::kAttr:
@@ -1215,7 +1276,11 @@ class Renderer {
         return {Json(!truthy(eval(*e.args[0], line))), false};
       case Expr::kNeg: {
         const Value v = eval(*e.args[0], line);
-        if (v.v.is_number_integer()) return {Json(-v.v.get<int64_t>()), false};
+        if (v.v.is_number_integer()) {
+          const int64_t i = v.v.get<int64_t>();
+          if (i == std::numeric_limits<int64_t>::min()) fail(line, "integer beyond 64 bits");
+          return {Json(-i), false};
+        }
         if (v.v.is_number()) return {Json(-v.v.get<double>()), false};
         fail(line, "unary minus of a non-number");
       }
@@ -1322,15 +1387,25 @@ class Renderer {
       if (callee.name == "namespace" || callee.name == "dict") {
         Json o = Json::object();
         for (const auto& [k, x] : e.kwargs) o[k] = eval(*x, line).v;
+        charge_built(o, line);
         return {o, false};
       }
       if (callee.name == "range") {
+        // Integers (Python's bools among them), as Python's range() takes.
+        auto integer = [&](const Value& v) -> int64_t {
+          if (v.v.is_boolean()) return v.v.get<bool>() ? 1 : 0;
+          if (!v.v.is_number_integer()) {
+            fail(line, std::string("range() of ") + (v.undefined ? "undefined" : v.v.type_name()) +
+                           ": expected integers");
+          }
+          return v.v.get<int64_t>();
+        };
         int64_t lo = 0, hi = 0, step = 1;
         if (a.size() == 1) {
-          hi = a[0].v.get<int64_t>();
+          hi = integer(a[0]);
         } else if (a.size() >= 2) {
-          lo = a[0].v.get<int64_t>(), hi = a[1].v.get<int64_t>();
-          if (a.size() > 2) step = a[2].v.get<int64_t>();
+          lo = integer(a[0]), hi = integer(a[1]);
+          if (a.size() > 2) step = integer(a[2]);
         }
         if (step == 0) fail(line, "range() step cannot be zero");
         const double items = std::ceil((static_cast<double>(hi) - static_cast<double>(lo)) /
@@ -1670,8 +1745,14 @@ class Renderer {
   }
 
   Value filter_int(const std::string&, const Value& x, const std::vector<Value>&, const Expr&,
-                   int) {
-    if (x.v.is_number()) return {Json(static_cast<int64_t>(x.v.get<double>())), false};
+                   int line) {
+    if (x.v.is_number_integer()) return {x.v, false};
+    if (x.v.is_number()) {
+      const double d = x.v.get<double>();
+      // Python's int() of inf or nan raises; a float past 64 bits has no int here.
+      if (!(std::fabs(d) < 9.2e18)) fail(line, "int of " + x.v.dump() + ": beyond 64 bits");
+      return {Json(static_cast<int64_t>(d)), false};
+    }
     try {
       return {Json(std::stoll(to_text(x))), false};
     } catch (const std::exception&) {
@@ -1764,7 +1845,7 @@ class Renderer {
 
   // ~, == and !=, in and not in, and + on two strings or two lists; none for other operators.
   std::optional<Value> compare_or_concatenate(const std::string& op, const Value& a, const Value& b,
-                                              int line) const {
+                                              int line) {
     if (op == "~") {
       std::string joined = to_text(a) + to_text(b);
       check_size(joined.size(), line);
@@ -1787,6 +1868,7 @@ class Renderer {
     if (op == "+" && a.v.is_array() && b.v.is_array()) {
       Json out = a.v;
       for (const auto& x : b.v) out.push_back(x);
+      charge_built(out, line);
       return Value{out, false};
     }
     return std::nullopt;
@@ -1843,15 +1925,19 @@ class Renderer {
   // + - * // % on two integers (Python's floor division and modulo); none for other operators.
   std::optional<Value> integer_arithmetic(const std::string& op, int64_t i, int64_t j,
                                           int line) const {
-    if (op == "+") return Value{Json(i + j), false};
-    if (op == "-") return Value{Json(i - j), false};
-    if (op == "*") return Value{Json(i * j), false};
+    // Python's ints are unbounded; here a result past 64 bits is an error.
+    int64_t r = 0;
+    if ((op == "+" && __builtin_add_overflow(i, j, &r)) ||
+        (op == "-" && __builtin_sub_overflow(i, j, &r)) ||
+        (op == "*" && __builtin_mul_overflow(i, j, &r)) ||
+        ((op == "//" || op == "%") && i == std::numeric_limits<int64_t>::min() && j == -1)) {
+      fail(line, "integer " + op + " beyond 64 bits");
+    }
+    if (op == "+" || op == "-" || op == "*") return Value{Json(r), false};
     if ((op == "//" || op == "%") && j == 0) fail(line, "division by zero");
-    if (op == "//")
-      return Value{
-          Json(static_cast<int64_t>(std::floor(static_cast<double>(i) / static_cast<double>(j)))),
-          false};
-    if (op == "%") return Value{Json(((i % j) + j) % j), false};
+    if (op == "//") return Value{Json(i / j - (i % j != 0 && (i % j < 0) != (j < 0))), false};
+    if (op == "%")
+      return Value{Json(i % j != 0 && (i % j < 0) != (j < 0) ? i % j + j : i % j), false};
     return std::nullopt;
   }
 
@@ -1868,6 +1954,8 @@ class Renderer {
   int macro_depth_ = 0;         // macro calls within macro calls now
   int render_depth_ = 0;        // eval and exec calls within each other now (kMaxRenderDepth)
   int64_t macro_calls_ = 0;     // macro calls so far in this rendering
+  int64_t built_items_ = 0;     // items of the lists and dicts built so far (kMaxBuiltItems)
+  size_t built_bytes_ = 0;      // their strings' bytes (kMaxBuiltBytes)
   size_t suspended_bytes_ = 0;  // the output held by the macro calls and set blocks rendering
 };
 
@@ -1881,6 +1969,10 @@ std::string python_json_dumps(const Json& value, int indent) {
 
 ChatTemplate::ChatTemplate(const std::string& source, std::string origin)
     : origin_(std::move(origin)) {
+  // transformers reads templates as UTF-8 text and fails on anything else.
+  if (const size_t bad = first_invalid_utf8(source); bad != std::string::npos) {
+    throw UserError("chat template: " + origin_ + ": not UTF-8 (byte " + std::to_string(bad) + ")");
+  }
   try {
     body_ = TemplateParser(split_template(source)).parse_all();
   } catch (const SyntaxError& e) {
@@ -1894,7 +1986,13 @@ ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 std::string ChatTemplate::render(const Json& context,
                                  std::vector<std::pair<size_t, size_t>>* generation) const {
   Renderer r(origin_, context, generation);
-  r.run(body_);
+  try {
+    r.run(body_);
+  } catch (const Json::exception& e) {
+    // A value of a type the operation does not take (Jinja2: a TypeError) that no check above
+    // names better: still the template's error.
+    throw UserError("chat template: " + origin_ + ": " + e.what());
+  }
   return std::move(r.output());
 }
 

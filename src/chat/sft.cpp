@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "moe/util/errors.h"
+#include "moe/util/json_nesting.h"
 
 namespace moe::data {
 
@@ -109,8 +110,13 @@ ChatSetup load_chat_setup(const std::string& dir, const std::string& template_fi
   const fs::path config = fs::path(dir) / "tokenizer_config.json";
   Json cfg = Json::object();
   if (!dir.empty() && fs::exists(config)) {
+    const std::string text = read_file(config);
+    if (json_nests_deeper_than(text)) {
+      throw UserError("prepare-data: " + config.string() + ": JSON nested more than " +
+                      std::to_string(kMaxJsonNesting) + " levels deep");
+    }
     try {
-      cfg = Json::parse(read_file(config));
+      cfg = Json::parse(text);
     } catch (const Json::exception& e) {
       throw UserError("prepare-data: " + config.string() + ": invalid JSON: " + e.what());
     }
@@ -164,10 +170,14 @@ SftEncoder::SftEncoder(const Tokenizer& tok, ChatSetup chat, SpecialTokens speci
 }
 
 std::optional<Json> SftEncoder::parse(const std::string& line, std::string& why) {
+  if (json_nests_deeper_than(line)) {
+    why = "JSON nested more than " + std::to_string(kMaxJsonNesting) + " levels deep";
+    return std::nullopt;
+  }
   Json j;
   try {
     j = Json::parse(line);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     why = std::string("invalid JSON: ") + e.what();
     return std::nullopt;
   }

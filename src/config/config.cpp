@@ -8,12 +8,18 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/util/errors.h"
+#include "moe/util/json_nesting.h"
 
 namespace moe::config {
 
 using nlohmann::json;
 
 json parse_json_text(const std::string& text, const std::string& file, const std::string& label) {
+  // Printing or copying a deeper value (error messages do) recurses once per level.
+  if (json_nests_deeper_than(text)) {
+    throw UserError(label + ": " + file + ": arrays and objects nested more than " +
+                    std::to_string(kMaxJsonNesting) + " levels deep (the parser's limit)");
+  }
   try {
     return json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const json::parse_error& e) {

@@ -5,11 +5,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
 #include "moe/util/errors.h"
+#include "moe/util/json_nesting.h"
 
 namespace moe::data {
 
@@ -25,6 +28,15 @@ namespace {
 template <class T>
 T field(const json& j, const char* key, const std::string& file, const std::string& where) {
   if (!j.is_object() || !j.contains(key)) bad(file, where + ": missing '" + key + "'");
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    // nlohmann would convert a float (1.5, 2e106) to an integer: truncated, or undefined.
+    const json& v = j.at(key);
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() &&
+         v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<T>::max()))) {
+      bad(file, where + "." + key + " = " + v.dump() + ": wrong type (expected an integer)");
+    }
+  }
   try {
     return j.at(key).get<T>();
   } catch (const json::exception&) {
@@ -57,6 +69,9 @@ Manifest load_manifest(const std::string& dir) {
 }
 
 Manifest parse_manifest(const std::string& text, const std::string& file) {
+  if (json_nests_deeper_than(text)) {
+    bad(file, "JSON nested more than " + std::to_string(kMaxJsonNesting) + " levels deep");
+  }
   json j;
   try {
     j = json::parse(text);

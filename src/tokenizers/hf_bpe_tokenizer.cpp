@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iterator>
+#include <limits>
 #include <queue>
 #include <unordered_map>
 
@@ -11,6 +13,7 @@
 
 #include "moe/tokenizers/utf8.h"
 #include "moe/util/errors.h"
+#include "moe/util/json_nesting.h"
 
 namespace moe::data {
 
@@ -32,6 +35,18 @@ std::array<std::string, 256> byte_to_unicode() {
 
 uint64_t pair_key(int64_t a, int64_t b) {
   return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b);
+}
+
+// A token id: an integer in [0, 2^31) (`tokenizers` keeps u32 ids, our merge table int32).
+int64_t token_id(const json& id, const std::string& what, const Refuse& refuse) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (!id.is_number_integer() ||
+      (id.is_number_unsigned() ? id.get<uint64_t>() > kMax
+                               : id.get<int64_t>() < 0 || id.get<int64_t>() > kMax)) {
+    refuse(what + " has id " + id.dump() + ": expected an integer from 0 to " +
+           std::to_string(kMax));
+  }
+  return id.get<int64_t>();
 }
 
 std::string optional_string(const json& j, const char* key) {
@@ -87,14 +102,18 @@ void append_template(const json& pp, SpecialTokens& st, const Refuse& refuse) {
       }
       const std::string name = item.at("SpecialToken").at("id").get<std::string>();
       for (const auto& id : pp.at("special_tokens").at(name).at("ids")) {
-        (seen_sequence ? st.after : st.before).push_back(id.get<uint32_t>());
+        (seen_sequence ? st.after : st.before)
+            .push_back(static_cast<uint32_t>(
+                token_id(id, "post_processor special token " + name, refuse)));
       }
     }
     return;
   }
   if (type == "RobertaProcessing" || type == "BertProcessing") {
-    st.before.push_back(pp.at("cls").at(1).get<uint32_t>());
-    st.after.push_back(pp.at("sep").at(1).get<uint32_t>());
+    st.before.push_back(
+        static_cast<uint32_t>(token_id(pp.at("cls").at(1), "post_processor cls", refuse)));
+    st.after.push_back(
+        static_cast<uint32_t>(token_id(pp.at("sep").at(1), "post_processor sep", refuse)));
     return;
   }
   st.unsupported = "post_processor " + type;
@@ -181,11 +200,16 @@ std::vector<uint32_t> merge_all(std::vector<Symbol>& sym, const MergeTable& merg
 }  // namespace
 
 HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError("tokenizer: " + path + ": cannot open");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (json_nests_deeper_than(text)) {
+    throw UserError("tokenizer: " + path + ": JSON nested more than " +
+                    std::to_string(kMaxJsonNesting) + " levels deep");
+  }
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     throw UserError("tokenizer: " + path + ": invalid JSON: " + e.what());
   }
@@ -198,7 +222,9 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
     const json& model = j.at("model");
     if (model.value("type", std::string()) != "BPE") refuse("model.type is not BPE");
     if (model.contains("dropout") && !model["dropout"].is_null()) refuse("model.dropout");
-    for (const auto& [token, id] : model.at("vocab").items()) vocab_[token] = id.get<int64_t>();
+    for (const auto& [token, id] : model.at("vocab").items()) {
+      vocab_[token] = token_id(id, "model.vocab[\"" + token + "\"]", refuse);
+    }
     for (const auto& [token, id] : vocab_) {
       size_t n = 0;
       if (!token.empty() && utf8::length(static_cast<unsigned char>(token[0])) == token.size()) {
@@ -226,14 +252,15 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
       if (content.empty()) continue;
       const bool normalized = t.value("normalized", !t.value("special", false));
       (normalized && !normalizer_.empty() ? normalized_added_ : raw_added_)
-          .push_back({content, t.at("id").get<int64_t>()});
-      vocab_size_ = std::max(vocab_size_, t.at("id").get<int64_t>() + 1);
+          .push_back({content, token_id(t.at("id"), "added token " + content, refuse)});
+      vocab_size_ =
+          std::max(vocab_size_, token_id(t.at("id"), "added token " + content, refuse) + 1);
       if (t.value("special", false)) special_texts_.push_back(content);
       if (t.value("special", false) && eos_ < 0) {
         for (const char* eos : {"<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>",
                                 "<\xEF\xBD\x9C"
                                 "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"}) {
-          if (content == eos) eos_ = t.at("id").get<int64_t>();
+          if (content == eos) eos_ = token_id(t.at("id"), "added token " + content, refuse);
         }
       }
     }

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <random>
@@ -47,9 +48,12 @@ std::string uri_encode(std::string_view s, bool keep_slash) {
   return out;
 }
 
-// The text of the first <tag>...</tag> in an S3 XML reply, entities decoded ("" if absent).
+}  // namespace
+
+namespace reply {
+
 // S3's replies are flat enough that a full XML parser buys nothing here.
-std::string xml_text(const std::string& xml, const std::string& tag, size_t* from = nullptr) {
+std::string xml_text(const std::string& xml, const std::string& tag, size_t* from) {
   const std::string open = "<" + tag + ">", close = "</" + tag + ">";
   size_t start = xml.find(open, from ? *from : 0);
   if (start == std::string::npos) return {};
@@ -85,6 +89,54 @@ std::string xml_text(const std::string& xml, const std::string& tag, size_t* fro
   }
   return out;
 }
+
+ListPage parse_list_page(const std::string& xml, const std::string& what) {
+  ListPage page;
+  size_t at = 0;
+  while (true) {
+    size_t item = at;
+    const std::string contents = xml_text(xml, "Contents", &item);
+    if (item == at) break;
+    at = item;
+    const std::string key = xml_text(contents, "Key"), size = xml_text(contents, "Size");
+    const std::optional<int64_t> bytes = parse_byte_count(size.empty() ? "0" : size);
+    if (!bytes) {
+      throw UserError("s3: LIST " + what + ": object '" + key + "' has Size '" +
+                      size.substr(0, 40) + "': expected a byte count (is AWS_ENDPOINT_URL an " +
+                      "S3-compatible server?)");
+    }
+    page.objects.push_back({key, *bytes});
+  }
+  if (xml_text(xml, "IsTruncated") == "true")
+    page.next_token = xml_text(xml, "NextContinuationToken");
+  return page;
+}
+
+void add_header_line(std::string_view line, std::map<std::string, std::string>& headers) {
+  const size_t colon = line.find(':');
+  if (colon == std::string_view::npos) return;
+  std::string name(line.substr(0, colon)), value(line.substr(colon + 1));
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  value.erase(0, value.find_first_not_of(" \t"));
+  value.erase(value.find_last_not_of(" \t\r\n") + 1);
+  headers[name] = value;
+}
+
+std::optional<int64_t> parse_byte_count(std::string_view text) {
+  if (text.empty() || text.size() > 18) return std::nullopt;
+  int64_t n = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + (c - '0');
+  }
+  return n;
+}
+
+}  // namespace reply
+
+using reply::xml_text;
+
+namespace {
 
 // [profile] of an AWS credentials file: key = value lines.
 std::map<std::string, std::string> read_profile(const std::string& file, const std::string& want) {
@@ -261,15 +313,8 @@ size_t write_body(char* data, size_t size, size_t n, void* out) {
 }
 
 size_t write_header(char* data, size_t size, size_t n, void* out) {
-  std::string line(data, size * n);
-  const size_t colon = line.find(':');
-  if (colon != std::string::npos) {
-    std::string name = line.substr(0, colon), value = line.substr(colon + 1);
-    std::transform(name.begin(), name.end(), name.begin(), ::tolower);
-    value.erase(0, value.find_first_not_of(" \t"));
-    value.erase(value.find_last_not_of(" \t\r\n") + 1);
-    (*static_cast<std::map<std::string, std::string>*>(out))[name] = value;
-  }
+  reply::add_header_line(std::string_view(data, size * n),
+                         *static_cast<std::map<std::string, std::string>*>(out));
   return size * n;
 }
 
@@ -543,12 +588,14 @@ std::optional<int64_t> Client::head(const Url& u) {
   r.missing_ok = true;
   Response resp = perform(r);
   if (resp.status == 404) return std::nullopt;
-  try {
-    return std::stoll(resp.headers.at("content-length"));
-  } catch (const std::exception&) {
-    throw UserError("s3: HEAD " + u.str() + ": no Content-Length in the reply (is " +
+  const auto length = resp.headers.find("content-length");
+  const std::optional<int64_t> bytes =
+      length == resp.headers.end() ? std::nullopt : reply::parse_byte_count(length->second);
+  if (!bytes) {
+    throw UserError("s3: HEAD " + u.str() + ": no Content-Length byte count in the reply (is " +
                     "AWS_ENDPOINT_URL an S3-compatible server?)");
   }
+  return *bytes;
 }
 
 void Client::put(const Url& u, const std::string& body) {
@@ -634,18 +681,17 @@ std::vector<ObjectInfo> Client::list(const Url& prefix) {
     r.url = Url{prefix.bucket, ""};
     r.query = (token.empty() ? "" : "continuation-token=" + uri_encode(token, false) + "&") +
               "list-type=2&prefix=" + uri_encode(prefix.key, false);
-    const std::string xml = perform(r).body;
-    size_t at = 0;
-    while (true) {
-      size_t item = at;
-      const std::string contents = xml_text(xml, "Contents", &item);
-      if (item == at) break;
-      at = item;
-      out.push_back({xml_text(contents, "Key"), std::stoll("0" + xml_text(contents, "Size"))});
+    reply::ListPage page = reply::parse_list_page(perform(r).body, prefix.str());
+    out.insert(out.end(), std::make_move_iterator(page.objects.begin()),
+               std::make_move_iterator(page.objects.end()));
+    if (page.next_token.empty()) break;
+    // A server that hands back the token it was given would be listed forever.
+    if (page.next_token == token) {
+      throw UserError("s3: LIST " + prefix.str() +
+                      ": the server repeats its NextContinuationToken (is AWS_ENDPOINT_URL an " +
+                      "S3-compatible server?)");
     }
-    if (xml_text(xml, "IsTruncated") != "true") break;
-    token = xml_text(xml, "NextContinuationToken");
-    if (token.empty()) break;
+    token = std::move(page.next_token);
   }
   std::sort(out.begin(), out.end(),
             [](const ObjectInfo& a, const ObjectInfo& b) { return a.key < b.key; });

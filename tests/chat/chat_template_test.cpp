@@ -94,6 +94,14 @@ TEST(ChatTemplate, ErrorsNameTheTemplateAndLine) {
   }
   EXPECT_THROW(ChatTemplate("{% if x %}never closed", "t.jinja"), UserError);
   EXPECT_THROW(ChatTemplate("{{ 'unterminated }}", "t.jinja"), UserError);
+  // \u takes four hex digits, as in Jinja2 (found by fuzz/fuzz_chat_template.cpp: "\user" was
+  // std::invalid_argument, exit 1; "\u12'" read past the closing quote).
+  EXPECT_EQ(render("{{ '\\u00e9\\u6F22' }}"), "\u00e9\u6f22");
+  // A template must be UTF-8 (a cut sequence read past the end of the string).
+  EXPECT_THROW(ChatTemplate("{{ 'a\xC3' | reverse }}", "t.jinja"), UserError);
+  for (const char* bad : {"{{ '\\user' }}", "{{ '\\u12' }}", "{{ '\\u-001' }}", "{{ '\\u' }}"}) {
+    EXPECT_THROW(ChatTemplate(bad, "t.jinja"), UserError) << bad;
+  }
   try {
     render("\n\n{{ raise_exception('roles must alternate') }}");
     FAIL() << "raise_exception should throw";
@@ -279,6 +287,39 @@ TEST(ChatTemplateSandbox, RangeLoopsAndSizesHaveBudgets) {
   EXPECT_NE(refusal("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}").find("64 MiB"),
             std::string::npos);
   EXPECT_EQ(render("{{ ('ab' * 3) ~ 'c' }}"), "abababc");
+}
+
+// Found by fuzz/fuzz_chat_template.cpp (tests/corpus/fuzz-regressions/chat_template-*): lists
+// built in a loop had no budget (a list doubled 40 times took gigabytes; one wrapped in itself
+// 100,000 times was quadratic and then a stack overflow when printed), and integer arithmetic
+// past 64 bits was undefined behaviour.
+TEST(ChatTemplateSandbox, BuiltListsAndIntegersHaveBounds) {
+  EXPECT_NE(refusal("{% set ns = namespace(x=[1]) %}{% for i in range(40) %}"
+                    "{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x|length }}")
+                .find("more than the template sandbox's 1000000 items"),
+            std::string::npos);
+  EXPECT_NE(refusal("{% set ns = namespace(x=[1]) %}{% for i in range(40) %}"
+                    "{% set ns.x = ns.x + ns.x %}{% endfor %}{{ ns.x|length }}")
+                .find("1000000 items"),
+            std::string::npos);
+  EXPECT_NE(refusal("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}"
+                    "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}")
+                .find("lists or dicts nested more than 200 deep"),
+            std::string::npos);
+  EXPECT_EQ(render("{{ ([1, 2] + [3])|length }} {{ {'a': [1]}['a'][0] }}"), "3 1");
+  for (const char* overflow :
+       {"{{ 9223372036854775807 + 1 }}", "{{ -(-9223372036854775807 - 1) }}",
+        "{{ (-9223372036854775807 - 1) // -1 }}", "{{ 4294967296 * 4294967296 }}",
+        "{{ 99999999999999999999 }}", "{{ (1.0 * 10000000000 * 10000000000)|int }}"}) {
+    EXPECT_NE(refusal(overflow).find("64 bits"), std::string::npos)
+        << overflow << refusal(overflow);
+  }
+  // Python's floor division and modulo, exact at the ends of the range.
+  EXPECT_EQ(
+      render(
+          "{{ -7 // 2 }} {{ 7 // -2 }} {{ -7 % 2 }} {{ 7 % -2 }} {{ 9223372036854775807 // 1 }}"),
+      "-4 -4 1 -1 9223372036854775807");
+  EXPECT_EQ(render("{{ 9007199254740993|int }}"), "9007199254740993");
 }
 
 }  // namespace

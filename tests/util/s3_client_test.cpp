@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -128,6 +129,48 @@ TEST(S3Options, BadAddressingStyleIsRefused) {
                  {"AWS_SECRET_ACCESS_KEY", "b"},
                  {"AWS_S3_ADDRESSING_STYLE", "sideways"}});
   EXPECT_THROW(moe::s3::options_from_environment(), moe::UserError);
+}
+
+// What a server answers is untrusted input (fuzz/fuzz_s3.cpp): a listed size that is not a byte
+// count is one UserError naming the URL, never std::out_of_range (exit 1) or a negative size.
+TEST(S3Reply, ListPagesSizesAndHeaders) {
+  namespace reply = moe::s3::reply;
+  const auto page = reply::parse_list_page(
+      "<ListBucketResult><IsTruncated>true</IsTruncated><NextContinuationToken>t&amp;1"
+      "</NextContinuationToken><Contents><Key>a&lt;b</Key><Size>12</Size></Contents>"
+      "<Contents><Key>c</Key></Contents></ListBucketResult>",
+      "s3://bucket/p");
+  ASSERT_EQ(page.objects.size(), 2u);
+  EXPECT_EQ(page.objects[0].key, "a<b");
+  EXPECT_EQ(page.objects[0].size, 12);
+  EXPECT_EQ(page.objects[1].size, 0);
+  EXPECT_EQ(page.next_token, "t&1");
+  EXPECT_EQ(reply::parse_list_page("<IsTruncated>false</IsTruncated><NextContinuationToken>x"
+                                   "</NextContinuationToken>",
+                                   "s3://bucket/p")
+                .next_token,
+            "");
+  for (const char* size : {"99999999999999999999", "-5", "1e3", "abc"}) {
+    try {
+      reply::parse_list_page(
+          std::string("<Contents><Key>k</Key><Size>") + size + "</Size></Contents>",
+          "s3://bucket/p");
+      FAIL() << size;
+    } catch (const moe::UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("s3: LIST s3://bucket/p: object 'k'"), std::string::npos)
+          << e.what();
+    }
+  }
+  std::map<std::string, std::string> headers;
+  reply::add_header_line("HTTP/1.1 200 OK\r\n", headers);
+  reply::add_header_line("Content-Length:  434234 \r\n", headers);
+  reply::add_header_line("ETAG: \"x\"\r\n", headers);
+  EXPECT_EQ(headers.size(), 2u);
+  EXPECT_EQ(reply::parse_byte_count(headers["content-length"]), 434234);
+  EXPECT_EQ(headers["etag"], "\"x\"");
+  EXPECT_EQ(reply::parse_byte_count("-1"), std::nullopt);
+  EXPECT_EQ(reply::parse_byte_count(""), std::nullopt);
+  EXPECT_EQ(reply::parse_byte_count("1234567890123456789"), std::nullopt);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -99,5 +100,31 @@ class Client {
 
 // Options from the environment, or the one UserError that says what is missing.
 std::shared_ptr<Client> client_from_environment();
+
+// What an S3 server answers, parsed: the replies are untrusted input (tests and the fuzz target
+// fuzz/fuzz_s3.cpp call these directly). Linear in the reply's size.
+namespace reply {
+
+// The text of the first <tag>...</tag> at or after *from (0 when null) in an S3 XML reply,
+// entities decoded ("" if absent); *from moves past it when found.
+std::string xml_text(const std::string& xml, const std::string& tag, size_t* from = nullptr);
+
+// One page of a ListObjectsV2 reply: its objects, and the token of the next page ("" on the
+// last). UserError naming `what` (the listed URL) for an object whose Size is not a byte count.
+struct ListPage {
+  std::vector<ObjectInfo> objects;
+  std::string next_token;
+};
+ListPage parse_list_page(const std::string& xml, const std::string& what);
+
+// One header line ("Name: value\r\n") into `headers` (lower-case name, trimmed value); lines
+// without a colon (the status line, the blank last one) are skipped.
+void add_header_line(std::string_view line, std::map<std::string, std::string>& headers);
+
+// A decimal byte count (a Content-Length or a listed Size): digits only, at most 18 of them;
+// nullopt otherwise.
+std::optional<int64_t> parse_byte_count(std::string_view text);
+
+}  // namespace reply
 
 }  // namespace moe::s3
