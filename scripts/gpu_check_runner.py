@@ -104,6 +104,8 @@ GPU_SUITES = {
     # gpt-oss's sinks and windows through SDPA vs the eager reference, fp32 and bf16, forward and
     # backward: six small cases (not yet measured; SDPA's first calls pick kernels).
     "Masks/AttentionCoreGpu": (6, 2.0),
+    # cpu_checkpointing: two small training steps, checkpoints on the device and on the host.
+    "ActivationCheckpointGpu": (1, 1.0),
 }
 GPU_TESTS_START_S = 5.0  # loading LibTorch twice (the list, the run) and one CUDA context
 RERUN_START_S = 3.0      # a rerun loads LibTorch and makes a CUDA context again

@@ -171,6 +171,9 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("qk_norm_scope", m.qk_norm_scope);
   v.field("clip_qkv", m.clip_qkv, at_least(0, "0 = off"));
   v.field("attention_bias", m.attention_bias);
+  v.field("qkv_bias", m.qkv_bias);
+  v.field("partial_rotary_factor", m.partial_rotary_factor,
+          Rule{.kind = Rule::Kind::kRange, .lo = 0.0, .hi = 1.0, .lo_open = true});
   v.field("attention_sinks", m.attention_sinks);
   v.field("sliding_window", m.sliding_window, at_least(0, "0 = none"));
   v.field("layer_types", m.layer_types);
@@ -293,6 +296,7 @@ void visit_fields(auto& v, Section<QuantizationConfig> auto& q) {
   v.field("bnb_4bit_quant_type", q.bnb_4bit_quant_type);
   v.field("bnb_4bit_use_double_quant", q.bnb_4bit_use_double_quant);
   v.field("bnb_4bit_compute_dtype", q.bnb_4bit_compute_dtype);
+  v.field("dequant_scratch_mib", q.dequant_scratch_mib, at_least(0, "0 = a whole stack"));
   // BitsAndBytesConfig's other keys, as transformers writes them into config.json.
   v.field("quant_method", q.quant_method);
   v.ignored("dequantize");              // Mxfp4Config's: moe-train dequantizes for the GEMMs anyway

@@ -46,6 +46,8 @@ struct Shape {
   // silu(gate) * up kept per FFN row: 3 (gate, up, the product) with the fused kernel
   // (kernels/swiglu.h: silu(gate) recomputed in the backward), 4 with ATen's two ops.
   double swiglu_kept;
+  // activation_checkpointing.cpu_checkpointing on a GPU: checkpointed inputs wait on the host.
+  bool checkpoints_on_host = false;
 };
 
 // Whether our CUDA kernels run (the fused SwiGLU, the 8-bit AdamW step): a GPU run, a build that
@@ -73,6 +75,7 @@ Shape shape_of(const Config& c, int64_t micro_batch, const PlanOptions& opt) {
           ? 2.0
           : 4.0;
   s.swiglu_kept = fused_kernels(c, opt) ? 3.0 : 4.0;
+  s.checkpoints_on_host = !cpu && c.activation_checkpointing.cpu_checkpointing;
   return s;
 }
 
@@ -155,6 +158,7 @@ double block_transient(const Config& c, const Shape& s, bool moe_layer) {
 
 struct Walk {
   double activations = 0, transient = 0, peak_dynamic = 0;
+  double host = 0;  // checkpointed inputs held in host memory (cpu_checkpointing)
 };
 
 // The backward pass, head first, block by block: what is alive at each point is the static
@@ -168,10 +172,14 @@ Walk walk_backward(const Config& c, const Shape& s, bool checkpoint_all,
           ? static_cast<double>(L)
           : static_cast<double>(std::min(c.activation_checkpointing.number_checkpoints, L));
   std::vector<double> kept(static_cast<size_t>(L)), full(static_cast<size_t>(L));
-  double acts = 0;
+  double acts = 0, host = 0;
   for (int64_t l = 0; l < L; ++l) {
     full[l] = attention_saved(c, s) + ffn_saved(c, s, is_moe_layer(c, l));
-    kept[l] = static_cast<double>(l) < ckpt_layers ? s.T * s.d * s.a : full[l];  // input only
+    const bool checkpointed = static_cast<double>(l) < ckpt_layers;
+    // A checkpointed block keeps its input only: on the device, or in host memory until its
+    // backward copies it back (counted in full[l], the recomputed block's own input).
+    kept[l] = checkpointed ? (s.checkpoints_on_host ? 0 : s.T * s.d * s.a) : full[l];
+    if (checkpointed && s.checkpoints_on_host) host += s.T * s.d * s.a;
     acts += kept[l];
   }
   // A frozen head (LoRA) does not keep its input for a weight gradient.
@@ -192,11 +200,15 @@ Walk walk_backward(const Config& c, const Shape& s, bool checkpoint_all,
     head = s.T * s.d * s.a + s.T * 4 + s.T * s.d * 4 + weight_grad;
     // ... and each chunk's weight-gradient product [V, d] (fp32 under fp16) before its add.
     const double product = frozen_head ? 0 : s.V * s.d * (c.fp16.enabled ? 4 : s.a);
-    const double forward =
-        rows * s.V * (4 + (s.a < 4 ? 2 * s.a : 4)) + (s.a < 4 ? s.V * s.d * s.a : 0) + product;
+    // The weight's 16-bit copy exists only for an fp32 one: a frozen head under mixed precision
+    // (LoRA's 16-bit base) or 16-bit working weights are already in the compute dtype.
+    const bool weight_16bit = frozen_head || c.training.param_dtype != ParamDtype::kFp32;
+    const double forward = rows * s.V * (4 + (s.a < 4 ? 2 * s.a : 4)) +
+                           (s.a < 4 && !weight_16bit ? s.V * s.d * s.a : 0) + product;
     head_transient = std::max(forward, s.T * s.d * 4 + weight_grad);
   }
   Walk w;
+  w.host = host;
   w.activations = acts + head;
   // The head's own gradients (untied head, final norm) come first in the backward.
   const double head_params =
@@ -659,6 +671,7 @@ void plan_peak(const Config& c, const PlanOptions& opt, const PlanBasis& b, Memo
       walk_backward(no_checkpoint, s, false, grad_per_param, false).activations;
   p.activations_checkpoint = walk_backward(c, s, true, grad_per_param, false).activations;
   p.backward_transient = as_configured.transient;
+  p.host += as_configured.host;
   // The optimizer step: every gradient, the clipping norms, the fused update (no temporaries)
   // or the reference update's fp32 copies (on the host under offload).
   const double step_peak = p.gradients + 8 * static_cast<double>(c.model.num_layers) * 64 +
@@ -752,7 +765,12 @@ Quantized4bitBase quantized_4bit_base(const Config& c, const PlanOptions& opt) {
       const int64_t matrix = p.shape[1] * p.shape[2];
       add(matrix, p.shape[0]);
       if (grouped) {
-        group(static_cast<double>(p.shape[0] * matrix), 2.0);
+        // quantization.dequant_scratch_mib: a few experts at a time (layers/frozen_4bit.cpp).
+        const int64_t per_expert = matrix * 2, experts = p.shape[0];
+        const int64_t budget = c.quantization.dequant_scratch_mib * (int64_t{1} << 20);
+        const int64_t chunk =
+            budget > 0 ? std::clamp<int64_t>(budget / per_expert, 1, experts) : experts;
+        group(static_cast<double>(chunk * matrix), 2.0);
       } else {
         group(static_cast<double>(matrix), compute);
       }
@@ -894,8 +912,18 @@ void dynamic_rows(const Config& c, const PlanOptions& opt, const MemoryPlan& p, 
               : "one all-reduce bucket after the backward");
   }
   t.row("peak of tensors", p.peak, "the worst moment of the backward or the update");
-  if (!opt.cpu) t.row("expected reserved", p.reserved, "+5% allocator, +0.75 GiB CUDA context");
-  if (p.host > 0) t.row("host (offload)", p.host, "moments, master weights, gradient staging");
+  if (!opt.cpu) {
+    t.row("expected reserved", p.reserved, "+5% allocator, +0.75 GiB CUDA context");
+    // What torch.cuda.max_memory_reserved() reports (and Unsloth's notebooks quote): the
+    // allocator's share, without the context.
+    t.row("  of it, the allocator's", p.peak * 1.05, "torch.cuda.max_memory_reserved()");
+  }
+  if (p.host > 0) {
+    t.row("host (offload)", p.host,
+          c.activation_checkpointing.cpu_checkpointing
+              ? "moments, master weights, gradient staging; checkpointed inputs"
+              : "moments, master weights, gradient staging");
+  }
 }
 
 // Whether the plan fits the device, and the advice (with a device size to judge against).

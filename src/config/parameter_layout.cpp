@@ -37,7 +37,7 @@ std::vector<ParameterShape> parameter_layout(const config::Config& c) {
     p.push_back({b + "attn_norm.weight", {d}});
     if (m.attention_sinks) p.push_back({b + "attn.sinks", {H}});  // the module's own: first
     p.push_back({b + "attn.qkv.weight", {(H + 2 * KV) * hd, d}});
-    if (m.attention_bias) p.push_back({b + "attn.qkv.bias", {(H + 2 * KV) * hd}});
+    if (m.attention_bias || m.qkv_bias) p.push_back({b + "attn.qkv.bias", {(H + 2 * KV) * hd}});
     p.push_back({b + "attn.out.weight", {d, H * hd}});
     if (m.attention_bias) p.push_back({b + "attn.out.bias", {d}});
     if (m.qk_norm) {

@@ -231,9 +231,6 @@ void warn_inert_checkpointing_keys(Config& c) {
       {a.partition_activations,
        "partition_activations = true has no effect: it splits checkpoints across model-parallel "
        "ranks, and there is no model parallelism here"},
-      {a.cpu_checkpointing,
-       "cpu_checkpointing = true has no effect: checkpointed blocks keep their inputs on the "
-       "device (use zero_optimization.offload_optimizer to free device memory)"},
       {a.contiguous_memory_optimization,
        "contiguous_memory_optimization = true has no effect: it is for partitioned checkpoints"},
       {a.synchronize_checkpoint_boundary,
@@ -494,6 +491,18 @@ void check_relations(Config& c, const Rules& rules) {
   const auto& m = c.model;
   rules.check(m.qk_norm || m.qk_norm_scope == QkNormScope::kHead, "model.qk_norm_scope",
               std::string(name(m.qk_norm_scope)), "needs model.qk_norm = true");
+  rules.check(!(m.qkv_bias && m.attention_bias), "model.qkv_bias", "true",
+              "cannot be combined with model.attention_bias (which already biases q, k, v and o)");
+  if (m.partial_rotary_factor != 1.0) {
+    const double dims = static_cast<double>(head_dim(c)) * m.partial_rotary_factor;
+    const auto rotary = static_cast<int64_t>(dims);  // transformers' int(head_dim * factor)
+    rules.check(rotary >= 2 && rotary % 2 == 0, "model.partial_rotary_factor",
+                m.partial_rotary_factor,
+                "head_dim (" + std::to_string(head_dim(c)) +
+                    ") x factor must give an even number of rotary dimensions >= 2");
+    rules.check(m.rope_theta > 0, "model.partial_rotary_factor", m.partial_rotary_factor,
+                "needs rotary positions (model.rope_theta > 0)");
+  }
   rules.check(c.moe.top_k <= c.moe.num_experts, "moe.top_k", c.moe.top_k,
               "must be <= moe.num_experts (" + std::to_string(c.moe.num_experts) + ")");
   check_lora(c, rules);

@@ -96,8 +96,17 @@ std::vector<SafeTensorView> export_views(model::TransformerLM& model, const conf
   for (size_t i = 0; i < pieces.size(); ++i) {
     const TensorPiece& p = pieces[i];
     if (i > 0 && pieces[i - 1].hf == p.hf && p.hf_step > 1) continue;  // written with the first
+    // GLM-4.5's router and its correction bias stay fp32 in any dtype, as transformers keeps
+    // and saves them (_keep_in_fp32_modules_strict).
+    const auto ends_with = [&](const std::string& tail) {
+      return p.hf.size() >= tail.size() &&
+             p.hf.compare(p.hf.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    const bool fp32_kept = family == Family::kGlm4Moe &&
+                           (ends_with(".mlp.gate.weight") || ends_with(".e_score_correction_bias"));
     if (p.hf_step == 1) {
-      keep.push_back(piece_view(p, params).detach().to(dtype).contiguous());
+      keep.push_back(
+          piece_view(p, params).detach().to(fp32_kept ? torch::kFloat : dtype).contiguous());
     } else {  // an interleaved tensor: each of its pieces into its columns
       auto sizes = piece_view(p, params).sizes().vec();
       sizes.back() *= p.hf_step;
@@ -129,10 +138,14 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
   StagedDir out(
       "import-hf", out_dir,
       "import-hf: --out " + out_dir + " exists and is not empty (nothing is overwritten)");
+  int64_t skipped_mtp = 0;
   if (adapter_dir.empty()) {
-    stream_hf_weights(weights, hf_dir, hm.cfg, hm.family,
-                      (fs::path(out.path()) / "model.safetensors").string());
-    train::write_weights_state(out.path(), state, imported);
+    const StreamedHf streamed = stream_hf_weights(
+        weights, hf_dir, hm.cfg, hm.family, (fs::path(out.path()) / "model.safetensors").string());
+    skipped_mtp = streamed.skipped_mtp_tensors;
+    json extra = imported;
+    if (!streamed.expert_biases.empty()) extra["expert_biases"] = streamed.expert_biases;
+    train::write_weights_state(out.path(), state, extra);
   } else {  // the adapter folded in: the checkpoint holds the merged weights
     config::Config adapted_cfg = hm.cfg;
     adapted_cfg.lora = lora_config_from_peft(adapter_dir);
@@ -145,6 +158,10 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
     for (auto& item : adapted->named_parameters()) {
       if (!config::is_lora_parameter(item.key())) mine[item.key()].set_data(item.value());
     }
+    auto my_buffers = model->named_buffers();  // the routers' selection biases
+    for (auto& item : adapted->named_buffers()) {
+      if (auto* b = my_buffers.find(item.key())) b->copy_(item.value());
+    }
     train::save_weights_checkpoint(out.path(), model, state, imported);
   }
   write_json(fs::path(out.path()) / "hf_config.json", hm.hf_config);
@@ -155,6 +172,12 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
   r.family = hm.family;
   r.tensors = static_cast<int64_t>(weights.tensors().size());
   r.warnings = hm.warnings;
+  if (skipped_mtp > 0) {
+    r.warnings.push_back(std::to_string(skipped_mtp) +
+                         " tensors of multi-token-prediction layers (num_nextn_predict_layers) "
+                         "are not imported, as transformers drops them; exports write "
+                         "num_nextn_predict_layers = 0");
+  }
   r.tokenizer_files = train::copy_tokenizer_files(hf_dir, out.path());
   out.commit();
   return r;

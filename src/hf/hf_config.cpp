@@ -21,6 +21,7 @@ constexpr FamilyNames kFamilies[] = {
     {Family::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
     {Family::kOlmoe, "OlmoeForCausalLM", "olmoe"},
     {Family::kGptOss, "GptOssForCausalLM", "gpt_oss"},
+    {Family::kGlm4Moe, "Glm4MoeForCausalLM", "glm4_moe"},
 };
 
 // Typed reads of config.json keys; every error names the file and the key.
@@ -108,6 +109,7 @@ bool truthy(const json& v) {
 struct RopeSettings {
   double theta;
   json scaling;
+  double partial_rotary_factor = 1.0;
 };
 
 // The rotary dict (`key`: rope_parameters or rope_scaling, an object) read as transformers reads
@@ -267,9 +269,18 @@ json yarn_scaling(const RopeDict& d) {
   return s;
 }
 
-RopeSettings rope_settings(const HfKeys& k, double family_default,
+// partial_default: the family's partial_rotary_factor when config.json has none (GLM-4.5's
+// config sets 0.5); 0 = the family rotates every dimension and refuses another factor.
+RopeSettings rope_settings(const HfKeys& k, double family_default, double partial_default,
                            std::vector<std::string>* warnings) {
   RopeSettings r{k.number("rope_theta", family_default), nullptr};
+  const bool partial_ok = partial_default > 0;
+  auto partial = [&](double f, auto&& fail) {
+    if (!partial_ok && f != 1.0) fail("only 1 is supported (every dimension of the head rotates)");
+    if (partial_ok && !(f > 0 && f <= 1)) fail("expected a factor in (0, 1]");
+    r.partial_rotary_factor = f;
+  };
+  if (partial_ok) r.partial_rotary_factor = partial_default;
   // transformers 5 takes a truthy rope_scaling over rope_parameters (`rope_scaling or
   // rope_parameters`): null, false, 0, "" and {} leave rope_parameters in charge.
   const bool legacy = k.present("rope_scaling") && truthy(k.raw("rope_scaling"));
@@ -278,8 +289,9 @@ RopeSettings rope_settings(const HfKeys& k, double family_default,
   // setdefault); null at the top level is no value.
   const bool dict_partial =
       k.present(key) && k.raw(key).is_object() && k.raw(key).contains("partial_rotary_factor");
-  if (!dict_partial && k.number("partial_rotary_factor", 1.0) != 1.0) {
-    k.fail("partial_rotary_factor", "only 1 is supported (every dimension of the head rotates)");
+  if (!dict_partial && k.present("partial_rotary_factor")) {
+    partial(k.number("partial_rotary_factor", 1.0),
+            [&](const std::string& why) { k.fail("partial_rotary_factor", why); });
   }
   if (!k.present(key)) return r;
   if (!k.raw(key).is_object()) k.fail(key, "expected an object");
@@ -289,8 +301,9 @@ RopeSettings rope_settings(const HfKeys& k, double family_default,
   if (dict_partial && d.p["partial_rotary_factor"].is_null()) {
     d.fail("partial_rotary_factor", "expected a number (transformers fails on null)");
   }
-  if (d.number("partial_rotary_factor", 1.0) != 1.0) {
-    d.fail("partial_rotary_factor", "only 1 is supported (every dimension of the head rotates)");
+  if (dict_partial) {
+    partial(d.number("partial_rotary_factor", 1.0),
+            [&](const std::string& why) { d.fail("partial_rotary_factor", why); });
   }
   if (type == "default") return r;
   if (type != "linear" && type != "yarn") {
@@ -323,8 +336,8 @@ Family parse_family(const std::string& architecture, const std::string& where) {
     if (architecture == n.architecture || architecture == n.model_type) return n.family;
   }
   throw UserError(where + " \"" + architecture +
-                  "\" is not supported: expected MixtralForCausalLM, Qwen3MoeForCausalLM or "
-                  "OlmoeForCausalLM");
+                  "\" is not supported: expected MixtralForCausalLM, Qwen3MoeForCausalLM, "
+                  "OlmoeForCausalLM, GptOssForCausalLM or Glm4MoeForCausalLM");
 }
 
 // The training window: the model's max_position_embeddings up to kImportSeqLenCap (a 32k window
@@ -381,6 +394,35 @@ static void gpt_oss_architecture(const HfKeys& k, json& m, json& e) {
   e["swiglu_alpha"] = k.number("swiglu_alpha", 1.702);
 }
 
+// GLM-4.5 / 4.6 / 4.5-Air (transformers' Glm4MoeConfig): DeepSeek-V3's routing (sigmoid scores,
+// e_score_correction_bias, groups, scaled weights, shared experts, dense first layers) over
+// GQA attention with q/k/v biases, optional per-head q/k norms and partial rotary.
+static void glm4_moe_architecture(const HfKeys& k, json& m, json& e,
+                                  std::vector<std::string>* warnings) {
+  const int64_t layers = k.integer("num_hidden_layers");
+  e["num_experts"] = k.present("n_routed_experts") ? k.integer("n_routed_experts")
+                                                   : k.integer("num_local_experts");
+  const int64_t f = k.integer("moe_intermediate_size");
+  e["expert_hidden_size"] = f;
+  m["dense_hidden_size"] = k.integer("intermediate_size");
+  const int64_t dense = k.integer("first_k_dense_replace", 1);
+  if (dense > layers) k.fail("first_k_dense_replace", "exceeds num_hidden_layers");
+  std::vector<int64_t> dense_layers;
+  for (int64_t i = 0; i < dense; ++i) dense_layers.push_back(i);
+  e["mlp_only_layers"] = dense_layers;
+  e["shared_expert_hidden_size"] = k.integer("n_shared_experts", 1) * f;
+  e["score_function"] = "sigmoid";
+  e["normalize_topk"] = k.boolean("norm_topk_prob", true);
+  e["n_group"] = k.integer("n_group", 1);
+  e["topk_group"] = k.integer("topk_group", 1);
+  e["routed_scaling_factor"] = k.number("routed_scaling_factor", 1.0);
+  e["aux_loss_coeff"] = 0.0;  // balanced by the correction bias (moe.router_bias_update_rate)
+  m["qk_norm"] = k.boolean("use_qk_norm", false);
+  m["qk_norm_scope"] = "head";
+  m["qkv_bias"] = k.boolean("attention_bias", false);
+  (void)warnings;  // the MTP layers' tensors are counted where they are skipped (load_hf_weights)
+}
+
 // The keys each family names its own way (experts, widths, norms, routing).
 static void family_architecture(const HfKeys& k, Family family, json& m, json& e,
                                 std::vector<std::string>* warnings) {
@@ -408,6 +450,9 @@ static void family_architecture(const HfKeys& k, Family family, json& m, json& e
       break;
     case Family::kGptOss:
       gpt_oss_architecture(k, m, e);
+      break;
+    case Family::kGlm4Moe:
+      glm4_moe_architecture(k, m, e, warnings);
       break;
     case Family::kOlmoe:
       e["num_experts"] = k.integer("num_experts");
@@ -443,8 +488,9 @@ json architecture_from_hf(const json& c, const std::string& file, Family* family
 
   if (k.string("hidden_act", "silu") != "silu") k.fail("hidden_act", "only silu is supported");
   const bool gpt_oss = family == Family::kGptOss;
-  if (k.boolean("attention_bias", false) && !gpt_oss) {
-    k.fail("attention_bias", "biases are supported for gpt_oss only");
+  const bool glm = family == Family::kGlm4Moe;
+  if (k.boolean("attention_bias", false) && !gpt_oss && !glm) {
+    k.fail("attention_bias", "biases are supported for gpt_oss and glm4_moe only");
   }
   if (k.present("sliding_window") && family == Family::kMixtral) {
     k.fail("sliding_window", "sliding-window attention is not supported (null is)");
@@ -466,8 +512,10 @@ json architecture_from_hf(const json& c, const std::string& file, Family* family
   m["norm_eps"] = k.number("rms_norm_eps", 1e-6);
   m["tie_embeddings"] = k.boolean("tie_word_embeddings", false);
   const double default_theta = family == Family::kMixtral ? 1e6 : gpt_oss ? 150000.0 : 1e4;
-  const RopeSettings rope = rope_settings(k, default_theta, warnings);
+  // GLM-4.5's config class sets partial_rotary_factor 0.5 where config.json has none.
+  const RopeSettings rope = rope_settings(k, default_theta, glm ? 0.5 : 0.0, warnings);
   m["rope_theta"] = rope.theta;
+  m["partial_rotary_factor"] = rope.partial_rotary_factor;
   if (!rope.scaling.is_null()) m["rope_scaling"] = rope.scaling;
   m["init_std"] = k.number("initializer_range", 0.02);
   m["seq_len"] = training_window(k.integer("max_position_embeddings", kImportSeqLenCap), warnings);
@@ -487,6 +535,13 @@ json architecture_from_hf(const json& c, const std::string& file, Family* family
            "top-1 routing with renormalised weights (a weight of exactly 1) is not supported");
   }
   return {{"model", m}, {"moe", e}};
+}
+
+// The leading dense layers (GLM-4.5's first_k_dense_replace).
+static int64_t first_dense_layers(const config::Config& cfg) {
+  int64_t n = 0;
+  while (n < cfg.model.num_layers && !config::is_moe_layer(cfg, n)) ++n;
+  return n;
 }
 
 // What only gpt-oss has, refused for the other families.
@@ -530,6 +585,37 @@ static void check_gpt_oss_export(const config::Config& cfg) {
   }
 }
 
+// What a GLM-4.5 export needs to be one: the layer rule first_k_dense_replace can say, shared
+// experts as whole multiples of the routed width, sigmoid scores.
+static void check_glm4_moe_export(const config::Config& cfg) {
+  const auto& m = cfg.model;
+  const auto& e = cfg.moe;
+  auto refuse = [](const std::string& key, const std::string& why) {
+    throw UserError(key + ": " + why);
+  };
+  if (e.score_function != config::ScoreFunction::kSigmoid) {
+    refuse("moe.score_function", "GLM-4.5 routes with sigmoid scores");
+  }
+  if (m.qk_norm && m.qk_norm_scope != config::QkNormScope::kHead) {
+    refuse("model.qk_norm_scope", "GLM-4.5's q/k norms are per head");
+  }
+  if (m.clip_qkv > 0) refuse("model.clip_qkv", "GLM-4.5 does not clip q, k, v");
+  const int64_t f = config::expert_hidden_size(cfg);
+  if (e.shared_expert_hidden_size == 0 || e.shared_expert_hidden_size % f != 0) {
+    refuse("moe.shared_expert_hidden_size",
+           "a sigmoid-routed model is exported as GLM-4.5, whose shared experts are "
+           "n_shared_experts >= 1 x moe_intermediate_size (" +
+               std::to_string(f) + ")");
+  }
+  const int64_t dense = first_dense_layers(cfg);
+  for (int64_t i = 0; i < m.num_layers; ++i) {
+    if (config::is_moe_layer(cfg, i) != (i >= dense)) {
+      refuse("moe.mlp_only_layers",
+             "GLM-4.5's dense layers are the first first_k_dense_replace ones");
+    }
+  }
+}
+
 Family export_family(const config::Config& cfg, const std::string& requested) {
   const auto& m = cfg.model;
   const auto& e = cfg.moe;
@@ -539,25 +625,15 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
   if (m.rope_theta <= 0) {
     refuse("model.rope_theta", "0 (learned positions); the Hugging Face MoE families use rotary");
   }
-  if (e.shared_expert_hidden_size > 0) {
-    refuse("moe.shared_expert_hidden_size", "shared experts are not in these families");
-  }
-  if (e.score_function != config::ScoreFunction::kSoftmax) {
-    refuse("moe.score_function", "these families route with softmax scores");
-  }
-  if (e.router_bias_update_rate > 0) {
-    refuse("moe.router_bias_update_rate", "these families have no expert selection bias");
-  }
-  if (e.n_group > 1) refuse("moe.n_group", "these families have no expert groups");
-  if (e.routed_scaling_factor != 1.0) {
-    refuse("moe.routed_scaling_factor", "these families do not scale the routed weights");
-  }
   if (e.top_k == 1 && e.normalize_topk) {
     refuse("moe.top_k", "1 with moe.normalize_topk: HF renormalises a single weight to 1");
   }
   Family f = Family::kMixtral;
   if (!requested.empty()) {
     f = parse_family(requested, "export-hf: --architecture");
+  } else if (e.score_function == config::ScoreFunction::kSigmoid ||
+             e.shared_expert_hidden_size > 0 || m.qkv_bias || m.partial_rotary_factor != 1.0) {
+    f = Family::kGlm4Moe;
   } else if (m.attention_sinks) {
     f = Family::kGptOss;
   } else if (m.qk_norm) {
@@ -565,6 +641,19 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
   }
   const bool all_moe = config::moe_layer_count(cfg) == m.num_layers;
   check_gpt_oss_features(cfg, f);
+  if (f == Family::kGlm4Moe) {
+    check_glm4_moe_export(cfg);
+    return f;
+  }
+  // DeepSeek-V3's routing and GLM-4.5's attention, refused for the others.
+  const char* glm = "only glm4_moe has this among the families export-hf writes";
+  if (e.shared_expert_hidden_size > 0) refuse("moe.shared_expert_hidden_size", glm);
+  if (e.score_function != config::ScoreFunction::kSoftmax) refuse("moe.score_function", glm);
+  if (e.router_bias_update_rate > 0) refuse("moe.router_bias_update_rate", glm);
+  if (e.n_group > 1) refuse("moe.n_group", glm);
+  if (e.routed_scaling_factor != 1.0) refuse("moe.routed_scaling_factor", glm);
+  if (m.qkv_bias) refuse("model.qkv_bias", glm);
+  if (m.partial_rotary_factor != 1.0) refuse("model.partial_rotary_factor", glm);
   switch (f) {
     case Family::kGptOss:
       check_gpt_oss_export(cfg);
@@ -589,6 +678,8 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
       if (config::head_dim(cfg) * m.num_heads != m.hidden_size) {
         refuse("model.head_dim", "OLMoE needs num_heads x head_dim = hidden_size");
       }
+      break;
+    case Family::kGlm4Moe:
       break;
   }
   return f;
@@ -664,6 +755,23 @@ static void family_keys_to_hf(const config::Config& cfg, Family f, json& j) {
       j["swiglu_limit"] = e.swiglu_limit;
       j["swiglu_alpha"] = e.swiglu_alpha;
       break;
+    case Family::kGlm4Moe:
+      j["n_routed_experts"] = e.num_experts;
+      j["moe_intermediate_size"] = config::expert_hidden_size(cfg);
+      j["intermediate_size"] = config::dense_hidden_size(cfg);
+      j["first_k_dense_replace"] = first_dense_layers(cfg);
+      j["n_shared_experts"] = e.shared_expert_hidden_size / config::expert_hidden_size(cfg);
+      j["norm_topk_prob"] = e.normalize_topk;
+      j["n_group"] = e.n_group;
+      j["topk_group"] = e.topk_group;
+      j["routed_scaling_factor"] = e.routed_scaling_factor;
+      j["use_qk_norm"] = m.qk_norm;
+      j["attention_bias"] = m.qkv_bias;
+      j["partial_rotary_factor"] = m.partial_rotary_factor;
+      j["rope_parameters"]["partial_rotary_factor"] = m.partial_rotary_factor;
+      j["num_nextn_predict_layers"] = 0;  // the MTP layers are not imported (docs/hf.md)
+      j.erase("router_aux_loss_coef");
+      break;
     case Family::kOlmoe:
       j["num_experts"] = e.num_experts;
       j["intermediate_size"] = config::expert_hidden_size(cfg);
@@ -685,7 +793,7 @@ json hf_config_from(const config::Config& cfg, Family f, const json& base, const
   // (MXFP4, bitsandbytes 4-bit); transformers would read them as quantized otherwise.
   for (const char* stale : {"rope_scaling", "original_max_position_embeddings", "torch_dtype",
                             "dtype", "transformers_version", "num_local_experts", "num_experts",
-                            "moe_intermediate_size", "quantization_config"}) {
+                            "moe_intermediate_size", "quantization_config", "n_routed_experts"}) {
     j.erase(stale);
   }
   j["architectures"] = {architecture_name(f)};

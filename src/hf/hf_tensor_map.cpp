@@ -37,7 +37,7 @@ std::vector<TensorPiece> tensor_pieces(const config::Config& cfg, Family family)
     p.push_back({hf + "self_attn.k_proj.weight", ours + "attn.qkv.weight", -1, H * hd, KV * hd});
     p.push_back(
         {hf + "self_attn.v_proj.weight", ours + "attn.qkv.weight", -1, (H + KV) * hd, KV * hd});
-    if (m.attention_bias) {
+    if (m.attention_bias || m.qkv_bias) {
       p.push_back({hf + "self_attn.q_proj.bias", ours + "attn.qkv.bias", -1, 0, H * hd});
       p.push_back({hf + "self_attn.k_proj.bias", ours + "attn.qkv.bias", -1, H * hd, KV * hd});
       p.push_back(
@@ -63,6 +63,14 @@ std::vector<TensorPiece> tensor_pieces(const config::Config& cfg, Family family)
     }
     const std::string block = hf + (mixtral ? "block_sparse_moe." : "mlp.");
     p.push_back({block + "gate.weight", ours + "moe.router.weight"});
+    if (family == Family::kGlm4Moe) {
+      // The selection bias is a buffer of ours (moe.router.expert_bias), carried by state.json.
+      p.push_back({block + "gate.e_score_correction_bias", ours + "moe.router.expert_bias"});
+      const std::string sh = block + "shared_experts.", mine = ours + "moe.shared_expert.";
+      p.push_back({sh + "gate_proj.weight", mine + "w_gate", 0, 0, -1, true});
+      p.push_back({sh + "up_proj.weight", mine + "w_up", 0, 0, -1, true});
+      p.push_back({sh + "down_proj.weight", mine + "w_down", 0, 0, -1, true});
+    }
     for (int64_t e = 0; e < cfg.moe.num_experts; ++e) {
       const std::string ex = block + "experts." + std::to_string(e) + ".";
       p.push_back({ex + (mixtral ? "w1" : "gate_proj") + ".weight", ours + "moe.experts.w_gate", e,

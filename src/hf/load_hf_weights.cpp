@@ -1,9 +1,11 @@
 #include "moe/hf/load_hf_weights.h"
 
+#include <cctype>
 #include <filesystem>
 #include <set>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "moe/config/architecture.h"
@@ -28,6 +30,28 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return o.str();
 }
 
+// A tensor of a multi-token-prediction layer (GLM-4.5's num_nextn_predict_layers: layers past
+// num_hidden_layers), which transformers drops on load; so does the import.
+bool mtp_tensor(const std::string& name, const config::Config& cfg, Family family) {
+  if (family != Family::kGlm4Moe) return false;
+  const std::string prefix = "model.layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  size_t end = prefix.size();
+  int64_t layer = 0;
+  while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end])) &&
+         layer < (int64_t{1} << 40)) {
+    layer = layer * 10 + (name[end++] - '0');
+  }
+  return end > prefix.size() && end < name.size() && name[end] == '.' &&
+         layer >= cfg.model.num_layers;
+}
+
+bool is_selection_bias(const std::string& ours) {
+  const std::string tail = "moe.router.expert_bias";
+  return ours.size() >= tail.size() &&
+         ours.compare(ours.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 // HF tensors that carry no weight of ours: rotary caches of old checkpoints, a tied head.
 bool ignorable(const std::string& name, const config::Config& cfg) {
   const std::string inv = "rotary_emb.inv_freq";
@@ -38,9 +62,10 @@ bool ignorable(const std::string& name, const config::Config& cfg) {
 }
 
 // Checks every tensor (presence, dtype, shape, nothing unexpected) against `params` (our
-// parameters by name; meta tensors do: only shapes are read).
-void check_hf_tensors(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                      Family family, const std::map<std::string, torch::Tensor>& params) {
+// parameters by name; meta tensors do: only shapes are read). Returns how many tensors of
+// multi-token-prediction layers it skipped.
+int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const config::Config& cfg,
+                         Family family, const std::map<std::string, torch::Tensor>& params) {
   const auto pieces = tensor_pieces(cfg, family);
   std::set<std::string> expected;
   for (const auto& p : pieces) {
@@ -78,13 +103,19 @@ void check_hf_tensors(const HfWeights& w, const std::string& dir, const config::
                       shape_text(want));
     }
   }
+  int64_t mtp = 0;
   for (const auto& [name, ref] : w.tensors()) {
-    if (expected.count(name) == 0 && !ignorable(name, cfg) && !is_bnb_4bit_companion(w, name) &&
-        !is_mxfp4_part(w, name)) {
+    if (expected.count(name) > 0) continue;
+    if (mtp_tensor(name, cfg, family)) {
+      ++mtp;
+      continue;
+    }
+    if (!ignorable(name, cfg) && !is_bnb_4bit_companion(w, name) && !is_mxfp4_part(w, name)) {
       throw UserError("hf: " + ref.file->path() + ": unexpected tensor '" + name + "' (not in a " +
                       architecture_name(family) + " with this config.json)");
     }
   }
+  return mtp;
 }
 
 // Copies one HF tensor into its part of our parameter (fp32), releasing the mapped source.
@@ -114,6 +145,9 @@ void copy_piece(const HfWeights& w, const TensorPiece& p,
 std::map<std::string, torch::Tensor> parameter_map(model::TransformerLM& model) {
   std::map<std::string, torch::Tensor> out;
   for (auto& item : model->named_parameters()) out[item.key()] = item.value();
+  for (auto& item : model->named_buffers()) {
+    if (is_selection_bias(item.key())) out[item.key()] = item.value();
+  }
   return out;
 }
 
@@ -136,7 +170,12 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
       t = torch::empty(q->second->shape(), t.options().device(torch::kMeta));
     }
   }
-  check_hf_tensors(w, dir, cfg, family, whole);
+  if (const int64_t mtp = check_hf_tensors(w, dir, cfg, family, whole); mtp > 0) {
+    spdlog::warn(
+        "hf: {}: {} tensors of multi-token-prediction layers are not loaded (as "
+        "transformers drops them)",
+        dir, mtp);
+  }
   std::map<std::string, std::vector<TensorPiece>> pieces_of;
   for (auto& p : tensor_pieces(cfg, family)) pieces_of[p.ours].push_back(p);
   for (const auto& [name, pieces] : pieces_of) {
@@ -183,16 +222,31 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
 // import-hf without building the model: each of our parameters (config/parameter_layout.h) is
 // assembled from its HF tensors and appended to model.safetensors, then freed. Host memory:
 // one parameter and one source tensor, not the model.
-void stream_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                       Family family, const std::string& out_file) {
+StreamedHf stream_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
+                             Family family, const std::string& out_file) {
   const auto layout = model::parameter_layout(cfg);
   std::map<std::string, torch::Tensor> shapes;
   for (const auto& l : layout) {
     shapes[l.name] = torch::empty(l.shape, torch::TensorOptions().device(torch::kMeta));
   }
-  check_hf_tensors(w, dir, cfg, family, shapes);
   std::map<std::string, std::vector<TensorPiece>> pieces_of;
-  for (auto& p : tensor_pieces(cfg, family)) pieces_of[p.ours].push_back(p);
+  for (auto& p : tensor_pieces(cfg, family)) {
+    if (is_selection_bias(p.ours)) {
+      shapes[p.ours] =
+          torch::empty({cfg.moe.num_experts}, torch::TensorOptions().device(torch::kMeta));
+    }
+    pieces_of[p.ours].push_back(p);
+  }
+  StreamedHf r;
+  r.skipped_mtp_tensors = check_hf_tensors(w, dir, cfg, family, shapes);
+  for (const auto& [name, pieces] : pieces_of) {  // buffers: into state.json, not the weights
+    if (!is_selection_bias(name)) continue;
+    const std::map<std::string, torch::Tensor> one{{name, torch::empty({cfg.moe.num_experts})}};
+    for (const TensorPiece& p : pieces) copy_piece(w, p, one);
+    const auto& t = one.at(name);
+    r.expert_biases[name] =
+        std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+  }
   std::vector<SafeTensorView> views;
   for (const auto& l : layout) {
     if (pieces_of.count(l.name) == 0) {
@@ -210,6 +264,7 @@ void stream_hf_weights(const HfWeights& w, const std::string& dir, const config:
     out.append(t.data_ptr(), static_cast<size_t>(t.nbytes()));
   }
   out.finish();
+  return r;
 }
 
 HfModel read_hf_model(const std::string& dir) {

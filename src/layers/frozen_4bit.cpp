@@ -1,5 +1,7 @@
 #include "moe/layers/frozen_4bit.h"
 
+#include <algorithm>
+
 #include <ATen/autocast_mode.h>
 #include <torch/custom_class.h>
 #include <torch/torch.h>
@@ -68,23 +70,53 @@ class Linear4bitFn : public torch::autograd::Function<Linear4bitFn> {
   }
 };
 
-// The grouped-GEMM form over a whole expert stack, dequantized to bf16 in each direction.
+// Rows x (expert-ordered, group ends offs) through each expert's matrix dequantized to bf16:
+// x W^T forward, x W backward. The whole stack in one grouped GEMM, or, where it is larger than
+// the options' dequant_scratch_bytes, a few experts at a time: their rows found from the group
+// ends read on the host (the one sync), each slice's GEMM on its own rows.
+torch::Tensor grouped_4bit(const torch::Tensor& x, const QuantizedWeight& w,
+                           const torch::Tensor& offs, bool transposed) {
+  const auto& shape = w.shape();  // [E, in, out]
+  const int64_t E = shape[0], per_expert = shape[1] * shape[2] * 2;
+  const int64_t budget = w.options().dequant_scratch_bytes;
+  const int64_t chunk = budget > 0 ? std::clamp<int64_t>(budget / per_expert, 1, E) : E;
+  auto orient = [&](const torch::Tensor& W) { return transposed ? W.transpose(1, 2) : W; };
+  if (chunk == E) return at::_grouped_mm(x, orient(w.dequantize_matrices(torch::kBFloat16)), offs);
+  const auto ends_tensor = offs.to(torch::kCPU, torch::kLong);
+  const int64_t* ends = ends_tensor.data_ptr<int64_t>();
+  const int64_t out_width = transposed ? shape[2] : shape[1];
+  std::vector<torch::Tensor> pieces;
+  for (int64_t first = 0; first < E; first += chunk) {
+    const int64_t n = std::min(chunk, E - first);
+    const int64_t begin = first == 0 ? 0 : ends[first - 1], end = ends[first + n - 1];
+    if (end == begin) continue;  // no rows for these experts: nothing to dequantize
+    const auto local_ends = (offs.narrow(0, first, n) - static_cast<int32_t>(begin)).contiguous();
+    pieces.push_back(at::_grouped_mm(x.narrow(0, begin, end - begin),
+                                     orient(w.dequantize_experts(first, n, torch::kBFloat16)),
+                                     local_ends));
+  }
+  // Rows past the last group end (none in practice) are zero, not left unwritten.
+  const int64_t tail = x.size(0) - ends[E - 1];
+  if (tail > 0) pieces.push_back(torch::zeros({tail, out_width}, x.options()));
+  if (pieces.empty()) return torch::zeros({x.size(0), out_width}, x.options());
+  return pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
+}
+
+// The grouped-GEMM form over an expert stack, dequantized to bf16 in each direction.
 class Grouped4bitFn : public torch::autograd::Function<Grouped4bitFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const QuantizedWeightPtr& w, const torch::Tensor& offs) {
     ctx->saved_data["w"] = hold(w);
     ctx->save_for_backward({offs});
-    const auto W = w->dequantize_matrices(torch::kBFloat16);  // [E, out, in]
-    return at::_grouped_mm(x, W.transpose(1, 2), offs);
+    return grouped_4bit(x, *w, offs, /*transposed=*/true);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto w = held(ctx->saved_data["w"]);
     const auto offs = ctx->get_saved_variables()[0];
-    const auto W = w->dequantize_matrices(torch::kBFloat16);
-    return {at::_grouped_mm(grads[0].to(torch::kBFloat16), W, offs), torch::Tensor(),
-            torch::Tensor()};
+    return {grouped_4bit(grads[0].to(torch::kBFloat16), *w, offs, /*transposed=*/false),
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -97,6 +129,7 @@ Quant4bitOptions quant_4bit_options(const config::Config& cfg, const torch::Devi
   o.compute = compute_dtype(cfg.quantization.bnb_4bit_compute_dtype);
   o.fused = device.is_cuda() && cfg.moe.kernels != config::MoeKernels::kReference;
   o.mxfp4 = cfg.quantization.quant_method == config::QuantMethod::kMxfp4;
+  o.dequant_scratch_bytes = cfg.quantization.dequant_scratch_mib * (int64_t{1} << 20);
   return o;
 }
 
@@ -175,20 +208,30 @@ torch::Tensor QuantizedWeight::dequantize_matrices(torch::ScalarType dtype) cons
     return quant::dequantize_mxfp4(mx_blocks_, mx_scales_, dtype)
         .reshape({shape_[0], shape_[2], shape_[1]});
   }
+  if (experts_) return dequantize_experts(0, shape_[0], dtype);
   const auto options = parts_.front().codes.options().dtype(dtype);
-  if (experts_) {
-    const int64_t E = shape_[0], in = shape_[1], out = shape_[2];
-    auto m = torch::empty({E, out, in}, options);
-    for (int64_t e = 0; e < E; ++e) {
-      kernels::dequantize_4bit_into(parts_[static_cast<size_t>(e)], m[e], opt_.fused);
-    }
-    return m;
-  }
   auto m = torch::empty(shape_, options);
   int64_t row = 0;
   for (size_t i = 0; i < parts_.size(); ++i) {
     kernels::dequantize_4bit_into(parts_[i], m.narrow(0, row, row_parts_[i]), opt_.fused);
     row += row_parts_[i];
+  }
+  return m;
+}
+
+torch::Tensor QuantizedWeight::dequantize_experts(int64_t first, int64_t count,
+                                                  torch::ScalarType dtype) const {
+  TORCH_CHECK(experts_ && first >= 0 && count >= 0 && first + count <= shape_[0],
+              "dequantize_experts: experts [", first, ", ", first + count, ") of ", shape_);
+  const int64_t in = shape_[1], out = shape_[2];
+  if (is_mxfp4()) {
+    return quant::dequantize_mxfp4(mx_blocks_.narrow(0, first, count),
+                                   mx_scales_.narrow(0, first, count), dtype)
+        .reshape({count, out, in});
+  }
+  auto m = torch::empty({count, out, in}, parts_.front().codes.options().dtype(dtype));
+  for (int64_t e = 0; e < count; ++e) {
+    kernels::dequantize_4bit_into(parts_[static_cast<size_t>(first + e)], m[e], opt_.fused);
   }
   return m;
 }

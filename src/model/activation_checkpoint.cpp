@@ -78,14 +78,23 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
  public:
   // Outputs: block output, aux loss, z loss, then the per-expert counts (not differentiable).
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const torch::Tensor& x, int64_t block_ptr) {
+                                                const torch::Tensor& x, int64_t block_ptr,
+                                                bool on_host) {
     auto* block = reinterpret_cast<Block*>(block_ptr);
     ctx->saved_data["block"] = block_ptr;
     auto rng = std::make_shared<RngSnapshot>(RngSnapshot::take());
     ctx->saved_data["rng_cpu"] = rng->cpu;
     if (rng->cuda.defined()) ctx->saved_data["rng_cuda"] = rng->cuda;
     AutocastState::take().save(ctx);
-    ctx->save_for_backward({x});
+    if (on_host && x.is_cuda()) {
+      // Stream-ordered: the device buffer may be reused only by work queued after this copy.
+      auto host = torch::empty(x.sizes(), x.options().device(torch::kCPU).pinned_memory(true));
+      host.copy_(x, /*non_blocking=*/true);
+      ctx->saved_data["x_host"] = host;
+      ctx->saved_data["x_device"] = static_cast<int64_t>(x.device().index());
+    } else {
+      ctx->save_for_backward({x});
+    }
     BlockOutput o;
     {
       torch::NoGradGuard no_grad;
@@ -100,7 +109,15 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* block = reinterpret_cast<Block*>(ctx->saved_data["block"].toInt());
-    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    torch::Tensor saved;
+    if (ctx->saved_data.count("x_host")) {
+      const torch::Device device(
+          torch::kCUDA, static_cast<c10::DeviceIndex>(ctx->saved_data["x_device"].toInt()));
+      saved = ctx->saved_data["x_host"].toTensor().to(device, /*non_blocking=*/true);
+    } else {
+      saved = ctx->get_saved_variables()[0];
+    }
+    auto x = saved.detach().requires_grad_(true);
     RngSnapshot now = RngSnapshot::take();
     RngSnapshot then;
     then.cpu = ctx->saved_data["rng_cpu"].toTensor();
@@ -122,7 +139,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       }
     }
     torch::autograd::backward(outs, gouts);
-    return {x.grad(), torch::Tensor()};
+    return {x.grad(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -130,8 +147,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
 int64_t checkpoint_recomputations() { return g_recomputations.load(); }
 
-BlockOutput checkpointed_block_forward(Block& block, const torch::Tensor& x) {
-  auto outs = CheckpointFunction::apply(x, reinterpret_cast<int64_t>(&block));
+BlockOutput checkpointed_block_forward(Block& block, const torch::Tensor& x, bool on_host) {
+  auto outs = CheckpointFunction::apply(x, reinterpret_cast<int64_t>(&block), on_host);
   BlockOutput o;
   o.x = outs[0];
   o.moe.aux_loss = outs[1];

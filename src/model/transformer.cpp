@@ -43,7 +43,8 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : opt_(opt) {
   const int64_t width = (opt.heads + 2 * opt.kv_heads) * opt.head_dim;
   qkv = register_module(
-      "qkv", torch::nn::Linear(torch::nn::LinearOptions(opt.hidden, width).bias(opt.bias)));
+      "qkv", torch::nn::Linear(
+                 torch::nn::LinearOptions(opt.hidden, width).bias(opt.bias || opt.qkv_bias)));
   out = register_module(
       "out", torch::nn::Linear(
                  torch::nn::LinearOptions(opt.heads * opt.head_dim, opt.hidden).bias(opt.bias)));
@@ -58,8 +59,9 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
     torch::NoGradGuard g;
     qkv->weight.normal_(0.0, opt.init_std);
     out->weight.normal_(0.0, opt.out_init_std);
-    if (opt.bias) qkv->bias.zero_(), out->bias.zero_();  // transformers' init of Linear biases
-    if (opt.sinks) sinks.normal_(0.0, opt.init_std);     // and of gpt-oss's sinks
+    if (qkv->bias.defined()) qkv->bias.zero_();  // transformers' init of Linear biases
+    if (out->bias.defined()) out->bias.zero_();
+    if (opt.sinks) sinks.normal_(0.0, opt.init_std);  // and of gpt-oss's sinks
   }
   const auto& t = opt.lora_targets;
   if (opt.lora.r == 0) return;
@@ -203,10 +205,19 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   }
   q = q.transpose(1, 2), k = k.transpose(1, 2), v = v.transpose(1, 2);
   if (opt_.rope_theta > 0) {
+    // Partial rotary (GLM-4.5): the first rotary_dim of each head rotate as a head of that
+    // width would (its own frequencies), the rest pass through, as transformers splits them.
+    const int64_t rd = opt_.rotary_dim > 0 ? opt_.rotary_dim : hd;
+    torch::Tensor q_pass, k_pass;
+    if (rd < hd) {
+      q_pass = q.narrow(-1, rd, hd - rd), k_pass = k.narrow(-1, rd, hd - rd);
+      q = q.narrow(-1, 0, rd), k = k.narrow(-1, 0, rd);
+    }
     // q and k share them; so do the other layers of this forward (RotaryTableCache).
     const auto [cos, sin] = rotary_->get(q, opt_.rope_theta, positions_, opt_.rope_scaling);
     const auto dt = q.scalar_type();
-    if (opt_.fused_rotary && q.is_cuda() &&
+    // The kernel takes whole heads; a partial rotation takes the ATen form.
+    if (opt_.fused_rotary && q.is_cuda() && rd == hd &&
         (dt == torch::kFloat || dt == torch::kBFloat16 || dt == torch::kHalf)) {
       q = kernels::rotary(q, cos, sin);
       k = kernels::rotary(k, cos, sin);
@@ -214,6 +225,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
       q = rotate(q, cos, sin);
       k = rotate(k, cos, sin);
     }
+    if (rd < hd) q = torch::cat({q, q_pass}, -1), k = torch::cat({k, k_pass}, -1);
   }
   if (KV != H) {  // each key/value head serves H / KV query heads
     k = k.repeat_interleave(H / KV, 1);
@@ -359,6 +371,9 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   a.qk_norm_full = m.qk_norm_scope == config::QkNormScope::kFull;
   a.clip_qkv = m.clip_qkv;
   a.bias = m.attention_bias;
+  a.qkv_bias = m.qkv_bias;
+  // transformers' int(head_dim * partial_rotary_factor) (validated: even, >= 2)
+  a.rotary_dim = static_cast<int64_t>(static_cast<double>(a.head_dim) * m.partial_rotary_factor);
   a.sinks = m.attention_sinks;
   a.window = config::attention_window(cfg, layer);
   a.norm_eps = m.norm_eps;
@@ -414,6 +429,7 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
                                      const moe::MoeParallel& parallel)
     : mcfg_(cfg.model),
       checkpoint_blocks_(cfg.activation_checkpointing.number_checkpoints),
+      checkpoints_on_host_(cfg.activation_checkpointing.cpu_checkpointing),
       eod_id_(cfg.data.reset_attention_at_eod ? cfg.data.eod_id : -1) {
   const auto& m = cfg.model;
   embed = register_module("embed", torch::nn::Embedding(m.vocab_size, m.hidden_size));
@@ -624,7 +640,7 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens, bool logits) {
     // The first `checkpoint_blocks_` blocks keep only their input during training.
     BlockOutput bo = is_training() && static_cast<int64_t>(i) < checkpoint_blocks_ &&
                              torch::GradMode::is_enabled()
-                         ? checkpointed_block_forward(blocks[i], x)
+                         ? checkpointed_block_forward(blocks[i], x, checkpoints_on_host_)
                          : blocks[i]->forward(x);
     x = bo.x;
     out.aux_loss = out.aux_loss + bo.moe.aux_loss;

@@ -139,10 +139,12 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
     r.logits = torch::nn::functional::linear(x.to(torch::kFloat), weight.to(torch::kFloat),
                                              bias.defined() ? bias.to(torch::kFloat) : bias);
   }
-  // The bias takes part only when it is in use: a zero bias changes no selection.
-  const torch::Tensor selection_bias =
-      opt_.router_bias_update_rate > 0 ? expert_bias : torch::Tensor();
+  // The bias takes part when it is updated (aux-loss-free balancing) or may hold an imported
+  // one (sigmoid scores: DeepSeek-V3 / GLM-4.5's e_score_correction_bias, trained or frozen).
+  // A zero bias changes no selection.
   const bool sigmoid = opt_.score_function == config::ScoreFunction::kSigmoid;
+  const torch::Tensor selection_bias =
+      opt_.router_bias_update_rate > 0 || sigmoid ? expert_bias : torch::Tensor();
   RouterScores s;
   if (opt_.softmax_after_topk) {
     s = softmax_after_topk(r.logits, k);

@@ -281,11 +281,16 @@ TEST(Config, InertCheckpointingSwitchesWarnWhenTrue) {
   json j = minimal();
   j["activation_checkpointing"] = {{"cpu_checkpointing", false}, {"profile", false}};
   EXPECT_TRUE(build(j).warnings.empty());
-  j["activation_checkpointing"]["cpu_checkpointing"] = true;
+  j["activation_checkpointing"]["partition_activations"] = true;
   const auto w = build(j).warnings;
   ASSERT_EQ(w.size(), 1u);
-  EXPECT_EQ(w[0].rfind("activation_checkpointing.cpu_checkpointing = true has no effect", 0), 0u)
+  EXPECT_EQ(w[0].rfind("activation_checkpointing.partition_activations = true has no effect", 0),
+            0u)
       << w[0];
+  // cpu_checkpointing does something (checkpoints in host memory): no warning.
+  j["activation_checkpointing"] = {{"cpu_checkpointing", true}};
+  EXPECT_TRUE(build(j).warnings.empty());
+  EXPECT_TRUE(build(j).activation_checkpointing.cpu_checkpointing);
 }
 
 // training.param_dtype / optimizer.main_params_dtype: what each needs, named in one line.
@@ -461,6 +466,50 @@ TEST(Config, RopeScalingIsCheckedAndWrittenBack) {
   EXPECT_EQ(written["type"], "yarn");
   EXPECT_EQ(written["beta_fast"], 32.0);
   EXPECT_EQ(build(json::parse(to_json(c).dump())).model.rope_scaling, c.model.rope_scaling);
+}
+
+// A downloaded config.json nested a million levels deep (fuzzing found it): refused before the
+// parse, since printing or copying such a value recurses once per level.
+TEST(Config, DeeplyNestedJsonIsRefusedNamingTheFile) {
+  const std::string deep = "{\"a\": " + std::string(1000000, '[') + std::string(1000000, ']') + "}";
+  EXPECT_EQ(error_of([&] { parse_json_text(deep, "config.json", "hf"); }),
+            "hf: config.json: arrays and objects nested more than 512 levels deep (the parser's "
+            "limit)");
+  // Brackets inside strings do not count; real files nest a few levels.
+  const std::string in_string = "{\"a\": \"" + std::string(2000, '[') + "\"}";
+  EXPECT_EQ(parse_json_text(in_string, "config.json", "hf")["a"].get<std::string>().size(), 2000u);
+}
+
+TEST(Config, GlmAttentionKeysAreChecked) {
+  json j = minimal();
+  auto model = [&](json m) {
+    j["model"] = m;
+    return error_of([&] { build(j); });
+  };
+  // head_dim 64 (256 / 4): 0.5 gives 32 rotary dimensions; 0.3 gives int(19.2) = 19, odd.
+  EXPECT_EQ(model({{"rope_theta", 1e4}, {"partial_rotary_factor", 0.3}}),
+            "config: test.json: model.partial_rotary_factor = 0.3: head_dim (64) x factor must "
+            "give an even number of rotary dimensions >= 2");
+  EXPECT_NE(
+      model({{"rope_theta", 1e4}, {"partial_rotary_factor", 0}}).find("partial_rotary_factor"),
+      std::string::npos);
+  EXPECT_NE(
+      model({{"rope_theta", 1e4}, {"partial_rotary_factor", 1.5}}).find("partial_rotary_factor"),
+      std::string::npos);
+  EXPECT_EQ(model({{"partial_rotary_factor", 0.5}}),
+            "config: test.json: model.partial_rotary_factor = 0.5: needs rotary positions "
+            "(model.rope_theta > 0)");
+  EXPECT_EQ(model({{"qkv_bias", true}, {"attention_bias", true}}),
+            "config: test.json: model.qkv_bias = true: cannot be combined with "
+            "model.attention_bias (which already biases q, k, v and o)");
+  j = minimal();
+  j["model"]["rope_theta"] = 1e4;
+  j["model"]["partial_rotary_factor"] = 0.5;
+  j["model"]["qkv_bias"] = true;
+  const Config c = build(j);
+  EXPECT_EQ(c.model.partial_rotary_factor, 0.5);
+  EXPECT_TRUE(c.model.qkv_bias);
+  EXPECT_EQ(to_json(c)["model"]["partial_rotary_factor"], 0.5);
 }
 
 }  // namespace

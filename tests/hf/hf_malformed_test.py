@@ -198,7 +198,7 @@ with tempfile.TemporaryDirectory() as td:
     expect_refusal(tmp, "export of a sigmoid router",
                    ["export-hf", train_one("sigmoid", ["model.rope_theta=10000",
                                                        "moe.score_function=sigmoid"])],
-                   "moe.score_function")
+                   "moe.shared_expert_hidden_size", "GLM-4.5")
     rope = train_one("rope", ["model.rope_theta=10000"])
     expect_refusal(tmp, "export as Qwen3-MoE without q/k norms",
                    ["export-hf", rope, "--architecture", "Qwen3MoeForCausalLM"], "model.qk_norm")

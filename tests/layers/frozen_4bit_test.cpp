@@ -107,6 +107,43 @@ config::Config qlora_config(const std::string& quant_type, bool double_quant) {
   return c;
 }
 
+// A stack larger than quantization.dequant_scratch_mib is dequantized and multiplied a few
+// experts at a time: the same values and input gradients as the whole stack's one grouped GEMM
+// (each row meets the same matrix either way), experts without rows included.
+TEST(Frozen4bit, GroupedGemmInExpertSlicesEqualsTheWholeStack) {
+  torch::manual_seed(3);
+  const int64_t E = 6, in = 64, out = 32;
+  const auto w = torch::randn({E, in, out});
+  // Rows per expert, one with none; group ends as the experts compute them (int32).
+  const auto counts = torch::tensor({3, 0, 5, 2, 4, 1}, torch::kLong);
+  const auto offs = counts.cumsum(0).to(torch::kInt);
+  auto mxfp4 = nf4_dq();
+  mxfp4.mxfp4 = true;
+  for (const auto& whole_opt : {nf4_dq(), mxfp4}) {
+    auto sliced_opt = whole_opt;
+    // One expert's bf16 matrix is 4 KiB: 2 experts per slice, 3 slices.
+    sliced_opt.dequant_scratch_bytes = 2 * in * out * 2 + 100;
+    const auto whole = QuantizedWeight::experts(w, whole_opt);
+    const auto sliced = QuantizedWeight::experts(w, sliced_opt);
+    auto x1 = torch::randn({15, in}).to(torch::kBFloat16).requires_grad_();
+    auto x2 = x1.detach().clone().requires_grad_();
+    const auto y1 = grouped_linear_4bit(x1, whole, offs);
+    const auto y2 = grouped_linear_4bit(x2, sliced, offs);
+    ASSERT_EQ(y2.sizes(), y1.sizes());
+    EXPECT_TRUE(torch::equal(y1, y2));
+    const auto g = torch::randn_like(y1);
+    y1.backward(g);
+    y2.backward(g);
+    EXPECT_TRUE(torch::equal(x1.grad(), x2.grad()));
+  }
+  // A slice budget smaller than one expert still runs one expert at a time.
+  auto tiny_opt = nf4_dq();
+  tiny_opt.dequant_scratch_bytes = 1;
+  const auto x = torch::randn({15, in}).to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(grouped_linear_4bit(x, QuantizedWeight::experts(w, tiny_opt), offs),
+                           grouped_linear_4bit(x, QuantizedWeight::experts(w, nf4_dq()), offs)));
+}
+
 TEST(Frozen4bit, ModelHoldsEveryFrozenMatrixIn4Bits) {
   torch::manual_seed(6);
   const auto cfg = qlora_config("nf4", true);

@@ -135,6 +135,10 @@ struct ModelConfig {
       QkNormScope::kHead;        // head: over head_dim (Qwen3-MoE); full: all heads (OLMoE)
   double clip_qkv = 0.0;         // > 0: clamp q, k, v to [-c, c] (OLMoE's clip_qkv)
   bool attention_bias = false;   // biases on the q, k, v and o projections (gpt-oss)
+  bool qkv_bias = false;         // biases on q, k and v only (GLM-4.5's attention_bias)
+  // Rotary on the first head_dim x factor dimensions of q and k, the rest passed through
+  // (GLM-4.5: 0.5); HF's partial_rotary_factor.
+  double partial_rotary_factor = 1.0;
   bool attention_sinks = false;  // a learned logit per head joined to the softmax (gpt-oss)
   int64_t sliding_window = 0;    // > 0: sliding_attention layers see this many keys (incl. self)
   // Per layer "full_attention" or "sliding_attention" (HF's layer_types); empty: every layer
@@ -278,6 +282,10 @@ struct QuantizationConfig {
   // e8m0 scale; an MXFP4 checkpoint's own codes, as gpt-oss is released), the other matrices
   // 16-bit, as transformers' Mxfp4Config keeps attention, routers, embeddings and head.
   QuantMethod quant_method = QuantMethod::kBitsandbytes;
+  // The largest slice of a 4-bit expert stack dequantized for one grouped GEMM, in MiB: a
+  // larger stack is dequantized and multiplied a few experts at a time (one host sync per
+  // projection for the row counts). 0 = the whole stack at once.
+  int64_t dequant_scratch_mib = 0;
 };
 
 struct TrainingConfig {

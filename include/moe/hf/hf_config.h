@@ -13,7 +13,7 @@
 
 namespace moe::hf {
 
-enum class Family { kMixtral, kQwen3Moe, kOlmoe, kGptOss };
+enum class Family { kMixtral, kQwen3Moe, kOlmoe, kGptOss, kGlm4Moe };
 
 // model.seq_len of an import when max_position_embeddings is longer (with a warning): the run
 // config's model.seq_len overrides it; exports keep the model's max_position_embeddings.

@@ -34,16 +34,24 @@ struct HfModel {
 };
 HfModel read_hf_model(const std::string& dir);
 
-// Our parameters by name.
+// Our parameters by name, and the routers' selection biases (buffers: GLM-4.5's
+// e_score_correction_bias is one).
 std::map<std::string, torch::Tensor> parameter_map(model::TransformerLM& model);
 
 // Checks every tensor of `w`, then copies them into the model as fp32 training weights.
 void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
                      Family family, model::TransformerLM& model);
 
+// What stream_hf_weights read besides the weights.
+struct StreamedHf {
+  // The routers' selection biases by our buffer name, for state.json's "expert_biases".
+  nlohmann::json expert_biases = nlohmann::json::object();
+  int64_t skipped_mtp_tensors = 0;  // multi-token-prediction layers' tensors, not imported
+};
+
 // import-hf without building the model: each parameter assembled from its HF tensors and
 // appended to `out_file` (model.safetensors), then freed.
-void stream_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                       Family family, const std::string& out_file);
+StreamedHf stream_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
+                             Family family, const std::string& out_file);
 
 }  // namespace moe::hf

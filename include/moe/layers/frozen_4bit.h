@@ -25,6 +25,9 @@ struct Quant4bitOptions {
   // quantization.quant_method mxfp4: expert stacks held in MXFP4 (quant/mxfp4.h), dequantized
   // by the ATen reference on every device (no kernel of ours yet).
   bool mxfp4 = false;
+  // quantization.dequant_scratch_mib: the most bytes of an expert stack dequantized for one
+  // grouped GEMM; 0 = the whole stack.
+  int64_t dequant_scratch_bytes = 0;
 };
 Quant4bitOptions quant_4bit_options(const config::Config& cfg, const torch::Device& device);
 
@@ -59,6 +62,8 @@ class QuantizedWeight {
   torch::Tensor dequantize_matrices(torch::ScalarType dtype) const;
   // Expert e's [out, in] matrix.
   torch::Tensor dequantize_expert(int64_t e, torch::ScalarType dtype) const;
+  // Experts [first, first + count) as [count, out, in].
+  torch::Tensor dequantize_experts(int64_t first, int64_t count, torch::ScalarType dtype) const;
 
   void to(const torch::Device& device);
   const std::vector<int64_t>& shape() const { return shape_; }  // our parameter's
@@ -88,7 +93,8 @@ torch::Tensor linear_4bit(const torch::Tensor& x, const QuantizedWeightPtr& w,
 // Expert e's projection of rows `x` [n, in] -> [n, out].
 torch::Tensor expert_linear_4bit(const torch::Tensor& x, const QuantizedWeightPtr& w, int64_t e);
 // Expert-ordered bf16 rows with group ends `offs` through every expert's matrix
-// (at::_grouped_mm over the whole stack dequantized to bf16).
+// (at::_grouped_mm over the stack dequantized to bf16: whole, or a few experts at a time where
+// the options' dequant_scratch_bytes is smaller than the stack).
 torch::Tensor grouped_linear_4bit(const torch::Tensor& x_bf16, const QuantizedWeightPtr& w,
                                   const torch::Tensor& offs);
 

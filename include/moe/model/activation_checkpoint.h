@@ -8,7 +8,9 @@
 
 namespace moe::model {
 
-BlockOutput checkpointed_block_forward(Block& block, const torch::Tensor& x);
+// on_host (DeepSpeed's cpu_checkpointing): a CUDA input is kept in pinned host memory between the
+// forward and the backward (copied out and back on the current stream), not on the device.
+BlockOutput checkpointed_block_forward(Block& block, const torch::Tensor& x, bool on_host = false);
 
 // Blocks recomputed in backward passes so far (lets tests see that checkpointing happened).
 int64_t checkpoint_recomputations();

@@ -44,6 +44,8 @@ struct AttentionOptions {
   bool qk_norm_full = false;  // over all heads' width (OLMoE), else over head_dim (Qwen3-MoE)
   double clip_qkv = 0;        // > 0: clamp q, k, v to [-clip_qkv, clip_qkv] (OLMoE)
   bool bias = false;          // biases on qkv and out (gpt-oss)
+  bool qkv_bias = false;      // biases on qkv only (GLM-4.5)
+  int64_t rotary_dim = 0;     // rotary on the first rotary_dim of each head (GLM-4.5); 0 = all
   bool sinks = false;         // a learned logit per head in the softmax (gpt-oss)
   int64_t window = 0;         // > 0: sliding-window attention over this many positions
   double norm_eps = 1e-5;
@@ -260,7 +262,8 @@ class TransformerLMImpl : public torch::nn::Module {
 
   config::ModelConfig mcfg_;
   int64_t checkpoint_blocks_ = 0;
-  int64_t eod_id_ = -1;  // >= 0: data.reset_attention_at_eod
+  bool checkpoints_on_host_ = false;  // activation_checkpointing.cpu_checkpointing
+  int64_t eod_id_ = -1;               // >= 0: data.reset_attention_at_eod
   bool lora_ = false;
   ExpertRows expert_rows_;  // count < total: expert parallel
   std::string base_fingerprint_, base_source_;
