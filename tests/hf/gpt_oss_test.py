@@ -31,9 +31,6 @@ from safetensors.torch import load_file, save_file
 import hf_parity  # noqa: E402
 from hf_parity import hf_logits, newest_checkpoint  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "train"))
-from lora_common import peft_steps  # noqa: E402
-
 BIN = sys.argv[1]
 LOGITS_TOL, LOSS_RTOL = 1e-5, 1e-6
 CONFIG = dict(vocab_size=320, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
@@ -118,54 +115,11 @@ def round_trip(tmp, model, sharded):
 
 
 def full_fine_tuning_peer(tmp, model):
-    """10 full fine-tuning steps against transformers' own training of the same model (float64,
-    AdamW on moe-train's batches and learning rates, clipping 1.0; no weight decay, no router
-    losses: moe-train spares 1-D parameters from decay and transformers' aux loss is another
-    formula): per-step loss within 1e-5 relative, then every weight within 1e-5."""
+    """10 full fine-tuning steps against transformers training the same model in float64
+    (hf_parity.full_fine_tuning_peer); transformers' own float32 training differs from that
+    float64 one by up to 3.5e-5 after these 10 steps."""
     print("gpt-oss full fine-tuning vs transformers:")
-    src = tmp / "hf-peer"
-    model.save_pretrained(src)
-    base = tmp / "imported-peer"
-    run("import-hf", src, "--out", base)
-    out = tmp / "run-peer"
-    cfg = tmp / "peer.json"
-    cfg.write_text(json.dumps({
-        "train_micro_batch_size_per_gpu": 4,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
-                                                   "weight_decay": 0.0}},
-        "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 3}},
-        "gradient_clipping": 1.0,
-        "model": {"seq_len": 32, "init_from": str(base)},
-        "moe": {"aux_loss_coeff": 0.0, "z_loss_coeff": 0.0},
-        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5"),
-                 "shuffle": False},
-        "training": {"device": "cpu", "output_dir": str(out), "train_iters": 10, "eval_interval": 0,
-                     "eval_iters": 2}}))
-    run("--config", cfg, "-q")
-    ours = [json.loads(l) for l in open(out / "metrics.jsonl")]
-    ours = [m for m in ours if m["type"] == "train"]
-    peer = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float64,
-                                                             experts_implementation="eager")
-    theirs = peft_steps(peer, tmp / "data/train.h5", ours, 10, 4, 32, 1e-5, weight_decay=0.0)
-    # The trained models' logits, and every weight (transformers' own float32 training differs
-    # from this float64 one by up to 3.5e-5 after these 10 steps).
-    dump = tmp / "logits-peer.safetensors"
-    r = json.loads(run("eval", "--config", cfg, "--checkpoint", newest_checkpoint(out),
-                       "--dump-logits", dump).stdout)
-    d = load_file(dump)
-    peer.eval()
-    with torch.no_grad():
-        peer_logits = peer(input_ids=d["tokens"][:, :-1]).logits
-    diff = (peer_logits - d["logits"].double()).abs().max().item()
-    exported = tmp / "exported-peer"
-    run("export-hf", newest_checkpoint(out), "--out", exported)
-    mine = load_file(exported / "model.safetensors")
-    weights = max((mine[k].double() - theirs[k]).abs().max().item() for k in theirs)
-    print(f"  after 10 steps: max |logit difference| {diff:.1e} (validation loss {r['loss']:.6f}); "
-          f"max |weight difference| {weights:.1e} over {len(theirs)} tensors")
-    assert diff <= LOGITS_TOL, f"logits after 10 steps differ by {diff}"
-    assert weights <= 1e-5, f"weights after 10 steps differ by {weights}"
-
+    hf_parity.full_fine_tuning_peer(run, tmp, model, LOGITS_TOL, 1e-5)
 
 def mxfp4_base(tmp, src, imported):
     """LoRA over the MXFP4 experts kept 4-bit (quantization.quant_method mxfp4, the checkpoint's

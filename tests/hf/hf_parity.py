@@ -3,10 +3,15 @@ comparison of moe-train's `eval --dump-logits` with them (logits and loss, each 
 run's newest checkpoint, and the checks after an export (transformers loads it cleanly and gives
 our logits; import-hf of it is the trained checkpoint, bitwise)."""
 import json
+import pathlib
+import sys
 
 import torch
 import transformers
 from safetensors.torch import load_file
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "train"))
+from lora_common import peft_steps  # noqa: E402
 
 
 def hf_logits(model_dir, tokens):
@@ -55,3 +60,51 @@ def exported_matches(run, tmp, tag, cfg, trained, exported, steps, check):
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), f"{tag}: {k} differs after the round trip"
     print(f"  import-hf of the export: {len(a)} tensors bitwise identical to the trained checkpoint")
     return r
+
+
+def full_fine_tuning_peer(run, tmp, model, logits_tol, weights_tol, as_saved=lambda t: t):
+    """10 full fine-tuning steps against transformers' own training of the same model (float64,
+    AdamW on moe-train's batches and learning rates, clipping 1.0; no weight decay, no router
+    losses: moe-train spares 1-D parameters from decay and transformers' aux losses are other
+    formulas): per-step loss within 1e-5 relative, then the logits and every weight to their
+    bars. `as_saved` maps our export's tensors to the names transformers holds in memory."""
+    src = tmp / "hf-peer"
+    model.save_pretrained(src)
+    base = tmp / "imported-peer"
+    run("import-hf", src, "--out", base)
+    out = tmp / "run-peer"
+    cfg = tmp / "peer.json"
+    cfg.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                   "weight_decay": 0.0}},
+        "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 3}},
+        "gradient_clipping": 1.0,
+        "model": {"seq_len": 32, "init_from": str(base)},
+        "moe": {"aux_loss_coeff": 0.0, "z_loss_coeff": 0.0},
+        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5"),
+                 "shuffle": False},
+        "training": {"device": "cpu", "output_dir": str(out), "train_iters": 10, "eval_interval": 0,
+                     "eval_iters": 2}}))
+    run("--config", cfg, "-q")
+    ours = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    ours = [m for m in ours if m["type"] == "train"]
+    peer = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float64,
+                                                             experts_implementation="eager")
+    theirs = peft_steps(peer, tmp / "data/train.h5", ours, 10, 4, 32, 1e-5, weight_decay=0.0)
+    dump = tmp / "logits-peer.safetensors"
+    r = json.loads(run("eval", "--config", cfg, "--checkpoint", newest_checkpoint(out),
+                       "--dump-logits", dump).stdout)
+    d = load_file(dump)
+    peer.eval()
+    with torch.no_grad():
+        peer_logits = peer(input_ids=d["tokens"][:, :-1]).logits
+    diff = (peer_logits - d["logits"].double()).abs().max().item()
+    exported = tmp / "exported-peer"
+    run("export-hf", newest_checkpoint(out), "--out", exported)
+    mine = as_saved(load_file(exported / "model.safetensors"))
+    weights = max((mine[k].double() - theirs[k]).abs().max().item() for k in theirs)
+    print(f"  after 10 steps: max |logit difference| {diff:.1e} (validation loss {r['loss']:.6f}); "
+          f"max |weight difference| {weights:.1e} over {len(theirs)} tensors")
+    assert diff <= logits_tol, f"logits after 10 steps differ by {diff}"
+    assert weights <= weights_tol, f"weights after 10 steps differ by {weights}"

@@ -132,10 +132,10 @@ struct ModelConfig {
   int64_t head_dim = 0;             // 0 = hidden_size / num_heads
   bool qk_norm = false;             // RMSNorm on q and k before the rotation
   QkNormScope qk_norm_scope =
-      QkNormScope::kHead;        // head: over head_dim (Qwen3-MoE); full: all heads (OLMoE)
-  double clip_qkv = 0.0;         // > 0: clamp q, k, v to [-c, c] (OLMoE's clip_qkv)
-  bool attention_bias = false;   // biases on the q, k, v and o projections (gpt-oss)
-  bool qkv_bias = false;         // biases on q, k and v only (GLM-4.5's attention_bias)
+      QkNormScope::kHead;       // head: over head_dim (Qwen3-MoE); full: all heads (OLMoE)
+  double clip_qkv = 0.0;        // > 0: clamp q, k, v to [-c, c] (OLMoE's clip_qkv)
+  bool attention_bias = false;  // biases on the q, k, v and o projections (gpt-oss)
+  bool qkv_bias = false;        // biases on q, k and v only (GLM-4.5's attention_bias)
   // Rotary on the first head_dim x factor dimensions of q and k, the rest passed through
   // (GLM-4.5: 0.5); HF's partial_rotary_factor.
   double partial_rotary_factor = 1.0;
