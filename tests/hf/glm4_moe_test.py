@@ -20,7 +20,6 @@ usage: glm4_moe_test.py MOE_TRAIN_BINARY
 """
 import json
 import pathlib
-import subprocess
 import sys
 import tempfile
 
@@ -29,6 +28,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 import hf_parity  # noqa: E402
+from lora_common import runner  # noqa: E402 (on the path hf_parity sets)
 from hf_parity import newest_checkpoint  # noqa: E402
 
 BIN = sys.argv[1]
@@ -44,11 +44,7 @@ CONFIG = dict(vocab_size=320, hidden_size=64, num_hidden_layers=3, num_attention
               num_nextn_predict_layers=0, bos_token_id=1, eos_token_id=2, pad_token_id=None)
 
 
-def run(*args, ok=True):
-    r = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
-    if ok and r.returncode != 0:
-        raise SystemExit(f"FAIL: {' '.join(map(str, args))}: exit {r.returncode}\n{r.stderr[-3000:]}")
-    return r
+run = runner(BIN)  # lora_common: the binary's result, a failure ends the test
 
 
 def tiny_model(**changes):

@@ -12,7 +12,6 @@ usage: hf_roundtrip_test.py MOE_TRAIN_BINARY [FAMILY...]
 """
 import json
 import pathlib
-import subprocess
 import sys
 import tempfile
 
@@ -20,6 +19,7 @@ import torch
 import transformers
 
 import hf_parity  # noqa: E402
+from lora_common import runner  # noqa: E402 (on the path hf_parity sets)
 from hf_parity import newest_checkpoint  # noqa: E402
 
 from tiny_families import COMMON, FAMILIES  # noqa: E402
@@ -29,11 +29,7 @@ ONLY = sys.argv[2:]
 LOGITS_TOL, LOSS_RTOL = 1e-4, 1e-5
 
 
-def run(*args, ok=True):
-    r = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
-    if ok and r.returncode != 0:
-        raise SystemExit(f"FAIL: {' '.join(map(str, args))}: exit {r.returncode}\n{r.stderr[-3000:]}")
-    return r
+run = runner(BIN)  # lora_common: the binary's result, a failure ends the test
 
 
 def compare(what, dump_path, model_dir, eval_loss):
