@@ -63,8 +63,9 @@ MAX_FILES = 8         # the GPU machine sends back at most this many files of OU
 # the poison test, the rotary kernel on a strided view with documents, the SwiGLU kernel's
 # packed form (rows of [gate | up]) with 16-byte packs and with one element per thread, and the
 # 8-bit AdamW kernel one value past a block, and the 4-bit dequantization with one byte per thread
-# (odd n, double quant) and with 16-byte packs, and the clamped SwiGLU with one element per
-# thread and misaligned. Every kernel family of src/kernels/*.cu is in it.
+# (odd n, double quant) and with 16-byte packs, the MXFP4 dequantization with 16-byte packs and
+# with one byte per thread (every code and scale byte), and the clamped SwiGLU with one element
+# per thread and misaligned. Every kernel family of src/kernels/*.cu is in it.
 # gtest's '*' also matches '/' and '.'.
 SAN_FILTER = ("Grid/PermuteGpu.*/fp32_T7_E8_k2:Grid/PermuteGpu.*/bf16_T7_E64_k8:"
               "Shapes/PermuteGpu.*/bf16_T33_E16_k8_d1000:Shapes/PermuteGpu.*/fp16_T33_E16_k10_d3:"
@@ -75,6 +76,8 @@ SAN_FILTER = ("Grid/PermuteGpu.*/fp32_T7_E8_k2:Grid/PermuteGpu.*/bf16_T7_E64_k8:
               "Grid/SwigluGpu.*/bf16_33x1024_packed:Grid/SwigluGpu.*/fp32_3x5_packed:"
               "Grid/Adam8bitGpu.*/n4097_scale1_wd1_t3:"
               "Grid/Dequant4bitGpu.*/nf4_dq_bf16_33x65:Grid/Dequant4bitGpu.*/fp4_fp32_5x100:"
+              "Grid/DequantMxfp4Gpu.*/random_bf16_7x33:"
+              "Grid/DequantMxfp4Gpu.*/codes_fp16_256_misaligned:"
               "Grid/ClampedSwigluGpu.*/bf16_33x1024_misaligned:Grid/ClampedSwigluGpu.*/fp32_3x5")
 MAX_CRASH_RERUNS = 3  # reruns after a crash or a hang, per gpu-tests step
 
@@ -99,6 +102,8 @@ GPU_SUITES = {
     "Grid/SwigluGpu": (44, 1.0), "SwigluGpuAutograd": (1, 0.5), "SwigluFfnGpu": (2, 0.5),
     "RmsNormGpu": (2, 0.5),
     "Grid/Dequant4bitGpu": (96, 0.5), "Dequant4bitGpuDispatch": (1, 0.5),
+    # MXFP4 (gpt-oss's experts): 27 elementwise cases, the largest 737 k values; one dispatch test.
+    "Grid/DequantMxfp4Gpu": (27, 0.5), "DequantMxfp4GpuDispatch": (1, 0.5),
     # gpt-oss's clamped SwiGLU: 25 elementwise cases, three autograd tests.
     "Grid/ClampedSwigluGpu": (25, 1.0), "ClampedSwigluGpuAutograd": (3, 0.5),
     # gpt-oss's sinks and windows through SDPA vs the eager reference, fp32 and bf16, forward and

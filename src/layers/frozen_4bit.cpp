@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "moe/kernels/dequant_4bit.h"
+#include "moe/kernels/dequant_mxfp4.h"
 #include "moe/quant/mxfp4.h"
 
 namespace moe::model {
@@ -205,8 +206,9 @@ int64_t QuantizedWeight::part_of_row(int64_t row) const {
 
 torch::Tensor QuantizedWeight::dequantize_matrices(torch::ScalarType dtype) const {
   if (is_mxfp4()) {  // [E, out, G * 32] = [E, out, in]
-    return quant::dequantize_mxfp4(mx_blocks_, mx_scales_, dtype)
-        .reshape({shape_[0], shape_[2], shape_[1]});
+    auto m = torch::empty({shape_[0], shape_[2], shape_[1]}, mx_blocks_.options().dtype(dtype));
+    kernels::dequantize_mxfp4_into(mx_blocks_, mx_scales_, m, opt_.fused);
+    return m;
   }
   if (experts_) return dequantize_experts(0, shape_[0], dtype);
   const auto options = parts_.front().codes.options().dtype(dtype);
@@ -225,9 +227,10 @@ torch::Tensor QuantizedWeight::dequantize_experts(int64_t first, int64_t count,
               "dequantize_experts: experts [", first, ", ", first + count, ") of ", shape_);
   const int64_t in = shape_[1], out = shape_[2];
   if (is_mxfp4()) {
-    return quant::dequantize_mxfp4(mx_blocks_.narrow(0, first, count),
-                                   mx_scales_.narrow(0, first, count), dtype)
-        .reshape({count, out, in});
+    auto m = torch::empty({count, out, in}, mx_blocks_.options().dtype(dtype));
+    kernels::dequantize_mxfp4_into(mx_blocks_.narrow(0, first, count),
+                                   mx_scales_.narrow(0, first, count), m, opt_.fused);
+    return m;
   }
   auto m = torch::empty({count, out, in}, parts_.front().codes.options().dtype(dtype));
   for (int64_t e = 0; e < count; ++e) {
@@ -238,8 +241,9 @@ torch::Tensor QuantizedWeight::dequantize_experts(int64_t first, int64_t count,
 
 torch::Tensor QuantizedWeight::dequantize_expert(int64_t e, torch::ScalarType dtype) const {
   if (is_mxfp4()) {
-    return quant::dequantize_mxfp4(mx_blocks_[e], mx_scales_[e], dtype)
-        .reshape({shape_[2], shape_[1]});
+    auto m = torch::empty({shape_[2], shape_[1]}, mx_blocks_.options().dtype(dtype));
+    kernels::dequantize_mxfp4_into(mx_blocks_[e], mx_scales_[e], m, opt_.fused);
+    return m;
   }
   const auto& p = parts_.at(static_cast<size_t>(e));
   auto m = torch::empty(p.shape, p.codes.options().dtype(dtype));
