@@ -99,5 +99,8 @@ set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS
     "libc6, libstdc++6, libgcc-s1, libhdf5-103-1, libspdlog1.10, libfmt9, libssl3, libxxhash0, \
 libsentencepiece0, libzstd1, zlib1g, libpcre2-8-0, libicu72, libcurl4, libsystemd0")
+# postinst / postrm: systemctl daemon-reload after the units arrive or go (not under dpkg --root).
+set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA "${PROJECT_SOURCE_DIR}/cmake/deb/postinst;${PROJECT_SOURCE_DIR}/cmake/deb/postrm")
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION TRUE)
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd, bash-completion, python3-venv")
 include(CPack)

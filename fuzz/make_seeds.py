@@ -3,7 +3,8 @@
 them at run time with packages the fuzz machine may lack): tokenizer.json files shaped as each
 family's (normalizer, pre-tokenizer, BPE flags, added tokens, post-processor; settings as in
 tests/tokenizers/hf_tokenizer_families_test.py), model.safetensors.index.json files, an OLMoE
-config.json, S3 replies (ListObjectsV2 pages, errors, multipart, headers) and SFT JSONL lines.
+config.json, S3 replies (ListObjectsV2 pages, errors, multipart, headers), SFT JSONL lines and
+PEFT adapter_config.json files.
 usage: make_seeds.py SEEDS_DIR   (writes SEEDS_DIR/<target>/...)
 """
 import json
@@ -174,3 +175,23 @@ put("sft", "tools.jsonl", {
                      {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}]},
                  {"role": "tool", "content": "4"}, {"role": "assistant", "content": "4"}],
     "tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]})
+
+# --- adapter_config.json (PEFT 0.21's LoraConfig.to_dict, as save_pretrained writes it) ------
+peft_common = {
+    "alpha_pattern": {}, "auto_mapping": None, "base_model_name_or_path": "Qwen/Qwen3-30B-A3B", "bias": "none",
+    "corda_config": None, "eva_config": None, "exclude_modules": None, "fan_in_fan_out": False,
+    "inference_mode": True, "init_lora_weights": True, "layer_replication": None, "layers_pattern": None,
+    "layers_to_transform": None, "loftq_config": {}, "lora_alpha": 32, "lora_bias": False,
+    "lora_dropout": 0.0, "megatron_config": None, "megatron_core": "megatron.core", "modules_to_save": None,
+    "peft_type": "LORA", "qalora_group_size": 16, "r": 16, "rank_pattern": {}, "revision": None,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "target_parameters": None,
+    "task_type": "CAUSAL_LM", "trainable_token_indices": None, "use_dora": False, "use_qalora": False,
+    "use_rslora": False}
+put("adapter_config", "attention.json", peft_common)
+put("adapter_config", "experts.json", {
+    **peft_common, "target_modules": ["q_proj", "v_proj"],
+    "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+    "rank_pattern": {"mlp.experts.gate_up_proj": 32}})
+put("adapter_config", "rslora_modules_to_save.json", {
+    **peft_common, "r": 8, "lora_alpha": 16.0, "lora_dropout": 0.05, "use_rslora": True,
+    "modules_to_save": ["lm_head"], "target_parameters": ["mlp.experts.gate_up_proj"]})

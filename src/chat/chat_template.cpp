@@ -16,6 +16,7 @@
 #include "moe/tokenizers/tokenizer.h"
 #include "moe/tokenizers/utf8.h"
 #include "moe/util/errors.h"
+#include "moe/util/input_limits.h"
 
 namespace moe::data {
 
@@ -38,28 +39,34 @@ struct SyntaxError {
 // The sandbox's budgets (docs/reliability.md): a downloaded template cannot exhaust the stack,
 // memory or time. Real templates nest a few levels, loop over messages and tools, and write
 // kilobytes; Jinja2's own sandbox caps range() at 100,000 items (MAX_RANGE).
-constexpr int kMaxNesting = 200;       // expressions in expressions, blocks in blocks, macro calls
-constexpr int64_t kMaxRange = 100000;  // items of one range()
-constexpr int64_t kMaxLoopIterations = 1000000;  // for-loop iterations in one render
-constexpr int64_t kMaxMacroCalls = 1000000;      // macro calls in one render
-constexpr size_t kMaxTextBytes = 64u << 20;      // the output, and any one string value
+// Each is read from the process's input limits (util/input_limits.h): `moe-train --limit
+// template.NAME=N` raises one.
+int max_nesting() {  // expressions in expressions, blocks in blocks, macro calls
+  return static_cast<int>(input_limits().template_nesting);
+}
+int64_t max_range() { return input_limits().template_range_items; }  // items of one range()
+int64_t max_loop_iterations() { return input_limits().template_loop_iterations; }  // one render
+int64_t max_macro_calls() { return input_limits().template_macro_calls; }          // in one render
+size_t max_text_bytes() {  // the output, and any one string value
+  return static_cast<size_t>(input_limits().template_text_mib) << 20;
+}
 // What the lists and dicts one render builds (literals, list + list) hold in all: their items, and
 // the bytes of their strings. Each is a copy of its parts, so a value doubled in a loop would
-// otherwise take gigabytes, and one wrapped in itself nest past the stack (nesting: kMaxNesting).
-constexpr int64_t kMaxBuiltItems = 1000000;
-constexpr size_t kMaxBuiltBytes = 4 * kMaxTextBytes;
+// otherwise take gigabytes, and one wrapped in itself nest past the stack (nesting: max_nesting).
+int64_t max_built_items() { return input_limits().template_built_items; }
+size_t max_built_bytes() { return static_cast<size_t>(input_limits().template_built_mib) << 20; }
 // The renderer's recursion (an expression evaluated within another, a block within a block, a
 // macro's body within its call), all together: with macros calling macros the parse limits no
 // longer bound it. Real templates stay within a few dozen levels; 2,000 take under 2 MiB of the
 // stack (a thread has 8).
-constexpr int kMaxRenderDepth = 2000;
+int max_render_depth() { return static_cast<int>(input_limits().template_render_depth); }
 
 // Counts one level of nesting for the life of a parse (or render) call; past `limit`, `fail` is
 // called.
 class NestingGuard {
  public:
   template <typename Fail>
-  NestingGuard(int& depth, Fail&& fail, int limit = kMaxNesting) : depth_(depth) {
+  NestingGuard(int& depth, Fail&& fail, int limit = max_nesting()) : depth_(depth) {
     if (++depth_ > limit) {
       --depth_;
       fail();
@@ -259,8 +266,9 @@ class ExprParser {
     return t_[p_++].text;
   }
   [[noreturn]] void too_deep() const {
-    throw SyntaxError{line_, "expressions nested more than " + std::to_string(kMaxNesting) +
-                                 " levels deep (the template sandbox's limit)"};
+    throw SyntaxError{line_, "expressions nested more than " + std::to_string(max_nesting()) +
+                                 " levels deep (the template sandbox's limit)" +
+                                 raise_hint("template.nesting")};
   }
   [[noreturn]] void fail(const std::string& expected) const {
     throw SyntaxError{line_, "expected " + expected +
@@ -666,8 +674,9 @@ class TemplateParser {
   Body parse_body(const std::vector<std::string>& ends, std::string& found) {
     NestingGuard guard(depth_, [this] {
       throw SyntaxError{at_ == 0 ? 0 : pieces_[at_ - 1].line,
-                        "blocks nested more than " + std::to_string(kMaxNesting) +
-                            " levels deep (the template sandbox's limit)"};
+                        "blocks nested more than " + std::to_string(max_nesting()) +
+                            " levels deep (the template sandbox's limit)" +
+                            raise_hint("template.nesting")};
     });
     Body body;
     while (at_ < pieces_.size()) {
@@ -971,29 +980,33 @@ class Renderer {
 
   // The sandbox's size budget for the output and for every string value built.
   void check_size(size_t bytes, int line) const {
-    if (bytes > kMaxTextBytes) {
+    if (bytes > max_text_bytes()) {
       fail(line, "text of " + std::to_string(bytes) + " bytes: more than the template sandbox's " +
-                     std::to_string(kMaxTextBytes >> 20) + " MiB");
+                     std::to_string(max_text_bytes() >> 20) + " MiB" +
+                     raise_hint("template.text_mib"));
     }
   }
-  // The sandbox's budget for the lists and dicts built (kMaxBuiltItems, kMaxBuiltBytes, their
-  // nesting within kMaxNesting): `v` was just built. Walking it costs what copying it did.
+  // The sandbox's budget for the lists and dicts built (max_built_items(), max_built_bytes(), their
+  // nesting within max_nesting()): `v` was just built. Walking it costs what copying it did.
   void charge_built(const Json& v, int line) {
-    if (measure(v, 0) > kMaxNesting) {
-      fail(line, "lists or dicts nested more than " + std::to_string(kMaxNesting) +
-                     " deep: the template sandbox's limit");
+    if (measure(v, 0) > max_nesting()) {
+      fail(line, "lists or dicts nested more than " + std::to_string(max_nesting()) +
+                     " deep: the template sandbox's limit" + raise_hint("template.nesting"));
     }
-    if (built_items_ > kMaxBuiltItems || built_bytes_ > kMaxBuiltBytes) {
-      fail(line, "more than the template sandbox's " + std::to_string(kMaxBuiltItems) +
-                     " items or " + std::to_string(kMaxBuiltBytes >> 20) +
-                     " MiB of strings in the lists and dicts built in one rendering");
+    if (built_items_ > max_built_items() || built_bytes_ > max_built_bytes()) {
+      fail(line, "more than the template sandbox's " + std::to_string(max_built_items()) +
+                     " items or " + std::to_string(max_built_bytes() >> 20) +
+                     " MiB of strings in the lists and dicts built in one rendering" +
+                     raise_hint(built_items_ > max_built_items() ? "template.built_items"
+                                                                 : "template.built_mib"));
     }
   }
   // The nesting of `v` (at `depth`), its items and string bytes added to the budget's counts;
   // stops early past either limit.
   int measure(const Json& v, int depth) {
     if (v.is_string()) built_bytes_ += v.get_ref<const std::string&>().size();
-    if (!v.is_structured() || depth > kMaxNesting || built_items_ > kMaxBuiltItems) return depth;
+    if (!v.is_structured() || depth > max_nesting() || built_items_ > max_built_items())
+      return depth;
     int deepest = depth + 1;
     for (const auto& x : v) {
       ++built_items_;
@@ -1032,15 +1045,16 @@ class Renderer {
     return Flow::kNormal;
   }
 
-  // The sandbox's limit on the renderer's recursion (kMaxRenderDepth).
+  // The sandbox's limit on the renderer's recursion (max_render_depth()).
   [[noreturn]] void too_deep(int line) const {
-    fail(line, "rendering nested more than " + std::to_string(kMaxRenderDepth) +
-                   " levels deep (the template sandbox's limit)");
+    fail(line, "rendering nested more than " + std::to_string(max_render_depth()) +
+                   " levels deep (the template sandbox's limit)" +
+                   raise_hint("template.render_depth"));
   }
 
   Flow exec(const Node& n) {
     NestingGuard guard(
-        render_depth_, [&] { too_deep(n.line); }, kMaxRenderDepth);
+        render_depth_, [&] { too_deep(n.line); }, max_render_depth());
     return exec_node(n);
   }
 
@@ -1130,13 +1144,15 @@ class Renderer {
       }
       bound[i] = eval(*x, line);
     }
-    if (++macro_calls_ > kMaxMacroCalls) {
-      fail(line, "more than " + std::to_string(kMaxMacroCalls) +
-                     " macro calls in one rendering (the template sandbox's limit)");
+    if (++macro_calls_ > max_macro_calls()) {
+      fail(line, "more than " + std::to_string(max_macro_calls()) +
+                     " macro calls in one rendering (the template sandbox's limit)" +
+                     raise_hint("template.macro_calls"));
     }
-    if (++macro_depth_ > kMaxNesting) {
-      fail(line, "macro calls nested more than " + std::to_string(kMaxNesting) +
-                     " levels deep (the template sandbox's limit)");
+    if (++macro_depth_ > max_nesting()) {
+      fail(line, "macro calls nested more than " + std::to_string(max_nesting()) +
+                     " levels deep (the template sandbox's limit)" +
+                     raise_hint("template.nesting"));
     }
     // The caller's scopes above the definition's are hidden while the macro renders.
     const size_t keep = std::min(m.depth, scopes_.size());
@@ -1196,9 +1212,10 @@ class Renderer {
     if (items.empty()) return exec(n.else_body);
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len; ++i) {
-      if (++iterations_ > kMaxLoopIterations) {
-        fail(n.line, "more than " + std::to_string(kMaxLoopIterations) +
-                         " loop iterations in one rendering (the template sandbox's limit)");
+      if (++iterations_ > max_loop_iterations()) {
+        fail(n.line, "more than " + std::to_string(max_loop_iterations()) +
+                         " loop iterations in one rendering (the template sandbox's limit)" +
+                         raise_hint("template.loop_iterations"));
       }
       scopes_.emplace_back();
       bind(n, items[static_cast<size_t>(i)]);
@@ -1234,7 +1251,7 @@ class Renderer {
   // ---- expressions ----
   Value eval(const Expr& e, int line) {
     NestingGuard guard(
-        render_depth_, [&] { too_deep(line); }, kMaxRenderDepth);
+        render_depth_, [&] { too_deep(line); }, max_render_depth());
     return eval_node(e, line);
   }
 
@@ -1410,10 +1427,10 @@ class Renderer {
         if (step == 0) fail(line, "range() step cannot be zero");
         const double items = std::ceil((static_cast<double>(hi) - static_cast<double>(lo)) /
                                        static_cast<double>(step));
-        if (items > static_cast<double>(kMaxRange)) {
+        if (items > static_cast<double>(max_range())) {
           fail(line, "range() of " + std::to_string(static_cast<int64_t>(items)) +
-                         " items: more than the template sandbox's " + std::to_string(kMaxRange) +
-                         " (Jinja2's MAX_RANGE)");
+                         " items: more than the template sandbox's " + std::to_string(max_range()) +
+                         " (Jinja2's MAX_RANGE)" + raise_hint("template.range_items"));
         }
         Json out = Json::array();
         for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) out.push_back(i);
@@ -1888,8 +1905,8 @@ class Renderer {
     if (op == "*" && a.v.is_string() && b.v.is_number_integer()) {
       const double bytes = static_cast<double>(a.v.get_ref<const std::string&>().size()) *
                            static_cast<double>(std::max<int64_t>(0, b.v.get<int64_t>()));
-      check_size(bytes > static_cast<double>(kMaxTextBytes) ? kMaxTextBytes + 1
-                                                            : static_cast<size_t>(bytes),
+      check_size(bytes > static_cast<double>(max_text_bytes()) ? max_text_bytes() + 1
+                                                               : static_cast<size_t>(bytes),
                  line);
       std::string out;
       for (int64_t i = 0; i < b.v.get<int64_t>(); ++i) out += a.v.get<std::string>();
@@ -1952,10 +1969,10 @@ class Renderer {
   };
   std::vector<Macro> macros_;   // those defined so far (a binary value's subtype indexes them)
   int macro_depth_ = 0;         // macro calls within macro calls now
-  int render_depth_ = 0;        // eval and exec calls within each other now (kMaxRenderDepth)
+  int render_depth_ = 0;        // eval and exec calls within each other now (max_render_depth())
   int64_t macro_calls_ = 0;     // macro calls so far in this rendering
-  int64_t built_items_ = 0;     // items of the lists and dicts built so far (kMaxBuiltItems)
-  size_t built_bytes_ = 0;      // their strings' bytes (kMaxBuiltBytes)
+  int64_t built_items_ = 0;     // items of the lists and dicts built so far (max_built_items())
+  size_t built_bytes_ = 0;      // their strings' bytes (max_built_bytes())
   size_t suspended_bytes_ = 0;  // the output held by the macro calls and set blocks rendering
 };
 

@@ -113,7 +113,8 @@ ChatSetup load_chat_setup(const std::string& dir, const std::string& template_fi
     const std::string text = read_file(config);
     if (json_nests_deeper_than(text)) {
       throw UserError("prepare-data: " + config.string() + ": JSON nested more than " +
-                      std::to_string(kMaxJsonNesting) + " levels deep");
+                      std::to_string(max_json_nesting()) + " levels deep" +
+                      raise_hint("json.nesting"));
     }
     try {
       cfg = Json::parse(text);
@@ -171,7 +172,8 @@ SftEncoder::SftEncoder(const Tokenizer& tok, ChatSetup chat, SpecialTokens speci
 
 std::optional<Json> SftEncoder::parse(const std::string& line, std::string& why) {
   if (json_nests_deeper_than(line)) {
-    why = "JSON nested more than " + std::to_string(kMaxJsonNesting) + " levels deep";
+    why = "JSON nested more than " + std::to_string(max_json_nesting()) + " levels deep" +
+          raise_hint("json.nesting");
     return std::nullopt;
   }
   Json j;

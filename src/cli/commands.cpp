@@ -32,6 +32,7 @@
 #include "moe/train/run_config.h"
 #include "moe/train/trainer.h"
 #include "moe/util/errors.h"
+#include "moe/util/input_limits.h"
 #include "moe/util/remove_tree.h"
 #include "moe/util/s3_client.h"
 #include "torch/headeronly/version.h"
@@ -685,6 +686,11 @@ int run_cli(int argc, char** argv) {
   app.add_option("--log-level", log_args.level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   app.add_flag("-q,--quiet", log_args.quiet, "Only warnings and errors on the console");
+  std::vector<std::string> limits;
+  app.add_option("--limit", limits,
+                 "Raise (or lower) a budget of the parsers of downloaded input: NAME=N "
+                 "(repeatable; before the subcommand). Names and defaults: docs/reliability.md")
+      ->allow_extra_args(false);
   auto [train, show] = add_train_commands(app, train_args);
   SchemaArgs schema_args;
   auto* schema = add_schema_command(*app.get_subcommand("config"), schema_args);
@@ -733,6 +739,7 @@ int run_cli(int argc, char** argv) {
     throw UserError(std::string("command line: ") + e.what() + " (see moe-train --help)");
   }
   setup_logging(log_args);
+  for (const auto& l : limits) set_input_limit(l);
 
   if (*train) return cmd_train(train_args);
   if (*show) return cmd_config_show(train_args);

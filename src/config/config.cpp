@@ -18,7 +18,8 @@ json parse_json_text(const std::string& text, const std::string& file, const std
   // Printing or copying a deeper value (error messages do) recurses once per level.
   if (json_nests_deeper_than(text)) {
     throw UserError(label + ": " + file + ": arrays and objects nested more than " +
-                    std::to_string(kMaxJsonNesting) + " levels deep (the parser's limit)");
+                    std::to_string(max_json_nesting()) + " levels deep (the parser's limit)" +
+                    raise_hint("json.nesting"));
   }
   try {
     return json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/false);

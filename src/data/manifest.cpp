@@ -70,7 +70,8 @@ Manifest load_manifest(const std::string& dir) {
 
 Manifest parse_manifest(const std::string& text, const std::string& file) {
   if (json_nests_deeper_than(text)) {
-    bad(file, "JSON nested more than " + std::to_string(kMaxJsonNesting) + " levels deep");
+    bad(file, "JSON nested more than " + std::to_string(max_json_nesting()) + " levels deep" +
+                  raise_hint("json.nesting"));
   }
   json j;
   try {

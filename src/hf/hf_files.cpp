@@ -80,6 +80,12 @@ HfWeights::HfWeights(const std::string& dir) {
   }
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
 int64_t parse_size(const std::string& text, const std::string& what) {
   size_t i = 0;
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;

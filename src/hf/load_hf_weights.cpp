@@ -3,7 +3,6 @@
 #include <cctype>
 #include <filesystem>
 #include <set>
-#include <sstream>
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -23,12 +22,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::ostringstream o;
-  o << at::IntArrayRef(s);
-  return o.str();
-}
 
 // A tensor of a multi-token-prediction layer (GLM-4.5's num_nextn_predict_layers: layers past
 // num_hidden_layers), which transformers drops on load; so does the import.

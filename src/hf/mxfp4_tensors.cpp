@@ -1,7 +1,6 @@
 #include "moe/hf/mxfp4_tensors.h"
 
 #include <cstring>
-#include <sstream>
 
 #include <torch/torch.h>
 
@@ -15,12 +14,6 @@ namespace {
 const HfTensorRef* find(const HfWeights& w, const std::string& name) {
   const auto it = w.tensors().find(name);
   return it == w.tensors().end() ? nullptr : &it->second;
-}
-
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::ostringstream o;
-  o << at::IntArrayRef(s);
-  return o.str();
 }
 
 struct Halves {

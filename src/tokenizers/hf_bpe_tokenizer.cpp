@@ -205,7 +205,8 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (json_nests_deeper_than(text)) {
     throw UserError("tokenizer: " + path + ": JSON nested more than " +
-                    std::to_string(kMaxJsonNesting) + " levels deep");
+                    std::to_string(max_json_nesting()) + " levels deep" +
+                    raise_hint("json.nesting"));
   }
   json j;
   try {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "moe/util/errors.h"
+#include "moe/util/input_limits.h"
 
 namespace moe::data {
 
@@ -140,17 +141,18 @@ pcre2_match_data* thread_match_data() {
 // PCRE2's limits set explicitly (docs/reliability.md): a pattern from a downloaded tokenizer.json
 // that backtracks catastrophically stops after this many match steps (PCRE2's own default), this
 // deep a backtracking stack, and this much heap for it (the default would be 20 GB).
-constexpr uint32_t kMatchLimit = 10000000;
-constexpr uint32_t kDepthLimit = 100000;
-constexpr uint32_t kHeapLimitKiB = 256 * 1024;
+// `moe-train --limit regex.NAME=N` changes them (util/input_limits.h).
+uint32_t match_limit() { return static_cast<uint32_t>(input_limits().regex_match_steps); }
+uint32_t depth_limit() { return static_cast<uint32_t>(input_limits().regex_depth); }
+uint32_t heap_limit_kib() { return static_cast<uint32_t>(input_limits().regex_heap_mib * 1024); }
 
 pcre2_match_context* thread_match_context() {
   struct Holder {
     pcre2_match_context* ctx = [] {
       pcre2_match_context* c = pcre2_match_context_create(nullptr);
-      pcre2_set_match_limit(c, kMatchLimit);
-      pcre2_set_depth_limit(c, kDepthLimit);
-      pcre2_set_heap_limit(c, kHeapLimitKiB);
+      pcre2_set_match_limit(c, match_limit());
+      pcre2_set_depth_limit(c, depth_limit());
+      pcre2_set_heap_limit(c, heap_limit_kib());
       return c;
     }();
     ~Holder() { pcre2_match_context_free(ctx); }
@@ -223,8 +225,10 @@ struct HfPreTokenizer::Step {
               ": the pre-tokenizer regex " + given_pattern + " failed on a " +
               std::to_string(s.size()) +
               "-byte piece of text: " + reinterpret_cast<const char*>(msg) +
-              " (limits: " + std::to_string(kMatchLimit) + " match steps, depth " +
-              std::to_string(kDepthLimit) + ", " + std::to_string(kHeapLimitKiB / 1024) + " MiB)");
+              " (limits: " + std::to_string(match_limit()) + " match steps, depth " +
+              std::to_string(depth_limit()) + ", " + std::to_string(heap_limit_kib() / 1024) +
+              " MiB; moe-train --limit regex.match_steps=N, regex.depth=N or regex.heap_mib=N "
+              "raises them)");
         }
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
         if (ov[1] > ov[0]) {

@@ -1,6 +1,7 @@
 """The Debian package as CI builds it: `cpack -G DEB` from the build directory gives
 moe-train_<version>_amd64.deb, whose contents (dpkg-deb -c) hold the binary, both units, the
-wrapper, the completion and the man page, and whose control file names its Debian dependencies.
+wrapper, the completion and the man page, whose control file names its Debian dependencies, and
+whose postinst / postrm reload systemd (not under dpkg --root).
 Installed with `dpkg --root` into a scratch root (the real root is left alone): the binary there
 runs --version and --help, `systemd-analyze --root verify` of both installed units is clean, and
 `dpkg --root -r` then `--purge` removes every file it installed.
@@ -41,6 +42,33 @@ with tempfile.TemporaryDirectory() as d:
     for lib in ("libhdf5", "libspdlog", "libicu", "libpcre2", "libcurl", "libxxhash", "libzstd",
                 "libsentencepiece", "libsystemd"):
         check(lib in info, f"Depends names {lib}: {info.strip()[:200]}")
+
+    # The maintainer scripts: systemd reloads its units after install and removal, except under
+    # dpkg --root (DPKG_ROOT set). Run here with a recording systemctl, as root on a booted
+    # systemd would run them (the /run/systemd/system test is the scripts' own, so it is
+    # rewritten to a directory this test makes).
+    control = tmp / "control"
+    subprocess.run(["dpkg-deb", "-e", str(deb), str(control)], check=True)
+    fake = tmp / "fakebin"
+    fake.mkdir()
+    (fake / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {tmp}/systemctl.log\n')
+    (fake / "systemctl").chmod(0o755)
+    (tmp / "run-systemd").mkdir()
+    for script, arg in (("postinst", "configure"), ("postrm", "remove"), ("postrm", "purge")):
+        path = control / script
+        check(path.exists() and path.stat().st_mode & 0o111, f"the package has an executable {script}")
+        if not path.exists():
+            continue
+        text = path.read_text().replace("/run/systemd/system", str(tmp / "run-systemd"))
+        (tmp / script).write_text(text)
+        for dpkg_root, want in (("", 1), ("/some/root", 0)):
+            log = tmp / "systemctl.log"
+            log.unlink(missing_ok=True)
+            env = {"PATH": f"{fake}:/usr/bin:/bin", "DPKG_ROOT": dpkg_root}
+            r = subprocess.run(["sh", str(tmp / script), arg], env=env, capture_output=True, text=True)
+            calls = log.read_text().splitlines() if log.exists() else []
+            check(r.returncode == 0 and calls == ["--system daemon-reload"] * want,
+                  f"{script} {arg} (DPKG_ROOT={dpkg_root!r}): exit {r.returncode}, systemctl calls {calls}")
 
     # A scratch root with an empty dpkg database: dependencies are the real system's (forced).
     root = tmp / "root"

@@ -6,6 +6,8 @@ file and the limit, in bounded memory (peak RSS of the process, from wait4; unde
   3. a string doubled 40 times (was 24 GB after 60 s);
   4. 100,000 nested {% if %} blocks (was still parsing after 60 s);
   5. a tokenizer.json whose Split regex backtracks catastrophically (was exit 1, naming nothing).
+Each message ends with the `moe-train --limit NAME=N` that raises its budget; --limit raises and
+lowers them, and refuses unknown names and values out of range.
 The elapsed time of each is printed, not asserted (a hang would hit ctest's timeout).
 usage: hostile_inputs_test.py MOE_TRAIN_BINARY
 """
@@ -88,13 +90,14 @@ with tempfile.TemporaryDirectory() as d:
 
     templates = {
         "parentheses 200,000 deep": ("{{ " + "(" * 200000 + "1" + ")" * 200000 + " }}",
-                                     ["nested more than 200 levels"]),
+                                     ["nested more than 200 levels", "--limit template.nesting=N"]),
         "range(1000000000)": ("{% for i in range(1000000000) %}{{ i }}{% endfor %}",
-                              ["range()", "100000"]),
+                              ["range()", "100000", "--limit template.range_items=N"]),
         "a string doubled 40 times": ("{% set ns = namespace(s='ab') %}{% for i in range(40) %}"
                                       "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
-                                      ["64 MiB"]),
-        "100,000 nested ifs": ("{% if true %}\n" * 100000, ["blocks nested more than 200 levels"]),
+                                      ["64 MiB", "--limit template.text_mib=N"]),
+        "100,000 nested ifs": ("{% if true %}\n" * 100000, ["blocks nested more than 200 levels",
+                                                        "--limit template.nesting=N"]),
     }
     for i, (name, (text, words)) in enumerate(templates.items()):
         t = tmp / f"hostile-{i}.jinja"
@@ -117,7 +120,7 @@ with tempfile.TemporaryDirectory() as d:
     out = tmp / "out-regex"
     check("catastrophic Split regex", ["prepare-data", text, "--out", out, "--tokenizer", "hf",
                                        "--tokenizer-file", evil / "tokenizer.json"],
-          "tokenizer.json", ["(a|aa)+$", "limit"])
+          "tokenizer.json", ["(a|aa)+$", "limit", "--limit regex.match_steps=N"])
     assert not out.exists(), f"{out} was written"
 
     # Real templates still render (the families' templates are checked against transformers by
@@ -125,7 +128,37 @@ with tempfile.TemporaryDirectory() as d:
     rc, _, err, _ = run(["prepare-data", chat, "--out", tmp / "ok", "--format", "sft", "--tokenizer-from", model])
     assert rc == 0, err
 
+    # The budgets are raised (or lowered) from the command line: --limit NAME=N.
+    wide = tmp / "wide-range.jinja"
+    wide.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                    "{% for i in range(150000) %}{% endfor %}")
+    sft = ["prepare-data", chat, "--format", "sft", "--tokenizer-from", model, "--chat-template", wide]
+    rc, _, err, _ = run([*sft, "--out", tmp / "wide-default"])
+    if not (rc == 2 and "--limit template.range_items=N" in err):
+        failures.append("range(150000) under the default budget")
+        print(f"FAIL range(150000) under the default budget: exit {rc} {err[-400:]}")
+    rc, _, err, _ = run(["--limit", "template.range_items=200000", *sft, "--out", tmp / "wide-raised"])
+    if rc != 0:
+        failures.append("--limit template.range_items=200000")
+        print(f"FAIL --limit template.range_items=200000: exit {rc} {err[-400:]}")
+    rc, _, err, _ = run(["--limit", "template.nesting=1", "prepare-data", chat, "--out", tmp / "narrow",
+                         "--format", "sft", "--tokenizer-from", model, "--chat-template",
+                         tmp / "hostile-0.jinja"])
+    lowered = rc == 2 and "nested more than 1 levels" in err
+    for bad, words in ((["--limit", "template.bogus=3"], ["template.bogus", "template.range_items", "json.nesting"]),
+                       (["--limit", "template.nesting=100000"], ["template.nesting", "from 1 to 1000"]),
+                       (["--limit", "regex.depth=-1"], ["regex.depth", "not an integer"])):
+        rc, _, err, _ = run([*bad, "prepare-data", chat, "--out", tmp / "never", "--format", "sft",
+                             "--tokenizer-from", model])
+        lines = [l for l in err.splitlines() if l.strip()]
+        if not (rc == 2 and len(lines) == 1 and all(w in lines[0] for w in words)):
+            failures.append(f"{bad} refused")
+            print(f"FAIL {bad}: exit {rc} {err[-400:]}")
+    if not lowered:
+        failures.append("--limit template.nesting=1")
+    print(f"{'ok  ' if not failures else 'FAIL'} --limit raises and lowers budgets, refuses bad ones")
+
 if failures:
     print(f"0 passed, {len(failures)} failed: {failures}")
     sys.exit(1)
-print("5 passed, 0 failed")
+print("6 passed, 0 failed")

@@ -167,7 +167,7 @@ def plan_and_budgets():
     check(need <= budget, f"gpu-tests: {est:.0f} s estimated + reruns = {need:.0f} s <= {budget} s")
     # Every kernel family has a case under the sanitizers.
     families = ["PermuteGpu", "DispatchPlanGpu", "RouterGpu", "RotaryGpu", "SwigluGpu", "Adam8bitGpu",
-                "Dequant4bitGpu"]
+                "Dequant4bitGpu", "ClampedSwigluGpu", "DequantMxfp4Gpu"]
     check(all(f + ".*" in runner.SAN_FILTER for f in families), "the sanitizers cover every kernel")
 
     os.environ["GPU_CHECK_STEP_BUDGETS"] = "gpu-tests=7,bench=40"

@@ -20,8 +20,8 @@ struct NumaNode {
 // /sys/devices/system/node/node*; empty where the kernel exposes no NUMA information.
 std::vector<NumaNode> numa_nodes(const std::string& sys_root = "/sys");
 
-using moe::format_cpu_list;  // util/cpu_list.h
-using moe::parse_cpu_list;
+using ::moe::format_cpu_list;  // util/cpu_list.h
+using ::moe::parse_cpu_list;
 
 // The CPUs near the PCI device `bus_id` (e.g. "0000:17:00.0", cudaDeviceGetPCIBusId's form);
 // empty when sysfs does not say.

@@ -31,6 +31,9 @@ class HfWeights {
   std::map<std::string, HfTensorRef> tensors_;
 };
 
+// "[2, 3]": a tensor's shape as error messages print it (at::IntArrayRef's form).
+std::string shape_text(const std::vector<int64_t>& shape);
+
 // Bytes in "5GB" (10^9, as transformers counts), "500MB", "100KB", "2GiB", "1MiB" or "123".
 // UserError naming `what` otherwise.
 int64_t parse_size(const std::string& text, const std::string& what);

@@ -8,6 +8,7 @@
 
 #include "moe/config/config.h"
 #include "moe/hf/hf_config.h"
+#include "moe/hf/peft_adapter_config.h"  // lora_config_from_peft
 #include "moe/model/transformer.h"
 
 namespace moe::hf {
@@ -24,8 +25,5 @@ int64_t write_peft_adapter(model::TransformerLM& model, const config::Config& cf
 // copied.
 void read_peft_adapter(const std::string& dir, model::TransformerLM& model,
                        const config::Config& cfg, Family family);
-
-// The lora section that reproduces an adapter_config.json (UserError naming the key otherwise).
-config::LoraConfig lora_config_from_peft(const std::string& dir);
 
 }  // namespace moe::hf

@@ -7,14 +7,18 @@
 #include <cstddef>
 #include <string_view>
 
+#include "moe/util/input_limits.h"
+
 namespace moe {
 
-inline constexpr int kMaxJsonNesting = 512;
+// 512 unless `moe-train --limit json.nesting=N` changed it.
+inline int64_t max_json_nesting() { return input_limits().json_nesting; }
 
-// True when `text` (JSON, valid or not) nests arrays and objects more than `limit` deep; the
-// brackets inside strings do not count.
-inline bool json_nests_deeper_than(std::string_view text, int limit = kMaxJsonNesting) {
-  int depth = 0;
+// True when `text` (JSON, valid or not) nests arrays and objects more than `limit` deep
+// (max_json_nesting() when negative); the brackets inside strings do not count.
+inline bool json_nests_deeper_than(std::string_view text, int64_t limit = -1) {
+  if (limit < 0) limit = max_json_nesting();
+  int64_t depth = 0;
   bool in_string = false;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
