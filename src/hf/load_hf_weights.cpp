@@ -10,6 +10,7 @@
 #include "moe/config/architecture.h"
 #include "moe/config/parameter_layout.h"
 #include "moe/hf/bnb_4bit_tensors.h"
+#include "moe/hf/fp8_tensors.h"
 #include "moe/hf/hf_tensor_map.h"
 #include "moe/hf/mxfp4_tensors.h"
 #include "moe/util/errors.h"
@@ -54,11 +55,18 @@ bool ignorable(const std::string& name, const config::Config& cfg) {
   return cfg.model.tie_embeddings && name == "lm_head.weight";
 }
 
+// What DIR/config.json says of FP8 weights (hf/fp8_tensors.h).
+std::optional<quant::Fp8Block> fp8_of(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  return fp8_format(config::load_json_file(path, "hf"), path);
+}
+
 // Checks every tensor (presence, dtype, shape, nothing unexpected) against `params` (our
 // parameters by name; meta tensors do: only shapes are read). Returns how many tensors of
 // multi-token-prediction layers it skipped.
 int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                         Family family, const std::map<std::string, torch::Tensor>& params) {
+                         Family family, const std::map<std::string, torch::Tensor>& params,
+                         const std::optional<quant::Fp8Block>& fp8) {
   const auto pieces = tensor_pieces(cfg, family);
   std::set<std::string> expected;
   for (const auto& p : pieces) {
@@ -88,8 +96,16 @@ int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const confi
       }
       continue;
     }
+    if (is_fp8_weight(w, p.hf, fp8)) {  // its scales are checked there
+      if (e.shape != want) {
+        throw UserError(where + " (FP8) has shape " + shape_text(e.shape) +
+                        "; config.json implies " + shape_text(want));
+      }
+      continue;
+    }
     if (!is_float_weight_dtype(e.dtype)) {
-      throw UserError(where + " is " + e.dtype + "; expected F32, BF16 or F16");
+      throw UserError(where + " is " + e.dtype +
+                      "; expected F32, BF16 or F16 (or FP8 with scales)");
     }
     if (e.shape != want) {
       throw UserError(where + " has shape " + shape_text(e.shape) + "; config.json implies " +
@@ -103,7 +119,8 @@ int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const confi
       ++mtp;
       continue;
     }
-    if (!ignorable(name, cfg) && !is_bnb_4bit_companion(w, name) && !is_mxfp4_part(w, name)) {
+    if (!ignorable(name, cfg) && !is_bnb_4bit_companion(w, name) && !is_mxfp4_part(w, name) &&
+        !is_fp8_scale(w, name)) {
       throw UserError("hf: " + ref.file->path() + ": unexpected tensor '" + name + "' (not in a " +
                       architecture_name(family) + " with this config.json)");
     }
@@ -113,7 +130,8 @@ int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const confi
 
 // Copies one HF tensor into its part of our parameter (fp32), releasing the mapped source.
 void copy_piece(const HfWeights& w, const TensorPiece& p,
-                const std::map<std::string, torch::Tensor>& params) {
+                const std::map<std::string, torch::Tensor>& params,
+                const std::optional<quant::Fp8Block>& fp8) {
   torch::NoGradGuard no_grad;
   if (const auto q = read_bnb_4bit(w, p.hf)) {  // a bitsandbytes 4-bit weight: its values
     piece_view(p, params).copy_(quant::dequantize_4bit(*q, torch::kFloat));
@@ -121,6 +139,10 @@ void copy_piece(const HfWeights& w, const TensorPiece& p,
   }
   if (mxfp4_shape(w, p.hf)) {  // exact in bf16: half the transient of fp32
     piece_view(p, params).copy_(hf_part(p, read_mxfp4(w, p.hf, torch::kBFloat16)));
+    return;
+  }
+  if (is_fp8_weight(w, p.hf, fp8)) {  // FP8 blockwise: transformers' dequantization, in fp32
+    piece_view(p, params).copy_(hf_part(p, read_fp8(w, p.hf, *fp8, torch::kFloat)));
     return;
   }
   const HfTensorRef& ref = w.tensors().at(p.hf);
@@ -163,7 +185,8 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
       t = torch::empty(q->second->shape(), t.options().device(torch::kMeta));
     }
   }
-  if (const int64_t mtp = check_hf_tensors(w, dir, cfg, family, whole); mtp > 0) {
+  const auto fp8 = fp8_of(dir);
+  if (const int64_t mtp = check_hf_tensors(w, dir, cfg, family, whole, fp8); mtp > 0) {
     spdlog::warn(
         "hf: {}: {} tensors of multi-token-prediction layers are not loaded (as "
         "transformers drops them)",
@@ -176,7 +199,7 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
     if (const auto q = quantized.find(name); q != quantized.end()) {
       const std::map<std::string, torch::Tensor> one{
           {name, torch::empty(q->second->shape(), torch::kFloat)}};
-      for (const auto& p : pieces) copy_piece(w, p, one);
+      for (const auto& p : pieces) copy_piece(w, p, one, fp8);
       q->second->requantize(one.at(name));
       // An MXFP4 base from an MXFP4 checkpoint keeps the checkpoint's own codes (gate and up:
       // every second row of gate_up_proj's blocks).
@@ -201,12 +224,12 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
       continue;
     }
     if (!rows) {
-      for (const auto& p : pieces) copy_piece(w, p, params);
+      for (const auto& p : pieces) copy_piece(w, p, params, fp8);
       continue;
     }
     const std::map<std::string, torch::Tensor> one{
         {name, torch::empty(whole.at(name).sizes(), torch::kFloat)}};
-    for (const auto& p : pieces) copy_piece(w, p, one);
+    for (const auto& p : pieces) copy_piece(w, p, one, fp8);
     torch::NoGradGuard no_grad;
     params.at(name).copy_(one.at(name).narrow(0, rows->first, rows->count));
   }
@@ -231,11 +254,12 @@ StreamedHf stream_hf_weights(const HfWeights& w, const std::string& dir, const c
     pieces_of[p.ours].push_back(p);
   }
   StreamedHf r;
-  r.skipped_mtp_tensors = check_hf_tensors(w, dir, cfg, family, shapes);
+  const auto fp8 = fp8_of(dir);
+  r.skipped_mtp_tensors = check_hf_tensors(w, dir, cfg, family, shapes, fp8);
   for (const auto& [name, pieces] : pieces_of) {  // buffers: into state.json, not the weights
     if (!is_selection_bias(name)) continue;
     const std::map<std::string, torch::Tensor> one{{name, torch::empty({cfg.moe.num_experts})}};
-    for (const TensorPiece& p : pieces) copy_piece(w, p, one);
+    for (const TensorPiece& p : pieces) copy_piece(w, p, one, fp8);
     const auto& t = one.at(name);
     r.expert_biases[name] =
         std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
@@ -252,7 +276,7 @@ StreamedHf stream_hf_weights(const HfWeights& w, const std::string& dir, const c
   SafetensorsWriter out(out_file, views, {{"format", "pt"}, {"producer", "moe-train"}});
   for (const auto& l : layout) {
     const std::map<std::string, torch::Tensor> one{{l.name, torch::empty(l.shape)}};
-    for (const TensorPiece& p : pieces_of.at(l.name)) copy_piece(w, p, one);
+    for (const TensorPiece& p : pieces_of.at(l.name)) copy_piece(w, p, one, fp8);
     const torch::Tensor& t = one.at(l.name);
     out.append(t.data_ptr(), static_cast<size_t>(t.nbytes()));
   }

@@ -7,7 +7,7 @@
 namespace moe {
 
 namespace {
-constexpr std::array<std::pair<const char*, at::ScalarType>, 10> kTable = {{
+constexpr std::array<std::pair<const char*, at::ScalarType>, 12> kTable = {{
     {"F64", at::kDouble},
     {"F32", at::kFloat},
     {"F16", at::kHalf},
@@ -18,6 +18,8 @@ constexpr std::array<std::pair<const char*, at::ScalarType>, 10> kTable = {{
     {"I8", at::kChar},
     {"U8", at::kByte},
     {"BOOL", at::kBool},
+    {"F8_E4M3", at::kFloat8_e4m3fn},  // FP8 checkpoints (hf/fp8_tensors.h)
+    {"F8_E5M2", at::kFloat8_e5m2},
 }};
 }  // namespace
 

@@ -1,0 +1,108 @@
+#include "moe/hf/fp8_tensors.h"
+
+#include <torch/torch.h>
+
+#include "moe/util/errors.h"
+#include "moe/util/safetensors_dtype.h"
+
+namespace moe::hf {
+
+namespace {
+
+constexpr const char* kScaleSuffix = "_scale_inv";
+
+const HfTensorRef* find(const HfWeights& w, const std::string& name) {
+  const auto it = w.tensors().find(name);
+  return it == w.tensors().end() ? nullptr : &it->second;
+}
+
+bool fp8_dtype(const std::string& d) { return d == "F8_E4M3" || d == "F8_E5M2"; }
+
+// A copy of the tensor's bytes (offsets need not be aligned), then its pages released.
+torch::Tensor read_raw(const HfTensorRef& ref) {
+  const auto& e = *ref.entry;
+  auto t = torch::from_blob(const_cast<char*>(ref.file->data(e)), e.shape,
+                            torch::TensorOptions().dtype(*scalar_type_of_safetensors(e.dtype)))
+               .clone();
+  ref.file->release(e);
+  return t;
+}
+
+}  // namespace
+
+std::optional<quant::Fp8Block> fp8_format(const nlohmann::json& hf_config,
+                                          const std::string& file) {
+  const auto q = hf_config.find("quantization_config");
+  if (q == hf_config.end() || !q->is_object() || q->value("quant_method", "") != "fp8") {
+    return std::nullopt;
+  }
+  const std::string where = "hf: " + file + ": quantization_config.";
+  const auto scheme = q->find("activation_scheme");
+  if (scheme != q->end() && !(scheme->is_string() && *scheme == "dynamic")) {
+    throw UserError(where + "activation_scheme: " + scheme->dump() +
+                    " is not supported (expected \"dynamic\": static input scales are for FP8 "
+                    "compute; the import dequantizes the weights)");
+  }
+  const auto b = q->find("weight_block_size");
+  if (b == q->end() || b->is_null()) return quant::Fp8Block{};  // one scale per tensor
+  const bool ok = b->is_array() && b->size() == 2 && (*b)[0].is_number_integer() &&
+                  (*b)[1].is_number_integer() && (*b)[0].get<int64_t>() > 0 &&
+                  (*b)[1].get<int64_t>() > 0 && (*b)[0].get<int64_t>() <= (1 << 20) &&
+                  (*b)[1].get<int64_t>() <= (1 << 20);
+  if (!ok) {
+    throw UserError(where + "weight_block_size: " + b->dump() +
+                    " (expected two positive integers, e.g. [128, 128])");
+  }
+  return quant::Fp8Block{{(*b)[0].get<int64_t>(), (*b)[1].get<int64_t>()}};
+}
+
+bool is_fp8_weight(const HfWeights& w, const std::string& name,
+                   const std::optional<quant::Fp8Block>& format) {
+  const HfTensorRef* ref = find(w, name);
+  if (ref == nullptr || !fp8_dtype(ref->entry->dtype)) return false;
+  const std::string where = "hf: " + ref->file->path() + ": tensor '" + name + "'";
+  if (!format) {
+    throw UserError(where + " is " + ref->entry->dtype +
+                    " but config.json has no quantization_config with quant_method \"fp8\" "
+                    "(its block size)");
+  }
+  const HfTensorRef* s = find(w, name + kScaleSuffix);
+  if (s == nullptr) {
+    throw UserError(where + " is " + ref->entry->dtype + " without its '" + name + kScaleSuffix +
+                    "' (FP8 weights carry their scales)");
+  }
+  const auto want = quant::fp8_scale_shape(ref->entry->shape, *format);
+  const auto& se = *s->entry;
+  int64_t n = 1;
+  for (const int64_t d : se.shape) n *= d;
+  const bool shape_ok = *format ? se.shape == want : n == 1;
+  if ((se.dtype != "F32" && se.dtype != "BF16") || !shape_ok) {
+    throw UserError("hf: " + s->file->path() + ": tensor '" + name + kScaleSuffix + "' is " +
+                    se.dtype + " " + shape_text(se.shape) + "; expected F32 or BF16 " +
+                    (*format ? shape_text(want) : std::string("with one value")) + " for the " +
+                    shape_text(ref->entry->shape) + " weight" +
+                    (*format ? " in blocks of " + std::to_string((*format)->first) + " x " +
+                                   std::to_string((*format)->second)
+                             : std::string()));
+  }
+  return true;
+}
+
+bool is_fp8_scale(const HfWeights& w, const std::string& name) {
+  const std::string suffix = kScaleSuffix;
+  if (name.size() <= suffix.size() ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return false;
+  }
+  const HfTensorRef* base = find(w, name.substr(0, name.size() - suffix.size()));
+  return base != nullptr && fp8_dtype(base->entry->dtype);
+}
+
+torch::Tensor read_fp8(const HfWeights& w, const std::string& name, const quant::Fp8Block& block,
+                       torch::ScalarType dtype) {
+  const torch::Tensor weight = read_raw(w.tensors().at(name));
+  const torch::Tensor scale = read_raw(w.tensors().at(name + kScaleSuffix));
+  return quant::dequantize_fp8_blockwise(weight, scale, block, dtype);
+}
+
+}  // namespace moe::hf
