@@ -9,6 +9,10 @@
     with ZeRO stages 1 and 2 (the experts' state shared out over their replicas);
   - a gpt-oss-shaped model (biases, sinks, sliding windows, softmax after top-k, clamped
     SwiGLU): EP=2 and DP=2 on 2 processes vs 1 process, 15 steps, the same bar;
+  - a DeepSeek-V3 / GLM-4.5-shaped model (sigmoid group-limited routing with the correction
+    bias, routed scaling, a shared expert, a dense first layer, q/k/v biases, q/k norms, partial
+    rotary): EP=2 and DP=2 vs 1 process, 15 steps, the same bar; its EP=2 checkpoint in the
+    single-process names and shapes;
   - resume EP=2 -> EP=1, EP=1 -> EP=2 and EP=2 ZeRO-2 -> EP=2 ZeRO-1 at step 20 of 40 continues
     the straight run's losses;
   - the checkpoint's tensors (model and optimizer) have the single-process names and shapes,
@@ -124,6 +128,27 @@ with tempfile.TemporaryDirectory() as d:
         w = worst(records(out), records(tmp / "oss-one"))
         print(f"gpt-oss-shaped model, {name} on 2 processes vs 1 process, 15 steps: {w:.1e}")
         assert w <= RTOL, (name, w)
+    # A DeepSeek-V3 / GLM-4.5-shaped model: sigmoid scores with the correction bias updated from
+    # the global loads, 8 experts in 4 groups of which 2 are kept, routed_scaling_factor 2.5, a
+    # shared expert, a dense first layer, q/k/v biases, q/k norms and rotary on half of each head;
+    # EP=2 (4 experts per rank) and plain DP=2 against one process, and the EP=2 checkpoint in the
+    # single-process names and shapes.
+    v3 = ["moe.num_experts=8", "moe.score_function=sigmoid", "moe.n_group=4", "moe.topk_group=2",
+          "moe.routed_scaling_factor=2.5", "moe.router_bias_update_rate=0.001", "moe.shared_expert_hidden_size=64",
+          "moe.mlp_only_layers=[0]", "model.num_layers=3", "model.qkv_bias=true", "model.qk_norm=true",
+          "model.rope_theta=10000", "model.partial_rotary_factor=0.5", "training.train_iters=15",
+          "checkpoint.save_interval=15"]
+    single(cfg, *v3, f"training.output_dir={tmp / 'v3-one'}")
+    for name, extra in (("EP=2", [EP2]), ("DP=2", [])):
+        out = tmp / f"v3-{name[:2].lower()}"
+        torchrun(cfg, 2, *v3, *extra, f"training.output_dir={out}")
+        w = worst(records(out), records(tmp / "v3-one"))
+        print(f"DeepSeek-V3/GLM-4.5-shaped model, {name} on 2 processes vs 1 process, 15 steps: {w:.1e}")
+        assert w <= RTOL, (name, w)
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        ep, one = (tmp / f"v3-{r}/checkpoints/step-00000015/{f}" for r in ("ep", "one"))
+        assert shapes(ep) == shapes(one), f"DeepSeek-V3-shaped EP=2 checkpoint {f}: names and shapes"
+    print("  its EP=2 checkpoint: the single-process names and shapes")
     torchrun(cfg, 2, f"training.output_dir={tmp / 'dp2-capacity'}", CAP)
     w = worst(records(tmp / "dp2-capacity"), records(tmp / "one-capacity"))
     print(f"data parallel 2 x 4 vs 1 x 8 with capacity factor 1.0 (global capacity ranking): {w:.1e}")

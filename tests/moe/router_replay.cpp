@@ -1,0 +1,59 @@
+// Routes given logits with our router (moe::RouterImpl::forward, the ATen path), for
+// tests/moe/router_parity_test.py to compare with transformers' DeepSeek-V3 / GLM-4.5 router on
+// the same inputs. The router's weight is the identity, so its logits are the input exactly.
+//   router_replay IN.safetensors OUT.safetensors TOP_K N_GROUP TOPK_GROUP SCALING NORMALIZE
+// IN: logits F32 [N, E], bias F32 [E] (the e_score_correction_bias). Sigmoid scores.
+// OUT: topk_idx I64 [N, k], topk_weight F32 [N, k] (routed_scaling_factor applied).
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "moe/config/choices.h"
+#include "moe/moe/router.h"
+#include "moe/util/safetensors.h"
+
+namespace {
+
+torch::Tensor read_f32(const moe::SafetensorsFile& f, const std::string& name) {
+  const auto& e = f.entry(name);
+  auto t = torch::empty(e.shape, torch::kFloat);
+  std::memcpy(t.data_ptr(), f.data(e), e.end - e.begin);
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 8) {
+    std::fprintf(stderr,
+                 "usage: router_replay IN OUT TOP_K N_GROUP TOPK_GROUP SCALING NORMALIZE\n");
+    return 2;
+  }
+  const moe::SafetensorsFile in(argv[1]);
+  const torch::Tensor logits = read_f32(in, "logits"), bias = read_f32(in, "bias");
+  const int64_t E = logits.size(1);
+  moe::moe::RouterOptions opt;
+  opt.hidden_size = E;
+  opt.num_experts = E;
+  opt.top_k = std::atoll(argv[3]);
+  opt.n_group = std::atoll(argv[4]);
+  opt.topk_group = std::atoll(argv[5]);
+  opt.routed_scaling_factor = std::atof(argv[6]);
+  opt.normalize_topk = std::string(argv[7]) == "1";
+  opt.score_function = moe::config::ScoreFunction::kSigmoid;
+  moe::moe::Router router(opt);
+  torch::NoGradGuard no_grad;
+  router->weight.copy_(torch::eye(E));
+  router->expert_bias.copy_(bias);
+  router->eval();
+  const moe::moe::Routing r = router->forward(logits);
+  const torch::Tensor idx = r.topk_idx.contiguous(), w = r.topk_weight.contiguous();
+  const std::vector<int64_t> shape = idx.sizes().vec();
+  moe::write_safetensors(argv[2],
+                         {{"topk_idx", "I64", shape, idx.data_ptr(), size_t(idx.nbytes())},
+                          {"topk_weight", "F32", shape, w.data_ptr(), size_t(w.nbytes())}});
+  return 0;
+}
