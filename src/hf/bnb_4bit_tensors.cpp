@@ -18,11 +18,6 @@ constexpr std::array<const char*, 2> kStateSuffixes = {".quant_state.bitsandbyte
 constexpr std::array<const char*, 5> kCompanions = {".absmax", ".quant_map", ".nested_absmax",
                                                     ".nested_quant_map", ".quant_state."};
 
-const HfTensorRef* find(const HfWeights& w, const std::string& name) {
-  const auto it = w.tensors().find(name);
-  return it == w.tensors().end() ? nullptr : &it->second;
-}
-
 // The tensor as stored (a copy: safetensors offsets need not be aligned for the element type).
 torch::Tensor read(const HfTensorRef& ref, const std::string& where) {
   const auto& e = *ref.entry;
@@ -41,7 +36,7 @@ bool is_bnb_4bit_companion(const HfWeights& w, const std::string& name) {
     if (at == std::string::npos || at == 0) continue;
     const std::string weight = name.substr(0, at);
     for (const char* s : kStateSuffixes) {
-      if (find(w, weight + s) != nullptr) return true;
+      if (w.find(weight + s) != nullptr) return true;
     }
   }
   return false;
@@ -55,7 +50,7 @@ struct Companions {
   const std::string& name;
   const std::string& where;
   torch::Tensor need(const std::string& suffix) const {
-    const HfTensorRef* r = find(w, name + suffix);
+    const HfTensorRef* r = w.find(name + suffix);
     if (r == nullptr) {
       throw UserError(where + ": a bitsandbytes 4-bit weight without its '" + name + suffix + "'");
     }
@@ -116,12 +111,12 @@ std::optional<quant::Quantized4bit> read_bnb_4bit(const HfWeights& w, const std:
   const HfTensorRef* state = nullptr;
   quant::Quant4bitType type = quant::Quant4bitType::kNf4;
   for (size_t i = 0; i < kStateSuffixes.size() && state == nullptr; ++i) {
-    state = find(w, name + kStateSuffixes[i]);
+    state = w.find(name + kStateSuffixes[i]);
     if (state != nullptr) type = i == 0 ? quant::Quant4bitType::kNf4 : quant::Quant4bitType::kFp4;
   }
   if (state == nullptr) return std::nullopt;
   const std::string where = "hf: " + state->file->path() + ": tensor '" + name + "'";
-  const HfTensorRef* codes = find(w, name);
+  const HfTensorRef* codes = w.find(name);
   if (codes == nullptr) throw UserError(where + ": a quant_state without its codes");
   const Companions c{w, name, where};
   const auto bytes = read(*state, where + " quant_state");

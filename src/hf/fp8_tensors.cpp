@@ -11,11 +11,6 @@ namespace {
 
 constexpr const char* kScaleSuffix = "_scale_inv";
 
-const HfTensorRef* find(const HfWeights& w, const std::string& name) {
-  const auto it = w.tensors().find(name);
-  return it == w.tensors().end() ? nullptr : &it->second;
-}
-
 bool fp8_dtype(const std::string& d) { return d == "F8_E4M3" || d == "F8_E5M2"; }
 
 // A copy of the tensor's bytes (offsets need not be aligned), then its pages released.
@@ -58,7 +53,7 @@ std::optional<quant::Fp8Block> fp8_format(const nlohmann::json& hf_config,
 
 bool is_fp8_weight(const HfWeights& w, const std::string& name,
                    const std::optional<quant::Fp8Block>& format) {
-  const HfTensorRef* ref = find(w, name);
+  const HfTensorRef* ref = w.find(name);
   if (ref == nullptr || !fp8_dtype(ref->entry->dtype)) return false;
   const std::string where = "hf: " + ref->file->path() + ": tensor '" + name + "'";
   if (!format) {
@@ -66,7 +61,7 @@ bool is_fp8_weight(const HfWeights& w, const std::string& name,
                     " but config.json has no quantization_config with quant_method \"fp8\" "
                     "(its block size)");
   }
-  const HfTensorRef* s = find(w, name + kScaleSuffix);
+  const HfTensorRef* s = w.find(name + kScaleSuffix);
   if (s == nullptr) {
     throw UserError(where + " is " + ref->entry->dtype + " without its '" + name + kScaleSuffix +
                     "' (FP8 weights carry their scales)");
@@ -94,7 +89,7 @@ bool is_fp8_scale(const HfWeights& w, const std::string& name) {
       name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
     return false;
   }
-  const HfTensorRef* base = find(w, name.substr(0, name.size() - suffix.size()));
+  const HfTensorRef* base = w.find(name.substr(0, name.size() - suffix.size()));
   return base != nullptr && fp8_dtype(base->entry->dtype);
 }
 

@@ -11,19 +11,14 @@ namespace moe::hf {
 
 namespace {
 
-const HfTensorRef* find(const HfWeights& w, const std::string& name) {
-  const auto it = w.tensors().find(name);
-  return it == w.tensors().end() ? nullptr : &it->second;
-}
-
 struct Halves {
   const HfTensorRef *blocks, *scales;
 };
 
 // Both halves, checked against each other (no data read).
 Halves halves(const HfWeights& w, const std::string& name) {
-  const HfTensorRef* b = find(w, name + "_blocks");
-  const HfTensorRef* s = find(w, name + "_scales");
+  const HfTensorRef* b = w.find(name + "_blocks");
+  const HfTensorRef* s = w.find(name + "_scales");
   const HfTensorRef* any = b != nullptr ? b : s;
   const std::string where = "hf: " + any->file->path() + ": tensor '" + name;
   if (b == nullptr || s == nullptr) {
@@ -57,7 +52,7 @@ torch::Tensor read_u8(const HfTensorRef& ref) {
 }  // namespace
 
 std::optional<std::vector<int64_t>> mxfp4_shape(const HfWeights& w, const std::string& name) {
-  if (find(w, name + "_blocks") == nullptr && find(w, name + "_scales") == nullptr) {
+  if (w.find(name + "_blocks") == nullptr && w.find(name + "_scales") == nullptr) {
     return std::nullopt;
   }
   const auto& s = halves(w, name).blocks->entry->shape;
@@ -83,7 +78,7 @@ bool is_mxfp4_part(const HfWeights& w, const std::string& name) {
     if (name.size() > suffix.size() &&
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
       const std::string base = name.substr(0, name.size() - suffix.size());
-      return find(w, base + "_blocks") != nullptr && find(w, base + "_scales") != nullptr;
+      return w.find(base + "_blocks") != nullptr && w.find(base + "_scales") != nullptr;
     }
   }
   return false;

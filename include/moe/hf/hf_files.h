@@ -25,6 +25,11 @@ class HfWeights {
  public:
   explicit HfWeights(const std::string& dir);
   const std::map<std::string, HfTensorRef>& tensors() const { return tensors_; }
+  // The tensor called `name`, or nullptr.
+  const HfTensorRef* find(const std::string& name) const {
+    const auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : &it->second;
+  }
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
