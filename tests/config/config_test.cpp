@@ -474,7 +474,7 @@ TEST(Config, DeeplyNestedJsonIsRefusedNamingTheFile) {
   const std::string deep = "{\"a\": " + std::string(1000000, '[') + std::string(1000000, ']') + "}";
   EXPECT_EQ(error_of([&] { parse_json_text(deep, "config.json", "hf"); }),
             "hf: config.json: arrays and objects nested more than 512 levels deep (the parser's "
-            "limit)");
+            "limit) (moe-train --limit json.nesting=N raises it)");
   // Brackets inside strings do not count; real files nest a few levels.
   const std::string in_string = "{\"a\": \"" + std::string(2000, '[') + "\"}";
   EXPECT_EQ(parse_json_text(in_string, "config.json", "hf")["a"].get<std::string>().size(), 2000u);
