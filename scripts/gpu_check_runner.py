@@ -47,9 +47,12 @@ SCRIPT = SRC / "scripts" / "gpu-check"
 # 23.1 s, offload-1b 25.8 s: deps 25 -> 15, build 180 -> 150, gpu-tests 101 -> 70 (the suites
 # re-estimated below), the sanitizers 30 -> 20 each; the 91 s freed go to bench, which took
 # 106.6 s for one round and the profiled step (the steps before it leave the rest unused).
+# qlora-nf4 (2026-12-04, not yet run on a device): 35 s like lora-bf16, taken from bench's
+# leftovers (91 -> 56 s; bench's own follow-up call is `--only deps,bench`).
 STEP_TABLE = [("env", 15, "sh"), ("deps", 15, "sh"), ("configure", 19, "sh"), ("build", 150, "sh"),
               ("gpu-tests", 70, "py"), ("memcheck", 20, "py"), ("racecheck", 20, "py"),
-              ("lora-bf16", 35, "py"), ("offload-1b", 40, "py"), ("bench", None, "sh"),
+              ("lora-bf16", 35, "py"), ("qlora-nf4", 35, "py"), ("offload-1b", 40, "py"),
+              ("bench", None, "sh"),
               ("full-ctest", 300, "sh")]
 PLAN_S = 480          # the default steps and the summary: 8 minutes
 SUMMARY_S = 5         # summary.md and --pack, after the last step
@@ -139,6 +142,15 @@ TRAIN_RUNS = {
                           ("lora.r=16", "lora.lora_alpha=32", "lora.lora_dropout=0.0",
                            f"lora.target_modules={LORA_MODULES}"), 30, 3,
                           "LoRA r 16 over a bf16 base"),
+    # The same LoRA over a 4-bit base (nf4 + double quant, issue 49): the dequantization before
+    # each GEMM, its scratch, and the planner's 4-bit tier against the device's peak.
+    "qlora-nf4": TrainRun("configs/bench-gpu-1b.json",
+                          ("lora.r=16", "lora.lora_alpha=32", "lora.lora_dropout=0.0",
+                           f"lora.target_modules={LORA_MODULES}", "quantization.load_in_4bit=true",
+                           "quantization.bnb_4bit_quant_type=nf4",
+                           "quantization.bnb_4bit_use_double_quant=true",
+                           "quantization.bnb_4bit_compute_dtype=bfloat16"), 30, 3,
+                          "LoRA r 16 over an nf4 + double-quant base"),
     "offload-1b": TrainRun("configs/bench-gpu-1b.json",
                            ("zero_optimization.offload_optimizer.device=cpu",
                             "zero_optimization.offload_optimizer.pin_memory=true"), 8, 2,
@@ -943,7 +955,7 @@ def step_train_run(s: Step) -> bool:
 
 
 PY_STEPS = {"gpu-tests": step_gpu_tests, "memcheck": step_memcheck, "racecheck": step_racecheck,
-            "lora-bf16": step_train_run, "offload-1b": step_train_run}
+            "lora-bf16": step_train_run, "qlora-nf4": step_train_run, "offload-1b": step_train_run}
 
 
 # --- the run -------------------------------------------------------------------------------------
