@@ -14,15 +14,11 @@
 #include "moe/config/choices.h"
 #include "moe/moe/router.h"
 #include "moe/util/safetensors.h"
+#include "util/read_f32.h"
 
 namespace {
 
-torch::Tensor read_f32(const moe::SafetensorsFile& f, const std::string& name) {
-  const auto& e = f.entry(name);
-  auto t = torch::empty(e.shape, torch::kFloat);
-  std::memcpy(t.data_ptr(), f.data(e), e.end - e.begin);
-  return t;
-}
+using moe::test::read_f32;
 
 }  // namespace
 

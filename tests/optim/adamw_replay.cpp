@@ -17,15 +17,11 @@
 #include "moe/optim/adamw.h"
 #include "moe/quant/blockwise_quant.h"
 #include "moe/util/safetensors.h"
+#include "util/read_f32.h"
 
 namespace {
 
-torch::Tensor read_f32(const moe::SafetensorsFile& f, const std::string& name) {
-  const auto& e = f.entry(name);
-  auto t = torch::empty(e.shape, torch::kFloat);
-  std::memcpy(t.data_ptr(), f.data(e), e.end - e.begin);
-  return t;
-}
+using moe::test::read_f32;
 
 const char* dtype_of(const torch::Tensor& t) {
   return t.scalar_type() == torch::kByte       ? "U8"
