@@ -123,6 +123,16 @@ int64_t head_dim(const Config& c) {
   return c.model.head_dim > 0 ? c.model.head_dim : c.model.hidden_size / c.model.num_heads;
 }
 
+bool latent_attention(const Config& c) { return c.model.kv_lora_rank > 0; }
+
+int64_t qk_head_dim(const Config& c) {
+  return latent_attention(c) ? c.model.qk_nope_head_dim + c.model.qk_rope_head_dim : head_dim(c);
+}
+
+int64_t value_head_dim(const Config& c) {
+  return latent_attention(c) ? c.model.v_head_dim : head_dim(c);
+}
+
 int64_t key_value_heads(const Config& c) {
   return c.model.num_key_value_heads > 0 ? c.model.num_key_value_heads : c.model.num_heads;
 }
@@ -161,8 +171,21 @@ int64_t dense_hidden_size(const Config& c) {
 }
 
 namespace {
+// Multi-head latent attention: q (one projection, or q_a -> norm -> q_b), kv_a -> norm -> kv_b,
+// the output projection.
+int64_t latent_attention_weights(const Config& c) {
+  const auto& m = c.model;
+  const int64_t d = m.hidden_size, H = m.num_heads, qk = qk_head_dim(c);
+  const int64_t q =
+      m.q_lora_rank > 0 ? d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * H * qk : d * H * qk;
+  const int64_t kv = d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank +
+                     m.kv_lora_rank * H * (m.qk_nope_head_dim + m.v_head_dim);
+  return q + kv + H * m.v_head_dim * d;
+}
+
 // q, k, v and output projections: d x (H + 2 KV) hd + H hd x d, their biases, the sinks.
 int64_t attention_weights(const Config& c) {
+  if (latent_attention(c)) return latent_attention_weights(c);
   const int64_t d = c.model.hidden_size, H = c.model.num_heads;
   const int64_t qkv_width = (H + 2 * key_value_heads(c)) * head_dim(c);
   return d * qkv_width + H * head_dim(c) * d + (c.model.attention_bias ? qkv_width + d : 0) +
@@ -216,7 +239,8 @@ int64_t fp32_parameters_under_16bit_weights(const Config& c) {
     // matrices, held 16-bit).
     const int64_t qkv_width = (c.model.num_heads + 2 * key_value_heads(c)) * head_dim(c);
     n += (c.model.attention_bias ? qkv_width + d : 0) +
-         (c.model.attention_sinks ? c.model.num_heads : 0);
+         (c.model.attention_sinks ? c.model.num_heads : 0) +
+         (latent_attention(c) ? c.model.q_lora_rank + c.model.kv_lora_rank : 0);  // MLA's norms
   }
   return n;
 }
@@ -224,16 +248,18 @@ int64_t fp32_parameters_under_16bit_weights(const Config& c) {
 std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
   const int64_t d = c.model.hidden_size, V = c.model.vocab_size, S = c.model.seq_len;
   const int64_t E = c.moe.num_experts, k = c.moe.top_k, f = expert_hidden_size(c);
-  const int64_t fs = c.moe.shared_expert_hidden_size, H = c.model.num_heads, hd = head_dim(c);
+  const int64_t fs = c.moe.shared_expert_hidden_size, H = c.model.num_heads;
   const int64_t L = c.model.num_layers, M = moe_layer_count(c), fd = dense_hidden_size(c);
   const auto dbl = [](int64_t x) { return static_cast<double>(x); };
   const int64_t attn = attention_weights(c);
   std::vector<ModuleCost> costs = {
       {"embedding", 1, V * d + (c.model.rope_theta > 0 ? 0 : S * d), 0.0},
-      {"attention", L, attn + qk_norm_weights(c) + d,                  // + its RMSNorm
-       2 * dbl(attn) + (causal_half ? 2 : 4) * dbl(S) * dbl(H * hd)},  // projections + QK^T, AV
-      {"router", M, router_weights(c) + d, 2 * dbl(d * E)},            // + the MoE RMSNorm
-      {"dispatch", M, 0, 0.0},                                         // a gather: no FLOPs
+      {"attention", L, attn + qk_norm_weights(c) + d,  // + its RMSNorm
+       2 * dbl(attn) +
+           (causal_half ? 1 : 2) * dbl(S) *
+               dbl(H * (qk_head_dim(c) + value_head_dim(c)))},  // projections + QK^T, AV
+      {"router", M, router_weights(c) + d, 2 * dbl(d * E)},     // + the MoE RMSNorm
+      {"dispatch", M, 0, 0.0},                                  // a gather: no FLOPs
       {"experts", M, E * expert_weights(c) + 3 * d * fs, dbl(k) * 6 * dbl(d * f) + 6 * dbl(d * fs)},
       {"combine", M, 0, 2 * dbl(k * d)},  // weighted sum
   };

@@ -151,6 +151,7 @@ void visit_fields(auto& v, Section<RopeScalingConfig> auto& r) {
   v.field("beta_slow", r.beta_slow, above(0));
   v.field("attention_factor", r.attention_factor, at_least(0, "0 = 0.1 ln(factor) + 1"));
   v.field("truncate", r.truncate);
+  v.field("mscale_all_dim", r.mscale_all_dim, at_least(0, "0 = the softmax scale unchanged"));
 }
 
 void visit_fields(auto& v, Section<ModelConfig> auto& m) {
@@ -180,6 +181,12 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("dense_hidden_size", m.dense_hidden_size, at_least(0, "0 = derived from hidden_size"));
   v.field("init_from", m.init_from);
   v.field("attention_backend", m.attention_backend);
+  v.field("kv_lora_rank", m.kv_lora_rank, at_least(0, "0 = no latent attention"));
+  v.field("q_lora_rank", m.q_lora_rank, at_least(0, "0 = one q_proj"));
+  v.field("qk_nope_head_dim", m.qk_nope_head_dim, at_least(0));
+  v.field("qk_rope_head_dim", m.qk_rope_head_dim, at_least(0));
+  v.field("v_head_dim", m.v_head_dim, at_least(0));
+  v.field("rope_interleave", m.rope_interleave);
 }
 
 void visit_fields(auto& v, Section<MoeConfig> auto& m) {
@@ -198,6 +205,7 @@ void visit_fields(auto& v, Section<MoeConfig> auto& m) {
   v.field("router_bias_update_rate", m.router_bias_update_rate,
           in_open(0, 1, "0 = no expert bias"));
   v.field("n_group", m.n_group, at_least(1, "1 = no expert groups"));
+  v.field("group_score_experts", m.group_score_experts, at_least(1));
   v.field("topk_group", m.topk_group, at_least(1));
   v.field("routed_scaling_factor", m.routed_scaling_factor, above(0));
   v.field("kernels", m.kernels);

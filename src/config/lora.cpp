@@ -27,6 +27,10 @@ LoraTargets lora_targets(const LoraConfig& l) {
   t.k = on("k_proj");
   t.v = on("v_proj");
   t.o = on("o_proj");
+  t.q_a = on("q_a_proj");
+  t.q_b = on("q_b_proj");
+  t.kv_a = on("kv_a_proj_with_mqa");
+  t.kv_b = on("kv_b_proj");
   t.dense_mlp = has(l.target_modules, "dense_mlp");
   const bool split_pair = (on("gate_proj") && on("up_proj")) || (on("w1") && on("w3"));
   if (split_pair) {
@@ -83,10 +87,21 @@ LoraParameterCounts lora_parameter_counts(const Config& c) {
   const int64_t f = expert_hidden_size(c), fd = dense_hidden_size(c), V = c.model.vocab_size;
   const int64_t L = c.model.num_layers;
   int64_t per_attention = 0;
-  if (t.q) per_attention += r * (d + H * hd);
-  if (t.k) per_attention += r * (d + KV * hd);
-  if (t.v) per_attention += r * (d + KV * hd);
-  if (t.o) per_attention += r * (H * hd + d);
+  if (latent_attention(c)) {  // q_proj or q_a/q_b, kv_a, kv_b, o (no k_proj / v_proj)
+    const auto& m = c.model;
+    const int64_t qk = qk_head_dim(c), qr = m.q_lora_rank, kvr = m.kv_lora_rank;
+    if (t.q && qr == 0) per_attention += r * (d + H * qk);
+    if (t.q_a && qr > 0) per_attention += r * (d + qr);
+    if (t.q_b && qr > 0) per_attention += r * (qr + H * qk);
+    if (t.kv_a) per_attention += r * (d + kvr + m.qk_rope_head_dim);
+    if (t.kv_b) per_attention += r * (kvr + H * (m.qk_nope_head_dim + m.v_head_dim));
+    if (t.o) per_attention += r * (H * m.v_head_dim + d);
+  } else {
+    if (t.q) per_attention += r * (d + H * hd);
+    if (t.k) per_attention += r * (d + KV * hd);
+    if (t.v) per_attention += r * (d + KV * hd);
+    if (t.o) per_attention += r * (H * hd + d);
+  }
   for (int64_t layer = 0; layer < L; ++layer) {
     n.adapter += per_attention;
     if (is_moe_layer(c, layer)) {

@@ -105,7 +105,34 @@ double lora_ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
 // What autograd keeps for the backward of one block, per its own ops (src/model/transformer.cpp,
 // src/moe/*.cpp), in bytes: the block input (saved by the first RMSNorm) and every tensor a later
 // op's backward reads. Views (q, k, v of the fused projection) share their base's storage.
+// Multi-head latent attention (model/latent_attention.cpp): the projections' outputs through
+// the two bottlenecks and their norms, the rotary part, q and k joined, the attention output.
+double latent_attention_saved(const Config& c, const Shape& s) {
+  const auto& m = c.model;
+  const double T = s.T, a = s.a, H = s.H;
+  const double qk = static_cast<double>(qk_head_dim(c)), v = static_cast<double>(m.v_head_dim);
+  const double qr = static_cast<double>(m.q_lora_rank), kvr = static_cast<double>(m.kv_lora_rank);
+  const double rope = static_cast<double>(m.qk_rope_head_dim);
+  double b = T * s.d * a + T * 4 + T * s.d * a;     // block input + rstd, normalised input
+  if (qr > 0) b += 2 * T * qr * a + T * 4;          // q_a's output (norm input), rstd, normed
+  b += T * H * qk * a;                              // q (q_proj / q_b_proj output)
+  b += T * (kvr + rope) * a + T * 4 + T * kvr * a;  // kv_a's output, rstd, normed latent
+  b += T * H * (qk - rope + v) * a;                 // kv_b's output: k_nope | v
+  b += 2 * T * (H + 1) * rope * a;                  // the rotary parts, rotated
+  b += 2 * T * H * qk * a;                          // q and k joined (the attention's inputs)
+  b += T * H * v * a + T * H * 4;                   // attention output + logsumexp
+  b += T * H * v * a;                               // its [T, H v] copy (output projection input)
+  if (lora_enabled(c)) {                            // each adapter's x A [T, r]
+    const LoraTargets t = lora_targets(c.lora);
+    const int64_t n =
+        (t.q && qr == 0) + (t.q_a && qr > 0) + (t.q_b && qr > 0) + t.kv_a + t.kv_b + t.o;
+    b += static_cast<double>(n) * T * static_cast<double>(c.lora.r) * a;
+  }
+  return b;
+}
+
 double attention_saved(const Config& c, const Shape& s) {
+  if (latent_attention(c)) return latent_attention_saved(c, s);
   const double T = s.T, a = s.a;
   const bool gqa = s.KV != s.H, rope = c.model.rope_theta > 0;
   double b = 0;
@@ -152,7 +179,11 @@ double head_saved(const Shape& s) {
 double block_transient(const Config& c, const Shape& s, bool moe_layer) {
   const double ffn =
       moe_layer ? 2 * s.T * s.k * s.f * s.a + 2 * s.T * s.k * s.d * s.a : 2 * s.T * s.fd * s.a;
-  const double attn = 3 * s.T * (s.H + 2 * s.KV) * s.hd * s.a;
+  const double attn = latent_attention(c) ? 3 * s.T * s.H *
+                                                (2 * static_cast<double>(qk_head_dim(c)) +
+                                                 static_cast<double>(c.model.v_head_dim)) *
+                                                s.a
+                                          : 3 * s.T * (s.H + 2 * s.KV) * s.hd * s.a;
   return std::max(ffn, attn);
 }
 
@@ -474,6 +505,38 @@ void advise_4bit_base(const Config& c, const PlanOptions& opt, const Trial& tria
   }
 }
 
+// Where nothing fits one device: the fewest GPUs (a power of two dividing the experts) on which
+// the model trains with expert parallelism, each GPU holding num_experts / N of the routed
+// experts: full fine-tuning in bf16 with ZeRO-1 and every block checkpointed (LoRA and a 4-bit
+// base do not combine with expert parallelism yet, so they are left out of the trial).
+void advise_expert_parallel(const Config& c, const PlanOptions& opt, const Trial& trial,
+                            MemoryPlan& p) {
+  if (p.fits || opt.cpu || opt.world_size > 1 || !p.advice.empty()) return;
+  const int64_t E = c.moe.num_experts;
+  for (int64_t n = 2; n <= E && E % n == 0; n *= 2) {
+    const double need = trial.reserved_if_fits([n](Config& a, PlanOptions& o) {
+      a.lora.r = 0;
+      a.quantization.load_in_4bit = false;
+      if (!a.fp16.enabled) a.bf16.enabled = true;
+      a.zero_optimization.stage = std::max<int64_t>(a.zero_optimization.stage, 1);
+      a.moe.expert_parallel_size = n;
+      o.world_size = n;
+      o.checkpointing = true;
+    });
+    if (need > 0) {
+      p.advice.push_back(std::to_string(n) +
+                         " GPUs with expert parallelism (torchrun "
+                         "--nproc-per-node " +
+                         std::to_string(n) + ", moe.expert_parallel_size = " + std::to_string(n) +
+                         "; full fine-tuning in bf16, ZeRO-1, every block "
+                         "checkpointed: LoRA and a 4-bit base do not combine with expert "
+                         "parallelism yet): " +
+                         gib(need) + " expected reserved per GPU");
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 // Whether the plan fits opt.device_bytes, the largest micro-batch that does, and what would make
@@ -498,6 +561,7 @@ static void fit_and_advise(const Config& c, const PlanOptions& opt, MemoryPlan& 
       })) {
     p.advice.push_back("activation checkpointing of every block together with optimizer offload");
   }
+  advise_expert_parallel(c, opt, trial, p);
   if (p.max_micro_batch > 0) {
     p.advice.push_back("train_micro_batch_size_per_gpu = " + std::to_string(p.max_micro_batch) +
                        " with gradient_accumulation_steps raised to keep train_batch_size");
@@ -755,7 +819,11 @@ Quantized4bitBase quantized_4bit_base(const Config& c, const PlanOptions& opt) {
       add(q_rows * d, 1);
       add(kv_rows * d, 2);
       group(static_cast<double>(p.shape[0] * d), compute);
-    } else if (ends_with(p.name, ".attn.out.weight") ||
+    } else if (ends_with(p.name, ".attn.out.weight") || ends_with(p.name, ".attn.q_proj.weight") ||
+               ends_with(p.name, ".attn.q_a_proj.weight") ||
+               ends_with(p.name, ".attn.q_b_proj.weight") ||
+               ends_with(p.name, ".attn.kv_a_proj.weight") ||
+               ends_with(p.name, ".attn.kv_b_proj.weight") ||
                ends_with(p.name, ".mlp.gate_proj.weight") ||
                ends_with(p.name, ".mlp.up_proj.weight") ||
                ends_with(p.name, ".mlp.down_proj.weight")) {

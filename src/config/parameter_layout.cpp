@@ -19,12 +19,65 @@ void adapter(std::vector<ParameterShape>& out, const std::string& prefix, int64_
   }
 }
 
+// The fused q/k/v attention's parameters, in its registration order.
+void attention_layout(std::vector<ParameterShape>& p, const config::Config& c,
+                      const std::string& b) {
+  const auto& m = c.model;
+  const int64_t d = m.hidden_size, H = m.num_heads, KV = config::key_value_heads(c);
+  const int64_t hd = config::head_dim(c), r = c.lora.r;
+  const bool lora = config::lora_enabled(c);
+  const config::LoraTargets t = config::lora_targets(c.lora);
+  if (m.attention_sinks) p.push_back({b + "attn.sinks", {H}});  // the module's own: first
+  p.push_back({b + "attn.qkv.weight", {(H + 2 * KV) * hd, d}});
+  if (m.attention_bias || m.qkv_bias) p.push_back({b + "attn.qkv.bias", {(H + 2 * KV) * hd}});
+  p.push_back({b + "attn.out.weight", {d, H * hd}});
+  if (m.attention_bias) p.push_back({b + "attn.out.bias", {d}});
+  if (m.qk_norm) {
+    const bool full = m.qk_norm_scope == config::QkNormScope::kFull;
+    p.push_back({b + "attn.q_norm.weight", {full ? H * hd : hd}});
+    p.push_back({b + "attn.k_norm.weight", {full ? KV * hd : hd}});
+  }
+  if (lora) {
+    if (t.q) adapter(p, b + "attn.lora_q", d, H * hd, r);
+    if (t.k) adapter(p, b + "attn.lora_k", d, KV * hd, r);
+    if (t.v) adapter(p, b + "attn.lora_v", d, KV * hd, r);
+    if (t.o) adapter(p, b + "attn.lora_o", H * hd, d, r);
+  }
+}
+
+// Multi-head latent attention's (model/latent_attention.cpp), in its registration order.
+void latent_attention_layout(std::vector<ParameterShape>& p, const config::Config& c,
+                             const std::string& b) {
+  const auto& m = c.model;
+  const int64_t d = m.hidden_size, H = m.num_heads, qk = config::qk_head_dim(c);
+  const int64_t qr = m.q_lora_rank, kvr = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+  const int64_t kv_b = H * (m.qk_nope_head_dim + m.v_head_dim), r = c.lora.r;
+  if (qr > 0) {
+    p.push_back({b + "attn.q_a_proj.weight", {qr, d}});
+    p.push_back({b + "attn.q_a_norm.weight", {qr}});
+    p.push_back({b + "attn.q_b_proj.weight", {H * qk, qr}});
+  } else {
+    p.push_back({b + "attn.q_proj.weight", {H * qk, d}});
+  }
+  p.push_back({b + "attn.kv_a_proj.weight", {kvr + rope, d}});
+  p.push_back({b + "attn.kv_a_norm.weight", {kvr}});
+  p.push_back({b + "attn.kv_b_proj.weight", {kv_b, kvr}});
+  p.push_back({b + "attn.out.weight", {d, H * m.v_head_dim}});
+  if (!config::lora_enabled(c)) return;
+  const config::LoraTargets t = config::lora_targets(c.lora);
+  if (t.q && qr == 0) adapter(p, b + "attn.lora_q", d, H * qk, r);
+  if (t.q_a && qr > 0) adapter(p, b + "attn.lora_q_a", d, qr, r);
+  if (t.q_b && qr > 0) adapter(p, b + "attn.lora_q_b", qr, H * qk, r);
+  if (t.kv_a) adapter(p, b + "attn.lora_kv_a", d, kvr + rope, r);
+  if (t.kv_b) adapter(p, b + "attn.lora_kv_b", kvr, kv_b, r);
+  if (t.o) adapter(p, b + "attn.lora_o", H * m.v_head_dim, d, r);
+}
+
 }  // namespace
 
 std::vector<ParameterShape> parameter_layout(const config::Config& c) {
   const auto& m = c.model;
-  const int64_t d = m.hidden_size, H = m.num_heads, KV = config::key_value_heads(c);
-  const int64_t hd = config::head_dim(c), E = c.moe.num_experts;
+  const int64_t d = m.hidden_size, E = c.moe.num_experts;
   const int64_t f = config::expert_hidden_size(c), fd = config::dense_hidden_size(c);
   const bool lora = config::lora_enabled(c);
   const config::LoraTargets t = config::lora_targets(c.lora);
@@ -35,21 +88,10 @@ std::vector<ParameterShape> parameter_layout(const config::Config& c) {
   for (int64_t i = 0; i < m.num_layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     p.push_back({b + "attn_norm.weight", {d}});
-    if (m.attention_sinks) p.push_back({b + "attn.sinks", {H}});  // the module's own: first
-    p.push_back({b + "attn.qkv.weight", {(H + 2 * KV) * hd, d}});
-    if (m.attention_bias || m.qkv_bias) p.push_back({b + "attn.qkv.bias", {(H + 2 * KV) * hd}});
-    p.push_back({b + "attn.out.weight", {d, H * hd}});
-    if (m.attention_bias) p.push_back({b + "attn.out.bias", {d}});
-    if (m.qk_norm) {
-      const bool full = m.qk_norm_scope == config::QkNormScope::kFull;
-      p.push_back({b + "attn.q_norm.weight", {full ? H * hd : hd}});
-      p.push_back({b + "attn.k_norm.weight", {full ? KV * hd : hd}});
-    }
-    if (lora) {
-      if (t.q) adapter(p, b + "attn.lora_q", d, H * hd, r);
-      if (t.k) adapter(p, b + "attn.lora_k", d, KV * hd, r);
-      if (t.v) adapter(p, b + "attn.lora_v", d, KV * hd, r);
-      if (t.o) adapter(p, b + "attn.lora_o", H * hd, d, r);
+    if (config::latent_attention(c)) {
+      latent_attention_layout(p, c, b);
+    } else {
+      attention_layout(p, c, b);
     }
     p.push_back({b + "moe_norm.weight", {d}});
     if (!config::is_moe_layer(c, i)) {

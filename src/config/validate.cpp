@@ -169,6 +169,23 @@ void check_lora(const Config& c, const Rules& rules) {
   }
   rules.check(!c.training.cuda_graph, "training.cuda_graph", "true",
               "is not supported with LoRA (lora.r > 0) yet; set it to false");
+  // The projections one attention form has and the other has not.
+  const bool mla = latent_attention(c), q_lora = c.model.q_lora_rank > 0;
+  for (const auto& name : l.target_modules) {
+    const bool fused_only = name == "k_proj" || name == "v_proj";
+    const bool mla_only = name == "q_a_proj" || name == "q_b_proj" ||
+                          name == "kv_a_proj_with_mqa" || name == "kv_b_proj";
+    rules.check(!(mla && fused_only), "lora.target_modules", name,
+                "latent attention (model.kv_lora_rank > 0) has no k_proj / v_proj: its keys and "
+                "values come from kv_a_proj_with_mqa and kv_b_proj");
+    rules.check(mla || !mla_only, "lora.target_modules", name,
+                "is a latent-attention projection (DeepSeek-V2/V3); this model has q/k/v_proj");
+    rules.check(!(mla && q_lora && name == "q_proj"), "lora.target_modules", name,
+                "with model.q_lora_rank > 0 the queries come from q_a_proj and q_b_proj");
+    rules.check(!(mla && !q_lora && (name == "q_a_proj" || name == "q_b_proj")),
+                "lora.target_modules", name,
+                "with model.q_lora_rank = 0 the queries come from one q_proj");
+  }
 }
 
 // quantization: a 4-bit frozen base is the base of a LoRA run (QLoRA), never trained weights.
@@ -396,9 +413,9 @@ void check_moe_layers(const Config& c, const Rules& rules) {
               "leaves no MoE layer (with moe.mlp_only_layers)");
 }
 
-// Group-limited routing (DeepSeek-V3's rule): equal groups of at least two experts (a group's
-// score is the sum of its two best), enough experts in the chosen groups for top_k, sigmoid
-// scores, and the usual softmax-then-top-k order.
+// Group-limited routing (DeepSeek-V3's and V2's rules): equal groups of at least
+// group_score_experts experts (a group's score is the sum of that many best), enough experts in
+// the chosen groups for top_k, and the usual score-then-top-k order.
 void check_expert_groups(const MoeConfig& e, const Rules& rules) {
   const std::string experts = "moe.num_experts (" + std::to_string(e.num_experts) + ")";
   rules.check(e.num_experts % e.n_group == 0, "moe.n_group", e.n_group, "must divide " + experts);
@@ -406,16 +423,55 @@ void check_expert_groups(const MoeConfig& e, const Rules& rules) {
               "must be <= moe.n_group (" + std::to_string(e.n_group) + ")");
   if (e.n_group == 1 || e.num_experts % e.n_group != 0) return;
   const int64_t per_group = e.num_experts / e.n_group;
-  rules.check(per_group >= 2, "moe.n_group", e.n_group,
+  rules.check(per_group >= e.group_score_experts, "moe.n_group", e.n_group,
               "leaves " + std::to_string(per_group) +
-                  " expert per group; a group's score is the sum of its two best experts");
+                  " experts per group; a group's score is the sum of its best " +
+                  std::to_string(e.group_score_experts) + " (moe.group_score_experts)");
   rules.check(e.top_k <= e.topk_group * per_group, "moe.top_k", e.top_k,
               "must be <= moe.topk_group x experts per group (" +
                   std::to_string(e.topk_group * per_group) + ")");
-  rules.check(e.score_function == ScoreFunction::kSigmoid, "moe.n_group", e.n_group,
-              "needs moe.score_function = sigmoid (DeepSeek-V3's group rule)");
   rules.check(!e.softmax_after_topk, "moe.n_group", e.n_group,
               "cannot be combined with moe.softmax_after_topk");
+}
+
+// Multi-head latent attention (DeepSeek-V2/V3): whole dimensions, an even rotary part, and none
+// of the per-head features of the fused q/k/v projection.
+void check_latent_attention(const Config& c, const Rules& rules) {
+  const auto& m = c.model;
+  if (m.kv_lora_rank == 0) {
+    for (const auto& [key, v] : {std::pair{"model.q_lora_rank", m.q_lora_rank},
+                                 {"model.qk_nope_head_dim", m.qk_nope_head_dim},
+                                 {"model.qk_rope_head_dim", m.qk_rope_head_dim},
+                                 {"model.v_head_dim", m.v_head_dim}}) {
+      rules.check(v == 0, key, v, "needs model.kv_lora_rank > 0 (multi-head latent attention)");
+    }
+    rules.check(!m.rope_interleave || m.rope_theta > 0, "model.rope_interleave", "true",
+                "needs rotary positions (model.rope_theta > 0)");
+    return;
+  }
+  const std::string mla = "with multi-head latent attention (model.kv_lora_rank > 0)";
+  rules.check(m.rope_theta > 0, "model.kv_lora_rank", m.kv_lora_rank,
+              "needs rotary positions (model.rope_theta > 0) " + mla);
+  rules.check(m.qk_rope_head_dim >= 2 && m.qk_rope_head_dim % 2 == 0, "model.qk_rope_head_dim",
+              m.qk_rope_head_dim, "must be even and >= 2 " + mla);
+  rules.check(m.v_head_dim >= 1, "model.v_head_dim", m.v_head_dim, "must be >= 1 " + mla);
+  rules.check(m.num_key_value_heads == 0 || m.num_key_value_heads == m.num_heads,
+              "model.num_key_value_heads", m.num_key_value_heads,
+              "must be 0 or model.num_heads " + mla + ": every head has its own keys and values");
+  rules.check(m.head_dim == 0, "model.head_dim", m.head_dim,
+              "must be 0 " + mla +
+                  " (the heads' widths are qk_nope_head_dim + qk_rope_head_dim "
+                  "and v_head_dim)");
+  rules.check(!m.qk_norm, "model.qk_norm", "true", "is not supported " + mla);
+  rules.check(m.clip_qkv == 0, "model.clip_qkv", m.clip_qkv, "is not supported " + mla);
+  rules.check(!m.attention_bias && !m.qkv_bias, "model.attention_bias", "true",
+              "biases are not supported " + mla);
+  rules.check(!m.attention_sinks, "model.attention_sinks", "true", "is not supported " + mla);
+  rules.check(m.sliding_window == 0, "model.sliding_window", m.sliding_window,
+              "is not supported " + mla);
+  rules.check(m.partial_rotary_factor == 1.0, "model.partial_rotary_factor",
+              m.partial_rotary_factor,
+              "must be 1 " + mla + " (qk_rope_head_dim is the rotary part)");
 }
 
 // Sliding-window attention: one known type per layer, and a window where a layer slides.
@@ -478,7 +534,8 @@ void check_relations(Config& c, const Rules& rules) {
   check_zero(c, rules);
   warn_world_size_dependence(c);
   check_profile_window(c, rules);
-  check_attention_heads(c, rules);
+  check_latent_attention(c, rules);
+  if (!latent_attention(c)) check_attention_heads(c, rules);
   check_rope_scaling(c, rules);
   check_moe_layers(c, rules);
   check_layer_types(c, rules);

@@ -102,7 +102,7 @@ std::vector<SafeTensorView> export_views(model::TransformerLM& model, const conf
       return p.hf.size() >= tail.size() &&
              p.hf.compare(p.hf.size() - tail.size(), tail.size(), tail) == 0;
     };
-    const bool fp32_kept = family == Family::kGlm4Moe &&
+    const bool fp32_kept = deepseek_layout(family) &&
                            (ends_with(".mlp.gate.weight") || ends_with(".e_score_correction_bias"));
     if (p.hf_step == 1) {
       keep.push_back(

@@ -22,6 +22,8 @@ constexpr FamilyNames kFamilies[] = {
     {Family::kOlmoe, "OlmoeForCausalLM", "olmoe"},
     {Family::kGptOss, "GptOssForCausalLM", "gpt_oss"},
     {Family::kGlm4Moe, "Glm4MoeForCausalLM", "glm4_moe"},
+    {Family::kDeepseekV2, "DeepseekV2ForCausalLM", "deepseek_v2"},
+    {Family::kDeepseekV3, "DeepseekV3ForCausalLM", "deepseek_v3"},
 };
 
 // Typed reads of config.json keys; every error names the file and the key.
@@ -266,6 +268,11 @@ json yarn_scaling(const RopeDict& d) {
   s["beta_slow"] = beta_slow != 0 ? beta_slow : 1.0;
   s["attention_factor"] = attention;
   s["truncate"] = truncate;
+  // Latent attention's softmax scale (DeepSeek-V2/V3; transformers' yarn_apply_mscale).
+  if (const double all_dim = d.number("mscale_all_dim", 0.0); all_dim != 0) {
+    if (all_dim < 0) d.fail("mscale_all_dim", "expected a number >= 0");
+    s["mscale_all_dim"] = all_dim;
+  }
   return s;
 }
 
@@ -337,7 +344,8 @@ Family parse_family(const std::string& architecture, const std::string& where) {
   }
   throw UserError(where + " \"" + architecture +
                   "\" is not supported: expected MixtralForCausalLM, Qwen3MoeForCausalLM, "
-                  "OlmoeForCausalLM, GptOssForCausalLM or Glm4MoeForCausalLM");
+                  "OlmoeForCausalLM, GptOssForCausalLM, Glm4MoeForCausalLM, "
+                  "DeepseekV2ForCausalLM or DeepseekV3ForCausalLM");
 }
 
 // The training window: the model's max_position_embeddings up to kImportSeqLenCap (a 32k window
@@ -394,22 +402,27 @@ static void gpt_oss_architecture(const HfKeys& k, json& m, json& e) {
   e["swiglu_alpha"] = k.number("swiglu_alpha", 1.702);
 }
 
+// The leading dense layers, first_k_dense_replace (default: the config class's).
+static json first_dense(const HfKeys& k, int64_t fallback) {
+  const int64_t layers = k.integer("num_hidden_layers");
+  const int64_t dense = k.integer("first_k_dense_replace", fallback);
+  if (dense > layers) k.fail("first_k_dense_replace", "exceeds num_hidden_layers");
+  std::vector<int64_t> dense_layers;
+  for (int64_t i = 0; i < dense; ++i) dense_layers.push_back(i);
+  return dense_layers;
+}
+
 // GLM-4.5 / 4.6 / 4.5-Air (transformers' Glm4MoeConfig): DeepSeek-V3's routing (sigmoid scores,
 // e_score_correction_bias, groups, scaled weights, shared experts, dense first layers) over
 // GQA attention with q/k/v biases, optional per-head q/k norms and partial rotary.
 static void glm4_moe_architecture(const HfKeys& k, json& m, json& e,
                                   std::vector<std::string>* warnings) {
-  const int64_t layers = k.integer("num_hidden_layers");
   e["num_experts"] = k.present("n_routed_experts") ? k.integer("n_routed_experts")
                                                    : k.integer("num_local_experts");
   const int64_t f = k.integer("moe_intermediate_size");
   e["expert_hidden_size"] = f;
   m["dense_hidden_size"] = k.integer("intermediate_size");
-  const int64_t dense = k.integer("first_k_dense_replace", 1);
-  if (dense > layers) k.fail("first_k_dense_replace", "exceeds num_hidden_layers");
-  std::vector<int64_t> dense_layers;
-  for (int64_t i = 0; i < dense; ++i) dense_layers.push_back(i);
-  e["mlp_only_layers"] = dense_layers;
+  e["mlp_only_layers"] = first_dense(k, 1);
   e["shared_expert_hidden_size"] = k.integer("n_shared_experts", 1) * f;
   e["score_function"] = "sigmoid";
   e["normalize_topk"] = k.boolean("norm_topk_prob", true);
@@ -421,6 +434,61 @@ static void glm4_moe_architecture(const HfKeys& k, json& m, json& e,
   m["qk_norm_scope"] = "head";
   m["qkv_bias"] = k.boolean("attention_bias", false);
   (void)warnings;  // the MTP layers' tensors are counted where they are skipped (load_hf_weights)
+}
+
+// DeepSeek-V2 / V3, Kimi, Moonlight (transformers' DeepseekV2Config / DeepseekV3Config; their
+// defaults where config.json has no key): multi-head latent attention, shared experts, dense
+// first layers. V3: sigmoid scores with e_score_correction_bias, groups scored by their two
+// best, normalised and scaled weights. V2: softmax scores, topk_method greedy or
+// group_limited_greedy (groups scored by their best), scaled and never normalised.
+static void deepseek_architecture(const HfKeys& k, bool v3, json& m, json& e,
+                                  std::vector<std::string>* warnings) {
+  const int64_t heads = k.integer("num_attention_heads");
+  if (k.integer("num_key_value_heads", heads) != heads) {
+    k.fail("num_key_value_heads",
+           "must equal num_attention_heads: latent attention gives every head its own keys");
+  }
+  m["num_key_value_heads"] = 0;
+  m["head_dim"] = 0;  // transformers' head_dim here is qk_rope_head_dim, the rotary width
+  m["kv_lora_rank"] = k.integer("kv_lora_rank", 512);
+  if (m["kv_lora_rank"].get<int64_t>() == 0) k.fail("kv_lora_rank", "expected a positive integer");
+  m["q_lora_rank"] = k.has("q_lora_rank") ? k.integer("q_lora_rank", 0) : int64_t{1536};
+  m["qk_nope_head_dim"] = k.integer("qk_nope_head_dim", 128);
+  m["qk_rope_head_dim"] = k.integer("qk_rope_head_dim", 64);
+  m["v_head_dim"] = k.integer("v_head_dim", 128);
+  m["rope_interleave"] = v3 ? k.boolean("rope_interleave", true) : true;  // V2: complex form
+  m["qk_norm"] = false;
+  m["dense_hidden_size"] = k.integer("intermediate_size");
+  e["num_experts"] = k.integer("n_routed_experts", v3 ? 256 : 64);
+  const int64_t f = k.integer("moe_intermediate_size");
+  e["expert_hidden_size"] = f;
+  e["mlp_only_layers"] = first_dense(k, v3 ? 3 : 0);
+  e["shared_expert_hidden_size"] = k.integer("n_shared_experts", v3 ? 1 : 2) * f;
+  e["routed_scaling_factor"] = k.number("routed_scaling_factor", v3 ? 2.5 : 1.0);
+  e["aux_loss_coeff"] = 0.0;  // transformers' DeepSeek classes train without one
+  if (v3) {
+    e["score_function"] = "sigmoid";
+    e["normalize_topk"] = k.boolean("norm_topk_prob", true);
+    e["n_group"] = k.integer("n_group", 8);
+    e["topk_group"] = k.integer("topk_group", 4);
+    e["group_score_experts"] = 2;
+    return;
+  }
+  e["score_function"] = "softmax";
+  e["normalize_topk"] = false;
+  if (k.boolean("norm_topk_prob", false) && warnings != nullptr) {
+    warnings->push_back(
+        "norm_topk_prob = true is not applied: transformers' DeepseekV2 router never "
+        "renormalises (neither does moe-train for this family)");
+  }
+  const std::string method = k.string("topk_method", "greedy");
+  if (method == "greedy") return;
+  if (method != "group_limited_greedy") {
+    k.fail("topk_method", "expected greedy or group_limited_greedy (transformers' DeepseekV2)");
+  }
+  e["n_group"] = k.integer("n_group");
+  e["topk_group"] = k.integer("topk_group");
+  e["group_score_experts"] = 1;
 }
 
 // The keys each family names its own way (experts, widths, norms, routing).
@@ -453,6 +521,10 @@ static void family_architecture(const HfKeys& k, Family family, json& m, json& e
       break;
     case Family::kGlm4Moe:
       glm4_moe_architecture(k, m, e, warnings);
+      break;
+    case Family::kDeepseekV2:
+    case Family::kDeepseekV3:
+      deepseek_architecture(k, family == Family::kDeepseekV3, m, e, warnings);
       break;
     case Family::kOlmoe:
       e["num_experts"] = k.integer("num_experts");
@@ -616,6 +688,53 @@ static void check_glm4_moe_export(const config::Config& cfg) {
   }
 }
 
+// What a DeepSeek-V2 / V3 export needs to be one: latent attention, the family's router,
+// shared experts as whole multiples of the routed width, dense layers first.
+static void check_deepseek_export(const config::Config& cfg, Family f) {
+  const auto& m = cfg.model;
+  const auto& e = cfg.moe;
+  auto refuse = [](const std::string& key, const std::string& why) {
+    throw UserError(key + ": " + why);
+  };
+  const bool v3 = f == Family::kDeepseekV3;
+  const std::string name = v3 ? "DeepSeek-V3" : "DeepSeek-V2";
+  if (!config::latent_attention(cfg)) {
+    refuse("model.kv_lora_rank", name + " has multi-head latent attention (kv_lora_rank > 0)");
+  }
+  if (v3 && e.score_function != config::ScoreFunction::kSigmoid) {
+    refuse("moe.score_function", "DeepSeek-V3 routes with sigmoid scores");
+  }
+  if (!v3 && e.score_function != config::ScoreFunction::kSoftmax) {
+    refuse("moe.score_function", "DeepSeek-V2 routes with softmax scores");
+  }
+  if (!v3 && e.normalize_topk && e.top_k > 1) {
+    refuse("moe.normalize_topk", "DeepSeek-V2's router never renormalises the top-k weights");
+  }
+  if (!v3 && e.router_bias_update_rate > 0) {
+    refuse("moe.router_bias_update_rate", "DeepSeek-V2 has no selection bias");
+  }
+  if (!v3 && !m.rope_interleave) {
+    refuse("model.rope_interleave", "DeepSeek-V2 rotates interleaved pairs (always true)");
+  }
+  if (e.n_group > 1 && e.group_score_experts != (v3 ? 2 : 1)) {
+    refuse("moe.group_score_experts", name + " scores a group by its " +
+                                          std::string(v3 ? "two best experts (2)" : "best (1)"));
+  }
+  const int64_t f_width = config::expert_hidden_size(cfg);
+  if (e.shared_expert_hidden_size % f_width != 0) {
+    refuse("moe.shared_expert_hidden_size",
+           name + "'s shared experts are n_shared_experts x moe_intermediate_size (" +
+               std::to_string(f_width) + ")");
+  }
+  const int64_t dense = first_dense_layers(cfg);
+  for (int64_t i = 0; i < m.num_layers; ++i) {
+    if (config::is_moe_layer(cfg, i) != (i >= dense)) {
+      refuse("moe.mlp_only_layers",
+             name + "'s dense layers are the first first_k_dense_replace ones");
+    }
+  }
+}
+
 Family export_family(const config::Config& cfg, const std::string& requested) {
   const auto& m = cfg.model;
   const auto& e = cfg.moe;
@@ -631,6 +750,9 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
   Family f = Family::kMixtral;
   if (!requested.empty()) {
     f = parse_family(requested, "export-hf: --architecture");
+  } else if (config::latent_attention(cfg)) {
+    f = e.score_function == config::ScoreFunction::kSigmoid ? Family::kDeepseekV3
+                                                            : Family::kDeepseekV2;
   } else if (e.score_function == config::ScoreFunction::kSigmoid ||
              e.shared_expert_hidden_size > 0 || m.qkv_bias || m.partial_rotary_factor != 1.0) {
     f = Family::kGlm4Moe;
@@ -641,6 +763,16 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
   }
   const bool all_moe = config::moe_layer_count(cfg) == m.num_layers;
   check_gpt_oss_features(cfg, f);
+  if (deepseek(f)) {
+    check_deepseek_export(cfg, f);
+    return f;
+  }
+  const char* mla = "latent attention: only deepseek_v2 and deepseek_v3 have it";
+  if (config::latent_attention(cfg)) refuse("model.kv_lora_rank", mla);
+  if (m.rope_interleave) refuse("model.rope_interleave", mla);
+  if (e.n_group > 1 && e.group_score_experts != 2) {
+    refuse("moe.group_score_experts", "2 is the only group score of the other families");
+  }
   if (f == Family::kGlm4Moe) {
     check_glm4_moe_export(cfg);
     return f;
@@ -680,6 +812,8 @@ Family export_family(const config::Config& cfg, const std::string& requested) {
       }
       break;
     case Family::kGlm4Moe:
+    case Family::kDeepseekV2:
+    case Family::kDeepseekV3:
       break;
   }
   return f;
@@ -697,6 +831,7 @@ json rope_parameters(const config::ModelConfig& m) {
   p["beta_fast"] = s.beta_fast;
   p["beta_slow"] = s.beta_slow;
   if (s.attention_factor > 0) p["attention_factor"] = s.attention_factor;
+  if (s.mscale_all_dim > 0) p["mscale_all_dim"] = s.mscale_all_dim;
   p["truncate"] = s.truncate;
   return p;
 }
@@ -723,6 +858,38 @@ static json gpt_oss_layer_types(const config::Config& cfg) {
     types.push_back(config::attention_window(cfg, i) > 0 ? "sliding_attention" : "full_attention");
   }
   return types;
+}
+
+// DeepSeek-V2 / V3's keys (DeepseekV2Config / DeepseekV3Config).
+static void deepseek_keys_to_hf(const config::Config& cfg, Family f, json& j) {
+  const auto& m = cfg.model;
+  const auto& e = cfg.moe;
+  const int64_t width = config::expert_hidden_size(cfg);
+  j["n_routed_experts"] = e.num_experts;
+  j["moe_intermediate_size"] = width;
+  j["intermediate_size"] = config::dense_hidden_size(cfg);
+  j["first_k_dense_replace"] = first_dense_layers(cfg);
+  j["n_shared_experts"] = e.shared_expert_hidden_size / width;
+  j["routed_scaling_factor"] = e.routed_scaling_factor;
+  j["n_group"] = e.n_group;
+  j["topk_group"] = e.topk_group;
+  j["kv_lora_rank"] = m.kv_lora_rank;
+  j["q_lora_rank"] = m.q_lora_rank > 0 ? json(m.q_lora_rank) : json(nullptr);
+  j["qk_nope_head_dim"] = m.qk_nope_head_dim;
+  j["qk_rope_head_dim"] = m.qk_rope_head_dim;
+  j["v_head_dim"] = m.v_head_dim;
+  j["attention_bias"] = false;
+  j.erase("head_dim");  // the class derives both (qk_rope_head_dim; nope + rope)
+  j.erase("qk_head_dim");
+  j.erase("router_aux_loss_coef");
+  if (f == Family::kDeepseekV3) {
+    j["norm_topk_prob"] = e.normalize_topk;
+    j["rope_interleave"] = m.rope_interleave;
+    j["num_nextn_predict_layers"] = 0;  // the MTP layers are not imported (docs/hf.md)
+  } else {
+    j["norm_topk_prob"] = false;
+    j["topk_method"] = e.n_group > 1 ? "group_limited_greedy" : "greedy";
+  }
 }
 
 // The keys each family writes its own way.
@@ -772,6 +939,10 @@ static void family_keys_to_hf(const config::Config& cfg, Family f, json& j) {
       j["num_nextn_predict_layers"] = 0;  // the MTP layers are not imported (docs/hf.md)
       j.erase("router_aux_loss_coef");
       break;
+    case Family::kDeepseekV2:
+    case Family::kDeepseekV3:
+      deepseek_keys_to_hf(cfg, f, j);
+      break;
     case Family::kOlmoe:
       j["num_experts"] = e.num_experts;
       j["intermediate_size"] = config::expert_hidden_size(cfg);
@@ -803,7 +974,7 @@ json hf_config_from(const config::Config& cfg, Family f, const json& base, const
   j["num_hidden_layers"] = m.num_layers;
   j["num_attention_heads"] = m.num_heads;
   j["num_key_value_heads"] = config::key_value_heads(cfg);
-  if (f != Family::kOlmoe) j["head_dim"] = config::head_dim(cfg);
+  if (f != Family::kOlmoe && !deepseek(f)) j["head_dim"] = config::head_dim(cfg);
   j["rms_norm_eps"] = m.norm_eps;
   j["rope_parameters"] = rope_parameters(m);
   // transformers 4.x reads these two (5.x reads rope_parameters, or a non-empty rope_scaling,

@@ -27,7 +27,7 @@ namespace {
 // A tensor of a multi-token-prediction layer (GLM-4.5's num_nextn_predict_layers: layers past
 // num_hidden_layers), which transformers drops on load; so does the import.
 bool mtp_tensor(const std::string& name, const config::Config& cfg, Family family) {
-  if (family != Family::kGlm4Moe) return false;
+  if (!deepseek_layout(family)) return false;
   const std::string prefix = "model.layers.";
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
   size_t end = prefix.size();

@@ -56,9 +56,16 @@ std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg, Family famil
   for (int64_t i = 0; i < cfg.model.num_layers; ++i) {
     const std::string hf = std::string(kPrefix) + "model.layers." + std::to_string(i) + ".";
     const std::string ours = "blocks." + std::to_string(i) + ".";
+    // Latent attention (DeepSeek-V2/V3) has q_proj or q_a/q_b, and kv_a/kv_b, no k/v_proj.
+    const bool mla = config::latent_attention(cfg), q_lora = cfg.model.q_lora_rank > 0;
     for (auto [on, proj, mine] :
-         {std::tuple{t.q, "q_proj", "lora_q"}, std::tuple{t.k, "k_proj", "lora_k"},
-          std::tuple{t.v, "v_proj", "lora_v"}, std::tuple{t.o, "o_proj", "lora_o"}}) {
+         {std::tuple{t.q && !(mla && q_lora), "q_proj", "lora_q"},
+          std::tuple{t.k && !mla, "k_proj", "lora_k"}, std::tuple{t.v && !mla, "v_proj", "lora_v"},
+          std::tuple{t.q_a && mla && q_lora, "q_a_proj", "lora_q_a"},
+          std::tuple{t.q_b && mla && q_lora, "q_b_proj", "lora_q_b"},
+          std::tuple{t.kv_a && mla, "kv_a_proj_with_mqa", "lora_kv_a"},
+          std::tuple{t.kv_b && mla, "kv_b_proj", "lora_kv_b"},
+          std::tuple{t.o, "o_proj", "lora_o"}}) {
       if (on) pair(hf + "self_attn." + proj + ".", ours + "attn." + mine + ".", false);
     }
     if (!config::is_moe_layer(cfg, i)) {
@@ -128,8 +135,13 @@ json adapter_config(const config::Config& cfg, const std::string& base) {
   const config::LoraConfig& l = cfg.lora;
   const config::LoraTargets t = config::lora_targets(l);
   json modules = json::array(), params = json::array();
-  for (auto [on, name] : {std::pair{t.q, "q_proj"}, std::pair{t.k, "k_proj"},
-                          std::pair{t.v, "v_proj"}, std::pair{t.o, "o_proj"}}) {
+  const bool mla = config::latent_attention(cfg), q_lora = cfg.model.q_lora_rank > 0;
+  for (auto [on, name] :
+       {std::pair{t.q && !(mla && q_lora), "q_proj"}, std::pair{t.k && !mla, "k_proj"},
+        std::pair{t.v && !mla, "v_proj"}, std::pair{t.q_a && mla && q_lora, "q_a_proj"},
+        std::pair{t.q_b && mla && q_lora, "q_b_proj"},
+        std::pair{t.kv_a && mla, "kv_a_proj_with_mqa"}, std::pair{t.kv_b && mla, "kv_b_proj"},
+        std::pair{t.o, "o_proj"}}) {
     if (on) modules.push_back(name);
   }
   json rank_pattern = json::object(), alpha_pattern = json::object();

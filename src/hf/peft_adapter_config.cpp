@@ -1,6 +1,8 @@
 #include "moe/hf/peft_adapter_config.h"
 
 #include <filesystem>
+#include <set>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -40,9 +42,13 @@ config::LoraConfig lora_config_from_peft(const std::string& dir) {
     if (!modules.is_array()) throw fail("target_modules", "expected a list of module names");
     for (const auto& m : modules) {
       const std::string name = m.get<std::string>();
-      if (name != "q_proj" && name != "k_proj" && name != "v_proj" && name != "o_proj") {
+      static const std::set<std::string> kAttention = {
+          "q_proj",   "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+          "kv_b_proj"};
+      if (!kAttention.contains(name)) {
         throw fail("target_modules", "\"" + name +
-                                         "\": expected q_proj, k_proj, v_proj, o_proj "
+                                         "\": expected q_proj, k_proj, v_proj, o_proj, "
+                                         "q_a_proj, q_b_proj, kv_a_proj_with_mqa or kv_b_proj "
                                          "(experts: target_parameters)");
       }
       l.target_modules.push_back(name);

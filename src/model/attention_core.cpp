@@ -1,6 +1,7 @@
 #include "moe/model/attention_core.h"
 
 #include <cmath>
+#include <optional>
 
 #include <torch/torch.h>
 
@@ -18,7 +19,7 @@ torch::Tensor attention_mask(int64_t S, const AttentionMasking& m, const torch::
 torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v, const AttentionMasking& m, double p) {
   const int64_t B = q.size(0), H = q.size(1), S = q.size(2);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const double scale = m.scale > 0 ? m.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   auto scores = torch::matmul(q, k.transpose(2, 3)) * scale;
   auto mask = attention_mask(S, m, q.device());
   if (!mask.defined()) {
@@ -44,8 +45,10 @@ torch::Tensor attention_sdpa(const torch::Tensor& q, const torch::Tensor& k, con
   const int64_t S = q.size(2), hd = q.size(3);
   if (!m.sinks.defined()) {
     const auto mask = attention_mask(S, m, q.device());
-    return mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, p, false)
-                          : at::scaled_dot_product_attention(q, k, v, {}, p, true);
+    // The default scale unless one is given (latent attention's YaRN mscale).
+    const std::optional<double> given = m.scale > 0 ? std::optional<double>(m.scale) : std::nullopt;
+    return mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, p, false, given)
+                          : at::scaled_dot_product_attention(q, k, v, {}, p, true, given);
   }
   // Sinks as one more key: a sink key at position 0 whose score with every query is the head's
   // sink logit, with a zero value. q gains a last coordinate 1 and k (for the real keys) 0; the

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <tuple>
 #include <utility>
 
 #include <ATen/autocast_mode.h>
@@ -41,6 +42,10 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : opt_(opt) {
+  if (latent()) {  // multi-head latent attention: its own projections (latent_attention.cpp)
+    build_latent();
+    return;
+  }
   const int64_t width = (opt.heads + 2 * opt.kv_heads) * opt.head_dim;
   qkv = register_module(
       "qkv", torch::nn::Linear(
@@ -74,6 +79,10 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
 }
 
 void CausalSelfAttentionImpl::merge_lora() {
+  if (latent()) {
+    merge_latent_lora();
+    return;
+  }
   torch::NoGradGuard g;
   const int64_t q_out = opt_.heads * opt_.head_dim, kv_out = opt_.kv_heads * opt_.head_dim;
   auto fold = [](LoraAdapter& a, torch::Tensor w) {
@@ -171,6 +180,7 @@ torch::Tensor apply_rotary(const torch::Tensor& x, double theta, const torch::Te
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  if (latent()) return forward_latent(x);
   const int64_t B = x.size(0), S = x.size(1);
   const int64_t H = opt_.heads, KV = opt_.kv_heads, hd = opt_.head_dim;
   auto proj =
@@ -260,6 +270,19 @@ DocumentLayout document_layout(const torch::Tensor& tokens, int64_t eod) {
 }
 
 namespace {
+// Latent attention's softmax scale: (nope + rope)^-0.5, times YaRN's mscale^2 where the rotary
+// scaling says mscale_all_dim (transformers' yarn_apply_mscale); 0 = the default.
+double latent_softmax_scale(const config::Config& cfg) {
+  const auto& m = cfg.model;
+  const auto& s = m.rope_scaling;
+  if (!config::latent_attention(cfg) || s.type == config::RopeScalingType::kNone ||
+      s.mscale_all_dim == 0) {
+    return 0.0;
+  }
+  const double mscale = s.factor <= 1 ? 1.0 : 0.1 * s.mscale_all_dim * std::log(s.factor) + 1.0;
+  return std::pow(static_cast<double>(config::qk_head_dim(cfg)), -0.5) * mscale * mscale;
+}
+
 LoraSpec lora_spec(const config::Config& cfg) {
   if (!config::lora_enabled(cfg)) return {};
   return {cfg.lora.r, config::lora_scaling(cfg.lora), cfg.lora.lora_dropout};
@@ -280,6 +303,7 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.router.softmax_after_topk = cfg.moe.softmax_after_topk;
   o.router.n_group = cfg.moe.n_group;
   o.router.topk_group = cfg.moe.topk_group;
+  o.router.group_score_experts = cfg.moe.group_score_experts;
   o.router.routed_scaling_factor = cfg.moe.routed_scaling_factor;
   o.experts.bias = cfg.moe.expert_bias;
   o.experts.activation = cfg.moe.activation;
@@ -388,6 +412,13 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   a.fused_rotary = device.is_cuda() && cfg.moe.kernels != config::MoeKernels::kReference &&
                    kernels::cuda_kernels_compiled();
   a.fused_attention = a.fused_rotary;
+  a.kv_lora_rank = m.kv_lora_rank;
+  a.q_lora_rank = m.q_lora_rank;
+  a.qk_nope_head_dim = m.qk_nope_head_dim;
+  a.qk_rope_head_dim = m.qk_rope_head_dim;
+  a.v_head_dim = m.v_head_dim;
+  a.rope_interleave = m.rope_interleave;
+  a.softmax_scale = latent_softmax_scale(cfg);
   attn = register_module("attn", CausalSelfAttention(a));
   moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps));
   if (config::is_moe_layer(cfg, layer)) {
@@ -524,10 +555,22 @@ void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
   }
   if (opt.mxfp4) return;  // MXFP4: the experts only (transformers' Mxfp4Config)
   auto& a = *block->attn;
-  const int64_t width = a.qkv->weight.size(0), out_in = a.out->weight.size(1);
-  const int64_t kv_rows = (width - out_in) / 2;  // q: heads * hd = out's input width
-  quantize("attn.qkv.weight", a.qkv->weight, a.qkv_4bit, false, {out_in, kv_rows, kv_rows});
-  quantize("attn.out.weight", a.out->weight, a.out_4bit, false);
+  if (a.latent()) {
+    for (auto [name, linear, slot] : {std::tuple{"attn.q_proj.weight", &a.q_proj, &a.q_proj_4bit},
+                                      {"attn.q_a_proj.weight", &a.q_a_proj, &a.q_a_4bit},
+                                      {"attn.q_b_proj.weight", &a.q_b_proj, &a.q_b_4bit},
+                                      {"attn.kv_a_proj.weight", &a.kv_a_proj, &a.kv_a_4bit},
+                                      {"attn.kv_b_proj.weight", &a.kv_b_proj, &a.kv_b_4bit},
+                                      {"attn.out.weight", &a.out, &a.out_4bit}}) {
+      if (!linear->is_empty()) quantize(name, (*linear)->weight, *slot, false);
+    }
+  }
+  if (!a.latent()) {
+    const int64_t width = a.qkv->weight.size(0), out_in = a.out->weight.size(1);
+    const int64_t kv_rows = (width - out_in) / 2;  // q: heads * hd = out's input width
+    quantize("attn.qkv.weight", a.qkv->weight, a.qkv_4bit, false, {out_in, kv_rows, kv_rows});
+    quantize("attn.out.weight", a.out->weight, a.out_4bit, false);
+  }
   if (block->mlp) {
     auto& m = *block->mlp;
     quantize("mlp.gate_proj.weight", m.gate_proj->weight, m.gate_4bit, false);
@@ -549,7 +592,9 @@ void TransformerLMImpl::dequantize_base() {
   for (const auto& [name, q] : quantized_)
     params[name].set_data(q->dequantize(torch::kFloat).contiguous());
   for (auto& b : blocks) {
-    b->attn->qkv_4bit = b->attn->out_4bit = nullptr;
+    auto& a = *b->attn;
+    a.qkv_4bit = a.out_4bit = a.q_proj_4bit = a.q_a_4bit = a.q_b_4bit = nullptr;
+    a.kv_a_4bit = a.kv_b_4bit = nullptr;
     if (b->mlp) b->mlp->gate_4bit = b->mlp->up_4bit = b->mlp->down_4bit = nullptr;
     if (!b->moe.is_empty()) {
       auto& e = *b->moe->experts;

@@ -27,14 +27,16 @@ void RouterImpl::update_expert_bias(const torch::Tensor& tokens_per_expert) {
 }
 
 namespace {
-// Keys outside the topk_group best groups set to -inf: a group's key is the sum of its two
-// highest keys (transformers' DeepseekV3TopkRouter: topk(2).sum), groups chosen lower id first
-// on ties, as the experts are.
-torch::Tensor keep_best_groups(const torch::Tensor& keys, int64_t n_group, int64_t topk_group) {
+// Keys outside the topk_group best groups set to -inf: a group's key is the sum of its `scored`
+// highest keys (transformers' DeepseekV3TopkRouter: topk(2).sum; DeepseekV2's
+// group_limited_greedy: max), groups chosen lower id first on ties, as the experts are.
+torch::Tensor keep_best_groups(const torch::Tensor& keys, int64_t n_group, int64_t topk_group,
+                               int64_t scored) {
   const int64_t T = keys.size(0), E = keys.size(1);
   const auto grouped = keys.view({T, n_group, E / n_group});
-  const auto group_keys = std::get<0>(at::topk(grouped, 2, -1)).sum(-1);  // [T, n_group]
-  const auto best = topk_lower_id_wins(group_keys, topk_group).second;    // [T, topk_group]
+  const auto group_keys = scored == 1 ? std::get<0>(grouped.max(-1))  // the max, exactly
+                                      : std::get<0>(at::topk(grouped, scored, -1)).sum(-1);
+  const auto best = topk_lower_id_wins(group_keys, topk_group).second;  // [T, topk_group]
   auto chosen = torch::zeros({T, n_group}, keys.options().dtype(torch::kBool));
   chosen.scatter_(1, best, true);
   return grouped
@@ -45,14 +47,14 @@ torch::Tensor keep_best_groups(const torch::Tensor& keys, int64_t n_group, int64
 
 RouterScores score_and_select(const torch::Tensor& logits, const torch::Tensor& bias, int64_t k,
                               bool sigmoid_scores, bool normalize_topk, int64_t n_group,
-                              int64_t topk_group) {
+                              int64_t topk_group, int64_t group_score_experts) {
   RouterScores s;
   s.probs = sigmoid_scores ? torch::sigmoid(logits) : torch::softmax(logits, -1);
   auto keys = bias.defined() ? s.probs.detach() + bias : s.probs.detach();
   // NaN keys (a diverging step) rank lowest, as in the fused kernel: at::sort would put them
   // first; as -inf they tie with real -inf keys, and ties go to the lower id on both paths.
   keys = keys.masked_fill(keys.isnan(), -std::numeric_limits<float>::infinity());
-  if (n_group > 1) keys = keep_best_groups(keys, n_group, topk_group);
+  if (n_group > 1) keys = keep_best_groups(keys, n_group, topk_group, group_score_experts);
   s.topk_idx = topk_lower_id_wins(keys, k).second;
   s.topk_weight = s.probs.gather(-1, s.topk_idx);
   if (normalize_topk && (k > 1 || sigmoid_scores)) {
@@ -150,7 +152,7 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
     s = softmax_after_topk(r.logits, k);
   } else if (opt_.n_group > 1 || !opt_.fused_kernel) {  // the kernel has no expert groups
     s = score_and_select(r.logits, selection_bias, k, sigmoid, opt_.normalize_topk, opt_.n_group,
-                         opt_.topk_group);
+                         opt_.topk_group, opt_.group_score_experts);
   } else {
     s = score_and_select_fused(r.logits, selection_bias, k, sigmoid, opt_.normalize_topk);
   }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config_test_util.h"
+#include "moe/config/lora.h"
 #include "moe/util/errors.h"
 
 namespace moe::config {
@@ -415,14 +416,16 @@ TEST(Config, ExpertGroupKeysAreChecked) {
   EXPECT_EQ(moe({{"n_group", 4}, {"topk_group", 5}}),
             "config: test.json: moe.topk_group = 5: must be <= moe.n_group (4)");
   EXPECT_EQ(moe({{"n_group", 16}}),
-            "config: test.json: moe.n_group = 16: leaves 1 expert per group; a group's score is "
-            "the sum of its two best experts");
+            "config: test.json: moe.n_group = 16: leaves 1 experts per group; a group's score is "
+            "the sum of its best 2 (moe.group_score_experts)");
   EXPECT_EQ(moe({{"n_group", 4}, {"topk_group", 1}, {"top_k", 5}}),
             "config: test.json: moe.top_k = 5: must be <= moe.topk_group x experts per group (4)");
-  j["moe"] = {{"num_experts", 16}, {"n_group", 4}};
+  // DeepSeek-V2's group_limited_greedy: softmax scores, a group scored by its best expert.
+  j["moe"] = {{"num_experts", 16}, {"n_group", 16}, {"topk_group", 2}, {"group_score_experts", 1}};
+  EXPECT_EQ(build(j).moe.group_score_experts, 1);
+  j["moe"] = {{"num_experts", 16}, {"n_group", 4}, {"group_score_experts", 0}};
   EXPECT_EQ(error_of([&] { build(j); }),
-            "config: test.json: moe.n_group = 4: needs moe.score_function = sigmoid "
-            "(DeepSeek-V3's group rule)");
+            "config: test.json: moe.group_score_experts = 0: must be >= 1");
   EXPECT_EQ(moe({{"routed_scaling_factor", 0}}),
             "config: test.json: moe.routed_scaling_factor = 0: must be > 0");
   j["moe"] = {{"num_experts", 16}, {"score_function", "sigmoid"}, {"n_group", 4}, {"topk_group", 2},
@@ -431,6 +434,58 @@ TEST(Config, ExpertGroupKeysAreChecked) {
   EXPECT_EQ(c.moe.n_group, 4);
   EXPECT_EQ(c.moe.topk_group, 2);
   EXPECT_EQ(to_json(c)["moe"]["routed_scaling_factor"], 2.5);
+}
+
+// Multi-head latent attention: its keys, and what it cannot combine with, each naming its key.
+TEST(Config, LatentAttentionKeysAreChecked) {
+  json j = minimal();
+  auto model = [&](json m) {
+    m["rope_theta"] = 10000;
+    j["model"] = m;
+    return error_of([&] { build(j); });
+  };
+  const json mla = {
+      {"kv_lora_rank", 16}, {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 4}, {"v_head_dim", 8}};
+  j["model"] = mla;
+  j["model"]["rope_theta"] = 10000;
+  const Config c = build(j);
+  EXPECT_TRUE(latent_attention(c));
+  EXPECT_EQ(qk_head_dim(c), 12);
+  EXPECT_EQ(value_head_dim(c), 8);
+  EXPECT_EQ(model({{"q_lora_rank", 8}}),
+            "config: test.json: model.q_lora_rank = 8: needs model.kv_lora_rank > 0 (multi-head "
+            "latent attention)");
+  json odd = mla;
+  odd["qk_rope_head_dim"] = 3;
+  EXPECT_EQ(model(odd),
+            "config: test.json: model.qk_rope_head_dim = 3: must be even and >= 2 with "
+            "multi-head latent attention (model.kv_lora_rank > 0)");
+  json gqa = mla;
+  gqa["num_key_value_heads"] = 2;
+  EXPECT_EQ(model(gqa),
+            "config: test.json: model.num_key_value_heads = 2: must be 0 or model.num_heads with "
+            "multi-head latent attention (model.kv_lora_rank > 0): every head has its own keys "
+            "and values");
+  json norms = mla;
+  norms["qk_norm"] = true;
+  EXPECT_EQ(model(norms),
+            "config: test.json: model.qk_norm = true: is not supported with multi-head latent "
+            "attention (model.kv_lora_rank > 0)");
+  j["model"] = mla;
+  j["model"]["rope_theta"] = 0;
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: model.kv_lora_rank = 16: needs rotary positions (model.rope_theta "
+            "> 0) with multi-head latent attention (model.kv_lora_rank > 0)");
+  // LoRA targets that only the other attention form has.
+  j["model"] = mla;
+  j["model"]["rope_theta"] = 10000;
+  j["lora"] = {{"r", 4}, {"target_modules", {"k_proj"}}};
+  EXPECT_EQ(error_of([&] { build(j); }),
+            "config: test.json: lora.target_modules = \"k_proj\": latent attention "
+            "(model.kv_lora_rank > 0) has no k_proj / v_proj: its keys and values come from "
+            "kv_a_proj_with_mqa and kv_b_proj");
+  j["lora"] = {{"r", 4}, {"target_modules", {"kv_b_proj", "q_proj", "o_proj"}}};
+  EXPECT_TRUE(lora_targets(build(j).lora).kv_b);
 }
 
 // model.rope_scaling: a nested section read, checked and written like the others.

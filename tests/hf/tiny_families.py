@@ -18,3 +18,19 @@ FAMILIES = {
     "gpt_oss": (transformers.GptOssConfig,
                 dict(num_local_experts=4, intermediate_size=48, head_dim=16, sliding_window=16)),
 }
+
+# Latent-attention families (tests/hf/deepseek_test.py has their import/export checks): num_key_
+# value_heads must equal the heads, so they take COMMON with that one key changed. V3: a query
+# bottleneck, sigmoid routing in 2 groups, a shared expert, a dense first layer; V2: one q_proj,
+# softmax greedy routing, two shared experts.
+MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+           moe_intermediate_size=32, intermediate_size=80, n_routed_experts=4,
+           first_k_dense_replace=1, num_key_value_heads=4)
+MLA_FAMILIES = {
+    "deepseek_v3": (transformers.DeepseekV3Config,
+                    dict(MLA, q_lora_rank=24, n_shared_experts=1, n_group=2, topk_group=1,
+                         routed_scaling_factor=2.5)),
+    "deepseek_v2": (transformers.DeepseekV2Config,
+                    dict(MLA, q_lora_rank=None, n_shared_experts=2, topk_method="greedy",
+                         routed_scaling_factor=1.0)),
+}

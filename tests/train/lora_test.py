@@ -19,6 +19,10 @@ resuming on a different base exits 2 naming it.
 Also: `plan` says Qwen3-30B-A3B and Mixtral-8x7B (published configs, configs/published) fit one
 141 GiB GPU with configs/finetune-lora.json.
 
+With family names (e.g. deepseek_v3 deepseek_v2, the latent-attention families: adapters on
+q_a_proj / q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj and the routed experts),
+only those families' checks run.
+
 usage: lora_test.py MOE_TRAIN_BINARY [FAMILY...]
 """
 import json
@@ -32,7 +36,7 @@ import transformers
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "hf"))
-from tiny_families import COMMON, FAMILIES  # noqa: E402
+from tiny_families import COMMON, FAMILIES, MLA_FAMILIES  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from lora_common import checkpoint, peft_steps, runner  # noqa: E402
@@ -42,18 +46,24 @@ ONLY = sys.argv[2:]
 STEPS, BATCH, SEQ = 20, 8, 32
 LOSS_RTOL, TENSOR_TOL, LOGITS_TOL = 1e-5, 1e-5, 1e-4
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Latent attention's projections (DeepSeek-V3 with a query bottleneck; V2 with one q_proj) and
+# the experts; PEFT maps gate/up/down_proj to the routed experts only (not the shared ones).
+MLA_TARGETS = {"deepseek_v3": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
+                               "gate_proj", "up_proj", "down_proj"],
+               "deepseek_v2": ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj",
+                               "up_proj", "down_proj"]}
 
 run = runner(BIN)
 
 
-def config(tmp, tag, base, out, **training):
+def config(tmp, tag, base, out, targets=TARGETS, **training):
     cfg = {
         "train_micro_batch_size_per_gpu": BATCH,
         "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
                                                    "weight_decay": 0.01}},
         "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 3}},
         "gradient_clipping": 1.0,
-        "lora": {"r": 4, "lora_alpha": 8, "target_modules": TARGETS},
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": targets},
         "model": {"seq_len": SEQ, "init_from": str(base)},
         # the routers are frozen; their losses would still reach the adapters through the
         # hidden states, and transformers' aux loss is another formula: compare without them
@@ -90,15 +100,15 @@ def logits_of(model, tokens):
 
 
 def family_test(tmp, family):
-    cls, extra = FAMILIES[family]
+    cls, extra = {**FAMILIES, **MLA_FAMILIES}[family]
     print(f"{family}:")
     torch.manual_seed(11)
     src = tmp / f"hf-{family}"
-    transformers.AutoModelForCausalLM.from_config(cls(**COMMON, **extra)).save_pretrained(src)
+    transformers.AutoModelForCausalLM.from_config(cls(**{**COMMON, **extra})).save_pretrained(src)
     base = tmp / f"base-{family}"
     run("import-hf", src, "--out", base)
     out = tmp / f"run-{family}"
-    cfg = config(tmp, family, base, out)
+    cfg = config(tmp, family, base, out, MLA_TARGETS.get(family, TARGETS))
     run("--config", cfg, "-q")
     ours = [json.loads(l) for l in open(out / "metrics.jsonl")]
     ours = [m for m in ours if m["type"] == "train"]
@@ -225,7 +235,8 @@ def published_models_fit():
               f"{p['max_micro_batch']}")
 
 
-published_models_fit()
+if not ONLY:
+    published_models_fit()
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
     run("make-synthetic", "--out", tmp / "data", "--vocab", "320", "--programs", "4", "--doc-len",

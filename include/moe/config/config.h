@@ -113,6 +113,9 @@ struct RopeScalingConfig {
   double beta_fast = 32.0, beta_slow = 1.0;      // yarn: the ramp's bounds, in rotations
   double attention_factor = 0.0;                 // yarn: cos/sin scale; 0 = 0.1 ln(factor) + 1
   bool truncate = true;                          // yarn: the ramp's bounds rounded outward
+  // yarn with multi-head latent attention (DeepSeek-V2/V3): the softmax scale times
+  // (0.1 mscale_all_dim ln(factor) + 1)^2, as transformers' yarn_apply_mscale; 0 = unchanged.
+  double mscale_all_dim = 0.0;
   bool operator==(const RopeScalingConfig&) const = default;
 };
 
@@ -149,6 +152,19 @@ struct ModelConfig {
   // The SDPA kernel torch tries first on CUDA (the others follow in torch's order, so a shape
   // the first cannot run still runs); auto = torch's own order. No effect on CPU.
   AttentionBackend attention_backend = AttentionBackend::kAuto;
+  // Multi-head latent attention (DeepSeek-V2/V3, Kimi, Moonlight; HF's names), on when
+  // kv_lora_rank > 0: keys and values from a kv_lora_rank latent (kv_a_proj -> RMSNorm ->
+  // kv_b_proj) plus one rotary key of qk_rope_head_dim shared by the heads; queries through a
+  // q_lora_rank bottleneck (0 = one q_proj). q/k heads are qk_nope_head_dim + qk_rope_head_dim
+  // wide, value heads v_head_dim; head_dim and num_key_value_heads do not apply.
+  int64_t kv_lora_rank = 0;
+  int64_t q_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  // The rotary dimensions in interleaved pairs (x0, x1), (x2, x3)... (DeepSeek's checkpoints;
+  // HF's rope_interleave, always so in DeepseekV2), instead of the two halves.
+  bool rope_interleave = false;
 };
 
 struct MoeConfig {
@@ -168,6 +184,9 @@ struct MoeConfig {
   // its top_k experts within them. 1 = no groups.
   int64_t n_group = 1;
   int64_t topk_group = 1;
+  // A group's score: the sum of its this many best keys (DeepSeek-V3, GLM-4.5: 2; DeepSeek-V2's
+  // group_limited_greedy: 1, the group's best).
+  int64_t group_score_experts = 2;
   double routed_scaling_factor = 1.0;      // the routed experts' weights times this (DeepSeek-V3)
   MoeKernels kernels = MoeKernels::kAuto;  // auto | cuda | reference
   // The routed rows' dtype through the dispatch: fp32 (the MoE layer's input as it is), or the
@@ -389,7 +408,12 @@ nlohmann::json to_json(const Config& cfg);
 
 // Derived sizes used by the model and messages.
 int64_t expert_hidden_size(const Config& cfg);
-int64_t head_dim(const Config& cfg);                  // model.head_dim, or hidden_size / num_heads
+int64_t head_dim(const Config& cfg);       // model.head_dim, or hidden_size / num_heads
+bool latent_attention(const Config& cfg);  // MLA: model.kv_lora_rank > 0
+// The width of a query/key head (MLA: qk_nope_head_dim + qk_rope_head_dim) and of a value head
+// (MLA: v_head_dim); head_dim() for both otherwise.
+int64_t qk_head_dim(const Config& cfg);
+int64_t value_head_dim(const Config& cfg);
 int64_t key_value_heads(const Config& cfg);           // model.num_key_value_heads, or num_heads
 bool is_moe_layer(const Config& cfg, int64_t layer);  // moe.decoder_sparse_step, mlp_only_layers
 int64_t moe_layer_count(const Config& cfg);

@@ -19,9 +19,10 @@ namespace moe::config {
 // The dense layers' MLPs (Qwen3-MoE's mlp_only_layers) are PEFT-invisible there; "dense_mlp"
 // adapts them (export-hf --merge only).
 struct LoraTargets {
-  bool q = false, k = false, v = false, o = false;  // attention projections
-  bool dense_mlp = false;                           // dense layers' gate/up/down
-  int64_t experts_gate_up_rank = 0;                 // 0: no adapter on the experts' gate_up
+  bool q = false, k = false, v = false, o = false;  // attention projections (MLA: q = q_proj)
+  bool q_a = false, q_b = false, kv_a = false, kv_b = false;  // latent attention's (MLA)
+  bool dense_mlp = false;                                     // dense layers' gate/up/down
+  int64_t experts_gate_up_rank = 0;  // 0: no adapter on the experts' gate_up
   double experts_gate_up_alpha = 0;
   bool experts_down = false;
 };
@@ -45,8 +46,11 @@ LoraParameterCounts lora_parameter_counts(const Config& c);
 
 // The names accepted in lora.target_modules and lora.modules_to_save (the field lists' rules).
 inline constexpr std::string_view kLoraTargetNames[] = {
-    "q_proj", "k_proj", "v_proj", "o_proj",       "gate_proj", "up_proj",   "down_proj",
-    "w1",     "w3",     "w2",     "gate_up_proj", "dense_mlp", "all-linear"};
+    "q_proj",     "k_proj",   "v_proj",       "o_proj",
+    "gate_proj",  "up_proj",  "down_proj",    "w1",
+    "w3",         "w2",       "gate_up_proj", "dense_mlp",
+    "all-linear", "q_a_proj", "q_b_proj",     "kv_a_proj_with_mqa",
+    "kv_b_proj"};
 inline constexpr std::string_view kLoraSaveableNames[] = {
     "gate",   "lm_head", "embed_tokens", "norm", "input_layernorm", "post_attention_layernorm",
     "q_norm", "k_norm"};

@@ -13,7 +13,18 @@
 
 namespace moe::hf {
 
-enum class Family { kMixtral, kQwen3Moe, kOlmoe, kGptOss, kGlm4Moe };
+enum class Family { kMixtral, kQwen3Moe, kOlmoe, kGptOss, kGlm4Moe, kDeepseekV2, kDeepseekV3 };
+
+// DeepSeek-V2 / V3 (Kimi, Moonlight): multi-head latent attention.
+inline bool deepseek(Family f) { return f == Family::kDeepseekV2 || f == Family::kDeepseekV3; }
+// The families whose MoE layers hold an `e_score_correction_bias` (GLM-4.5, DeepSeek-V3).
+inline bool has_correction_bias(Family f) {
+  return f == Family::kGlm4Moe || f == Family::kDeepseekV3;
+}
+// The families with shared experts, dense first layers (first_k_dense_replace), a router kept in
+// fp32 (transformers' _keep_in_fp32_modules_strict) and multi-token-prediction layers past
+// num_hidden_layers in their released weights.
+inline bool deepseek_layout(Family f) { return f == Family::kGlm4Moe || deepseek(f); }
 
 // model.seq_len of an import when max_position_embeddings is longer (with a warning): the run
 // config's model.seq_len overrides it; exports keep the model's max_position_embeddings.

@@ -17,10 +17,12 @@ struct AttentionMasking {
   torch::Tensor documents;  // [B, 1, S, S] bool (true = attend; causal within a document) or {}
   int64_t window = 0;       // > 0: a query sees the last `window` positions, itself included
   torch::Tensor sinks;      // [H] learned logits joined to each head's softmax, or {}
+  double scale = 0;         // > 0: the softmax scale in place of 1 / sqrt(q's head width)
 };
 
-// q [B, H, S, hd], k and v [B, H, S, hd] (key/value heads already repeated), scale 1/sqrt(hd).
-// Returns [B, H, S, hd]. Dropout p on the attention probabilities where p > 0.
+// q and k [B, H, S, hd], v [B, H, S, hv] (key/value heads already repeated), scale 1/sqrt(hd)
+// unless m.scale says otherwise. Returns [B, H, S, hv]. Dropout p on the attention probabilities
+// where p > 0.
 torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v, const AttentionMasking& m, double p);
 torch::Tensor attention_sdpa(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -58,6 +58,12 @@ struct AttentionOptions {
   // Sinks through SDPA as an extra key (model/attention_core.h) on CUDA tensors; else the eager
   // ATen reference. Set from moe.kernels as fused_rotary.
   bool fused_attention = false;
+  // Multi-head latent attention (model.kv_lora_rank > 0; model/latent_attention.cpp): q/k heads
+  // of nope + rope dims, value heads of v_head_dim, head_dim and kv_heads unused.
+  int64_t kv_lora_rank = 0, q_lora_rank = 0;  // q_lora_rank 0: one q_proj
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool rope_interleave = false;  // rotary pairs (x0, x1), (x2, x3)... (DeepSeek's layout)
+  double softmax_scale = 0;      // > 0: in place of 1 / sqrt(q/k head width) (YaRN's mscale)
 };
 
 // The rotary cos/sin tables of one forward, shared by every layer of a model (and by their
@@ -99,16 +105,27 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   // Use `cache` for the rotary tables (a model shares one among its layers).
   void share_rotary_tables(std::shared_ptr<RotaryTableCache> cache) { rotary_ = std::move(cache); }
   const RotaryTableCache& rotary_table_cache() const { return *rotary_; }
-  torch::nn::Linear qkv{nullptr}, out{nullptr};
-  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
-  torch::Tensor sinks;                       // [H] (attention sinks only)
+  torch::nn::Linear qkv{nullptr}, out{nullptr};  // qkv: null with latent attention
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};      // qk_norm only
+  // Latent attention's projections (HF's names; q_proj or q_a_proj/q_a_norm/q_b_proj).
+  torch::nn::Linear q_proj{nullptr}, q_a_proj{nullptr}, q_b_proj{nullptr};
+  torch::nn::Linear kv_a_proj{nullptr}, kv_b_proj{nullptr};
+  RMSNorm q_a_norm{nullptr}, kv_a_norm{nullptr};
+  LoraAdapter lora_q_a{nullptr}, lora_q_b{nullptr}, lora_kv_a{nullptr}, lora_kv_b{nullptr};
+  QuantizedWeightPtr q_proj_4bit, q_a_4bit, q_b_4bit, kv_a_4bit, kv_b_4bit;
+  torch::Tensor sinks;  // [H] (attention sinks only)
   LoraAdapter lora_q{nullptr}, lora_k{nullptr}, lora_v{nullptr}, lora_o{nullptr};
   // A 4-bit frozen base (quantization.load_in_4bit): qkv's q, k and v and out, in place of the
   // emptied qkv / out weights.
   QuantizedWeightPtr qkv_4bit, out_4bit;
   void merge_lora();  // folds the adapters into qkv / out and zeroes them
+  bool latent() const { return opt_.kv_lora_rank > 0; }
 
  private:
+  // Latent attention (model/latent_attention.cpp): its modules, forward and adapter merge.
+  void build_latent();
+  torch::Tensor forward_latent(const torch::Tensor& x);
+  void merge_latent_lora();
   AttentionOptions opt_;
   torch::Tensor doc_mask_, positions_;
   std::shared_ptr<RotaryTableCache> rotary_ = std::make_shared<RotaryTableCache>();

@@ -25,6 +25,7 @@ struct RouterOptions {
   // Group-limited selection (moe.n_group, moe.topk_group; the ATen form) and the weights'
   // scale (moe.routed_scaling_factor, applied after normalisation).
   int64_t n_group = 1, topk_group = 1;
+  int64_t group_score_experts = 2;  // a group's key: the sum of its this many best keys
   double routed_scaling_factor = 1.0;
   // Scores and selection in our fused CUDA kernel (moe/kernels/router.h) instead of the ATen
   // reference; settled when the layer is built (resolve_kernel_path in dispatcher.h).
@@ -57,12 +58,13 @@ struct Routing {
 struct RouterScores {
   torch::Tensor probs, topk_idx, topk_weight, lse, tokens_per_expert;
 };
-// With n_group > 1 (DeepSeek-V3's group-limited routing): the experts form n_group equal groups
-// of consecutive ids; a group's key is the sum of its two highest keys (probs + bias), the
-// topk_group best groups are kept (ties -> lower group id) and the k experts chosen among them.
+// With n_group > 1 (DeepSeek's group-limited routing): the experts form n_group equal groups of
+// consecutive ids; a group's key is the sum of its group_score_experts highest keys (probs +
+// bias; V3 and GLM-4.5: 2, V2: 1), the topk_group best groups are kept (ties -> lower group id)
+// and the k experts chosen among them.
 RouterScores score_and_select(const torch::Tensor& logits, const torch::Tensor& bias, int64_t k,
                               bool sigmoid_scores, bool normalize_topk, int64_t n_group = 1,
-                              int64_t topk_group = 1);
+                              int64_t topk_group = 1, int64_t group_score_experts = 2);
 // moe.softmax_after_topk: the k highest logits (ties -> lower id), weights = softmax over those
 // k; probs, lse and tokens_per_expert as above (the aux and z losses are unchanged).
 RouterScores softmax_after_topk(const torch::Tensor& logits, int64_t k);
