@@ -49,9 +49,13 @@ SCRIPT = SRC / "scripts" / "gpu-check"
 # 106.6 s for one round and the profiled step (the steps before it leave the rest unused).
 # qlora-nf4 (2026-12-04, not yet run on a device): 35 s like lora-bf16, taken from bench's
 # leftovers (91 -> 56 s; bench's own follow-up call is `--only deps,bench`).
+# lora-mla (2026-12-05, not yet run on a device): 35 s like lora-bf16, and gpu-tests 70 -> 80 s
+# for the latent-attention and router-group suites, both from bench's leftovers (56 -> 11 s:
+# bench is skipped in the default call and runs in its own follow-up, `--only deps,bench`).
 STEP_TABLE = [("env", 15, "sh"), ("deps", 15, "sh"), ("configure", 19, "sh"), ("build", 150, "sh"),
-              ("gpu-tests", 70, "py"), ("memcheck", 20, "py"), ("racecheck", 20, "py"),
-              ("lora-bf16", 35, "py"), ("qlora-nf4", 35, "py"), ("offload-1b", 40, "py"),
+              ("gpu-tests", 80, "py"), ("memcheck", 20, "py"), ("racecheck", 20, "py"),
+              ("lora-bf16", 35, "py"), ("qlora-nf4", 35, "py"), ("lora-mla", 35, "py"),
+              ("offload-1b", 40, "py"),
               ("bench", None, "sh"),
               ("full-ctest", 300, "sh")]
 PLAN_S = 480          # the default steps and the summary: 8 minutes
@@ -114,6 +118,10 @@ GPU_SUITES = {
     "Masks/AttentionCoreGpu": (6, 2.0),
     # cpu_checkpointing: two small training steps, checkpoints on the device and on the host.
     "ActivationCheckpointGpu": (1, 1.0),
+    # Latent attention (DeepSeek-V2/V3): fp32 against the CPU module, and 8192 tokens at V3's
+    # head widths in bf16 (never run on a device yet: estimated like the attention suites).
+    "QueryBottleneck/LatentAttentionGpu": (2, 2.0),
+    "LatentAttentionGpuMemory": (1, 2.0),
 }
 GPU_TESTS_START_S = 5.0  # loading LibTorch twice (the list, the run) and one CUDA context
 RERUN_START_S = 3.0      # a rerun loads LibTorch and makes a CUDA context again
@@ -137,6 +145,8 @@ class TrainRun:
 
 
 LORA_MODULES = '["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]'
+MLA_LORA_MODULES = ('["q_proj","kv_a_proj_with_mqa","kv_b_proj","o_proj","gate_proj","up_proj",'
+                    '"down_proj"]')
 TRAIN_RUNS = {
     "lora-bf16": TrainRun("configs/bench-gpu-1b.json",
                           ("lora.r=16", "lora.lora_alpha=32", "lora.lora_dropout=0.0",
@@ -151,6 +161,14 @@ TRAIN_RUNS = {
                            "quantization.bnb_4bit_use_double_quant=true",
                            "quantization.bnb_4bit_compute_dtype=bfloat16"), 30, 3,
                           "LoRA r 16 over an nf4 + double-quant base"),
+    # Moonlight-16B-A3B's layers (DeepSeek-V3 family, issue 48): latent attention without a query
+    # bottleneck (16 heads, q/k 128 + 64, v 128, kv latent 512), 64 experts of 1408 top-6 plus
+    # two shared, the first layer dense (11264), sigmoid routing; 8 of its 27 layers, the bench
+    # data's 32,000-token vocabulary. LoRA on every latent projection and the routed experts.
+    "lora-mla": TrainRun("configs/bench-gpu-moonlight.json",
+                         ("lora.r=16", "lora.lora_alpha=32", "lora.lora_dropout=0.0",
+                          f"lora.target_modules={MLA_LORA_MODULES}"), 30, 3,
+                         "LoRA r 16 on a Moonlight-shaped latent-attention model"),
     "offload-1b": TrainRun("configs/bench-gpu-1b.json",
                            ("zero_optimization.offload_optimizer.device=cpu",
                             "zero_optimization.offload_optimizer.pin_memory=true"), 8, 2,
@@ -955,7 +973,8 @@ def step_train_run(s: Step) -> bool:
 
 
 PY_STEPS = {"gpu-tests": step_gpu_tests, "memcheck": step_memcheck, "racecheck": step_racecheck,
-            "lora-bf16": step_train_run, "qlora-nf4": step_train_run, "offload-1b": step_train_run}
+            "lora-bf16": step_train_run, "qlora-nf4": step_train_run, "lora-mla": step_train_run,
+            "offload-1b": step_train_run}
 
 
 # --- the run -------------------------------------------------------------------------------------
