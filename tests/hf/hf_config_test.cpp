@@ -219,5 +219,87 @@ TEST(HfRope, YarnExportWarnsOfAFractionalOrLoweredWindow) {
   EXPECT_NE(warnings[0].find("lowered from the base's 64 to 32"), std::string::npos) << warnings[0];
 }
 
+// DeepSeek-V2 / V3 (latent attention): the config classes' defaults where config.json is silent,
+// V2's router rules, and refusals that name the key.
+json deepseek(const std::string& arch, const json& extra) {
+  json c = {{"architectures", {arch}},
+            {"vocab_size", 320},
+            {"hidden_size", 64},
+            {"intermediate_size", 96},
+            {"moe_intermediate_size", 32},
+            {"num_hidden_layers", 4},
+            {"num_attention_heads", 4},
+            {"num_key_value_heads", 4},
+            {"n_routed_experts", 8},
+            {"num_experts_per_tok", 2},
+            {"kv_lora_rank", 16},
+            {"qk_rope_head_dim", 8},
+            {"qk_nope_head_dim", 16},
+            {"v_head_dim", 12},
+            {"max_position_embeddings", 64}};
+  c.update(extra);
+  return c;
+}
+
+TEST(HfDeepseek, V3DefaultsAndYarnMscale) {
+  Family f{};
+  const json a = architecture_from_hf(
+      deepseek("DeepseekV3ForCausalLM", {{"q_lora_rank", 24},
+                                         {"n_group", 4},
+                                         {"topk_group", 2},
+                                         {"rope_scaling",
+                                          {{"type", "yarn"},
+                                           {"factor", 40},
+                                           {"mscale", 1.0},
+                                           {"mscale_all_dim", 1.0},
+                                           {"original_max_position_embeddings", 4}}}}),
+      "config.json", &f, nullptr);
+  EXPECT_EQ(f, Family::kDeepseekV3);
+  const json& m = a["model"];
+  const json& e = a["moe"];
+  EXPECT_EQ(m["kv_lora_rank"], 16);
+  EXPECT_EQ(m["q_lora_rank"], 24);
+  EXPECT_EQ(m["head_dim"], 0);
+  EXPECT_EQ(m["num_key_value_heads"], 0);
+  EXPECT_EQ(m["rope_interleave"], true);  // DeepseekV3Config's default
+  EXPECT_EQ(m["rope_scaling"]["mscale_all_dim"], 1.0);
+  EXPECT_EQ(m["rope_scaling"]["attention_factor"], 1.0);  // mscale / mscale_all_dim
+  EXPECT_EQ(e["score_function"], "sigmoid");
+  EXPECT_EQ(e["mlp_only_layers"], json({0, 1, 2}));  // first_k_dense_replace: 3 by default
+  EXPECT_EQ(e["shared_expert_hidden_size"], 32);     // one shared expert
+  EXPECT_EQ(e["routed_scaling_factor"], 2.5);
+  EXPECT_EQ(e["group_score_experts"], 2);
+}
+
+TEST(HfDeepseek, V2RoutesWithSoftmaxAndNeverRenormalises) {
+  std::vector<std::string> warnings;
+  const json a = architecture_from_hf(
+      deepseek("DeepseekV2ForCausalLM", {{"q_lora_rank", nullptr},
+                                         {"topk_method", "group_limited_greedy"},
+                                         {"n_group", 4},
+                                         {"topk_group", 2},
+                                         {"norm_topk_prob", true}}),
+      "config.json", nullptr, &warnings);
+  EXPECT_EQ(a["model"]["q_lora_rank"], 0);
+  EXPECT_EQ(a["model"]["rope_interleave"], true);
+  EXPECT_EQ(a["moe"]["score_function"], "softmax");
+  EXPECT_EQ(a["moe"]["normalize_topk"], false);
+  EXPECT_EQ(a["moe"]["group_score_experts"], 1);
+  EXPECT_EQ(a["moe"]["shared_expert_hidden_size"], 64);  // two shared experts by default
+  EXPECT_EQ(a["moe"].value("mlp_only_layers", json::array()), json::array());
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("norm_topk_prob = true is not applied"), std::string::npos);
+}
+
+TEST(HfDeepseek, RefusalsNameTheKey) {
+  EXPECT_EQ(import_error(deepseek("DeepseekV2ForCausalLM", {{"topk_method", "noaux_tc"}})),
+            "hf: config.json: topk_method = \"noaux_tc\": expected greedy or group_limited_greedy "
+            "(transformers' DeepseekV2)");
+  EXPECT_EQ(import_error(deepseek("DeepseekV3ForCausalLM", {{"num_key_value_heads", 2}})),
+            "hf: config.json: num_key_value_heads = 2: must equal num_attention_heads: latent "
+            "attention gives every head its own keys");
+  EXPECT_EQ(import_error(deepseek("DeepseekV3ForCausalLM", {{"kv_lora_rank", 0}})),
+            "hf: config.json: kv_lora_rank = 0: expected a positive integer");
+}
 }  // namespace
 }  // namespace moe::hf
