@@ -12,6 +12,8 @@
 // Counts use integer atomics: the sum does not depend on the order, so results are deterministic.
 // Ties: the larger score wins; equal scores go to the lower expert id (as the stable sort of the
 // reference).
+// Group-limited selection (n_group > 1, DeepSeek-V3 / DeepSeek-V2): keep_best_groups below, the
+// same groups, group keys and tie rules as the reference's keep_best_groups (src/moe/router.cpp).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -55,12 +57,82 @@ __device__ __forceinline__ void warp_argmax(float& key, int& id) {
   }
 }
 
+// The order of at::sort(descending, stable) over group keys: larger first, NaN above everything
+// (a group key is NaN only when +inf and -inf keys meet in its sum: an infinite bias), equal keys
+// by lower id. Candidate (k2, i2) beats (key, id); id INT_MAX is "no candidate".
+__device__ __forceinline__ bool group_beats(float k2, int i2, float key, int id) {
+  if (i2 == INT_MAX) return false;
+  if (id == INT_MAX) return true;
+  const bool n2 = isnan(k2), n1 = isnan(key);
+  if (n2 != n1) return n2;
+  return k2 > key || ((n2 || k2 == key) && i2 < id);
+}
+
+__device__ __forceinline__ void warp_argmax_groups(float& key, int& id) {
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float k2 = __shfl_xor_sync(0xffffffffu, key, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, id, o);
+    if (group_beats(k2, i2, key, id)) {
+      key = k2;
+      id = i2;
+    }
+  }
+}
+
+// Group-limited selection (n_group > 1): group g holds experts [g S, (g + 1) S), S = E / n_group.
+// Its key is its best expert key (a warp arg-max restricted to the group) plus, with scored == 2,
+// the best of the rest (a second one, the first winner's id excluded): b1 + b2, the sum of
+// at::topk(2)'s two values. Lane g then holds group g's key (n_group <= 32), and topk_group rounds
+// of warp arg-max over those lanes keep the best groups (ties -> lower group id). The experts of
+// the other groups get key -inf: they stay candidates of the k rounds, behind every larger key,
+// ties -> lower id, as in the reference's masked_fill. `key` holds no NaN (see the caller).
+__device__ __forceinline__ void keep_best_groups(float (&key)[kMaxPerLane], int lane, int E,
+                                                 int n_group, int topk_group, int scored) {
+  const int S = E / n_group;
+  float my_group_key = -INFINITY;  // lane g < n_group: group g's key
+  for (int g = 0; g < n_group; ++g) {
+    const int lo = g * S, hi = lo + S;
+    float group_key = 0.f;
+    int first = INT_MAX;  // round 1's winner, excluded from round 2
+    for (int r = 0; r < scored; ++r) {
+      float best = -INFINITY;
+      int id = INT_MAX;
+#pragma unroll
+      for (int i = 0; i < kMaxPerLane; ++i) {
+        const int e = lane + i * kWarp;
+        if (e >= lo && e < hi && e != first &&
+            (id == INT_MAX || key[i] > best || (key[i] == best && e < id))) {
+          best = key[i];
+          id = e;
+        }
+      }
+      warp_argmax(best, id);
+      group_key = r == 0 ? best : group_key + best;
+      first = id;
+    }
+    if (lane == g) my_group_key = group_key;
+  }
+  unsigned kept = 0;  // the same on every lane
+  for (int j = 0; j < topk_group; ++j) {
+    float gk = my_group_key;
+    int gid = lane < n_group && !((kept >> lane) & 1u) ? lane : INT_MAX;
+    warp_argmax_groups(gk, gid);
+    kept |= 1u << gid;  // topk_group <= n_group: a group is left for every round
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int e = lane + i * kWarp;
+    if (e < E && !((kept >> (e / S)) & 1u)) key[i] = -INFINITY;
+  }
+}
+
 // ---- kernels ----------------------------------------------------------------------------
 
 template <bool kSigmoid>
 __global__ void router_forward_kernel(const float* __restrict__ logits,
                                       const float* __restrict__ bias, int64_t T, int E, int k,
-                                      bool normalize, float* __restrict__ probs,
+                                      bool normalize, int n_group, int topk_group,
+                                      int group_score_experts, float* __restrict__ probs,
                                       int64_t* __restrict__ topk_idx,
                                       float* __restrict__ topk_weight, float* __restrict__ lse,
                                       int* __restrict__ counts) {
@@ -94,24 +166,35 @@ __global__ void router_forward_kernel(const float* __restrict__ logits,
       p[i] = 0.f;
     }
   }
-  // k rounds of warp arg-max over the selection keys (scores + bias); `taken` marks winners.
+  // The selection keys: scores (+ bias). A diverging step can bring NaN scores: they rank lowest
+  // (-inf), so every round below still picks a real expert (k <= E) and no id is ever out of
+  // range; the NaN weights then make the loss NaN and the trainer skips the step, as on the
+  // reference path.
+  float keys[kMaxPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int e = lane + i * kWarp;
+    float key_e = -INFINITY;
+    if (e < E) {
+      key_e = bias != nullptr ? p[i] + bias[e] : p[i];
+      if (isnan(key_e)) key_e = -INFINITY;
+    }
+    keys[i] = key_e;
+  }
+  if (n_group > 1) keep_best_groups(keys, lane, E, n_group, topk_group, group_score_experts);
+  // k rounds of warp arg-max over the keys; `taken` marks winners.
   unsigned taken = 0;
   float w[kMaxTopK];
   float wsum = 0.f;
   for (int j = 0; j < k; ++j) {
-    // A diverging step can bring NaN scores: they rank lowest, so every round still picks a
-    // real expert (k <= E) and no id is ever out of range; the NaN weights then make the loss
-    // NaN and the trainer skips the step, as on the reference path.
     float key = -INFINITY;
     int id = INT_MAX;
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int e = lane + i * kWarp;
       if (e < E && !((taken >> i) & 1u)) {
-        float key_e = bias != nullptr ? p[i] + bias[e] : p[i];
-        if (isnan(key_e)) key_e = -INFINITY;
-        if (id == INT_MAX || key_e > key || (key_e == key && e < id)) {
-          key = key_e;
+        if (id == INT_MAX || keys[i] > key || (keys[i] == key && e < id)) {
+          key = keys[i];
           id = e;
         }
       }
@@ -133,7 +216,8 @@ __global__ void router_forward_kernel(const float* __restrict__ logits,
     }
   }
   if (lane == 0) {
-    const float denom = fmaxf(wsum, 1e-20f);
+    // clamp_min(1e-20) of the reference: a NaN sum stays NaN (fmaxf would drop it).
+    const float denom = isnan(wsum) ? wsum : fmaxf(wsum, 1e-20f);
     for (int j = 0; j < k; ++j) topk_weight[t * k + j] = normalize ? w[j] / denom : w[j];
   }
 }
@@ -225,13 +309,27 @@ namespace detail {
 
 ScoreAndSelectOutput score_and_select_forward(const at::Tensor& logits_in, const at::Tensor& bias,
                                               int64_t top_k, bool sigmoid_scores,
-                                              bool normalize_topk, bool poison) {
+                                              bool normalize_topk, bool poison, int64_t n_group,
+                                              int64_t topk_group, int64_t group_score_experts) {
   check_logits(logits_in);
   const at::Tensor logits = logits_in.contiguous();
   const int64_t T = logits.size(0), E = logits.size(1);
   TORCH_CHECK(top_k >= 1 && top_k <= std::min<int64_t>(E, kMaxTopK),
               "moe router kernel: top_k = ", top_k, " must be in [1, min(num_experts = ", E, ", ",
               kMaxTopK, ")]");
+  TORCH_CHECK(n_group >= 1 && n_group <= kWarp, "moe router kernel: n_group = ", n_group,
+              " must be in [1, ", kWarp, "] (more groups: the ATen form)");
+  if (n_group > 1) {
+    TORCH_CHECK(E % n_group == 0, "moe router kernel: n_group = ", n_group,
+                " must divide num_experts = ", E);
+    TORCH_CHECK(topk_group >= 1 && topk_group <= n_group,
+                "moe router kernel: topk_group = ", topk_group,
+                " must be in [1, n_group = ", n_group, "]");
+    TORCH_CHECK((group_score_experts == 1 || group_score_experts == 2) &&
+                    group_score_experts <= E / n_group,
+                "moe router kernel: group_score_experts = ", group_score_experts,
+                " must be 1 or 2 and at most the experts per group (", E / n_group, ")");
+  }
   at::Tensor b;
   if (bias.defined()) {
     TORCH_CHECK(bias.is_cuda() && bias.scalar_type() == at::kFloat && bias.numel() == E,
@@ -261,8 +359,10 @@ ScoreAndSelectOutput score_and_select_forward(const at::Tensor& logits_in, const
     auto launch = [&](auto kernel) {
       kernel<<<grid, block, 0, stream>>>(
           logits.data_ptr<float>(), bp, T, static_cast<int>(E), static_cast<int>(top_k), normalize,
-          out.probs.data_ptr<float>(), out.topk_idx.data_ptr<int64_t>(),
-          out.topk_weight.data_ptr<float>(), out.lse.data_ptr<float>(), counts.data_ptr<int>());
+          static_cast<int>(n_group), static_cast<int>(topk_group),
+          static_cast<int>(group_score_experts), out.probs.data_ptr<float>(),
+          out.topk_idx.data_ptr<int64_t>(), out.topk_weight.data_ptr<float>(),
+          out.lse.data_ptr<float>(), counts.data_ptr<int>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
     if (sigmoid_scores) {

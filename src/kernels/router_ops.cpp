@@ -21,9 +21,12 @@ class ScoreAndSelect : public torch::autograd::Function<ScoreAndSelect> {
                                                 const torch::Tensor& logits,
                                                 const std::optional<torch::Tensor>& bias,
                                                 int64_t top_k, bool sigmoid_scores,
-                                                bool normalize_topk) {
+                                                bool normalize_topk, int64_t n_group,
+                                                int64_t topk_group, int64_t group_score_experts) {
+    // The selection (groups included) is not differentiable: the backward is the same for any.
     ScoreAndSelectOutput o = detail::score_and_select_forward(
-        logits, bias.value_or(torch::Tensor()), top_k, sigmoid_scores, normalize_topk);
+        logits, bias.value_or(torch::Tensor()), top_k, sigmoid_scores, normalize_topk,
+        /*poison=*/false, n_group, topk_group, group_score_experts);
     // The softmax backward needs only the probs; sigmoid also needs the logits (z-loss term).
     ctx->save_for_backward(
         {sigmoid_scores ? logits : torch::Tensor(), o.probs, o.topk_idx, o.topk_weight, o.lse});
@@ -39,32 +42,38 @@ class ScoreAndSelect : public torch::autograd::Function<ScoreAndSelect> {
     auto g = detail::score_and_select_backward(s[0], s[1], s[2], s[3], s[4], grads[0], grads[1],
                                                grads[2], ctx->saved_data["sigmoid"].toBool(),
                                                ctx->saved_data["normalize"].toBool());
-    return {g, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    torch::autograd::variable_list out(8);  // one per forward argument: the logits' only
+    out[0] = g;
+    return out;
   }
 };
 
 }  // namespace
 
 ScoreAndSelectOutput score_and_select(const at::Tensor& logits, const at::Tensor& bias,
-                                      int64_t top_k, bool sigmoid_scores, bool normalize_topk) {
+                                      int64_t top_k, bool sigmoid_scores, bool normalize_topk,
+                                      int64_t n_group, int64_t topk_group,
+                                      int64_t group_score_experts) {
   // No bias is passed as nullopt, not as an undefined tensor: Function::apply records every
   // tensor argument's device and dtype, which an undefined tensor has not ("tensor does not
   // have a device" on the first GPU run). The bias takes no gradient either way.
   std::optional<at::Tensor> maybe_bias;
   if (bias.defined()) maybe_bias = bias;
-  auto outs = ScoreAndSelect::apply(logits, maybe_bias, top_k, sigmoid_scores, normalize_topk);
+  auto outs = ScoreAndSelect::apply(logits, maybe_bias, top_k, sigmoid_scores, normalize_topk,
+                                    n_group, topk_group, group_score_experts);
   return {outs[0], outs[3], outs[1], outs[2], outs[4]};
 }
 
 #else
 
-ScoreAndSelectOutput score_and_select(const at::Tensor&, const at::Tensor&, int64_t, bool, bool) {
+ScoreAndSelectOutput score_and_select(const at::Tensor&, const at::Tensor&, int64_t, bool, bool,
+                                      int64_t, int64_t, int64_t) {
   TORCH_CHECK(false, "moe-train was built without CUDA kernels");
 }
 
 namespace detail {
 ScoreAndSelectOutput score_and_select_forward(const at::Tensor&, const at::Tensor&, int64_t, bool,
-                                              bool, bool) {
+                                              bool, bool, int64_t, int64_t, int64_t) {
   TORCH_CHECK(false, "moe-train was built without CUDA kernels");
 }
 at::Tensor score_and_select_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,

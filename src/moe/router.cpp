@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include <limits>
+#include <tuple>
+#include <utility>
 
 #include "moe/kernels/router.h"
 #include "moe/moe/moe_math.h"
@@ -45,21 +47,31 @@ torch::Tensor keep_best_groups(const torch::Tensor& keys, int64_t n_group, int64
 }
 }  // namespace
 
+std::pair<torch::Tensor, torch::Tensor> select_experts(const torch::Tensor& probs,
+                                                       const torch::Tensor& bias, int64_t k,
+                                                       bool sigmoid_scores, bool normalize_topk,
+                                                       int64_t n_group, int64_t topk_group,
+                                                       int64_t group_score_experts) {
+  auto keys = bias.defined() ? probs.detach() + bias : probs.detach();
+  // NaN keys (a diverging step) rank lowest, as in the fused kernel: at::sort would put them
+  // first; as -inf they tie with real -inf keys, and ties go to the lower id on both paths.
+  keys = keys.masked_fill(keys.isnan(), -std::numeric_limits<float>::infinity());
+  if (n_group > 1) keys = keep_best_groups(keys, n_group, topk_group, group_score_experts);
+  auto topk_idx = topk_lower_id_wins(keys, k).second;
+  auto topk_weight = probs.gather(-1, topk_idx);
+  if (normalize_topk && (k > 1 || sigmoid_scores)) {
+    topk_weight = topk_weight / topk_weight.sum(-1, true).clamp_min(1e-20);
+  }
+  return {topk_idx, topk_weight};
+}
+
 RouterScores score_and_select(const torch::Tensor& logits, const torch::Tensor& bias, int64_t k,
                               bool sigmoid_scores, bool normalize_topk, int64_t n_group,
                               int64_t topk_group, int64_t group_score_experts) {
   RouterScores s;
   s.probs = sigmoid_scores ? torch::sigmoid(logits) : torch::softmax(logits, -1);
-  auto keys = bias.defined() ? s.probs.detach() + bias : s.probs.detach();
-  // NaN keys (a diverging step) rank lowest, as in the fused kernel: at::sort would put them
-  // first; as -inf they tie with real -inf keys, and ties go to the lower id on both paths.
-  keys = keys.masked_fill(keys.isnan(), -std::numeric_limits<float>::infinity());
-  if (n_group > 1) keys = keep_best_groups(keys, n_group, topk_group, group_score_experts);
-  s.topk_idx = topk_lower_id_wins(keys, k).second;
-  s.topk_weight = s.probs.gather(-1, s.topk_idx);
-  if (normalize_topk && (k > 1 || sigmoid_scores)) {
-    s.topk_weight = s.topk_weight / s.topk_weight.sum(-1, true).clamp_min(1e-20);
-  }
+  std::tie(s.topk_idx, s.topk_weight) = select_experts(
+      s.probs, bias, k, sigmoid_scores, normalize_topk, n_group, topk_group, group_score_experts);
   s.lse = at::logsumexp(logits, -1);
   s.tokens_per_expert = at::bincount(s.topk_idx.reshape(-1), {}, logits.size(-1));
   return s;
@@ -79,9 +91,18 @@ RouterScores softmax_after_topk(const torch::Tensor& logits, int64_t k) {
 
 namespace {
 RouterScores score_and_select_fused(const torch::Tensor& logits, const torch::Tensor& bias,
-                                    int64_t k, bool sigmoid_scores, bool normalize_topk) {
-  auto f = kernels::score_and_select(logits, bias, k, sigmoid_scores, normalize_topk);
+                                    int64_t k, bool sigmoid_scores, bool normalize_topk,
+                                    int64_t n_group, int64_t topk_group,
+                                    int64_t group_score_experts) {
+  auto f = kernels::score_and_select(logits, bias, k, sigmoid_scores, normalize_topk, n_group,
+                                     topk_group, group_score_experts);
   return {f.probs, f.topk_idx, f.topk_weight, f.lse, f.tokens_per_expert};
+}
+
+// The kernel's expert groups: at most one per lane of its warp, group keys from 1 or 2 experts.
+bool kernel_has_groups(const RouterOptions& o) {
+  return o.n_group <= 1 ||
+         (o.n_group <= 32 && (o.group_score_experts == 1 || o.group_score_experts == 2));
 }
 }  // namespace
 
@@ -150,11 +171,12 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
   RouterScores s;
   if (opt_.softmax_after_topk) {
     s = softmax_after_topk(r.logits, k);
-  } else if (opt_.n_group > 1 || !opt_.fused_kernel) {  // the kernel has no expert groups
+  } else if (!opt_.fused_kernel || !kernel_has_groups(opt_)) {
     s = score_and_select(r.logits, selection_bias, k, sigmoid, opt_.normalize_topk, opt_.n_group,
                          opt_.topk_group, opt_.group_score_experts);
   } else {
-    s = score_and_select_fused(r.logits, selection_bias, k, sigmoid, opt_.normalize_topk);
+    s = score_and_select_fused(r.logits, selection_bias, k, sigmoid, opt_.normalize_topk,
+                               opt_.n_group, opt_.topk_group, opt_.group_score_experts);
   }
   const torch::Tensor &scores = s.probs, &top_idx = s.topk_idx, &lse = s.lse;
   torch::Tensor w = s.topk_weight, counts = s.tokens_per_expert;

@@ -1,10 +1,13 @@
 // The router family's GPU checks (router_checks.h) run on the CPU with score_and_select's
 // emulation (router_emulation.h) over the GPU tests' full grid; mutation cases that must fail;
-// and the tie and NaN rules the kernel shares with the reference moe::score_and_select.
+// and the tie and NaN rules the kernel shares with the reference moe::score_and_select, expert
+// groups included (DeepSeek-V3 / GLM-4.5 / DeepSeek-V2's group-limited selection).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "moe/moe/router.h"
 #include "router_checks.h"
@@ -71,6 +74,49 @@ TEST(KernelCheckMutations, RouterSwappedIndexAndUnwrittenRowFail) {
   }
 }
 
+// Group-limited selection: a wrong tie rule or a wrong group key each changes some token's
+// choice on the group cases where it matters, and both comparisons catch it.
+TEST(KernelCheckMutations, RouterGroupTieRulesAndGroupKeysFail) {
+  auto group_case = [](const std::string& name) {
+    for (const RouterGroupCase& c : router_group_cases()) {
+      if (c.name == name) return c;
+    }
+    ADD_FAILURE() << "no group case " << name;
+    return router_group_cases().front();
+  };
+  struct Mutated {
+    const char* what;
+    emu::RouterMutation m;
+    const char* on;
+  };
+  const std::vector<Mutated> mutations = {
+      {"group ties to the higher id", {.group_ties_to_higher_id = true}, "deepseek_v3_coarse"},
+      {"group ties to the higher id", {.group_ties_to_higher_id = true}, "e72_groups9"},
+      {"expert ties to the higher id", {.expert_ties_to_higher_id = true}, "deepseek_v3_coarse"},
+      {"group key: the best only", {.group_key_best_only = true}, "deepseek_v3"},
+      {"group key: the best twice", {.group_key_best_twice = true}, "deepseek_v3"},
+      {"group key: the best twice", {.group_key_best_twice = true}, "tiny_sigmoid_coarse"},
+      {"NaN group keys last", {.nan_group_keys_last = true}, "inf_bias"},
+  };
+  for (const Mutated& mu : mutations) {
+    const RouterGroupCase c = group_case(mu.on);
+    SCOPED_TRACE(std::string(mu.what) + " on " + c.name);
+    const ScoreAndSelectInputs in = make_score_and_select_inputs(c, kCpu);
+    const ScoreAndSelectOutputs good = emu::score_and_select(in);
+    ASSERT_TRUE(all_ok(check_against_reference(in, good), nullptr));
+    ASSERT_TRUE(all_ok(check_score_and_select(in, good), nullptr));
+    ScoreAndSelectOutputs bad = emu::score_and_select(in, mu.m);
+    const int64_t moved = (bad.topk_idx != good.topk_idx).any(1).sum().item<int64_t>();
+    EXPECT_GT(moved, 0) << "the mutation changes no token's choice";
+    EXPECT_FALSE(find(check_against_reference(in, bad), "reference_ids").ok());
+    bad.grad_logits = torch::Tensor();  // the backward of the mutated choice is not checked
+    const auto vs = check_score_and_select(in, bad);
+    EXPECT_FALSE(find(vs, "selection").ok());
+    EXPECT_TRUE(find(vs, "probs").ok());
+    RecordProperty(std::string(mu.what) + " on " + c.name + ": moved", static_cast<int>(moved));
+  }
+}
+
 // ---- rules the kernel and the reference share ---------------------------------------------------
 
 // Exact ties go to the lower expert id; NaN scores rank lowest (a diverging step); the fused
@@ -95,6 +141,78 @@ TEST(RouterRules, TiesAndNanRankTheSameInKernelAndReference) {
     EXPECT_TRUE(torch::equal(got.topk_idx[1], torch::tensor({1, 2, 4})));
     EXPECT_TRUE(torch::equal(got.topk_idx[2], torch::tensor({0, 1, 2})));  // all NaN
     EXPECT_TRUE(got.topk_idx.ge(0).all().item<bool>());
+  }
+}
+
+// Group-limited selection over router_group_cases() (the models' shapes and the edges): the
+// emulated kernel's choice on the reference's own scores is the reference's, bit for bit (ids,
+// weights, counts); and the whole emulated kernel passes the GPU checks (scores and gradients
+// within their tolerances where the inputs are finite; its choice, weights and counts bitwise
+// the reference's on its own scores). Every case in one test (one ctest entry, RouterRules).
+TEST(RouterRules, GroupLimitedSelectionIsTheReferences) {
+  for (const RouterGroupCase& c : router_group_cases()) {
+    SCOPED_TRACE(c.name);
+    const ScoreAndSelectInputs in = make_score_and_select_inputs(c, kCpu);
+    const auto ref = moe::score_and_select(in.logits, in.bias, in.k, in.sigmoid, in.normalize,
+                                           in.n_group, in.topk_group, in.group_score_experts);
+    const auto [ids, weights] = emu::select_experts(ref.probs, in);
+    EXPECT_TRUE(torch::equal(ids, ref.topk_idx));
+    ScoreAndSelectOutputs on_ref{
+        ref.probs, ids, weights, ref.lse, torch::bincount(ids.reshape(-1), {}, in.logits.size(1)),
+        {}};
+    EXPECT_TRUE(torch::equal(on_ref.tokens_per_expert, ref.tokens_per_expert));
+    auto vs = check_against_reference(in, on_ref);
+    EXPECT_TRUE(all_ok(vs, nullptr)) << failures(vs);
+    // The whole emulated kernel.
+    const ScoreAndSelectOutputs out = emu::score_and_select(in);
+    vs = check_against_reference(in, out);
+    EXPECT_TRUE(all_ok(vs, nullptr)) << failures(vs);
+    if (finite_inputs(c)) {
+      int64_t ties = 0;
+      vs = check_score_and_select(in, out, &ties);
+      EXPECT_TRUE(all_ok(vs, nullptr)) << failures(vs);
+      EXPECT_EQ(ties, 0);
+    }
+    // The kernel's choice from its own scores vs the reference's from ATen's: they differ only
+    // where the two round a score apart (reported, not a failure).
+    RecordProperty(c.name + "_moved_by_rounding",
+                   static_cast<int>((out.topk_idx != ref.topk_idx).any(1).sum().item<int64_t>()));
+  }
+}
+
+// Hand-made tokens with known answers (sigmoid scores; 8 experts in 4 groups of 2; top-2):
+//   row 0: all logits equal: every group ties, the lowest groups and ids win: 0, 1
+//   row 1: groups 1 and 2 tie for the best, one kept: group 1 (experts 2, 3)
+//   row 2: all NaN: every key -inf, every group key -inf: 0, 1
+//   row 3: group 0 = {s(3), s(-3)} sums to 1.0 < group 1's 2 s(1) = 1.46 but has the best
+//          expert: summed (2 experts) group 1 wins, keyed by its best (1 expert) group 0
+//   row 4: a NaN (-inf) key in groups 0-2, next to the best experts: summed, those groups
+//          are -inf and group 3 wins; keyed by their best, groups 0-2 tie and group 0 wins
+TEST(RouterRules, GroupTiesAndNanRankTheSameInKernelAndReference) {
+  auto logits = torch::tensor({{0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f},
+                               {0.f, 0.f, 1.f, 1.f, 1.f, 1.f, 0.f, 0.f},
+                               {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN},
+                               {3.f, -3.f, 1.f, 1.f, -9.f, -9.f, -9.f, -9.f},
+                               {5.f, NAN, 5.f, NAN, NAN, 5.f, -1.f, -2.f}});
+  for (int64_t scored : {2, 1}) {
+    SCOPED_TRACE("group_score_experts " + std::to_string(scored));
+    ScoreAndSelectInputs in;
+    in.k = 2;
+    in.sigmoid = true;
+    in.logits = logits;
+    in.n_group = 4;
+    in.topk_group = 1;
+    in.group_score_experts = scored;
+    const ScoreAndSelectOutputs got = emu::score_and_select(in);
+    const auto ref = moe::score_and_select(logits, {}, 2, true, true, 4, 1, scored);
+    EXPECT_TRUE(torch::equal(got.topk_idx, ref.topk_idx)) << got.topk_idx << "\n" << ref.topk_idx;
+    EXPECT_TRUE(torch::equal(got.topk_idx[0], torch::tensor({0, 1})));
+    EXPECT_TRUE(torch::equal(got.topk_idx[1], torch::tensor({2, 3})));
+    EXPECT_TRUE(torch::equal(got.topk_idx[2], torch::tensor({0, 1})));
+    EXPECT_TRUE(
+        torch::equal(got.topk_idx[3], scored == 2 ? torch::tensor({2, 3}) : torch::tensor({0, 1})));
+    EXPECT_TRUE(
+        torch::equal(got.topk_idx[4], scored == 2 ? torch::tensor({6, 7}) : torch::tensor({0, 1})));
   }
 }
 

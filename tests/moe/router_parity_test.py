@@ -11,7 +11,10 @@ grid puts ties in the keys: there our rule (the lower expert id wins, as in our 
 every device) and torch.topk's (unspecified; its CPU order here) may choose differently, and
 every row where they do must hold a tie at the edge of the choice: the keys chosen by either
 are the same multiset, or two groups tie at the edge of the kept ones.
-usage: router_parity_test.py ROUTER_REPLAY"""
+With --device cuda (exit 77 without a GPU): both routers on the GPU, ours through its fused
+kernel. There torch.topk keeps, among values equal to the k-th, the first in index order (its
+CUDA gatherTopK), our rule: every row of both batches must choose the same experts.
+usage: router_parity_test.py ROUTER_REPLAY [--device cuda]"""
 import pathlib
 import subprocess
 import sys
@@ -23,6 +26,12 @@ from safetensors.torch import load_file, save_file
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
 REPLAY = sys.argv[1]
+CUDA = sys.argv[2:] == ["--device", "cuda"]
+if CUDA and not torch.cuda.is_available():
+    print("skipped: no CUDA device")
+    sys.exit(77)
+DEVICE = "cuda" if CUDA else "cpu"
+torch.backends.cuda.matmul.allow_tf32 = False  # the identity router weight must pass logits exactly
 N = 10000
 # (experts, top-k, n_group, topk_group, routed_scaling_factor): the published configs' routing.
 SETTINGS = {
@@ -37,18 +46,19 @@ def theirs(logits, bias, E, k, n_group, topk_group, scaling, normalize):
     config = transformers.DeepseekV3Config(hidden_size=E, n_routed_experts=E, num_experts_per_tok=k,
                                            n_group=n_group, topk_group=topk_group,
                                            routed_scaling_factor=scaling, norm_topk_prob=normalize)
-    router = DeepseekV3TopkRouter(config)
+    router = DeepseekV3TopkRouter(config).to(DEVICE)
     with torch.no_grad():
         router.weight.copy_(torch.eye(E))
         router.e_score_correction_bias.copy_(bias)
-        _, w, idx = router(logits)
-    return idx, w
+        _, w, idx = router(logits.to(DEVICE))
+    return idx.cpu(), w.cpu()
 
 
 def ours(tmp, logits, bias, k, n_group, topk_group, scaling, normalize):
     save_file({"logits": logits.contiguous(), "bias": bias}, tmp / "in.safetensors")
     subprocess.run([REPLAY, tmp / "in.safetensors", tmp / "out.safetensors", str(k), str(n_group),
-                    str(topk_group), repr(scaling), "1" if normalize else "0"], check=True)
+                    str(topk_group), repr(scaling), "1" if normalize else "0"] + (["cuda"] if CUDA else []),
+                   check=True)
     out = load_file(tmp / "out.safetensors")
     return out["topk_idx"], out["topk_weight"]
 
@@ -88,8 +98,8 @@ with tempfile.TemporaryDirectory() as d:
                                 torch.equal(keys[r].gather(0, a_idx[r]).sort().values,
                                             keys[r].gather(0, b_idx[r]).sort().values)
                                 for r in other.nonzero().flatten().tolist())
-                ok = wdiff <= 4 * ulp and (other.sum().item() == 0 if batch == "random" else ties_only)
-                print(f"{'ok  ' if ok else 'FAIL'} {name}, {batch}, normalise {normalize}: {N} vectors, "
+                ok = wdiff <= 4 * ulp and (other.sum().item() == 0 if batch == "random" or CUDA else ties_only)
+                print(f"{'ok  ' if ok else 'FAIL'} {DEVICE}: {name}, {batch}, normalise {normalize}: {N} vectors, "
                       f"{other.sum().item()} with other experts{' (each a tie at the edge)' if other.any() and ties_only else ''}, "
                       f"max |weight diff| {wdiff:.1e} ({wdiff / ulp if ulp else 0:.1f} ulp of the largest)")
                 if not ok:

@@ -1,7 +1,8 @@
 // Routes given logits with our router (moe::RouterImpl::forward, the ATen path), for
 // tests/moe/router_parity_test.py to compare with transformers' DeepSeek-V3 / GLM-4.5 router on
 // the same inputs. The router's weight is the identity, so its logits are the input exactly.
-//   router_replay IN.safetensors OUT.safetensors TOP_K N_GROUP TOPK_GROUP SCALING NORMALIZE
+//   router_replay IN.safetensors OUT.safetensors TOP_K N_GROUP TOPK_GROUP SCALING NORMALIZE [cuda]
+// With cuda: on the GPU through the fused router kernel (kernels/router.cu).
 // IN: logits F32 [N, E], bias F32 [E] (the e_score_correction_bias). Sigmoid scores.
 // OUT: topk_idx I64 [N, k], topk_weight F32 [N, k] (routed_scaling_factor applied).
 #include <torch/torch.h>
@@ -23,9 +24,10 @@ using moe::test::read_f32;
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 8) {
+  const bool cuda = argc == 9 && std::string(argv[8]) == "cuda";
+  if (argc != 8 && !cuda) {
     std::fprintf(stderr,
-                 "usage: router_replay IN OUT TOP_K N_GROUP TOPK_GROUP SCALING NORMALIZE\n");
+                 "usage: router_replay IN OUT TOP_K N_GROUP TOPK_GROUP SCALING NORMALIZE [cuda]\n");
     return 2;
   }
   const moe::SafetensorsFile in(argv[1]);
@@ -40,13 +42,17 @@ int main(int argc, char** argv) {
   opt.routed_scaling_factor = std::atof(argv[6]);
   opt.normalize_topk = std::string(argv[7]) == "1";
   opt.score_function = moe::config::ScoreFunction::kSigmoid;
+  opt.fused_kernel = cuda;
   moe::moe::Router router(opt);
   torch::NoGradGuard no_grad;
   router->weight.copy_(torch::eye(E));
   router->expert_bias.copy_(bias);
   router->eval();
-  const moe::moe::Routing r = router->forward(logits);
-  const torch::Tensor idx = r.topk_idx.contiguous(), w = r.topk_weight.contiguous();
+  const torch::Device device = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  router->to(device);
+  at::globalContext().setAllowTF32CuBLAS(false);  // the identity weight must pass logits exactly
+  const moe::moe::Routing r = router->forward(logits.to(device));
+  const torch::Tensor idx = r.topk_idx.cpu().contiguous(), w = r.topk_weight.cpu().contiguous();
   const std::vector<int64_t> shape = idx.sizes().vec();
   moe::write_safetensors(argv[2],
                          {{"topk_idx", "I64", shape, idx.data_ptr(), size_t(idx.nbytes())},

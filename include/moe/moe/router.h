@@ -22,8 +22,8 @@ struct RouterOptions {
   double router_bias_update_rate = 0.0;
   bool bias = false;  // a learned bias on the logits (gpt-oss's router.bias; moe.router_bias)
   bool softmax_after_topk = false;  // moe.softmax_after_topk (always the ATen form)
-  // Group-limited selection (moe.n_group, moe.topk_group; the ATen form) and the weights'
-  // scale (moe.routed_scaling_factor, applied after normalisation).
+  // Group-limited selection (moe.n_group, moe.topk_group; in the fused kernel up to 32 groups,
+  // else the ATen form) and the weights' scale (moe.routed_scaling_factor, after normalisation).
   int64_t n_group = 1, topk_group = 1;
   int64_t group_score_experts = 2;  // a group's key: the sum of its this many best keys
   double routed_scaling_factor = 1.0;
@@ -65,6 +65,14 @@ struct RouterScores {
 RouterScores score_and_select(const torch::Tensor& logits, const torch::Tensor& bias, int64_t k,
                               bool sigmoid_scores, bool normalize_topk, int64_t n_group = 1,
                               int64_t topk_group = 1, int64_t group_score_experts = 2);
+// The selection half of score_and_select, from given scores probs [T, E]: topk_idx [T, k] and
+// topk_weight [T, k] (differentiable through probs), as above. The kernel's tests compare its
+// choice with this one on the kernel's own scores.
+std::pair<torch::Tensor, torch::Tensor> select_experts(const torch::Tensor& probs,
+                                                       const torch::Tensor& bias, int64_t k,
+                                                       bool sigmoid_scores, bool normalize_topk,
+                                                       int64_t n_group = 1, int64_t topk_group = 1,
+                                                       int64_t group_score_experts = 2);
 // moe.softmax_after_topk: the k highest logits (ties -> lower id), weights = softmax over those
 // k; probs, lse and tokens_per_expert as above (the aux and z losses are unchanged).
 RouterScores softmax_after_topk(const torch::Tensor& logits, int64_t k);
