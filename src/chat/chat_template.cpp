@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <functional>
@@ -12,6 +13,8 @@
 #include <optional>
 #include <string_view>
 #include <unordered_map>
+
+#include <unicode/uchar.h>
 
 #include "moe/tokenizers/tokenizer.h"
 #include "moe/tokenizers/utf8.h"
@@ -854,10 +857,72 @@ std::string from_code_points(const std::vector<uint32_t>& cps) {
 }
 
 std::string python_float(double d) {
+  if (d == 0.0 && std::signbit(d)) return "-0.0";  // Python keeps the sign: repr(-0.0)
   if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 1e16) {
     return Json(static_cast<int64_t>(d)).dump() + ".0";
   }
   return Json(d).dump();
+}
+
+// Whether Python's str.isprintable() holds for code point c: all but the categories Cc, Cf, Cs,
+// Co, Cn, Zl, Zp and Zs (the space U+0020 excepted).
+bool python_printable(uint32_t c) {
+  if (c == ' ') return true;
+  switch (u_charType(static_cast<UChar32>(c))) {
+    case U_CONTROL_CHAR:
+    case U_FORMAT_CHAR:
+    case U_SURROGATE:
+    case U_PRIVATE_USE_CHAR:
+    case U_UNASSIGNED:
+    case U_LINE_SEPARATOR:
+    case U_PARAGRAPH_SEPARATOR:
+    case U_SPACE_SEPARATOR:
+      return false;
+    default:
+      return true;
+  }
+}
+
+// repr(s) of a Python str: in single quotes, or double quotes when s has a single quote and no
+// double quote; the quote and backslash escaped; \t \n \r; other code points that are not
+// printable (python_printable) as \xhh, \uhhhh or \Uhhhhhhhh.
+std::string python_str_repr(const std::string& s) {
+  const char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+  std::string out(1, q);
+  char hex[16];
+  for (size_t i = 0, n = 0; i < s.size(); i += n) {
+    uint32_t c = static_cast<unsigned char>(s[i]);
+    n = 1;
+    // A sequence cut short (text that is not UTF-8): its byte, as code_points reads it.
+    if (c >= 0x80 && i + utf8::length(static_cast<unsigned char>(s[i])) <= s.size()) {
+      c = utf8::decode(s, i, n);
+    }
+    if (c == static_cast<unsigned char>(q) || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < ' ' || c == 0x7f) {
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else if (c < 0x7f || python_printable(c)) {
+      out.append(s, i, n);
+    } else {
+      if (c <= 0xff) {
+        std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      } else if (c <= 0xffff) {
+        std::snprintf(hex, sizeof hex, "\\u%04x", c);
+      } else {
+        std::snprintf(hex, sizeof hex, "\\U%08x", c);
+      }
+      out += hex;
+    }
+  }
+  return out + q;
 }
 
 std::string python_repr(const Json& v);
@@ -887,21 +952,7 @@ std::string to_text(const Value& x) {
 }
 
 std::string python_repr(const Json& v) {
-  if (v.is_string()) {
-    const std::string& s = v.get_ref<const std::string&>();
-    const char q =
-        s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
-    std::string out(1, q);
-    for (char c : s) {
-      if (c == q || c == '\\') out += '\\';
-      if (c == '\n') {
-        out += "\\n";
-      } else {
-        out += c;
-      }
-    }
-    return out + q;
-  }
+  if (v.is_string()) return python_str_repr(v.get_ref<const std::string&>());
   if (v.is_array()) {
     std::string out = "[";
     for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + python_repr(v[i]);

@@ -60,6 +60,41 @@ void sharegpt_to_roles(Json& messages) {
   }
 }
 
+// The messages as transformers' apply_chat_template hands them to the template: first each
+// message's keys whose value is null are dropped (OpenAI-style data has "content": null beside
+// "tool_calls"; a template then sees no content, as jinja2 renders a present None as "None"),
+// then a message's reasoning, under whichever of reasoning_content, thinking, reasoning is set
+// first, is given under both names templates read: "thinking" (a message's own "thinking" kept;
+// the key first when it is new) and "reasoning_content" (appended when it is new), as
+// transformers' {"thinking": r, **message, "reasoning_content": r}. GLM-4.5's and Qwen3's
+// templates read reasoning_content, gpt-oss's thinking.
+void as_transformers_passes(Json& messages) {
+  for (auto& m : messages) {
+    if (!m.is_object()) continue;
+    Json kept = Json::object();
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      if (!it.value().is_null()) kept[it.key()] = it.value();
+    }
+    const char* field = nullptr;
+    for (const char* k : {"reasoning_content", "thinking", "reasoning"}) {
+      if (kept.contains(k)) {
+        field = k;
+        break;
+      }
+    }
+    if (field == nullptr) {
+      m = std::move(kept);
+      continue;
+    }
+    const Json reasoning = kept[field];
+    Json aliased = Json::object();
+    aliased["thinking"] = reasoning;
+    for (auto it = kept.begin(); it != kept.end(); ++it) aliased[it.key()] = it.value();
+    aliased["reasoning_content"] = reasoning;
+    m = std::move(aliased);
+  }
+}
+
 // A "messages" or ShareGPT "conversations" example into out, all of it trained; false (and
 // why) when the messages are malformed.
 bool read_conversation(const Json& j, Json& out, std::string& why) {
@@ -67,6 +102,7 @@ bool read_conversation(const Json& j, Json& out, std::string& why) {
   Json messages = j.at(key);
   if (std::string(key) == "conversations" && messages.is_array()) sharegpt_to_roles(messages);
   if (!check_messages(messages, key, why)) return false;
+  as_transformers_passes(messages);
   out["messages"] = std::move(messages);
   out["first_trained"] = 0;
   return true;
@@ -77,6 +113,7 @@ bool read_prompt_completion_messages(const Json& p, const Json& c, Json& out, st
   if (!check_messages(p, "prompt", why) || !check_messages(c, "completion", why)) return false;
   Json messages = p;
   for (const auto& m : c) messages.push_back(m);
+  as_transformers_passes(messages);
   out["messages"] = std::move(messages);
   out["first_trained"] = p.size();
   return true;

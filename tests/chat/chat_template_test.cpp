@@ -75,6 +75,23 @@ TEST(ChatTemplate, TojsonIsPythonsJsonDumps) {
             "{\"z\": 1, \"a\": 2.0}");  // insertion order kept, as Python dicts
 }
 
+TEST(ChatTemplate, PrintedValuesAreReprAsPython) {
+  // A dict or list printed is its Python repr (GLM-4.5's template prints a tool result without
+  // "output" so): strings quoted as repr() quotes them, with \t \r \n and the code points
+  // str.isprintable() refuses (controls, format characters, separators but the space, private
+  // use) escaped; printable non-ASCII kept. -0.0 keeps its sign, printed and in tojson.
+  const Json d = Json::parse(
+      R"({"a": "it's", "b": "say \"x\"", "c": "both ' and \"", "t": "tab\there\r\n\\",
+          "ctl": "\u0007\u007f\u0085", "sp": "a\u00a0b\u3000c", "fmt": "\u200b\ufeff\u00ad",
+          "ls": "\u2028", "pua": "\ue000\udb80\udc00", "ok": "日本 é 😀 ß"})");
+  EXPECT_EQ(render("{{ d }}", {{"d", d}}),
+            R"({'a': "it's", 'b': 'say "x"', 'c': 'both \' and "', 't': 'tab\there\r\n\\', )"
+            R"('ctl': '\x07\x7f\x85', 'sp': 'a\xa0b\u3000c', 'fmt': '\u200b\ufeff\xad', )"
+            R"('ls': '\u2028', 'pua': '\ue000\U000f0000', 'ok': '日本 é 😀 ß'})");
+  EXPECT_EQ(render("{{ x }} {{ [x, 1.5] | tojson }} {{ {'k': x} }}", {{"x", -0.0}}),
+            "-0.0 [-0.0, 1.5] {'k': -0.0}");
+}
+
 TEST(ChatTemplate, GenerationBlocksAreRecorded) {
   std::vector<std::pair<size_t, size_t>> spans;
   const std::string out = ChatTemplate("a{% generation %}bc{% endgeneration %}d", "t.jinja")
