@@ -430,6 +430,7 @@ int cmd_plan(const PlanArgs& a) {
     j["fits"] = p.fits;
     j["max_micro_batch"] = p.max_micro_batch;
     j["advice"] = p.advice;
+    j["nearest"] = p.nearest;
     j["cheapest_tier"] = p.cheapest_tier;
   }
   if (o.host_bytes > 0) j["host_memory_bytes"] = o.host_bytes;

@@ -513,8 +513,8 @@ void advise_expert_parallel(const Config& c, const PlanOptions& opt, const Trial
                             MemoryPlan& p) {
   if (p.fits || opt.cpu || opt.world_size > 1 || !p.advice.empty()) return;
   const int64_t E = c.moe.num_experts;
-  for (int64_t n = 2; n <= E && E % n == 0; n *= 2) {
-    const double need = trial.reserved_if_fits([n](Config& a, PlanOptions& o) {
+  auto expert_parallel = [](int64_t n) {
+    return [n](Config& a, PlanOptions& o) {
       a.lora.r = 0;
       a.quantization.load_in_4bit = false;
       if (!a.fp16.enabled) a.bf16.enabled = true;
@@ -522,7 +522,12 @@ void advise_expert_parallel(const Config& c, const PlanOptions& opt, const Trial
       a.moe.expert_parallel_size = n;
       o.world_size = n;
       o.checkpointing = true;
-    });
+    };
+  };
+  int64_t widest = 1;
+  for (int64_t n = 2; n <= E && E % n == 0; n *= 2) {
+    widest = n;
+    const double need = trial.reserved_if_fits(expert_parallel(n));
     if (need > 0) {
       p.advice.push_back(std::to_string(n) +
                          " GPUs with expert parallelism (torchrun "
@@ -534,6 +539,30 @@ void advise_expert_parallel(const Config& c, const PlanOptions& opt, const Trial
                          gib(need) + " expected reserved per GPU");
       return;
     }
+  }
+  // Nothing fits: say how far the two closest options are, so the user sees what it would take.
+  const double device = opt.device_bytes;
+  auto times = [device](double need) {
+    char x[32];
+    std::snprintf(x, sizeof x, "%.1f", need / device);
+    return std::string(x) + "x this device";
+  };
+  const MemoryPlan q4 = trial.plan([&](Config& a, PlanOptions& o) {
+    if (!lora_enabled(a)) apply_lora16(a);
+    if (!quantized_base(a)) apply_4bit_base(a);
+    o.checkpointing = true;
+  });
+  p.nearest.push_back("LoRA on a 4-bit base (nf4 + double quant), every block checkpointed: " +
+                      gib(q4.reserved) + " expected reserved, " + times(q4.reserved) +
+                      " (LoRA and a 4-bit base do not combine with expert parallelism yet)");
+  if (widest > 1) {
+    const MemoryPlan ep = trial.plan(expert_parallel(widest));
+    p.nearest.push_back(std::to_string(widest) +
+                        " GPUs with expert parallelism (full fine-tuning in bf16, ZeRO-1, every "
+                        "block checkpointed): " +
+                        gib(ep.reserved) + " expected reserved per GPU, " + times(ep.reserved) +
+                        ": the weights outside the routed experts are on every GPU, and splitting "
+                        "them (tensor or pipeline parallelism) is not in moe-train");
   }
 }
 
@@ -1011,6 +1040,7 @@ std::string plan_verdict(const PlanOptions& opt, const MemoryPlan& p) {
         "micro-batch 1): more devices (data parallel with ZeRO), a shorter model.seq_len, or a "
         "smaller model\n";
   }
+  for (const auto& n : p.nearest) out += "  nearest: " + n + "\n";
   return out;
 }
 

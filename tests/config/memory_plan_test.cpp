@@ -236,5 +236,44 @@ TEST(MemoryPlanQlora, AdviceOffersTheFourBitBaseWhenTheBf16BaseDoesNotFit) {
   }
 }
 
+// Where nothing fits, the plan names the two closest options with their figures: LoRA on a
+// 4-bit base, and expert parallelism over the most GPUs the experts allow (DeepSeek-V3 on 141 GiB).
+TEST(MemoryPlanAdvice, NothingFitsNamesTheNearestOptionsWithTheirFigures) {
+  nlohmann::json j = small_qlora(true);
+  j["model"]["num_layers"] = 4;
+  j["moe"]["num_experts"] = 8;
+  j.erase("quantization");
+  const Config c = test_util::build(j);
+  const PlanOptions tiny{.device_bytes = 1 << 20};
+  const MemoryPlan p = plan_memory(c, tiny);
+  ASSERT_FALSE(p.fits);
+  ASSERT_TRUE(p.advice.empty()) << format_plan(c, tiny, p);
+  ASSERT_EQ(p.nearest.size(), 2u) << format_plan(c, tiny, p);
+  auto figure = [&](double bytes) {  // the need as a multiple of the device, as printed
+    char f[48];
+    std::snprintf(f, sizeof f, "%.1fx this device", bytes / tiny.device_bytes);
+    return std::string(f);
+  };
+  Config q4 = c;
+  q4.quantization.load_in_4bit = true;
+  q4.quantization.quant_method = QuantMethod::kBitsandbytes;
+  q4.quantization.bnb_4bit_quant_type = Quant4bitType::kNf4;
+  q4.quantization.bnb_4bit_use_double_quant = true;
+  q4.quantization.bnb_4bit_compute_dtype = QuantComputeDtype::kBfloat16;
+  const double r4 = plan_memory(q4, PlanOptions{.checkpointing = true}).reserved;
+  EXPECT_NE(p.nearest[0].find("4-bit base"), std::string::npos) << p.nearest[0];
+  EXPECT_NE(p.nearest[0].find(figure(r4)), std::string::npos) << p.nearest[0] << " vs " << r4;
+  Config ep = c;
+  ep.lora.r = 0;
+  ep.bf16.enabled = true;
+  ep.zero_optimization.stage = std::max<int64_t>(ep.zero_optimization.stage, 1);
+  ep.moe.expert_parallel_size = 8;
+  const double r8 = plan_memory(ep, PlanOptions{.world_size = 8, .checkpointing = true}).reserved;
+  EXPECT_EQ(p.nearest[1].rfind("8 GPUs with expert parallelism", 0), 0u) << p.nearest[1];
+  EXPECT_NE(p.nearest[1].find(figure(r8)), std::string::npos) << p.nearest[1] << " vs " << r8;
+  // A plan that fits, or has advice, has no nearest options.
+  EXPECT_TRUE(plan_memory(c, PlanOptions{.device_bytes = 4 * r4}).nearest.empty());
+}
+
 }  // namespace
 }  // namespace moe::config

@@ -17,7 +17,9 @@ activation checkpointing of every block gives the same losses, capacity routing 
 resuming on a different base exits 2 naming it.
 
 Also: `plan` says Qwen3-30B-A3B and Mixtral-8x7B (published configs, configs/published) fit one
-141 GiB GPU with configs/finetune-lora.json.
+141 GiB GPU with configs/finetune-lora.json; so do DeepSeek-V2-Lite and Moonlight-16B-A3B with
+their latent-attention targets, while DeepSeek-V3 does not and the plan names its two nearest
+options; the config's k_proj / v_proj on an MLA model exit 2 naming lora.target_modules.
 
 With family names (e.g. deepseek_v3 deepseek_v2, the latent-attention families: adapters on
 q_a_proj / q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj and the routed experts),
@@ -233,6 +235,25 @@ def published_models_fit():
         print(f"{name}: {p['parameters'] / 1e9:.1f} B parameters, LoRA r 16: plan "
               f"{p['reserved_bytes'] / 2**30:.1f} GiB reserved on 141 GiB, largest micro-batch "
               f"{p['max_micro_batch']}")
+    # The DeepSeek lineage in its own attention names: the 16 B ones fit, V3 does not and the plan
+    # says how far its nearest options are; the config's k_proj / v_proj are refused on MLA.
+    experts = ["gate_proj", "up_proj", "down_proj"]
+    mla = {"DeepSeek-V2-Lite": ["q_proj"], "Moonlight-16B-A3B": ["q_proj"],
+           "DeepSeek-V3": ["q_a_proj", "q_b_proj"]}
+    for name, query in mla.items():
+        targets = json.dumps(query + ["kv_a_proj_with_mqa", "kv_b_proj", "o_proj"] + experts)
+        base = ["plan", "--config", root / "configs/finetune-lora.json", "--set",
+                f"model.init_from={root / 'configs/published' / name}", "--gpu-memory", "141GiB"]
+        p = json.loads(run(*base, "--set", f"lora.target_modules={targets}", "--json").stdout)
+        if name == "DeepSeek-V3":
+            assert not p["fits"] and p["parameters"] > 6.7e11 and len(p["nearest"]) == 2, p
+            assert "4-bit base" in p["nearest"][0] and "256 GPUs" in p["nearest"][1], p["nearest"]
+        else:
+            assert p["fits"] and 1.5e10 < p["parameters"] < 1.7e10, p
+        print(f"{name}: {p['parameters'] / 1e9:.1f} B parameters, LoRA r 16 on MLA + experts: plan "
+              f"{p['reserved_bytes'] / 2**30:.1f} GiB reserved on 141 GiB; fits: {p['fits']}")
+        r = run(*base, ok=False)
+        assert r.returncode == 2 and "lora.target_modules" in r.stderr, r.stderr[-600:]
 
 
 if not ONLY:

@@ -83,6 +83,9 @@ struct MemoryPlan {
   bool fits = true;
   int64_t max_micro_batch = 0;      // the largest that fits as configured (0 = none)
   std::vector<std::string> advice;  // what would make it fit (or fit larger batches)
+  // Where nothing tried fits: the closest options with what each needs (so a user of a model
+  // far above one device, e.g. DeepSeek-V3, sees how far and why).
+  std::vector<std::string> nearest;
   // The cheapest tier (precision of weights, master and moments; offload; checkpointing) that
   // fits the device (and host), as config settings; empty when none does.
   std::string cheapest_tier;
