@@ -6,8 +6,9 @@ GLM-4.5 ship, imports into weights bitwise equal to transformers' own dequantiza
 the test writes the FP8 source from a tiny random model, and the same model with every FP8 matrix
 replaced by that function's output as a plain fp32 source; the two imports must be identical,
 tensor for tensor. Blocks that do not divide the matrices (partial edge blocks on the ceil grid),
-fp32 and bf16 scales, per-tensor scales (weight_block_size null), eval against transformers on
-the dequantized model, and damaged sources (a missing or misshapen scale, FP8 without a
+fp32 and bf16 scales, per-tensor scales (weight_block_size null), DeepSeek-V3's latent-attention
+layout (kv_a_proj_with_mqa's rows ending in a partial block), eval against transformers on the
+dequantized model, and damaged sources (a missing or misshapen scale, FP8 without a
 quantization_config, static activation scales: exit 2 naming the file).
 usage: fp8_import_test.py MOE_TRAIN_BINARY"""
 import json
@@ -23,7 +24,7 @@ from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import hf_parity  # noqa: E402
-from tiny_families import COMMON, FAMILIES  # noqa: E402
+from tiny_families import COMMON, FAMILIES, MLA_FAMILIES  # noqa: E402
 from lora_common import runner  # noqa: E402 (on the path hf_parity sets)
 
 BIN = sys.argv[1]
@@ -51,7 +52,7 @@ def quantize(w, block, scale_dtype):
 
 def fp8_sources(tmp, family, block, scale_dtype):
     """The FP8 source, and the same model with transformers' dequantization as a fp32 source."""
-    cls, extra = FAMILIES[family]
+    cls, extra = {**FAMILIES, **MLA_FAMILIES}[family]
     torch.manual_seed(3)
     model = transformers.AutoModelForCausalLM.from_config(cls(**{**COMMON, **extra})).eval()
     plain = tmp / f"{family}-plain"
@@ -62,7 +63,8 @@ def fp8_sources(tmp, family, block, scale_dtype):
     for name, t in tensors.items():
         # As the released FP8 checkpoints: every linear projection; not embeddings, norms,
         # routers or the head (their modules_to_not_convert).
-        if t.dim() == 2 and name.endswith(("_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")):
+        if t.dim() == 2 and name.endswith(("_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight",
+                                           "kv_a_proj_with_mqa.weight")):
             q, s = quantize(t, block, scale_dtype)
             fp8[name], fp8[name + "_scale_inv"] = q, s
             ref[name] = _dequantize_fp8_weight(q, s, list(block) if block else None, torch.float32)
@@ -149,6 +151,15 @@ with tempfile.TemporaryDirectory() as d:
     r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
     hf_parity.compare("qwen3_moe FP8 import vs transformers on the dequantized model", dump, dequantized,
                       r["loss"], 1e-5, 1e-6)
+    # DeepSeek-V3's layout (latent attention, shared expert, dense first layer) in 16 x 16 blocks:
+    # kv_a_proj_with_mqa's 24 rows (kv_lora_rank 16 + rotary 8) end in a partial block, as V3's
+    # 576 rows do in its 128 x 128 ones.
+    (tmp / "v3").mkdir()
+    _, v3_dequantized, v3_imported = case(tmp / "v3", "deepseek_v3", (16, 16), torch.float32)
+    r = json.loads(run("eval", "--config", cfg, "--checkpoint", v3_imported, "--dump-logits",
+                       tmp / "v3-logits.safetensors").stdout)
+    hf_parity.compare("deepseek_v3 FP8 import vs transformers on the dequantized model",
+                      tmp / "v3-logits.safetensors", v3_dequantized, r["loss"], 1e-5, 1e-6)
 
     q = "model.layers.0.self_attn.q_proj.weight"
     refused(tmp, src, "missing-scale", edit_tensors(lambda t: t.pop(q + "_scale_inv")),
