@@ -12,7 +12,8 @@
   - a DeepSeek-V3 / GLM-4.5-shaped model (sigmoid group-limited routing with the correction
     bias, routed scaling, a shared expert, a dense first layer, q/k/v biases, q/k norms, partial
     rotary): EP=2 and DP=2 vs 1 process, 15 steps, the same bar; its EP=2 checkpoint in the
-    single-process names and shapes;
+    single-process names and shapes; and the same routing under DeepSeek-V3's multi-head latent
+    attention, EP=2 and DP=2;
   - resume EP=2 -> EP=1, EP=1 -> EP=2 and EP=2 ZeRO-2 -> EP=2 ZeRO-1 at step 20 of 40 continues
     the straight run's losses;
   - the checkpoint's tensors (model and optimizer) have the single-process names and shapes,
@@ -149,6 +150,20 @@ with tempfile.TemporaryDirectory() as d:
         ep, one = (tmp / f"v3-{r}/checkpoints/step-00000015/{f}" for r in ("ep", "one"))
         assert shapes(ep) == shapes(one), f"DeepSeek-V3-shaped EP=2 checkpoint {f}: names and shapes"
     print("  its EP=2 checkpoint: the single-process names and shapes")
+    # DeepSeek-V3 itself: the same routing under multi-head latent attention (a query bottleneck,
+    # the kv latent and shared rotary key, interleaved rotary pairs) instead of GLM's attention.
+    mla = [o for o in v3 if not o.startswith(("model.qkv_bias", "model.qk_norm",
+                                              "model.partial_rotary_factor"))]
+    mla += ["model.kv_lora_rank=16", "model.q_lora_rank=24", "model.qk_nope_head_dim=16",
+            "model.qk_rope_head_dim=8", "model.v_head_dim=12", "model.rope_interleave=true"]
+    single(cfg, *mla, f"training.output_dir={tmp / 'mla-one'}")
+    for name, extra in (("EP=2", [EP2]), ("DP=2", [])):
+        out = tmp / f"mla-{name[:2].lower()}"
+        torchrun(cfg, 2, *mla, *extra, f"training.output_dir={out}")
+        w = worst(records(out), records(tmp / "mla-one"))
+        print(f"DeepSeek-V3-shaped model with latent attention, {name} on 2 processes vs 1 process, "
+              f"15 steps: {w:.1e}")
+        assert w <= RTOL, (name, w)
     torchrun(cfg, 2, f"training.output_dir={tmp / 'dp2-capacity'}", CAP)
     w = worst(records(tmp / "dp2-capacity"), records(tmp / "one-capacity"))
     print(f"data parallel 2 x 4 vs 1 x 8 with capacity factor 1.0 (global capacity ranking): {w:.1e}")
