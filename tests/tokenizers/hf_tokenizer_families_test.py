@@ -59,7 +59,8 @@ def corpus(seed, size):
         "emoji": ["😀", "🚀", "👍🏽", "🇫🇷", "❤️", "✨", "👨\u200d👩\u200d👧"],
         "punct": ["!", "?!", "...", "—", "(x)", "#", "$5.00", "«q»", "C++", "e-mail", "…", "can't",
                   "I'll", "we've", "you'RE", "l'été"],
-        "special": ["<|endoftext|>", "<|im_start|>", BOS, EOS, "<\uff5cend\u2581of\u2581sentence\uff5c>"],
+        "special": ["<|endoftext|>", "<|im_start|>", BOS, EOS, "<\uff5cend\u2581of\u2581sentence\uff5c>",
+                    "[gMASK]<sop>", "<|user|>", "<think>x</think>", "/nothink"],
     }
     kinds = ["latin"] * 30 + ["cyrillic"] * 10 + ["cjk"] * 12 + ["arabic"] * 8 + ["combining"] * 14 + \
             ["emoji"] * 6 + ["punct"] * 8 + ["digits"] * 8 + ["special"] * 2
@@ -112,6 +113,15 @@ FAMILIES = {
                     pre_tokenizers.Sequence([split(r) for r in DEEPSEEK] + [byte_level()]), {},
                     ["<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>"],
                     [], bos("<\uff5cbegin\u2581of\u2581sentence\uff5c>"), {}),
+    # GLM-4.5 / GLM-4.5-Air (zai-org, GLM-4's tokenizer.json with GLM-4.5's added tokens): no
+    # normalizer, Split(GLM-4's regex = LLAMA3) then ByteLevel(use_regex=false); the role and
+    # [gMASK]/<sop> markers special, the reasoning and tool-call tags added but not special (the
+    # chat template writes [gMASK]<sop>; tests/chat/glm4_chat_test.py renders it).
+    "glm4": (None, pre_tokenizers.Sequence([split(LLAMA3), byte_level()]), {},
+             ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+              "<|assistant|>", "<|observation|>"],
+             [(t, False) for t in ("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>",
+                                   "</arg_key>", "<arg_value>", "</arg_value>", "/nothink")], None, {}),
     # Llama-2 / Mixtral-8x7B: Prepend("▁") + Replace(" ", "▁"), no pre-tokenizer, byte_fallback,
     # unk_token <unk> with fuse_unk; BOS.
     "mixtral": (normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]),
