@@ -10,7 +10,9 @@ order: a few ulps, bound 4 ulps of the largest weight). A second batch with logi
 grid puts ties in the keys: there our rule (the lower expert id wins, as in our CUDA kernel, on
 every device) and torch.topk's (unspecified; its CPU order here) may choose differently, and
 every row where they do must hold a tie at the edge of the choice: the keys chosen by either
-are the same multiset, or two groups tie at the edge of the kept ones.
+are the same multiset, or two groups tie at the edge of the kept ones. DeepSeek-V2's router
+(DeepseekV2TopkRouter: softmax scores, greedy or group_limited_greedy, never renormalised) on
+V2's and V2-Lite's settings the same way.
 With --device cuda (exit 77 without a GPU): both routers on the GPU, ours through its fused
 kernel. There torch.topk keeps, among values equal to the k-th, the first in index order (its
 CUDA gatherTopK), our rule: every row of both batches must choose the same experts.
@@ -23,6 +25,7 @@ import tempfile
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
+from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
 REPLAY = sys.argv[1]
@@ -33,16 +36,34 @@ if CUDA and not torch.cuda.is_available():
 DEVICE = "cuda" if CUDA else "cpu"
 torch.backends.cuda.matmul.allow_tf32 = False  # the identity router weight must pass logits exactly
 N = 10000
-# (experts, top-k, n_group, topk_group, routed_scaling_factor): the published configs' routing.
+# (experts, top-k, n_group, topk_group, routed_scaling_factor, V2): the published configs' routing.
+# V2 (DeepseekV2TopkRouter): softmax scores, no correction bias, never renormalised; groups (its
+# group_limited_greedy) scored by their best expert.
 SETTINGS = {
-    "DeepSeek-V3": (256, 8, 8, 4, 2.5),
-    "GLM-4.5": (160, 8, 1, 1, 2.5),
-    "GLM-4.5-Air": (128, 8, 1, 1, 1.0),
-    "8 experts in 4 groups, 2 kept, top-2 (the tests' tiny GLM)": (8, 2, 4, 2, 2.5),
+    "DeepSeek-V3": (256, 8, 8, 4, 2.5, False),
+    "GLM-4.5": (160, 8, 1, 1, 2.5, False),
+    "GLM-4.5-Air": (128, 8, 1, 1, 1.0, False),
+    "8 experts in 4 groups, 2 kept, top-2 (the tests' tiny GLM)": (8, 2, 4, 2, 2.5, False),
+    "DeepSeek-V2 (group_limited_greedy)": (160, 6, 8, 3, 16.0, True),
+    "DeepSeek-V2-Lite (greedy)": (64, 6, 1, 1, 1.0, True),
 }
 
 
-def theirs(logits, bias, E, k, n_group, topk_group, scaling, normalize):
+def theirs_v2(logits, E, k, n_group, topk_group, scaling):
+    config = transformers.DeepseekV2Config(hidden_size=E, n_routed_experts=E, num_experts_per_tok=k,
+                                           n_group=n_group, topk_group=topk_group,
+                                           routed_scaling_factor=scaling,
+                                           topk_method="group_limited_greedy" if n_group > 1 else "greedy")
+    router = DeepseekV2TopkRouter(config).to(DEVICE)
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(E))
+        _, w, idx = router(logits.to(DEVICE))
+    return idx.cpu(), w.cpu()
+
+
+def theirs(logits, bias, E, k, n_group, topk_group, scaling, normalize, v2):
+    if v2:
+        return theirs_v2(logits, E, k, n_group, topk_group, scaling)
     config = transformers.DeepseekV3Config(hidden_size=E, n_routed_experts=E, num_experts_per_tok=k,
                                            n_group=n_group, topk_group=topk_group,
                                            routed_scaling_factor=scaling, norm_topk_prob=normalize)
@@ -54,10 +75,10 @@ def theirs(logits, bias, E, k, n_group, topk_group, scaling, normalize):
     return idx.cpu(), w.cpu()
 
 
-def ours(tmp, logits, bias, k, n_group, topk_group, scaling, normalize):
+def ours(tmp, logits, bias, k, n_group, topk_group, scaling, normalize, v2):
     save_file({"logits": logits.contiguous(), "bias": bias}, tmp / "in.safetensors")
     subprocess.run([REPLAY, tmp / "in.safetensors", tmp / "out.safetensors", str(k), str(n_group),
-                    str(topk_group), repr(scaling), "1" if normalize else "0"] + (["cuda"] if CUDA else []),
+                    str(topk_group), repr(scaling), "1" if normalize else "0"] + (["cuda"] if CUDA else []) + (["softmax", "group-best"] if v2 else []),
                    check=True)
     out = load_file(tmp / "out.safetensors")
     return out["topk_idx"], out["topk_weight"]
@@ -73,24 +94,24 @@ failed = []
 with tempfile.TemporaryDirectory() as d:
     tmp = pathlib.Path(d)
     g = torch.Generator().manual_seed(0)
-    for name, (E, k, n_group, topk_group, scaling) in SETTINGS.items():
+    for name, (E, k, n_group, topk_group, scaling, v2) in SETTINGS.items():
         for batch in ("random", "ties"):
             logits = torch.randn(N, E, generator=g) * 2
-            bias = torch.randn(E, generator=g) * 0.05
+            bias = torch.randn(E, generator=g) * 0.05 * (not v2)
             if batch == "ties":  # coarse values: equal keys within and across groups
                 logits = (logits * 2).round() / 2
                 bias = (bias * 40).round() / 40
-            keys = torch.sigmoid(logits) + bias
-            for normalize in (True, False):
-                a_idx, a_w = by_expert(*ours(tmp, logits, bias, k, n_group, topk_group, scaling, normalize))
-                b_idx, b_w = by_expert(*theirs(logits, bias, E, k, n_group, topk_group, scaling, normalize))
+            keys = torch.softmax(logits, -1) if v2 else torch.sigmoid(logits) + bias
+            for normalize in (False,) if v2 else (True, False):
+                a_idx, a_w = by_expert(*ours(tmp, logits, bias, k, n_group, topk_group, scaling, normalize, v2))
+                b_idx, b_w = by_expert(*theirs(logits, bias, E, k, n_group, topk_group, scaling, normalize, v2))
                 other = (a_idx != b_idx).any(-1)
                 same = ~other
                 ulp = torch.finfo(torch.float32).eps * b_w[same].abs().max().item() if same.any() else 0.0
                 wdiff = (a_w[same] - b_w[same]).abs().max().item() if same.any() else 0.0
                 # A tie explains a row when both choices hold the same keys, or when the groups
                 # tie at the edge of the kept ones (then each may keep another group).
-                group = keys.view(N, n_group, E // n_group).topk(min(2, E // n_group), -1)[0].sum(-1)
+                group = keys.view(N, n_group, E // n_group).topk(1 if v2 else min(2, E // n_group), -1)[0].sum(-1)
                 g_sorted = group.sort(-1, descending=True).values
                 group_tie = (g_sorted[:, topk_group - 1] == g_sorted[:, topk_group]) if n_group > topk_group \
                     else torch.zeros(N, dtype=torch.bool)
