@@ -34,3 +34,14 @@ MLA_FAMILIES = {
                     dict(MLA, q_lora_rank=None, n_shared_experts=2, topk_method="greedy",
                          routed_scaling_factor=1.0)),
 }
+
+# GLM-4.5 (tests/hf/glm4_moe_test.py has its import/export checks): GQA with a head_dim of its own,
+# q/k/v biases, q/k norms, rotary on half of each head, sigmoid routing in 2 groups with a shared
+# expert and a dense first layer.
+GLM_FAMILIES = {
+    "glm4_moe": (transformers.Glm4MoeConfig,
+                 dict(head_dim=16, partial_rotary_factor=0.5, attention_bias=True, use_qk_norm=True,
+                      intermediate_size=80, moe_intermediate_size=32, n_routed_experts=4,
+                      n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                      routed_scaling_factor=2.5, norm_topk_prob=True, num_nextn_predict_layers=0)),
+}

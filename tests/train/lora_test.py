@@ -22,8 +22,9 @@ their latent-attention targets, while DeepSeek-V3 does not and the plan names it
 options; the config's k_proj / v_proj on an MLA model exit 2 naming lora.target_modules.
 
 With family names (e.g. deepseek_v3 deepseek_v2, the latent-attention families: adapters on
-q_a_proj / q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj and the routed experts),
-only those families' checks run.
+q_a_proj / q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj and the routed experts;
+glm4_moe, GLM-4.5 with q/k/v biases, q/k norms, partial rotary and group routing), only those
+families' checks run.
 
 usage: lora_test.py MOE_TRAIN_BINARY [FAMILY...]
 """
@@ -38,7 +39,7 @@ import transformers
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "hf"))
-from tiny_families import COMMON, FAMILIES, MLA_FAMILIES  # noqa: E402
+from tiny_families import COMMON, FAMILIES, GLM_FAMILIES, MLA_FAMILIES  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from lora_common import checkpoint, peft_steps, runner  # noqa: E402
@@ -102,7 +103,7 @@ def logits_of(model, tokens):
 
 
 def family_test(tmp, family):
-    cls, extra = {**FAMILIES, **MLA_FAMILIES}[family]
+    cls, extra = {**FAMILIES, **MLA_FAMILIES, **GLM_FAMILIES}[family]
     print(f"{family}:")
     torch.manual_seed(11)
     src = tmp / f"hf-{family}"
