@@ -54,10 +54,9 @@ import sys
 import tempfile
 
 try:
-    import h5py
-    import numpy as np
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer
+    from sft_reference import read_docs, reference
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
@@ -241,31 +240,6 @@ def glm_spans(text, msgs, first):
     return [span for span, j in zip(spans, assistants) if j >= first]
 
 
-def reference(tok, msgs, tools, first):
-    """transformers' ids, and the mask of the assistant turns."""
-    text = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
-    ids = tok.apply_chat_template(msgs, tools=tools, tokenize=True)
-    if not isinstance(ids, list):
-        ids = ids["input_ids"]
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    assert enc["input_ids"] == list(ids)
-    spans = glm_spans(text, msgs, first)
-    mask = [int(any(b > s and a < e for s, e in spans)) for a, b in enc["offset_mapping"]]
-    return list(ids), mask, text
-
-
-def read_docs(out):
-    m = json.loads((out / "manifest.json").read_text())
-    docs = []
-    for sh in m["splits"]["train"]:
-        with h5py.File(out / sh["file"], "r") as f:
-            t = np.asarray(f["tokens"][:], dtype=np.int64)
-            mk = np.asarray(f["loss_mask"][:], dtype=np.int64)
-            offs = list(np.asarray(f["doc_offsets"][:])) + [len(t)]
-        docs += [(t[a:b], mk[a:b]) for a, b in zip(offs[:-1], offs[1:])]
-    return docs, m
-
-
 def first_difference(a, b):
     return next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
 
@@ -292,7 +266,7 @@ def main():
                 "system": 0, "list content": 0, "/nothink": 0, "null content": 0, "thinking, reasoning": 0,
                 "text-part results": 0}
         for i, ((msgs, tools), (_, first), (ids, mask)) in enumerate(zip(convs, records, docs)):
-            want_ids, want_mask, text = reference(tok, msgs, tools, first)
+            want_ids, want_mask, text = reference(tok, msgs, tools, first, glm_spans)
             if list(ids) != want_ids:
                 j = first_difference(list(ids), want_ids)
                 raise SystemExit(f"FAIL conversation {i}: ids differ from token {j}:\n"

@@ -32,10 +32,9 @@ import sys
 import tempfile
 
 try:
-    import h5py
-    import numpy as np
     from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer
+    from sft_reference import read_docs, reference
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
@@ -183,31 +182,6 @@ def harmony_spans(text, msgs, first):
     return [span for span, j in zip(runs, assistants) if j >= first]
 
 
-def reference(tok, msgs, tools, first):
-    """transformers' ids, and the mask of the assistant turns (see the module docstring)."""
-    text = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
-    ids = tok.apply_chat_template(msgs, tools=tools, tokenize=True)
-    if not isinstance(ids, list):
-        ids = ids["input_ids"]
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    assert enc["input_ids"] == list(ids)
-    spans = harmony_spans(text, msgs, first)
-    mask = [int(any(b > s and a < e for s, e in spans)) for a, b in enc["offset_mapping"]]
-    return list(ids), mask, text
-
-
-def read_docs(out):
-    m = json.loads((out / "manifest.json").read_text())
-    docs = []
-    for sh in m["splits"]["train"]:
-        with h5py.File(out / sh["file"], "r") as f:
-            t = np.asarray(f["tokens"][:], dtype=np.int64)
-            mk = np.asarray(f["loss_mask"][:], dtype=np.int64)
-            offs = list(np.asarray(f["doc_offsets"][:])) + [len(t)]
-        docs += [(t[a:b], mk[a:b]) for a, b in zip(offs[:-1], offs[1:])]
-    return docs, m
-
-
 def main():
     with tempfile.TemporaryDirectory() as d:
         tmp = pathlib.Path(d)
@@ -226,7 +200,7 @@ def main():
         targets = 0
         seen = {"thinking": 0, "tool calls": 0, "tool results": 0, "developer": 0, "system": 0}
         for i, ((msgs, tools), (_, first), (ids, mask)) in enumerate(zip(convs, records, docs)):
-            want_ids, want_mask, text = reference(tok, msgs, tools, first)
+            want_ids, want_mask, text = reference(tok, msgs, tools, first, harmony_spans)
             assert list(ids) == want_ids, (i, msgs, tok.decode(ids), text)
             if list(mask) != want_mask:
                 bad = [j for j in range(len(mask)) if mask[j] != want_mask[j]]

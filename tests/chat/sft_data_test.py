@@ -27,10 +27,11 @@ import subprocess
 import sys
 import tempfile
 
-import h5py
 import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer
+
+from sft_reference import read_docs
 
 BIN, DATA = sys.argv[1], pathlib.Path(sys.argv[2])
 QWEN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -169,18 +170,6 @@ def reference(tok, special, msgs, tools, first):
         ba, bb = char_to_byte[a], char_to_byte[b]
         mask.append(int(any(bb > s and ba < e for s, e in spans)))
     return list(ids), mask
-
-
-def read_docs(out):
-    m = json.loads((out / "manifest.json").read_text())
-    docs = []
-    for sh in m["splits"]["train"]:
-        with h5py.File(out / sh["file"], "r") as f:
-            t = np.asarray(f["tokens"][:], dtype=np.int64)
-            mk = np.asarray(f["loss_mask"][:], dtype=np.int64)
-            offs = list(np.asarray(f["doc_offsets"][:])) + [len(t)]
-        docs += [(t[a:b], mk[a:b]) for a, b in zip(offs[:-1], offs[1:])]
-    return docs, m
 
 
 with tempfile.TemporaryDirectory() as d:

@@ -1,0 +1,34 @@
+"""What the chat-template tests share: reading prepare-data's SFT shards back, and the
+transformers side of a comparison (ids from apply_chat_template, the mask from the assistant
+spans a test derives from the rendered text)."""
+import json
+
+import h5py
+import numpy as np
+
+
+def read_docs(out):
+    """Each document's (ids, loss mask) of prepare-data's training split, and its manifest."""
+    m = json.loads((out / "manifest.json").read_text())
+    docs = []
+    for sh in m["splits"]["train"]:
+        with h5py.File(out / sh["file"], "r") as f:
+            t = np.asarray(f["tokens"][:], dtype=np.int64)
+            mk = np.asarray(f["loss_mask"][:], dtype=np.int64)
+            offs = list(np.asarray(f["doc_offsets"][:])) + [len(t)]
+        docs += [(t[a:b], mk[a:b]) for a, b in zip(offs[:-1], offs[1:])]
+    return docs, m
+
+
+def reference(tok, msgs, tools, first, spans_of):
+    """transformers' ids and text, and the mask of the assistant turns: spans_of(text, msgs, first)
+    gives their character spans; a token is trained when its offsets overlap one."""
+    text = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
+    ids = tok.apply_chat_template(msgs, tools=tools, tokenize=True)
+    if not isinstance(ids, list):
+        ids = ids["input_ids"]
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert enc["input_ids"] == list(ids)
+    spans = spans_of(text, msgs, first)
+    mask = [int(any(b > s and a < e for s, e in spans)) for a, b in enc["offset_mapping"]]
+    return list(ids), mask, text
