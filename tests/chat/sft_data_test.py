@@ -31,7 +31,7 @@ import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer
 
-from sft_reference import read_docs
+from sft_reference import read_docs, rendered
 
 BIN, DATA = sys.argv[1], pathlib.Path(sys.argv[2])
 QWEN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -137,12 +137,7 @@ def example(rnd, kind, i):
 
 def reference(tok, special, msgs, tools, first):
     """transformers' ids, and the mask from its rendered text (see the module docstring)."""
-    text = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
-    ids = tok.apply_chat_template(msgs, tools=tools, tokenize=True)
-    if not isinstance(ids, list):
-        ids = ids["input_ids"]
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    assert enc["input_ids"] == list(ids)
+    text, ids, enc = rendered(tok, msgs, tools)
     k = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
     without = tok.apply_chat_template(msgs[:k], tools=tools, tokenize=False) if k else ""
     with_prompt = tok.apply_chat_template(msgs[:k], tools=tools, tokenize=False, add_generation_prompt=True)

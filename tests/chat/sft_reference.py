@@ -20,15 +20,21 @@ def read_docs(out):
     return docs, m
 
 
-def reference(tok, msgs, tools, first, spans_of):
-    """transformers' ids and text, and the mask of the assistant turns: spans_of(text, msgs, first)
-    gives their character spans; a token is trained when its offsets overlap one."""
+def rendered(tok, msgs, tools):
+    """apply_chat_template's text and ids, and the text's encoding with offsets (its ids the same)."""
     text = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
     ids = tok.apply_chat_template(msgs, tools=tools, tokenize=True)
     if not isinstance(ids, list):
         ids = ids["input_ids"]
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     assert enc["input_ids"] == list(ids)
+    return text, list(ids), enc
+
+
+def reference(tok, msgs, tools, first, spans_of):
+    """transformers' ids and text, and the mask of the assistant turns: spans_of(text, msgs, first)
+    gives their character spans; a token is trained when its offsets overlap one."""
+    text, ids, enc = rendered(tok, msgs, tools)
     spans = spans_of(text, msgs, first)
     mask = [int(any(b > s and a < e for s, e in spans)) for a, b in enc["offset_mapping"]]
-    return list(ids), mask, text
+    return ids, mask, text
