@@ -17,7 +17,6 @@
 #include "moe/cli/completion.h"
 #include "moe/cli/schema_command.h"
 #include "moe/config/config.h"
-#include "moe/config/memory_plan.h"
 #include "moe/convert/hf_checkpoint.h"
 #include "moe/data/prepare.h"
 #include "moe/data/remote_dataset.h"
@@ -28,6 +27,9 @@
 #include "moe/hf/hf_files.h"
 #include "moe/kernels/permute.h"  // cuda_kernels_compiled
 #include "moe/parallel/launch_env.h"
+#include "moe/plan/advice.h"
+#include "moe/plan/memory_plan.h"
+#include "moe/plan/plan_report.h"
 #include "moe/train/inference.h"
 #include "moe/train/run_config.h"
 #include "moe/train/trainer.h"
@@ -346,7 +348,7 @@ struct PlanArgs {
 
 // plan --largest: for each memory tier (with activation checkpointing), the deepest model of the
 // config's family (its width, experts, heads) that fits --gpu-memory (and --host-memory).
-int print_largest_models(const config::Config& cfg, const config::PlanOptions& o, bool json) {
+int print_largest_models(const config::Config& cfg, const plan::PlanOptions& o, bool json) {
   nlohmann::json rows = nlohmann::json::array();
   if (!json) {
     std::printf(
@@ -358,12 +360,12 @@ int print_largest_models(const config::Config& cfg, const config::PlanOptions& o
                   .c_str()
             : "");
   }
-  for (const config::MemoryTier& t : config::memory_tiers()) {
+  for (const plan::MemoryTier& t : plan::memory_tiers()) {
     if (!t.checkpointing) continue;
     config::Config c = cfg;
-    config::PlanOptions to = o;
-    config::apply_tier(t, c, to);
-    const config::LargestModel m = config::largest_fitting_model(c, to);
+    plan::PlanOptions to = o;
+    plan::apply_tier(t, c, to);
+    const plan::LargestModel m = plan::largest_fitting_model(c, to);
     rows.push_back({{"tier", t.name},
                     {"num_layers", m.num_layers},
                     {"parameters", m.parameters},
@@ -385,56 +387,25 @@ int cmd_plan(const PlanArgs& a) {
   // The batch rule resolves with the world size (train_batch_size = micro x accumulation x N).
   const config::Config cfg =
       train::load_run_config(a.cfg.config_path, a.cfg.overrides, a.world_size);
-  config::PlanOptions o;
+  plan::PlanOptions o;
   o.world_size = a.world_size;
   o.cpu = a.device == "cpu" ||
           (a.device == "auto" && cfg.training.device == config::TrainingDevice::kCpu);
   o.cuda_kernels = kernels::cuda_kernels_compiled();
   if (!a.gpu_memory.empty())
-    o.device_bytes = config::parse_memory_size(a.gpu_memory, "plan: --gpu-memory");
+    o.device_bytes = plan::parse_memory_size(a.gpu_memory, "plan: --gpu-memory");
   if (!a.host_memory.empty())
-    o.host_bytes = config::parse_memory_size(a.host_memory, "plan: --host-memory");
+    o.host_bytes = plan::parse_memory_size(a.host_memory, "plan: --host-memory");
   if (a.largest) {
     if (o.device_bytes <= 0) throw UserError("plan: --largest needs --gpu-memory");
     return print_largest_models(cfg, o, a.json);
   }
-  const config::MemoryPlan p = config::plan_memory(cfg, o);
+  const plan::MemoryPlan p = plan::plan_memory(cfg, o);
   if (!a.json) {
-    std::cout << config::format_plan(cfg, o, p);
+    std::cout << plan::format_plan(cfg, o, p);
     return kExitOk;
   }
-  nlohmann::json j = {{"parameters", p.parameters},
-                      {"active_parameters", p.active_parameters},
-                      {"micro_batch", p.micro_batch},
-                      {"device", o.cpu ? "cpu" : "gpu"},
-                      {"world_size", o.world_size},
-                      {"weights_bytes", p.weights},
-                      {"gradients_bytes", p.gradients},
-                      {"optimizer_states_bytes", p.optimizer_states},
-                      {"low_precision_weights_bytes", p.low_precision_weights},
-                      {"master_weights_bytes", p.master_weights},
-                      {"activations_bytes", p.activations},
-                      {"activations_no_checkpoint_bytes", p.activations_no_checkpoint},
-                      {"activations_checkpoint_bytes", p.activations_checkpoint},
-                      {"backward_transient_bytes", p.backward_transient},
-                      {"communication_bytes", p.communication},
-                      {"peak_bytes", p.peak},
-                      {"reserved_bytes", p.reserved},
-                      {"host_bytes", p.host},
-                      {"host_states_bytes", p.host_states},
-                      {"quantized_base_bytes", p.quantized_base},
-                      {"quantized_parameters", p.quantized_parameters},
-                      {"dequant_scratch_bytes", p.dequant_scratch}};
-  if (o.device_bytes > 0) {
-    j["device_bytes"] = o.device_bytes;
-    j["fits"] = p.fits;
-    j["max_micro_batch"] = p.max_micro_batch;
-    j["advice"] = p.advice;
-    j["nearest"] = p.nearest;
-    j["cheapest_tier"] = p.cheapest_tier;
-  }
-  if (o.host_bytes > 0) j["host_memory_bytes"] = o.host_bytes;
-  std::cout << j.dump(2) << "\n";
+  std::cout << plan::plan_json(o, p).dump(2) << "\n";
   return kExitOk;
 }
 

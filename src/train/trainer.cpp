@@ -35,7 +35,6 @@
 #include "moe/checkpoint/remote_checkpoints.h"
 #include "moe/checkpoint/resume_policy.h"
 #include "moe/config/architecture.h"
-#include "moe/config/memory_plan.h"
 #include "moe/data/blended_loader.h"
 #include "moe/data/streaming_loader.h"
 #include "moe/kernels/permute.h"  // cuda_kernels_compiled
@@ -48,6 +47,7 @@
 #include "moe/optim/loss_scaler.h"
 #include "moe/optim/lr_schedule.h"
 #include "moe/parallel/data_parallel.h"
+#include "moe/plan/memory_plan.h"
 #include "moe/train/cadence.h"
 #include "moe/train/device.h"
 #include "moe/train/evaluation.h"
@@ -128,11 +128,11 @@ std::string oom_report(const config::Config& cfg, const torch::Device& device, i
         << gib(stats.reserved_bytes[agg].peak) << "), " << stats.num_alloc_retries << " retries, "
         << stats.num_ooms << " OOMs";
     // The planner's view of this config on this card (moe-train plan; docs/memory.md).
-    config::PlanOptions po;
+    plan::PlanOptions po;
     po.cuda_kernels = kernels::cuda_kernels_compiled();
     po.device_bytes = static_cast<double>(
         at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->totalGlobalMem);
-    const config::MemoryPlan plan = config::plan_memory(cfg, po);
+    const plan::MemoryPlan plan = plan::plan_memory(cfg, po);
     msg << "; moe-train plan predicts " << gib(static_cast<int64_t>(plan.reserved))
         << " GiB, largest micro-batch that fits " << plan.max_micro_batch;
     for (const auto& a : plan.advice) msg << "; would help: " << a;
@@ -252,10 +252,10 @@ class TrainingSession {
   void report_offload_host_bytes() {
     if (!optimizer_.offloaded()) return;
     summary_.offload_host_bytes = optimizer_.host_bytes();
-    config::PlanOptions po;
+    plan::PlanOptions po;
     po.cpu = in_.device.is_cpu();
     po.world_size = dp_->size();
-    const double planned = config::plan_memory(cfg_, po).host_states;
+    const double planned = plan::plan_memory(cfg_, po).host_states;
     log_->info("optimizer offload: {:.3f} GiB of host buffers held (moe-train plan: {:.3f} GiB)",
                static_cast<double>(summary_.offload_host_bytes) / (1 << 30), planned / (1 << 30));
   }

@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/config/config.h"
-#include "moe/config/memory_plan.h"
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
 #include "moe/optim/host_arena.h"
+#include "moe/plan/memory_plan.h"
 #include "moe/train/trainer.h"
 #include "moe/util/remove_tree.h"
 
@@ -88,7 +88,7 @@ TEST_P(OffloadHostBytes, PlannedEqualsAllocated) {
   config::Config cfg = config::from_json(j, l.name + ".json");
   config::validate(cfg);
   const TrainSummary s = run_training(cfg, {});
-  const config::MemoryPlan plan = config::plan_memory(cfg, config::PlanOptions{.cpu = true});
+  const plan::MemoryPlan plan = plan::plan_memory(cfg, plan::PlanOptions{.cpu = true});
   ASSERT_GT(plan.host_states, 0);
   EXPECT_EQ(static_cast<double>(s.offload_host_bytes), plan.host_states)
       << "allocated " << s.offload_host_bytes << " B, planned " << plan.host_states << " B for "

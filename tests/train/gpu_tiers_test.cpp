@@ -20,12 +20,12 @@
 
 #include "kernels/optimizer_checks.h"
 #include "moe/config/config.h"
-#include "moe/config/memory_plan.h"
 #include "moe/data/synthetic.h"
 #include "moe/data/token_shard.h"
 #include "moe/kernels/adam8bit.h"
 #include "moe/optim/adamw.h"
 #include "moe/optim/offload_gradient_stream.h"
+#include "moe/plan/memory_plan.h"
 #include "moe/quant/blockwise_quant.h"
 #include "moe/train/trainer.h"
 #include "moe/util/remove_tree.h"
@@ -199,9 +199,9 @@ TEST(LoraGpu, TrainsOnA4BitBase) {
   for (const auto& n : names) EXPECT_NE(n.find("lora_"), std::string::npos) << n;
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
   const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  config::PlanOptions po;
+  plan::PlanOptions po;
   po.device_bytes = 0;
-  const config::MemoryPlan plan = config::plan_memory(cfg, po);
+  const plan::MemoryPlan plan = plan::plan_memory(cfg, po);
   RecordProperty("peak_allocated_bytes", std::to_string(stats.allocated_bytes[agg].peak));
   RecordProperty("plan_peak_bytes", figure(plan.peak));
   std::cout << "[ memory   ] 4-bit base LoRA: allocator peak " << stats.allocated_bytes[agg].peak

@@ -5,12 +5,17 @@
 
 #include <cstdio>
 
-#include "config_test_util.h"
+#include "../config/config_test_util.h"
 #include "moe/config/lora.h"
-#include "moe/config/memory_plan.h"
+#include "moe/plan/memory_plan.h"
+#include "moe/plan/plan_report.h"
+#include "moe/plan/quantized_base_tier.h"
+#include "moe/plan/weights_tier.h"
 
-namespace moe::config {
+namespace moe::plan {
 namespace {
+
+using namespace moe::config;  // NOLINT(google-build-using-namespace): the config's types
 
 TEST(MemoryPlanTiers, MomentBytesPerParameterFollowTheFormula) {
   Config c = test_util::build(test_util::minimal());
@@ -276,4 +281,4 @@ TEST(MemoryPlanAdvice, NothingFitsNamesTheNearestOptionsWithTheirFigures) {
 }
 
 }  // namespace
-}  // namespace moe::config
+}  // namespace moe::plan

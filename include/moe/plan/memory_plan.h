@@ -4,6 +4,11 @@
 // micro-batch (attention, router, dispatched rows, expert intermediates, head), walked through
 // the backward pass layer by layer to find the peak. docs/memory.md derives every term;
 // `moe-train plan` prints it; tests/train/memory_plan_test.py checks it against measured peaks.
+//
+// The planner is a list of parts, one per memory tier (src/plan/memory_plan.cpp): weights,
+// gradients and optimizer states (weights_tier.h), the 4-bit base (quantized_base_tier.h), LoRA's
+// frozen base, data and expert parallelism, activations, offload; then the peak, the verdict and
+// advice (advice.h) and the report (plan_report.h).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +17,7 @@
 
 #include "moe/config/config.h"
 
-namespace moe::config {
+namespace moe::plan {
 
 struct PlanOptions {
   int64_t world_size = 1;      // data-parallel ranks (ZeRO divides states by it)
@@ -25,32 +30,6 @@ struct PlanOptions {
   // takes the ATen references (the SwiGLU keeps silu(gate) too, the 8-bit step its copies).
   bool cuda_kernels = true;
 };
-
-// Bytes per parameter of Adam's two moments under optimizer.exp_avg_dtype / exp_avg_sq_dtype:
-// 4 (fp32), 2 (bf16) or 1 + 4/256 (8-bit codes and one fp32 scale per 256-value block) each.
-// Parameters under 4096 values keep fp32 moments under 8-bit; the planner counts them as 8-bit.
-double moment_bytes_per_parameter(const Config& c);
-
-// Bytes bitsandbytes' 4-bit format holds for one matrix of `values` values (quant/bnb_4bit.h,
-// Quantized4bit::bytes()): ceil(values / 2) bytes of codes and one absmax per 64-value block,
-// fp32; under double quant the absmax is one byte, with an fp32 scale per 256 blocks and one
-// fp32 offset per matrix.
-double quantized_4bit_bytes(int64_t values, bool double_quant);
-
-// The frozen base a QLoRA run (quantization.load_in_4bit) holds in 4 bits, as the model quantizes
-// it (layers/frozen_4bit.h): q, k, v and o of each attention, the dense MLPs' gate, up and down,
-// and each routed expert's gate, up and down matrix, every one its own matrix; modules trained
-// in full (lora.modules_to_save) stay as they are. All zero without load_in_4bit.
-struct Quantized4bitBase {
-  int64_t parameters = 0;  // values held in 4 bits
-  int64_t matrices = 0;    // bitsandbytes matrices (each with its own blocks)
-  double bytes = 0;        // codes + statistics, the exact sum over the matrices
-  // Values of the largest matrix group dequantized at once before a GEMM (a fused q|k|v, an
-  // output projection, a dense MLP projection, a layer's whole expert stack on the grouped-GEMM
-  // path or one expert's matrix otherwise), and its bytes in the dtype it is dequantized to.
-  double largest_group_values = 0, largest_group_bytes = 0;
-};
-Quantized4bitBase quantized_4bit_base(const Config& c, const PlanOptions& opt);
 
 struct MemoryPlan {
   int64_t parameters = 0, active_parameters = 0;
@@ -91,39 +70,6 @@ struct MemoryPlan {
   std::string cheapest_tier;
 };
 
-// One combination of the memory tiers, with the settings that select it.
-struct MemoryTier {
-  std::string name;      // e.g. "bf16 weights + 8-bit moments + offload"
-  std::string settings;  // the config keys that select it, "key=value ..."
-  int cost = 0;          // ranks speed and precision given up: checkpointing 1, bf16 weights 1,
-                         // bf16 moments 1, 8-bit moments 2, bf16 master 2, offload 3 (4 when
-                         // its gradients are copied after the backward)
-  int weights = 0;       // 0 fp32, 1 bf16 + fp32 master, 2 bf16 + bf16 master (Kahan)
-  int moments = 0;       // 0 fp32, 1 bf16, 2 8-bit
-  bool offload = false, checkpointing = false;
-  // Offload's gradients copied after the backward (overlap_comm false): slower (cost +1) but
-  // 4 B per parameter less host memory with 16-bit weights (no fp32 host gradients).
-  bool offload_after_backward = false;
-};
-// Every combination, cheapest first (ties: in enumeration order).
-std::vector<MemoryTier> memory_tiers();
-// `c` with tier t applied (device plans: 16-bit tiers enable bf16 unless fp16 is on).
-void apply_tier(const MemoryTier& t, Config& c, PlanOptions& o);
+MemoryPlan plan_memory(const config::Config& cfg, const PlanOptions& opt);
 
-// The largest model of c's family (its width, experts and heads) that fits, by the number of
-// layers: 0 layers when even one does not fit.
-struct LargestModel {
-  int64_t num_layers = 0, parameters = 0;
-  double reserved = 0, host = 0;
-};
-LargestModel largest_fitting_model(const Config& c, const PlanOptions& opt);
-
-MemoryPlan plan_memory(const Config& cfg, const PlanOptions& opt);
-
-// The table and verdict as `moe-train plan` prints them.
-std::string format_plan(const Config& cfg, const PlanOptions& opt, const MemoryPlan& p);
-
-// "141GiB", "80GB", "24 GiB", "1e9" -> bytes; UserError naming `what` otherwise.
-double parse_memory_size(const std::string& text, const std::string& what);
-
-}  // namespace moe::config
+}  // namespace moe::plan
