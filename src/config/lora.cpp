@@ -74,6 +74,87 @@ bool saved_in_full(const LoraConfig& l, const std::string& name, bool tie_embedd
   return false;
 }
 
+namespace {
+
+// The adapter parameters of one attention block with multi-head latent attention: q_proj or
+// q_a/q_b, kv_a, kv_b, o (no k_proj / v_proj).
+int64_t latent_attention_adapter(const Config& c, const LoraTargets& t) {
+  const auto& m = c.model;
+  const int64_t r = c.lora.r, d = m.hidden_size, H = m.num_heads;
+  const int64_t qk = qk_head_dim(c), qr = m.q_lora_rank, kvr = m.kv_lora_rank;
+  int64_t n = 0;
+  if (t.q && qr == 0) n += r * (d + H * qk);
+  if (t.q_a && qr > 0) n += r * (d + qr);
+  if (t.q_b && qr > 0) n += r * (qr + H * qk);
+  if (t.kv_a) n += r * (d + kvr + m.qk_rope_head_dim);
+  if (t.kv_b) n += r * (kvr + H * (m.qk_nope_head_dim + m.v_head_dim));
+  if (t.o) n += r * (H * m.v_head_dim + d);
+  return n;
+}
+
+// The adapter parameters of one attention block (q, k, v, o; or the latent projections).
+int64_t attention_adapter(const Config& c, const LoraTargets& t) {
+  if (latent_attention(c)) return latent_attention_adapter(c, t);
+  const int64_t r = c.lora.r, d = c.model.hidden_size, H = c.model.num_heads;
+  const int64_t KV = key_value_heads(c), hd = head_dim(c);
+  int64_t n = 0;
+  if (t.q) n += r * (d + H * hd);
+  if (t.k) n += r * (d + KV * hd);
+  if (t.v) n += r * (d + KV * hd);
+  if (t.o) n += r * (H * hd + d);
+  return n;
+}
+
+// Every adapter of the model: attention in each layer, then the experts (MoE layers) or the
+// dense MLP (dense layers).
+int64_t adapter_parameters(const Config& c, const LoraTargets& t) {
+  const int64_t r = c.lora.r, d = c.model.hidden_size, E = c.moe.num_experts;
+  const int64_t f = expert_hidden_size(c), fd = dense_hidden_size(c);
+  const int64_t per_attention = attention_adapter(c, t);
+  int64_t n = 0;
+  for (int64_t layer = 0; layer < c.model.num_layers; ++layer) {
+    n += per_attention;
+    if (is_moe_layer(c, layer)) {
+      n += E * t.experts_gate_up_rank * (d + 2 * f);
+      if (t.experts_down) n += E * r * (f + d);
+    } else if (t.dense_mlp) {
+      n += 3 * r * (d + fd);
+    }
+  }
+  return n;
+}
+
+// The norms modules_to_save trains in full ("norm" is every norm, as PEFT's suffix match).
+int64_t saved_norm_parameters(const Config& c) {
+  const auto& s = c.lora.modules_to_save;
+  const int64_t d = c.model.hidden_size, L = c.model.num_layers, hd = head_dim(c);
+  const bool all_norms = has(s, "norm");
+  auto saved = [&](const char* name) { return all_norms || has(s, name); };
+  int64_t n = all_norms ? d : 0;  // final_norm
+  if (saved("input_layernorm")) n += L * d;
+  if (saved("post_attention_layernorm")) n += L * d;
+  if (c.model.qk_norm) {
+    const bool full = c.model.qk_norm_scope == QkNormScope::kFull;
+    if (saved("q_norm")) n += L * (full ? c.model.num_heads * hd : hd);
+    if (saved("k_norm")) n += L * (full ? key_value_heads(c) * hd : hd);
+  }
+  return n;
+}
+
+// The base parameters modules_to_save trains in full: router, embeddings, head, norms.
+int64_t saved_base_parameters(const Config& c) {
+  const auto& s = c.lora.modules_to_save;
+  const int64_t d = c.model.hidden_size, V = c.model.vocab_size;
+  int64_t n = 0;
+  if (has(s, "gate")) n += moe_layer_count(c) * d * c.moe.num_experts;
+  const bool embed = has(s, "embed_tokens") || (has(s, "lm_head") && c.model.tie_embeddings);
+  if (embed) n += V * d + (c.model.rope_theta > 0 ? 0 : c.model.seq_len * d);
+  if (has(s, "lm_head") && !c.model.tie_embeddings) n += V * d;
+  return n + saved_norm_parameters(c);
+}
+
+}  // namespace
+
 LoraParameterCounts lora_parameter_counts(const Config& c) {
   LoraParameterCounts n;
   const int64_t total = count_parameters(c);
@@ -81,50 +162,8 @@ LoraParameterCounts lora_parameter_counts(const Config& c) {
     n.trainable_base = total;
     return n;
   }
-  const LoraTargets t = lora_targets(c.lora);
-  const int64_t r = c.lora.r, d = c.model.hidden_size, H = c.model.num_heads;
-  const int64_t KV = key_value_heads(c), hd = head_dim(c), E = c.moe.num_experts;
-  const int64_t f = expert_hidden_size(c), fd = dense_hidden_size(c), V = c.model.vocab_size;
-  const int64_t L = c.model.num_layers;
-  int64_t per_attention = 0;
-  if (latent_attention(c)) {  // q_proj or q_a/q_b, kv_a, kv_b, o (no k_proj / v_proj)
-    const auto& m = c.model;
-    const int64_t qk = qk_head_dim(c), qr = m.q_lora_rank, kvr = m.kv_lora_rank;
-    if (t.q && qr == 0) per_attention += r * (d + H * qk);
-    if (t.q_a && qr > 0) per_attention += r * (d + qr);
-    if (t.q_b && qr > 0) per_attention += r * (qr + H * qk);
-    if (t.kv_a) per_attention += r * (d + kvr + m.qk_rope_head_dim);
-    if (t.kv_b) per_attention += r * (kvr + H * (m.qk_nope_head_dim + m.v_head_dim));
-    if (t.o) per_attention += r * (H * m.v_head_dim + d);
-  } else {
-    if (t.q) per_attention += r * (d + H * hd);
-    if (t.k) per_attention += r * (d + KV * hd);
-    if (t.v) per_attention += r * (d + KV * hd);
-    if (t.o) per_attention += r * (H * hd + d);
-  }
-  for (int64_t layer = 0; layer < L; ++layer) {
-    n.adapter += per_attention;
-    if (is_moe_layer(c, layer)) {
-      n.adapter += E * t.experts_gate_up_rank * (d + 2 * f);
-      if (t.experts_down) n.adapter += E * r * (f + d);
-    } else if (t.dense_mlp) {
-      n.adapter += 3 * r * (d + fd);
-    }
-  }
-  const auto& s = c.lora.modules_to_save;
-  if (has(s, "gate")) n.trainable_base += moe_layer_count(c) * d * E;
-  const bool embed = has(s, "embed_tokens") || (has(s, "lm_head") && c.model.tie_embeddings);
-  if (embed) n.trainable_base += V * d + (c.model.rope_theta > 0 ? 0 : c.model.seq_len * d);
-  if (has(s, "lm_head") && !c.model.tie_embeddings) n.trainable_base += V * d;
-  const bool all_norms = has(s, "norm");
-  if (all_norms) n.trainable_base += d;
-  if (all_norms || has(s, "input_layernorm")) n.trainable_base += L * d;
-  if (all_norms || has(s, "post_attention_layernorm")) n.trainable_base += L * d;
-  if (c.model.qk_norm) {
-    const bool full = c.model.qk_norm_scope == QkNormScope::kFull;
-    if (all_norms || has(s, "q_norm")) n.trainable_base += L * (full ? H * hd : hd);
-    if (all_norms || has(s, "k_norm")) n.trainable_base += L * (full ? KV * hd : hd);
-  }
+  n.adapter = adapter_parameters(c, lora_targets(c.lora));
+  n.trainable_base = saved_base_parameters(c);
   n.frozen_base = total - n.trainable_base;
   return n;
 }
