@@ -197,9 +197,8 @@ std::vector<uint32_t> merge_all(std::vector<Symbol>& sym, const MergeTable& merg
   return ids;
 }
 
-}  // namespace
-
-HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
+// tokenizer.json, read and parsed (UserError when unreadable, too deeply nested or not JSON).
+json read_tokenizer_json(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError("tokenizer: " + path + ": cannot open");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -208,12 +207,73 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
                     std::to_string(max_json_nesting()) + " levels deep" +
                     raise_hint("json.nesting"));
   }
-  json j;
   try {
-    j = json::parse(text);
+    return json::parse(text);
   } catch (const json::exception& e) {
     throw UserError("tokenizer: " + path + ": invalid JSON: " + e.what());
   }
+}
+
+// model.vocab by token, and its one-code-point entries by code point.
+void read_vocab(const json& model, std::unordered_map<std::string, int64_t>& vocab,
+                std::unordered_map<uint32_t, int64_t>& char_ids, const Refuse& refuse) {
+  for (const auto& [token, id] : model.at("vocab").items()) {
+    vocab[token] = token_id(id, "model.vocab[\"" + token + "\"]", refuse);
+  }
+  for (const auto& [token, id] : vocab) {
+    size_t n = 0;
+    if (!token.empty() && utf8::length(static_cast<unsigned char>(token[0])) == token.size()) {
+      char_ids.emplace(utf8::decode(token, 0, n), id);
+    }
+  }
+}
+
+// One entry of added_tokens, checked: lstrip / rstrip / single_word refused, the id in range.
+struct AddedToken {
+  std::string content;
+  int64_t id;
+  bool normalized, special;
+};
+
+// The non-empty entries of added_tokens, in the file's order.
+std::vector<AddedToken> read_added_tokens(const json& list, const Refuse& refuse) {
+  std::vector<AddedToken> out;
+  for (const auto& t : list) {
+    std::string content = t.at("content").get<std::string>();
+    if (t.value("lstrip", false) || t.value("rstrip", false) || t.value("single_word", false)) {
+      refuse("added token " + content + " with lstrip/rstrip/single_word");
+    }
+    if (content.empty()) continue;
+    const bool normalized = t.value("normalized", !t.value("special", false));
+    const int64_t id = token_id(t.at("id"), "added token " + content, refuse);
+    out.push_back({std::move(content), id, normalized, t.value("special", false)});
+  }
+  return out;
+}
+
+// The special tokens that end a document in the families we read (the first one found is eos).
+bool is_eos_text(const std::string& content) {
+  static constexpr const char* kEos[] = {"<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>",
+                                         "<\xEF\xBD\x9C"
+                                         "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"};
+  return std::any_of(std::begin(kEos), std::end(kEos),
+                     [&](const char* eos) { return content == eos; });
+}
+
+// Longest first: the first token that matches at a position is the longest one there; and the
+// table of the bytes a token of the list starts with.
+template <class List>
+void sort_longest_first(List& list, std::array<bool, 256>& first_bytes) {
+  std::stable_sort(list.begin(), list.end(), [](const auto& a, const auto& b) {
+    return a.content.size() > b.content.size();
+  });
+  for (const auto& a : list) first_bytes[static_cast<unsigned char>(a.content[0])] = true;
+}
+
+}  // namespace
+
+HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
+  const json j = read_tokenizer_json(path);
   const Refuse refuse = [&](const std::string& what) {
     throw UserError("tokenizer: " + path + ": " + what +
                     " (supported: BPE with the normalizers and pre-tokenizers of GPT-2, "
@@ -223,15 +283,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
     const json& model = j.at("model");
     if (model.value("type", std::string()) != "BPE") refuse("model.type is not BPE");
     if (model.contains("dropout") && !model["dropout"].is_null()) refuse("model.dropout");
-    for (const auto& [token, id] : model.at("vocab").items()) {
-      vocab_[token] = token_id(id, "model.vocab[\"" + token + "\"]", refuse);
-    }
-    for (const auto& [token, id] : vocab_) {
-      size_t n = 0;
-      if (!token.empty() && utf8::length(static_cast<unsigned char>(token[0])) == token.size()) {
-        char_ids_.emplace(utf8::decode(token, 0, n), id);
-      }
-    }
+    read_vocab(model, vocab_, char_ids_, refuse);
     subword_prefix_ = optional_string(model, "continuing_subword_prefix");
     word_suffix_ = optional_string(model, "end_of_word_suffix");
     read_merges(model, vocab_, subword_prefix_.size(), merges_, refuse);
@@ -245,40 +297,19 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
     normalizer_ = HfNormalizer(j.value("normalizer", json()), refuse);
     pre_tokenizer_ = HfPreTokenizer(j.value("pre_tokenizer", json()), refuse, path);
     special_ = read_post_processor(j.value("post_processor", json()), refuse);
-    for (const auto& t : j.value("added_tokens", json::array())) {
-      const std::string content = t.at("content").get<std::string>();
-      if (t.value("lstrip", false) || t.value("rstrip", false) || t.value("single_word", false)) {
-        refuse("added token " + content + " with lstrip/rstrip/single_word");
-      }
-      if (content.empty()) continue;
-      const bool normalized = t.value("normalized", !t.value("special", false));
-      (normalized && !normalizer_.empty() ? normalized_added_ : raw_added_)
-          .push_back({content, token_id(t.at("id"), "added token " + content, refuse)});
-      vocab_size_ =
-          std::max(vocab_size_, token_id(t.at("id"), "added token " + content, refuse) + 1);
-      if (t.value("special", false)) special_texts_.push_back(content);
-      if (t.value("special", false) && eos_ < 0) {
-        for (const char* eos : {"<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>",
-                                "<\xEF\xBD\x9C"
-                                "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"}) {
-          if (content == eos) eos_ = token_id(t.at("id"), "added token " + content, refuse);
-        }
-      }
+    for (const AddedToken& t : read_added_tokens(j.value("added_tokens", json::array()), refuse)) {
+      (t.normalized && !normalizer_.empty() ? normalized_added_ : raw_added_)
+          .push_back({t.content, t.id});
+      vocab_size_ = std::max(vocab_size_, t.id + 1);
+      if (!t.special) continue;
+      special_texts_.push_back(t.content);
+      if (eos_ < 0 && is_eos_text(t.content)) eos_ = t.id;
     }
   } catch (const json::exception& e) {
     throw UserError("tokenizer: " + path + ": " + e.what());
   }
-  // Longest first: the first token that matches at a position is the longest one there.
-  for (auto* list : {&raw_added_, &normalized_added_}) {
-    std::stable_sort(list->begin(), list->end(), [](const Added& a, const Added& b) {
-      return a.content.size() > b.content.size();
-    });
-  }
-  for (const auto& a : raw_added_)
-    raw_added_first_[static_cast<unsigned char>(a.content[0])] = true;
-  for (const auto& a : normalized_added_) {
-    normalized_added_first_[static_cast<unsigned char>(a.content[0])] = true;
-  }
+  sort_longest_first(raw_added_, raw_added_first_);
+  sort_longest_first(normalized_added_, normalized_added_first_);
   for (const auto& [t, id] : vocab_) vocab_size_ = std::max(vocab_size_, id + 1);
   bytes_ = byte_to_unicode();
 }
