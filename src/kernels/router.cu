@@ -126,6 +126,43 @@ __device__ __forceinline__ void keep_best_groups(float (&key)[kMaxPerLane], int 
   }
 }
 
+// The selection keys of this lane's experts: scores (+ bias). A diverging step can bring NaN
+// scores: they rank lowest (-inf), so every round of the selection still picks a real expert
+// (k <= E) and no id is ever out of range; the NaN weights then make the loss NaN and the trainer
+// skips the step, as on the reference path.
+__device__ __forceinline__ void selection_keys(const float (&p)[kMaxPerLane],
+                                               const float* __restrict__ bias, int lane, int E,
+                                               float (&keys)[kMaxPerLane]) {
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int e = lane + i * kWarp;
+    float key_e = -INFINITY;
+    if (e < E) {
+      key_e = bias != nullptr ? p[i] + bias[e] : p[i];
+      if (isnan(key_e)) key_e = -INFINITY;
+    }
+    keys[i] = key_e;
+  }
+}
+
+// This lane's best expert not yet `taken` (bit i: slot i won an earlier round): the largest key,
+// ties -> lower id; id INT_MAX when the lane has none. The warp arg-max then picks among lanes.
+__device__ __forceinline__ void lane_best_untaken(const float (&keys)[kMaxPerLane], unsigned taken,
+                                                  int lane, int E, float& key, int& id) {
+  key = -INFINITY;
+  id = INT_MAX;
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int e = lane + i * kWarp;
+    if (e < E && !((taken >> i) & 1u)) {
+      if (id == INT_MAX || keys[i] > key || (keys[i] == key && e < id)) {
+        key = keys[i];
+        id = e;
+      }
+    }
+  }
+}
+
 // ---- kernels ----------------------------------------------------------------------------
 
 template <bool kSigmoid>
@@ -166,39 +203,18 @@ __global__ void router_forward_kernel(const float* __restrict__ logits,
       p[i] = 0.f;
     }
   }
-  // The selection keys: scores (+ bias). A diverging step can bring NaN scores: they rank lowest
-  // (-inf), so every round below still picks a real expert (k <= E) and no id is ever out of
-  // range; the NaN weights then make the loss NaN and the trainer skips the step, as on the
-  // reference path.
+  // The selection keys: scores (+ bias), NaN ranked lowest (selection_keys).
   float keys[kMaxPerLane];
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int e = lane + i * kWarp;
-    float key_e = -INFINITY;
-    if (e < E) {
-      key_e = bias != nullptr ? p[i] + bias[e] : p[i];
-      if (isnan(key_e)) key_e = -INFINITY;
-    }
-    keys[i] = key_e;
-  }
+  selection_keys(p, bias, lane, E, keys);
   if (n_group > 1) keep_best_groups(keys, lane, E, n_group, topk_group, group_score_experts);
   // k rounds of warp arg-max over the keys; `taken` marks winners.
   unsigned taken = 0;
   float w[kMaxTopK];
   float wsum = 0.f;
   for (int j = 0; j < k; ++j) {
-    float key = -INFINITY;
-    int id = INT_MAX;
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int e = lane + i * kWarp;
-      if (e < E && !((taken >> i) & 1u)) {
-        if (id == INT_MAX || keys[i] > key || (keys[i] == key && e < id)) {
-          key = keys[i];
-          id = e;
-        }
-      }
-    }
+    float key;
+    int id;
+    lane_best_untaken(keys, taken, lane, E, key, id);
     warp_argmax(key, id);
     const int owner = id % kWarp, slot = id / kWarp;
     float mine = 0.f;
