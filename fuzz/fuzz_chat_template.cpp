@@ -41,13 +41,13 @@ const nlohmann::ordered_json& context() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string source(reinterpret_cast<const char*>(data), size);
   try {
-    const moe::data::ChatTemplate t(source, "fuzz.jinja");
+    const moe::chat::ChatTemplate t(source, "fuzz.jinja");
     std::vector<std::pair<size_t, size_t>> generation;
     const std::string out = t.render(context(), &generation);
     for (const auto& [begin, end] : generation) {
       if (begin > end || end > out.size()) __builtin_trap();  // ranges lie inside the output
     }
-    (void)moe::data::python_json_dumps(context(), 2);
+    (void)moe::chat::python_json_dumps(context(), 2);
   } catch (const moe::UserError&) {
   }
   return 0;

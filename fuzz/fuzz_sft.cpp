@@ -31,18 +31,18 @@ constexpr const char* kChatMl =
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::unique_ptr<moe::data::Tokenizer> tok = moe::data::make_tokenizer("byte", "");
-  static const moe::data::SftEncoder enc = [] {
-    moe::data::ChatSetup chat;
+  static const moe::chat::SftEncoder enc = [] {
+    moe::chat::ChatSetup chat;
     chat.chat_template.emplace(kChatMl, "chatml.jinja");
     chat.variables["eos_token"] = "\n";
-    return moe::data::SftEncoder(*tok, std::move(chat), {});
+    return moe::chat::SftEncoder(*tok, std::move(chat), {});
   }();
   const std::string line(reinterpret_cast<const char*>(data), size);
   std::string why;
   try {
-    const std::optional<nlohmann::ordered_json> example = moe::data::SftEncoder::parse(line, why);
+    const std::optional<nlohmann::ordered_json> example = moe::chat::SftEncoder::parse(line, why);
     if (!example) return 0;
-    const moe::data::SftExample e = enc.encode(*example);
+    const moe::chat::SftExample e = enc.encode(*example);
     if (e.ids.size() != e.mask.size()) __builtin_trap();
   } catch (const moe::UserError&) {
   } catch (const moe::data::InvalidUtf8Error&) {  // prepare-data reports the line (or replaces)

@@ -8,10 +8,12 @@
 #include "moe/util/errors.h"
 #include "moe/util/json_nesting.h"
 
-namespace moe::data {
+namespace moe::chat {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
+using data::SpecialTokens;
+using data::Tokenizer;
 
 namespace {
 
@@ -410,4 +412,4 @@ SftExample SftEncoder::encode_completion(const std::string& prompt,
   return ex;
 }
 
-}  // namespace moe::data
+}  // namespace moe::chat

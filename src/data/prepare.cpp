@@ -26,6 +26,9 @@
 namespace moe::data {
 
 namespace fs = std::filesystem;
+using chat::load_chat_setup;
+using chat::SftEncoder;
+using chat::SftExample;
 
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
   std::vector<std::string> files;

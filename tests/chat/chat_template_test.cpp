@@ -7,7 +7,7 @@
 #include "moe/chat/chat_template.h"
 #include "moe/util/errors.h"
 
-namespace moe::data {
+namespace moe::chat {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -340,4 +340,4 @@ TEST(ChatTemplateSandbox, BuiltListsAndIntegersHaveBounds) {
 }
 
 }  // namespace
-}  // namespace moe::data
+}  // namespace moe::chat

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace moe::data {
+namespace moe::chat {
 
 class ChatTemplate {
  public:
@@ -41,4 +41,4 @@ class ChatTemplate {
 // transformers' tojson filter writes it.
 std::string python_json_dumps(const nlohmann::ordered_json& value, int indent = -1);
 
-}  // namespace moe::data
+}  // namespace moe::chat

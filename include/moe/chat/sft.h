@@ -13,7 +13,7 @@
 #include "moe/chat/chat_template.h"
 #include "moe/tokenizers/tokenizer.h"
 
-namespace moe::data {
+namespace moe::chat {
 
 struct SftExample {
   std::vector<uint32_t> ids;
@@ -35,7 +35,7 @@ class SftEncoder {
  public:
   // `special`: the tokenizer's post-processor tokens, put around prompt/completion examples
   // (--add-special-tokens); chat templates write their own.
-  SftEncoder(const Tokenizer& tok, ChatSetup chat, SpecialTokens special);
+  SftEncoder(const data::Tokenizer& tok, ChatSetup chat, data::SpecialTokens special);
 
   // One JSONL line as an example, or nullopt with `why` (a malformed line: invalid JSON, no
   // messages or prompt/completion, a message without a string role, no assistant turn).
@@ -57,11 +57,11 @@ class SftEncoder {
   // text[0, pos): a token straddling `pos` belongs to what follows.
   size_t token_at(const std::string& text, size_t pos, const std::vector<uint32_t>& ids) const;
 
-  const Tokenizer& tok_;
+  const data::Tokenizer& tok_;
   ChatSetup chat_;
-  SpecialTokens special_;
+  data::SpecialTokens special_;
   std::vector<std::string> turn_ends_;  // special tokens' texts: one ends an assistant turn
   int64_t eos_ = -1;                    // appended to prompt/completion examples
 };
 
-}  // namespace moe::data
+}  // namespace moe::chat
