@@ -1,13 +1,14 @@
 // The chat-template engine (chat_template.h) in rooms: template_lexer (text and tags, tokens),
-// template_budget (the sandbox's limits), template_expr_parser and template_parser (expressions
-// and blocks), template_eval and template_eval_expr (the renderer), template_values (Python's
-// str, repr and truthiness) and the builtins' tables (template_builtins: functions and tests,
-// template_filters, template_methods).
+// template_budget (the sandbox's limits; the blocks' nesting checked before anything else),
+// template_expr_parser and template_parser (expressions and blocks), template_eval and
+// template_eval_expr (the renderer), template_values (Python's str, repr and truthiness) and the
+// builtins' tables (template_builtins: functions and tests, template_filters, template_methods).
 #include "moe/chat/chat_template.h"
 
 #include "moe/tokenizers/tokenizer.h"
 #include "moe/util/errors.h"
 #include "template_ast.h"
+#include "template_budget.h"
 #include "template_eval.h"
 #include "template_lexer.h"
 #include "template_parser.h"
@@ -21,6 +22,9 @@ ChatTemplate::ChatTemplate(const std::string& source, std::string origin)
     throw UserError("chat template: " + origin_ + ": not UTF-8 (byte " + std::to_string(bad) + ")");
   }
   try {
+    // The blocks' nesting first, in one pass over the tags: a template nested far past the
+    // limit is refused before the work of splitting and parsing it.
+    check_block_nesting(source);
     body_ = parse_template(split_template(source));
   } catch (const SyntaxError& e) {
     throw UserError("chat template: " + origin_ + ":" + std::to_string(e.line) + ": " + e.what);

@@ -53,6 +53,13 @@ class NestingGuard {
   int& depth_;
 };
 
+// The blocks' nesting in `src`, counted over its tags in one pass (linear in its size) before
+// anything else reads it: SyntaxError (the line of the block past the limit, the parser's
+// message) where the parser would refuse it. What it knows the split or the parser refuses
+// first (an unclosed tag anywhere; before the block past the limit, an end tag of another block,
+// an unknown keyword) it leaves to them, so that they name it.
+void check_block_nesting(const std::string& src);
+
 // What one rendering has spent of the budgets that add up over it. Each count returns the
 // message of the limit it passed, or nothing.
 class RenderBudget {

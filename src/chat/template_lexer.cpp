@@ -132,15 +132,23 @@ void trim_text_before_tag(std::string& text, const std::string& src, size_t i, s
   if (modifier == '-') {
     const size_t keep = text.find_last_not_of(" \t\r\n");
     text.erase(keep == std::string::npos ? 0 : keep + 1);
-  } else if (block && modifier != '+') {
-    // lstrip_blocks: the blanks between the start of the tag's source line and the tag go,
-    // when nothing else (another tag) stands on the line before it.
-    const size_t nl = open == 0 ? std::string::npos : src.rfind('\n', open - 1);
-    const size_t line_start = nl == std::string::npos ? 0 : nl + 1;
-    const size_t blanks = open - line_start;
-    if (line_start >= i && src.find_first_not_of(" \t", line_start) >= open) {
-      text.erase(text.size() - std::min(blanks, text.size()));
-    }
+    return;
+  }
+  if (!block || modifier == '+') return;
+  // lstrip_blocks: the blanks between the start of the tag's source line and the tag go, when
+  // nothing else (another tag) stands on the line before it. Only the text (src[i, open)) is
+  // searched for the line's start: a line that starts before it holds the tag before it (a
+  // search back to the start of a long line for every tag was quadratic).
+  const size_t nl = std::string_view(src).substr(i, open - i).rfind('\n');
+  size_t line_start = i;
+  if (nl != std::string_view::npos) {
+    line_start = i + nl + 1;
+  } else if (i > 0 && src[i - 1] != '\n') {
+    return;
+  }
+  const size_t blanks = open - line_start;
+  if (src.find_first_not_of(" \t", line_start) >= open) {
+    text.erase(text.size() - std::min(blanks, text.size()));
   }
 }
 

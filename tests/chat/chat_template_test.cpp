@@ -251,6 +251,44 @@ TEST(ChatTemplateSandbox, DeepNestingIsRefusedNotAStackOverflow) {
   EXPECT_EQ(render("{{ " + std::string(150, '(') + "7" + std::string(150, ')') + " }}"), "7");
 }
 
+// The blocks' nesting is checked first, in one pass over the tags: 60,000 nested for-blocks are
+// refused at once with the parser's message (it took more than 30 s: the split searched back to
+// the start of the line for every tag, and the template is one line).
+TEST(ChatTemplateSandbox, DeeplyNestedBlocksAreRefusedFirst) {
+  std::string nested;
+  for (int i = 0; i < 60000; ++i) nested += "{% for a in b %}";
+  for (int i = 0; i < 60000; ++i) nested += "{% endfor %}";
+  EXPECT_EQ(refusal(nested),
+            "chat template: test.jinja:1: blocks nested more than 200 levels deep (the template "
+            "sandbox's limit) (moe-train --limit template.nesting=N raises it)");
+  // The line named is that of the block past the limit; an unclosed tag anywhere is named first,
+  // as the split names it before the parser counts.
+  std::string lines;
+  for (int i = 0; i < 300; ++i) lines += "{% if true %}\n";
+  EXPECT_NE(refusal(lines).find("test.jinja:200: blocks nested more than 200 levels"),
+            std::string::npos)
+      << refusal(lines);
+  EXPECT_NE(refusal(lines + "{{ x").find("test.jinja:301: an unclosed tag"), std::string::npos)
+      << refusal(lines + "{{ x");
+  // 199 levels (the template's own body is the 200th) still parse.
+  std::string deepest;
+  for (int i = 0; i < 199; ++i) deepest += "{% if true %}";
+  deepest += "x";
+  for (int i = 0; i < 199; ++i) deepest += "{% endif %}";
+  EXPECT_EQ(render(deepest), "x");
+}
+
+// A megabyte of blocks one after another (on one line) renders.
+TEST(ChatTemplateSandbox, AMegabyteOfSequentialBlocksRenders) {
+  const std::string block = "{% if true %}a{% endif %}{% for c in 'bc' %}{{ c }}{% endfor %}";
+  std::string src, expected;
+  while (src.size() < (size_t(1) << 20)) {
+    src += block;
+    expected += "abc";
+  }
+  EXPECT_EQ(render(src), expected);
+}
+
 TEST(ChatTemplateSandbox, MacroRecursionAndCallsHaveBudgets) {
   // A macro calling itself without end stops at the nesting limit (Jinja2: RecursionError).
   EXPECT_NE(refusal("{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}\n{{ m(0) }}")
