@@ -23,14 +23,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     const nlohmann::json hf = moe::config::parse_json_text(text, "config.json", "hf");
-    moe::hf::Family family;
+    const moe::families::ModelFamily* family = nullptr;
     std::vector<std::string> warnings;
     nlohmann::json root = moe::hf::architecture_from_hf(hf, "config.json", &family, &warnings);
     root["data"] = {{"path", "-"}};
     root["train_micro_batch_size_per_gpu"] = 1;
     moe::config::Config cfg = moe::config::from_json(root, "config.json");
     moe::config::validate(cfg);
-    const moe::hf::Family out = moe::hf::export_family(cfg, moe::hf::architecture_name(family));
+    const moe::families::ModelFamily& out = moe::hf::export_family(cfg, family->architecture());
     (void)moe::hf::hf_config_from(cfg, out, hf, "bfloat16", &warnings);
     (void)moe::hf::hf_config_from(cfg, out, nlohmann::json(), "float32", nullptr);
   } catch (const moe::UserError&) {

@@ -15,6 +15,7 @@
 
 #include "moe/build_info.h"
 #include "moe/cli/completion.h"
+#include "moe/cli/families_command.h"
 #include "moe/cli/schema_command.h"
 #include "moe/config/config.h"
 #include "moe/convert/hf_checkpoint.h"
@@ -438,7 +439,7 @@ int cmd_import_hf(const ImportArgs& a) {
   std::printf(
       "imported %s (%lld tensors) into %s; tokenizer files: %zu; config sections: "
       "%s/moe-train.json\n",
-      hf::architecture_name(r.family), static_cast<long long>(r.tensors), a.out.c_str(),
+      r.family->architecture(), static_cast<long long>(r.tensors), a.out.c_str(),
       r.tokenizer_files.size(), a.out.c_str());
   return kExitOk;
 }
@@ -453,7 +454,7 @@ int cmd_export_hf(ExportArgs a) {
   const hf::ExportReport r = hf::export_hf(a.checkpoint, a.out, a.opt);
   for (const auto& w : r.warnings) spdlog::warn("export-hf: {}", w);
   std::printf("exported %s%s (%lld tensors, %lld file%s, %s) to %s; tokenizer files: %zu\n",
-              hf::architecture_name(r.family),
+              r.family->architecture(),
               a.opt.adapter ? " PEFT adapter" : (a.opt.merge ? " (LoRA merged)" : ""),
               static_cast<long long>(r.tensors), static_cast<long long>(r.shards),
               r.shards == 1 ? "" : "s", a.opt.dtype.c_str(), a.out.c_str(),
@@ -535,8 +536,9 @@ CLI::App* add_generate_command(CLI::App& app, train::GenerateOptions& gen) {
 
 // import-hf and export-hf: their options, into `imp` / `exp`.
 std::pair<CLI::App*, CLI::App*> add_hf_commands(CLI::App& app, ImportArgs& imp, ExportArgs& exp) {
-  auto* ih = app.add_subcommand(
-      "import-hf", "Hugging Face Mixtral / Qwen3-MoE / OLMoE directory -> moe-train checkpoint");
+  auto* ih =
+      app.add_subcommand("import-hf", "Hugging Face model directory -> moe-train checkpoint (" +
+                                          families_in_one_line() + ")");
   ih->add_option("hf_dir", imp.hf_dir, "Directory with config.json and safetensors")->required();
   ih->add_option("--out", imp.out, "New checkpoint directory")->required();
   ih->add_option("--adapter", imp.adapter,
@@ -555,8 +557,9 @@ std::pair<CLI::App*, CLI::App*> add_hf_commands(CLI::App& app, ImportArgs& imp, 
                "LoRA checkpoint: write the PEFT adapter (adapter_config.json + "
                "adapter_model.safetensors) for peft.PeftModel.from_pretrained");
   eh->add_option("--architecture", exp.opt.architecture,
-                 "MixtralForCausalLM, Qwen3MoeForCausalLM or OlmoeForCausalLM (default: from "
-                 "the checkpoint's q/k norms)");
+                 "The family to write: " + family_model_types() +
+                     " or its architecture name (default: the family whose features the "
+                     "checkpoint's architecture has; `moe-train families` lists them)");
   return {ih, eh};
 }
 
@@ -650,6 +653,7 @@ CLI::App* add_env_command(CLI::App& app, EnvArgs& e) {
 int run_cli(int argc, char** argv) {
   CLI::App app{"moe-train: train Mixture-of-Experts language models from a ds_config.json",
                "moe-train"};
+  app.footer("Hugging Face families (import-hf, export-hf): " + families_in_one_line());
   app.set_version_flag("--version", version_string);
   app.require_subcommand(0, 1);
 
@@ -689,6 +693,8 @@ int run_cli(int argc, char** argv) {
 
   EnvArgs env_args;
   auto* en = add_env_command(app, env_args);
+  FamiliesArgs families_args;
+  auto* fam = add_families_command(app, families_args);
   std::string info_dir;
   auto* ck = app.add_subcommand("checkpoint", "Inspect checkpoints");
   ck->require_subcommand(1);
@@ -716,6 +722,7 @@ int run_cli(int argc, char** argv) {
   if (*train) return cmd_train(train_args);
   if (*show) return cmd_config_show(train_args);
   if (*schema) return cmd_config_schema(schema_args);
+  if (*fam) return cmd_families(families_args);
   if (*mk) return cmd_make_synthetic(synth);
   if (*pd) return cmd_prepare_data(prep);
   if (*en) return cmd_env(env_args.cfg, env_args.dirs, env_args.json);

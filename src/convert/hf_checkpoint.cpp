@@ -46,14 +46,14 @@ std::string hf_source_dir(const std::string& checkpoint_dir, const config::Confi
   return own.empty() ? train::hf_side_source(cfg.model.init_from) : own;
 }
 
-ExportReport export_adapter(model::TransformerLM& model, const config::Config& cfg, Family family,
-                            const std::string& out_dir, const std::string& source,
-                            const std::string& checkpoint_dir) {
+ExportReport export_adapter(model::TransformerLM& model, const config::Config& cfg,
+                            const families::ModelFamily& family, const std::string& out_dir,
+                            const std::string& source, const std::string& checkpoint_dir) {
   StagedDir out(
       "export-hf", out_dir,
       "export-hf: --out " + out_dir + " exists and is not empty (nothing is overwritten)");
   ExportReport r;
-  r.family = family;
+  r.family = &family;
   r.tensors = write_peft_adapter(model, cfg, family, out.path(),
                                  source.empty() ? "" : fs::absolute(source).string());
   // A PEFT adapter carries no model config: a rotary scaling the run added (a long-context
@@ -88,7 +88,8 @@ ExportReport export_adapter(model::TransformerLM& model, const config::Config& c
 
 // Every HF tensor of the export in `dtype`, in transformers' order; `keep` holds their data.
 std::vector<SafeTensorView> export_views(model::TransformerLM& model, const config::Config& cfg,
-                                         Family family, torch::ScalarType dtype,
+                                         const families::ModelFamily& family,
+                                         torch::ScalarType dtype,
                                          std::vector<torch::Tensor>& keep) {
   const auto params = parameter_map(model);
   std::vector<SafeTensorView> views;
@@ -102,7 +103,7 @@ std::vector<SafeTensorView> export_views(model::TransformerLM& model, const conf
       return p.hf.size() >= tail.size() &&
              p.hf.compare(p.hf.size() - tail.size(), tail.size(), tail) == 0;
     };
-    const bool fp32_kept = deepseek_layout(family) &&
+    const bool fp32_kept = family.router_kept_fp32() &&
                            (ends_with(".mlp.gate.weight") || ends_with(".e_score_correction_bias"));
     if (p.hf_step == 1) {
       keep.push_back(
@@ -133,7 +134,7 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
   state.config = config::to_json(hm.cfg);
   const json imported = {
       {"imported_from",
-       {{"dir", fs::absolute(hf_dir).string()}, {"architecture", architecture_name(hm.family)}}}};
+       {{"dir", fs::absolute(hf_dir).string()}, {"architecture", hm.family->architecture()}}}};
   // Removed again, with whatever is in it, if anything below throws (a bad tensor included).
   StagedDir out(
       "import-hf", out_dir,
@@ -141,7 +142,7 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
   int64_t skipped_mtp = 0;
   if (adapter_dir.empty()) {
     const StreamedHf streamed = stream_hf_weights(
-        weights, hf_dir, hm.cfg, hm.family, (fs::path(out.path()) / "model.safetensors").string());
+        weights, hf_dir, hm.cfg, *hm.family, (fs::path(out.path()) / "model.safetensors").string());
     skipped_mtp = streamed.skipped_mtp_tensors;
     json extra = imported;
     if (!streamed.expert_biases.empty()) extra["expert_biases"] = streamed.expert_biases;
@@ -150,8 +151,8 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
     config::Config adapted_cfg = hm.cfg;
     adapted_cfg.lora = lora_config_from_peft(adapter_dir);
     model::TransformerLM adapted(adapted_cfg, torch::Device(torch::kCPU));
-    copy_hf_weights(weights, hf_dir, hm.cfg, hm.family, adapted);
-    read_peft_adapter(adapter_dir, adapted, adapted_cfg, hm.family);
+    copy_hf_weights(weights, hf_dir, hm.cfg, *hm.family, adapted);
+    read_peft_adapter(adapter_dir, adapted, adapted_cfg, *hm.family);
     adapted->merge_lora();
     model::TransformerLM model(hm.cfg, torch::Device(torch::kCPU));
     auto mine = model->named_parameters();
@@ -187,12 +188,13 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
                        const ExportOptions& opt) {
   const train::CheckpointState cs = train::read_checkpoint_state(checkpoint_dir);
   const config::Config cfg = config::from_json(cs.config, cs.path);
-  Family family = Family::kMixtral;
-  try {
-    family = export_family(cfg, opt.architecture);
-  } catch (const UserError& e) {
-    throw UserError("export-hf: " + cs.path + ": " + e.what());
-  }
+  const families::ModelFamily& family = [&]() -> const families::ModelFamily& {
+    try {
+      return export_family(cfg, opt.architecture);
+    } catch (const UserError& e) {
+      throw UserError("export-hf: " + cs.path + ": " + e.what());
+    }
+  }();
   static const std::map<std::string, torch::ScalarType> kDtypes = {
       {"float32", torch::kFloat}, {"bfloat16", torch::kBFloat16}, {"float16", torch::kHalf}};
   auto dt = kDtypes.find(opt.dtype);
@@ -257,7 +259,7 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
     write_json(fs::path(out.path()) / "generation_config.json", g);
   }
   ExportReport r;
-  r.family = family;
+  r.family = &family;
   r.warnings = std::move(warnings);
   r.tensors = static_cast<int64_t>(views.size());
   r.shards = shards;

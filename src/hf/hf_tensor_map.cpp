@@ -8,19 +8,6 @@ namespace moe::hf {
 
 namespace {
 
-// gpt-oss: whole [E, ...] stacks, gate and up interleaved in one tensor, biases everywhere.
-void gpt_oss_experts(std::vector<TensorPiece>& p, const std::string& hf, const std::string& ours) {
-  const std::string ex = hf + "mlp.experts.", mine = ours + "moe.experts.";
-  p.push_back({hf + "mlp.router.weight", ours + "moe.router.weight"});
-  p.push_back({hf + "mlp.router.bias", ours + "moe.router.bias"});
-  p.push_back({ex + "gate_up_proj", mine + "w_gate", -1, 0, -1, false, 0, 2});
-  p.push_back({ex + "gate_up_proj", mine + "w_up", -1, 0, -1, false, 1, 2});
-  p.push_back({ex + "gate_up_proj_bias", mine + "b_gate", -1, 0, -1, false, 0, 2});
-  p.push_back({ex + "gate_up_proj_bias", mine + "b_up", -1, 0, -1, false, 1, 2});
-  p.push_back({ex + "down_proj", mine + "w_down"});
-  p.push_back({ex + "down_proj_bias", mine + "b_down"});
-}
-
 // The fused q/k/v attention: q_proj, k_proj and v_proj are row ranges of our qkv.
 void attention_pieces(std::vector<TensorPiece>& p, const config::Config& cfg, const std::string& hf,
                       const std::string& ours) {
@@ -63,11 +50,11 @@ void latent_attention_pieces(std::vector<TensorPiece>& p, const std::string& hf,
 
 }  // namespace
 
-std::vector<TensorPiece> tensor_pieces(const config::Config& cfg, Family family) {
+std::vector<TensorPiece> tensor_pieces(const config::Config& cfg,
+                                       const families::ModelFamily& family) {
   const auto& m = cfg.model;
   std::vector<TensorPiece> p;
   p.push_back({"model.embed_tokens.weight", "embed.weight"});
-  const bool mixtral = family == Family::kMixtral;
   for (int64_t i = 0; i < m.num_layers; ++i) {
     const std::string hf = "model.layers." + std::to_string(i) + ".";
     const std::string ours = "blocks." + std::to_string(i) + ".";
@@ -84,31 +71,7 @@ std::vector<TensorPiece> tensor_pieces(const config::Config& cfg, Family family)
       }
       continue;
     }
-    if (family == Family::kGptOss) {
-      gpt_oss_experts(p, hf, ours);
-      continue;
-    }
-    const std::string block = hf + (mixtral ? "block_sparse_moe." : "mlp.");
-    p.push_back({block + "gate.weight", ours + "moe.router.weight"});
-    if (has_correction_bias(family)) {
-      // The selection bias is a buffer of ours (moe.router.expert_bias), carried by state.json.
-      p.push_back({block + "gate.e_score_correction_bias", ours + "moe.router.expert_bias"});
-    }
-    if (deepseek_layout(family) && cfg.moe.shared_expert_hidden_size > 0) {
-      const std::string sh = block + "shared_experts.", mine = ours + "moe.shared_expert.";
-      p.push_back({sh + "gate_proj.weight", mine + "w_gate", 0, 0, -1, true});
-      p.push_back({sh + "up_proj.weight", mine + "w_up", 0, 0, -1, true});
-      p.push_back({sh + "down_proj.weight", mine + "w_down", 0, 0, -1, true});
-    }
-    for (int64_t e = 0; e < cfg.moe.num_experts; ++e) {
-      const std::string ex = block + "experts." + std::to_string(e) + ".";
-      p.push_back({ex + (mixtral ? "w1" : "gate_proj") + ".weight", ours + "moe.experts.w_gate", e,
-                   0, -1, true});
-      p.push_back({ex + (mixtral ? "w2" : "down_proj") + ".weight", ours + "moe.experts.w_down", e,
-                   0, -1, true});
-      p.push_back({ex + (mixtral ? "w3" : "up_proj") + ".weight", ours + "moe.experts.w_up", e, 0,
-                   -1, true});
-    }
+    family.moe_tensors(cfg, hf, ours, p);
   }
   p.push_back({"model.norm.weight", "final_norm.weight"});
   if (!m.tie_embeddings) p.push_back({"lm_head.weight", "lm_head.weight"});

@@ -26,8 +26,9 @@ namespace {
 
 // A tensor of a multi-token-prediction layer (GLM-4.5's num_nextn_predict_layers: layers past
 // num_hidden_layers), which transformers drops on load; so does the import.
-bool mtp_tensor(const std::string& name, const config::Config& cfg, Family family) {
-  if (!deepseek_layout(family)) return false;
+bool mtp_tensor(const std::string& name, const config::Config& cfg,
+                const families::ModelFamily& family) {
+  if (!family.has_mtp_layers()) return false;
   const std::string prefix = "model.layers.";
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
   size_t end = prefix.size();
@@ -65,7 +66,8 @@ std::optional<quant::Fp8Block> fp8_of(const std::string& dir) {
 // parameters by name; meta tensors do: only shapes are read). Returns how many tensors of
 // multi-token-prediction layers it skipped.
 int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                         Family family, const std::map<std::string, torch::Tensor>& params,
+                         const families::ModelFamily& family,
+                         const std::map<std::string, torch::Tensor>& params,
                          const std::optional<quant::Fp8Block>& fp8) {
   const auto pieces = tensor_pieces(cfg, family);
   std::set<std::string> expected;
@@ -85,7 +87,7 @@ int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const confi
     auto it = w.tensors().find(p.hf);
     if (it == w.tensors().end()) {
       throw UserError("hf: " + dir + ": tensor '" + p.hf + "' is missing (a " +
-                      architecture_name(family) + " with this config.json has it)");
+                      family.architecture() + " with this config.json has it)");
     }
     const SafeTensorEntry& e = *it->second.entry;
     const std::string where = "hf: " + it->second.file->path() + ": tensor '" + p.hf + "'";
@@ -122,7 +124,7 @@ int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const confi
     if (!ignorable(name, cfg) && !is_bnb_4bit_companion(w, name) && !is_mxfp4_part(w, name) &&
         !is_fp8_scale(w, name)) {
       throw UserError("hf: " + ref.file->path() + ": unexpected tensor '" + name + "' (not in a " +
-                      architecture_name(family) + " with this config.json)");
+                      family.architecture() + " with this config.json)");
     }
   }
   return mtp;
@@ -168,7 +170,7 @@ std::map<std::string, torch::Tensor> parameter_map(model::TransformerLM& model) 
 
 // Checks every tensor, then copies them into the model as fp32 training weights.
 void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                     Family family, model::TransformerLM& model) {
+                     const families::ModelFamily& family, model::TransformerLM& model) {
   const auto params = parameter_map(model);
   // Expert parallelism: a rank holds some experts' rows of the routed experts' stacks; those
   // are checked whole and assembled whole, one parameter at a time, and the rank keeps its rows.
@@ -239,7 +241,7 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
 // assembled from its HF tensors and appended to model.safetensors, then freed. Host memory:
 // one parameter and one source tensor, not the model.
 StreamedHf stream_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                             Family family, const std::string& out_file) {
+                             const families::ModelFamily& family, const std::string& out_file) {
   const auto layout = model::parameter_layout(cfg);
   std::map<std::string, torch::Tensor> shapes;
   for (const auto& l : layout) {
@@ -314,7 +316,7 @@ void load_hf_weights(const std::string& hf_dir, const config::Config& cfg,
   const HfModel hm = read_hf_model(hf_dir);
   config::check_same_architecture(cfg, hm.sections, hf_dir + "/config.json");
   const HfWeights weights(hf_dir);
-  copy_hf_weights(weights, hf_dir, cfg, hm.family, model);
+  copy_hf_weights(weights, hf_dir, cfg, *hm.family, model);
 }
 
 }  // namespace moe::hf

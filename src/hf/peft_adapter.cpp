@@ -41,7 +41,8 @@ const char* kPrefix = "base_model.model.";
 // Every tensor of the adapter, in PEFT's names for transformers >= 5 (experts under "mlp.",
 // Mixtral included; gate_up_proj wrapped first, so it is the inner "base_layer" when down_proj is
 // also adapted).
-std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg, Family family) {
+std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg,
+                                         const families::ModelFamily& family) {
   const config::LoraTargets t = config::lora_targets(cfg.lora);
   std::vector<AdapterPiece> p;
   auto pair = [&](const std::string& peft, const std::string& ours, bool experts,
@@ -80,7 +81,7 @@ std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg, Family famil
     }
     if (t.experts_gate_up_rank > 0) {
       pair(hf + (t.experts_down ? "mlp.experts.base_layer." : "mlp.experts."),
-           ours + "moe.experts.lora_gate_up.", true, family == Family::kGptOss);
+           ours + "moe.experts.lora_gate_up.", true, family.interleaved_gate_up());
     }
     if (t.experts_down) pair(hf + "mlp.experts.", ours + "moe.experts.lora_down.", true);
   }
@@ -179,8 +180,9 @@ json adapter_config(const config::Config& cfg, const std::string& base) {
 
 }  // namespace
 
-int64_t write_peft_adapter(model::TransformerLM& model, const config::Config& cfg, Family family,
-                           const std::string& dir, const std::string& base) {
+int64_t write_peft_adapter(model::TransformerLM& model, const config::Config& cfg,
+                           const families::ModelFamily& family, const std::string& dir,
+                           const std::string& base) {
   const config::LoraTargets t = config::lora_targets(cfg.lora);
   if (cfg.lora.lora_dropout > 0 && (t.experts_gate_up_rank > 0 || t.experts_down)) {
     throw UserError(
@@ -210,7 +212,7 @@ int64_t write_peft_adapter(model::TransformerLM& model, const config::Config& cf
 }
 
 void read_peft_adapter(const std::string& dir, model::TransformerLM& model,
-                       const config::Config& cfg, Family family) {
+                       const config::Config& cfg, const families::ModelFamily& family) {
   SafetensorsFile file((fs::path(dir) / "adapter_model.safetensors").string());
   std::map<std::string, torch::Tensor> params;
   for (auto& item : model->named_parameters()) params[item.key()] = item.value();

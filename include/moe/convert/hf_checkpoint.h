@@ -13,7 +13,7 @@
 namespace moe::hf {
 
 struct ImportReport {
-  Family family = Family::kMixtral;
+  const families::ModelFamily* family = nullptr;
   int64_t tensors = 0;
   std::vector<std::string> warnings;         // HF settings that are not imported
   std::vector<std::string> tokenizer_files;  // copied alongside
@@ -38,7 +38,7 @@ struct ExportOptions {
 };
 
 struct ExportReport {
-  Family family = Family::kMixtral;
+  const families::ModelFamily* family = nullptr;
   int64_t tensors = 0, shards = 0;
   std::vector<std::string> tokenizer_files;
   std::vector<std::string> warnings;  // what the user must know to load the result as trained

@@ -1,6 +1,6 @@
-// The one table between our parameter names and a Hugging Face family's tensor names. Each
-// entry says which part of one of our parameters an HF tensor is: one expert of a stacked
-// [E, ...] weight, a row range of the fused q/k/v projection, transposed or not.
+// The one table between our parameter names and a Hugging Face family's tensor names
+// (families/tensor_piece.h): the common embeddings, norms, attention and dense MLPs here, each
+// family's MoE tensors from its file.
 #pragma once
 
 #include <cstdint>
@@ -11,24 +11,16 @@
 #include <torch/types.h>
 
 #include "moe/config/config.h"
-#include "moe/hf/hf_config.h"
+#include "moe/families/model_family.h"
+#include "moe/families/tensor_piece.h"
 
 namespace moe::hf {
 
-struct TensorPiece {
-  std::string hf;         // "model.layers.0.self_attn.q_proj.weight"
-  std::string ours;       // "blocks.0.attn.qkv.weight"
-  int64_t expert = -1;    // >= 0: the expert's slice of a stacked [E, ...] weight
-  int64_t row_begin = 0;  // rows [row_begin, row_begin + rows) of ours (rows < 0: all)
-  int64_t rows = -1;
-  bool transpose = false;  // ours holds the transpose (our experts are [d, f], HF's [f, d])
-  // step > 1: ours is every step-th element of the HF tensor's last dimension from `first`
-  // (gpt-oss's gate_up_proj interleaves gate and up columns); several pieces share the tensor.
-  int64_t hf_first = 0, hf_step = 1;
-};
+using families::TensorPiece;
 
 // In the order transformers writes a state dict: embeddings, layers, final norm, head.
-std::vector<TensorPiece> tensor_pieces(const config::Config& cfg, Family family);
+std::vector<TensorPiece> tensor_pieces(const config::Config& cfg,
+                                       const families::ModelFamily& family);
 
 // The part of the HF tensor `hf` that `piece` covers (a strided view where hf_step > 1).
 torch::Tensor hf_part(const TensorPiece& piece, const torch::Tensor& hf);

@@ -27,7 +27,7 @@ void load_hf_weights(const std::string& hf_dir, const config::Config& cfg,
 // not imported (warnings), and the validated config those sections make.
 struct HfModel {
   nlohmann::json hf_config;
-  Family family = Family::kMixtral;
+  const families::ModelFamily* family = nullptr;
   nlohmann::json sections;  // {"model", "moe"}
   std::vector<std::string> warnings;
   config::Config cfg;
@@ -40,7 +40,7 @@ std::map<std::string, torch::Tensor> parameter_map(model::TransformerLM& model);
 
 // Checks every tensor of `w`, then copies them into the model as fp32 training weights.
 void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                     Family family, model::TransformerLM& model);
+                     const families::ModelFamily& family, model::TransformerLM& model);
 
 // What stream_hf_weights read besides the weights.
 struct StreamedHf {
@@ -52,6 +52,6 @@ struct StreamedHf {
 // import-hf without building the model: each parameter assembled from its HF tensors and
 // appended to `out_file` (model.safetensors), then freed.
 StreamedHf stream_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
-                             Family family, const std::string& out_file);
+                             const families::ModelFamily& family, const std::string& out_file);
 
 }  // namespace moe::hf

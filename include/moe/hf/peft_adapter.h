@@ -17,13 +17,14 @@ namespace moe::hf {
 // directory recorded as base_model_name_or_path ("" = none). UserError naming what PEFT cannot
 // express (the dense layers' adapters, dropout on the experts' adapters). Returns the number
 // of tensors written.
-int64_t write_peft_adapter(model::TransformerLM& model, const config::Config& cfg, Family family,
-                           const std::string& dir, const std::string& base);
+int64_t write_peft_adapter(model::TransformerLM& model, const config::Config& cfg,
+                           const families::ModelFamily& family, const std::string& dir,
+                           const std::string& base);
 
 // Reads a PEFT adapter directory onto `model` (whose config's lora section matches the
 // adapter's r, alpha and targets, see lora_config_from_peft): every tensor checked before any is
 // copied.
 void read_peft_adapter(const std::string& dir, model::TransformerLM& model,
-                       const config::Config& cfg, Family family);
+                       const config::Config& cfg, const families::ModelFamily& family);
 
 }  // namespace moe::hf

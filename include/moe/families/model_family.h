@@ -1,0 +1,127 @@
+// A Hugging Face model family in one place: the model_type / architecture it reads and writes,
+// its config.json keys mapped to our `model` / `moe` sections and back, its MoE tensors' names,
+// what it refuses on export and its defaults. Each family is one file, src/families/*_family.cpp;
+// the registry (all_families) is what import-hf, export-hf, the help texts and the docs read.
+// docs/adding-a-family.md walks through one.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moe/config/config.h"
+#include "moe/families/hf_keys.h"
+#include "moe/families/tensor_piece.h"
+
+namespace moe::families {
+
+// What an architecture may hold beyond the common core (RMSNorm, rotary GQA attention, softmax
+// top-k SwiGLU experts). export-hf refuses a checkpoint that uses a feature its target family
+// does not have, naming the families that do (export_features.cpp holds the key and test of each).
+enum class Feature {
+  kAttentionBias,     // q/k/v/o biases (model.attention_bias)
+  kAttentionSinks,    // a learned sink logit per head
+  kSlidingWindow,     // sliding-window attention layers
+  kRouterBias,        // a bias on the router's logits
+  kSoftmaxAfterTopk,  // top-k on the logits, softmax over the k
+  kExpertBias,        // biases in the experts' projections
+  kClampedSwiglu,     // an expert activation other than plain SwiGLU
+  kQkNorm,            // RMSNorm on queries and keys
+  kClipQkv,           // q, k, v clamped
+  kDenseLayers,       // dense (non-MoE) feed-forward layers
+  kLatentAttention,   // multi-head latent attention (model.kv_lora_rank)
+  kRopeInterleave,    // rotary on interleaved pairs
+  kGroupScoreBest1,   // expert groups scored by their single best expert
+  kSharedExperts,     // shared experts every token passes through
+  kSigmoidScores,     // a score function other than softmax
+  kSelectionBias,     // an aux-loss-free selection bias (e_score_correction_bias)
+  kExpertGroups,      // group-limited routing (n_group > 1)
+  kRoutedScaling,     // routed weights times a scaling factor
+  kQkvBias,           // q/k/v biases without an o bias
+  kPartialRotary,     // rotary on a leading part of each head
+};
+
+class ModelFamily {
+ public:
+  virtual ~ModelFamily() = default;
+
+  // ---- names
+  virtual const char* model_type() const = 0;    // transformers' model_type: "mixtral"
+  virtual const char* architecture() const = 0;  // "MixtralForCausalLM"
+  virtual const char* title() const = 0;         // how people name it: "Mixtral"
+  virtual const char* releases() const = 0;      // what it loads: "Mixtral 8x7B, 8x22B"
+  virtual bool has(Feature f) const = 0;
+  // A tiny config.json of the family's shape (3 layers, 4 experts, vocab 320) that the registry
+  // tests import, export and import again (tests/families/family_registry_test.cpp).
+  virtual nlohmann::json tiny_config() const = 0;
+
+  // ---- import: config.json -> our sections
+  // The defaults the family's config class applies where config.json has no key.
+  virtual double default_rope_theta() const { return 1e4; }
+  virtual double default_partial_rotary_factor() const { return 0.0; }  // 0: none
+  // The keys the family names its own way (experts, widths, norms, routing) into `model` and
+  // `moe`, which already hold the common keys. `warnings` (may be null) gets what is not imported.
+  virtual void read_config(const HfKeys& k, nlohmann::json& model, nlohmann::json& moe,
+                           std::vector<std::string>* warnings) const = 0;
+
+  // ---- export: our config -> config.json
+  // How strongly this family claims `cfg` when export-hf names no --architecture: the highest
+  // claim wins (0: not this family).
+  virtual int claim(const config::Config& cfg) const = 0;
+  // What the family needs of `cfg` beyond the features it lacks: UserError("KEY: why").
+  virtual void check_export(const config::Config& cfg) const = 0;
+  virtual bool writes_head_dim() const { return true; }
+  // The keys the family writes its own way, over the common ones in `j`.
+  virtual void write_config(const config::Config& cfg, nlohmann::json& j) const = 0;
+
+  // ---- tensors
+  // The tensors of MoE layer `i` ("model.layers.i." / "blocks.i."): router, experts, shared
+  // experts. The default is the per-expert layout transformers 5 saves (mlp.experts.E.*_proj).
+  virtual void moe_tensors(const config::Config& cfg, const std::string& hf_layer,
+                           const std::string& our_layer, std::vector<TensorPiece>& out) const;
+  // PEFT's gate_up_proj adapter columns interleave gate and up (gpt-oss's fused layout).
+  virtual bool interleaved_gate_up() const { return false; }
+  // transformers keeps the router (and its correction bias) fp32 in any dtype
+  // (_keep_in_fp32_modules_strict), and so does an export.
+  virtual bool router_kept_fp32() const { return false; }
+  // Released weights hold multi-token-prediction layers past num_hidden_layers (skipped).
+  virtual bool has_mtp_layers() const { return false; }
+
+ protected:
+  // The default moe_tensors with the family's names: `block` holds router and experts,
+  // experts' projections named gate / up / down.
+  struct ExpertNames {
+    const char* block = "mlp.";
+    const char* gate = "gate_proj";
+    const char* up = "up_proj";
+    const char* down = "down_proj";
+  };
+  void split_expert_tensors(const config::Config& cfg, const std::string& hf_layer,
+                            const std::string& our_layer, const ExpertNames& names,
+                            std::vector<TensorPiece>& out) const;
+};
+
+// Every family, in the order of their files' names.
+const std::vector<const ModelFamily*>& all_families();
+// The family named `name` (an architecture, "MixtralForCausalLM", or a model_type, "mixtral");
+// UserError "<where> "NAME" is not supported: expected A, B or C" otherwise.
+const ModelFamily& family_named(const std::string& name, const std::string& where);
+// The family `cfg` is exported as when export-hf names none: the highest claim.
+const ModelFamily& family_of(const config::Config& cfg);
+// The keys every tiny_config shares: 3 layers of width 64, 4 query heads on 2 key/value heads,
+// vocab 320, top-2.
+nlohmann::json tiny_common_keys();
+// "A, B or C" / "A and B" of the families' architectures (or model types), for messages.
+std::string listed(const std::vector<const ModelFamily*>& families, bool model_types,
+                   const char* last_joint);
+
+// Refuses (UserError "KEY: only F has this among the families export-hf writes") the first
+// feature `cfg` uses that `family` does not have.
+void refuse_missing_features(const config::Config& cfg, const ModelFamily& family);
+
+// Each file src/families/NAME_family.cpp defines `void register_NAME_family(std::vector<const
+// ModelFamily*>&)`, adding its families; the build lists the files (families_files.inc), so a
+// new family touches nothing else.
+
+}  // namespace moe::families

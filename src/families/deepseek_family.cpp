@@ -1,0 +1,234 @@
+// DeepSeek-V2 / V3, Kimi, Moonlight (transformers' DeepseekV2Config / DeepseekV3Config; their
+// defaults where config.json has no key): multi-head latent attention, shared experts, dense
+// first layers. V3: sigmoid scores with e_score_correction_bias, groups scored by their two
+// best, normalised and scaled weights. V2: softmax scores, topk_method greedy or
+// group_limited_greedy (groups scored by their best), scaled and never normalised.
+#include "moe/families/layer_rules.h"
+#include "moe/families/model_family.h"
+#include "moe/util/errors.h"
+
+namespace moe::families {
+
+namespace {
+
+using nlohmann::json;
+
+void refuse(const std::string& key, const std::string& why) { throw UserError(key + ": " + why); }
+
+class Deepseek : public ModelFamily {
+ public:
+  explicit Deepseek(bool v3) : v3_(v3) {}
+
+  const char* model_type() const override { return v3_ ? "deepseek_v3" : "deepseek_v2"; }
+  const char* architecture() const override {
+    return v3_ ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM";
+  }
+  const char* title() const override { return v3_ ? "DeepSeek-V3" : "DeepSeek-V2"; }
+  const char* releases() const override {
+    return v3_ ? "DeepSeek-V3 / V3.1 / R1, Kimi-K2, Moonlight" : "DeepSeek-V2, V2-Lite, V2.5";
+  }
+  bool has(Feature f) const override {
+    switch (f) {
+      case Feature::kLatentAttention:
+      case Feature::kRopeInterleave:
+      case Feature::kSharedExperts:
+      case Feature::kExpertGroups:
+      case Feature::kRoutedScaling:
+      case Feature::kDenseLayers:
+        return true;
+      case Feature::kSigmoidScores:
+      case Feature::kSelectionBias:
+        return v3_;
+      case Feature::kGroupScoreBest1:
+        return !v3_;
+      default:
+        return false;
+    }
+  }
+
+  // Latent attention needs num_key_value_heads = num_attention_heads.
+  nlohmann::json tiny_config() const override {
+    nlohmann::json c = tiny_common_keys();
+    c.update(nlohmann::json({{"architectures", {architecture()}},
+                             {"kv_lora_rank", 16},
+                             {"qk_rope_head_dim", 8},
+                             {"qk_nope_head_dim", 16},
+                             {"v_head_dim", 12},
+                             {"moe_intermediate_size", 32},
+                             {"intermediate_size", 80},
+                             {"n_routed_experts", 4},
+                             {"first_k_dense_replace", 1},
+                             {"num_key_value_heads", 4}}));
+    if (v3_) {
+      c.update(nlohmann::json({{"q_lora_rank", 24},
+                               {"n_shared_experts", 1},
+                               {"n_group", 2},
+                               {"topk_group", 1},
+                               {"routed_scaling_factor", 2.5}}));
+    } else {
+      c.update(nlohmann::json({{"q_lora_rank", nullptr},
+                               {"n_shared_experts", 2},
+                               {"topk_method", "greedy"},
+                               {"routed_scaling_factor", 1.0}}));
+    }
+    return c;
+  }
+
+  void read_config(const HfKeys& k, json& m, json& e,
+                   std::vector<std::string>* warnings) const override {
+    read_latent_attention(k, m);
+    m["dense_hidden_size"] = k.integer("intermediate_size");
+    e["num_experts"] = k.integer("n_routed_experts", v3_ ? 256 : 64);
+    const int64_t f = k.integer("moe_intermediate_size");
+    e["expert_hidden_size"] = f;
+    e["mlp_only_layers"] = first_k_dense_layers(k, v3_ ? 3 : 0);
+    e["shared_expert_hidden_size"] = k.integer("n_shared_experts", v3_ ? 1 : 2) * f;
+    e["routed_scaling_factor"] = k.number("routed_scaling_factor", v3_ ? 2.5 : 1.0);
+    e["aux_loss_coeff"] = 0.0;  // transformers' DeepSeek classes train without one
+    if (v3_) {
+      e["score_function"] = "sigmoid";
+      e["normalize_topk"] = k.boolean("norm_topk_prob", true);
+      e["n_group"] = k.integer("n_group", 8);
+      e["topk_group"] = k.integer("topk_group", 4);
+      e["group_score_experts"] = 2;
+      return;
+    }
+    read_v2_routing(k, e, warnings);
+  }
+
+  int claim(const config::Config& cfg) const override {
+    const bool sigmoid = cfg.moe.score_function == config::ScoreFunction::kSigmoid;
+    return config::latent_attention(cfg) && sigmoid == v3_ ? 100 : 0;
+  }
+  // Latent attention, the family's router, shared experts as whole multiples of the routed
+  // width, dense layers first.
+  void check_export(const config::Config& cfg) const override {
+    const auto& e = cfg.moe;
+    const std::string name = title();
+    if (!config::latent_attention(cfg)) {
+      refuse("model.kv_lora_rank", name + " has multi-head latent attention (kv_lora_rank > 0)");
+    }
+    if (v3_) {
+      if (e.score_function != config::ScoreFunction::kSigmoid) {
+        refuse("moe.score_function", "DeepSeek-V3 routes with sigmoid scores");
+      }
+    } else {
+      check_v2_router(cfg);
+    }
+    if (e.n_group > 1 && e.group_score_experts != (v3_ ? 2 : 1)) {
+      refuse("moe.group_score_experts", name + " scores a group by its " +
+                                            std::string(v3_ ? "two best experts (2)" : "best (1)"));
+    }
+    const int64_t f_width = config::expert_hidden_size(cfg);
+    if (e.shared_expert_hidden_size % f_width != 0) {
+      refuse("moe.shared_expert_hidden_size",
+             name + "'s shared experts are n_shared_experts x moe_intermediate_size (" +
+                 std::to_string(f_width) + ")");
+    }
+    require_dense_layers_first(cfg, name);
+  }
+  bool writes_head_dim() const override { return false; }
+  void write_config(const config::Config& cfg, json& j) const override;
+
+  bool router_kept_fp32() const override { return true; }
+  bool has_mtp_layers() const override { return true; }
+
+ private:
+  void read_latent_attention(const HfKeys& k, json& m) const {
+    const int64_t heads = k.integer("num_attention_heads");
+    if (k.integer("num_key_value_heads", heads) != heads) {
+      k.fail("num_key_value_heads",
+             "must equal num_attention_heads: latent attention gives every head its own keys");
+    }
+    m["num_key_value_heads"] = 0;
+    m["head_dim"] = 0;  // transformers' head_dim here is qk_rope_head_dim, the rotary width
+    m["kv_lora_rank"] = k.integer("kv_lora_rank", 512);
+    if (m["kv_lora_rank"].get<int64_t>() == 0) {
+      k.fail("kv_lora_rank", "expected a positive integer");
+    }
+    m["q_lora_rank"] = k.has("q_lora_rank") ? k.integer("q_lora_rank", 0) : int64_t{1536};
+    m["qk_nope_head_dim"] = k.integer("qk_nope_head_dim", 128);
+    m["qk_rope_head_dim"] = k.integer("qk_rope_head_dim", 64);
+    m["v_head_dim"] = k.integer("v_head_dim", 128);
+    m["rope_interleave"] = v3_ ? k.boolean("rope_interleave", true) : true;  // V2: complex form
+    m["qk_norm"] = false;
+  }
+
+  static void read_v2_routing(const HfKeys& k, json& e, std::vector<std::string>* warnings) {
+    e["score_function"] = "softmax";
+    e["normalize_topk"] = false;
+    if (k.boolean("norm_topk_prob", false) && warnings != nullptr) {
+      warnings->push_back(
+          "norm_topk_prob = true is not applied: transformers' DeepseekV2 router never "
+          "renormalises (neither does moe-train for this family)");
+    }
+    const std::string method = k.string("topk_method", "greedy");
+    if (method == "greedy") return;
+    if (method != "group_limited_greedy") {
+      k.fail("topk_method", "expected greedy or group_limited_greedy (transformers' DeepseekV2)");
+    }
+    e["n_group"] = k.integer("n_group");
+    e["topk_group"] = k.integer("topk_group");
+    e["group_score_experts"] = 1;
+  }
+
+  static void check_v2_router(const config::Config& cfg) {
+    const auto& e = cfg.moe;
+    if (e.score_function != config::ScoreFunction::kSoftmax) {
+      refuse("moe.score_function", "DeepSeek-V2 routes with softmax scores");
+    }
+    if (e.normalize_topk && e.top_k > 1) {
+      refuse("moe.normalize_topk", "DeepSeek-V2's router never renormalises the top-k weights");
+    }
+    if (e.router_bias_update_rate > 0) {
+      refuse("moe.router_bias_update_rate", "DeepSeek-V2 has no selection bias");
+    }
+    if (!cfg.model.rope_interleave) {
+      refuse("model.rope_interleave", "DeepSeek-V2 rotates interleaved pairs (always true)");
+    }
+  }
+
+  bool v3_;
+};
+
+// DeepseekV2Config / DeepseekV3Config's keys.
+void Deepseek::write_config(const config::Config& cfg, json& j) const {
+  const auto& m = cfg.model;
+  const auto& e = cfg.moe;
+  const int64_t width = config::expert_hidden_size(cfg);
+  j["n_routed_experts"] = e.num_experts;
+  j["moe_intermediate_size"] = width;
+  j["intermediate_size"] = config::dense_hidden_size(cfg);
+  j["first_k_dense_replace"] = leading_dense_layers(cfg);
+  j["n_shared_experts"] = e.shared_expert_hidden_size / width;
+  j["routed_scaling_factor"] = e.routed_scaling_factor;
+  j["n_group"] = e.n_group;
+  j["topk_group"] = e.topk_group;
+  j["kv_lora_rank"] = m.kv_lora_rank;
+  j["q_lora_rank"] = m.q_lora_rank > 0 ? json(m.q_lora_rank) : json(nullptr);
+  j["qk_nope_head_dim"] = m.qk_nope_head_dim;
+  j["qk_rope_head_dim"] = m.qk_rope_head_dim;
+  j["v_head_dim"] = m.v_head_dim;
+  j["attention_bias"] = false;
+  j.erase("head_dim");  // the class derives both (qk_rope_head_dim; nope + rope)
+  j.erase("qk_head_dim");
+  j.erase("router_aux_loss_coef");
+  if (v3_) {
+    j["norm_topk_prob"] = e.normalize_topk;
+    j["rope_interleave"] = m.rope_interleave;
+    j["num_nextn_predict_layers"] = 0;  // the MTP layers are not imported (docs/hf.md)
+  } else {
+    j["norm_topk_prob"] = false;
+    j["topk_method"] = e.n_group > 1 ? "group_limited_greedy" : "greedy";
+  }
+}
+
+}  // namespace
+
+void register_deepseek_family(std::vector<const ModelFamily*>& out) {
+  static const Deepseek kV2(false), kV3(true);
+  out.push_back(&kV2);
+  out.push_back(&kV3);
+}
+
+}  // namespace moe::families

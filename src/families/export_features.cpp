@@ -1,0 +1,76 @@
+// The features beyond the common core, each with the config key that turns it on: export-hf
+// refuses one its target family lacks and names the families that have it.
+#include <functional>
+
+#include "moe/families/model_family.h"
+#include "moe/util/errors.h"
+
+namespace moe::families {
+
+namespace {
+
+struct FeatureUse {
+  Feature feature;
+  const char* key;
+  std::function<bool(const config::Config&)> used;
+};
+
+// In the order the refusals are checked.
+const std::vector<FeatureUse>& feature_uses() {
+  using config::Config;
+  static const std::vector<FeatureUse> kUses = {
+      {Feature::kAttentionBias, "model.attention_bias",
+       [](const Config& c) { return c.model.attention_bias; }},
+      {Feature::kAttentionSinks, "model.attention_sinks",
+       [](const Config& c) { return c.model.attention_sinks; }},
+      {Feature::kSlidingWindow, "model.sliding_window",
+       [](const Config& c) { return c.model.sliding_window > 0; }},
+      {Feature::kRouterBias, "moe.router_bias", [](const Config& c) { return c.moe.router_bias; }},
+      {Feature::kSoftmaxAfterTopk, "moe.softmax_after_topk",
+       [](const Config& c) { return c.moe.softmax_after_topk; }},
+      {Feature::kExpertBias, "moe.expert_bias", [](const Config& c) { return c.moe.expert_bias; }},
+      {Feature::kClampedSwiglu, "moe.activation",
+       [](const Config& c) { return c.moe.activation != config::ExpertActivation::kSwiglu; }},
+      {Feature::kLatentAttention, "model.kv_lora_rank",
+       [](const Config& c) { return config::latent_attention(c); }},
+      {Feature::kRopeInterleave, "model.rope_interleave",
+       [](const Config& c) { return c.model.rope_interleave; }},
+      {Feature::kGroupScoreBest1, "moe.group_score_experts",
+       [](const Config& c) { return c.moe.n_group > 1 && c.moe.group_score_experts != 2; }},
+      {Feature::kSharedExperts, "moe.shared_expert_hidden_size",
+       [](const Config& c) { return c.moe.shared_expert_hidden_size > 0; }},
+      {Feature::kSigmoidScores, "moe.score_function",
+       [](const Config& c) { return c.moe.score_function != config::ScoreFunction::kSoftmax; }},
+      {Feature::kSelectionBias, "moe.router_bias_update_rate",
+       [](const Config& c) { return c.moe.router_bias_update_rate > 0; }},
+      {Feature::kExpertGroups, "moe.n_group", [](const Config& c) { return c.moe.n_group > 1; }},
+      {Feature::kRoutedScaling, "moe.routed_scaling_factor",
+       [](const Config& c) { return c.moe.routed_scaling_factor != 1.0; }},
+      {Feature::kQkvBias, "model.qkv_bias", [](const Config& c) { return c.model.qkv_bias; }},
+      {Feature::kPartialRotary, "model.partial_rotary_factor",
+       [](const Config& c) { return c.model.partial_rotary_factor != 1.0; }},
+      {Feature::kQkNorm, "model.qk_norm", [](const Config& c) { return c.model.qk_norm; }},
+      {Feature::kClipQkv, "model.clip_qkv", [](const Config& c) { return c.model.clip_qkv > 0; }},
+      {Feature::kDenseLayers, "moe.mlp_only_layers",
+       [](const Config& c) { return config::moe_layer_count(c) != c.model.num_layers; }},
+  };
+  return kUses;
+}
+
+}  // namespace
+
+void refuse_missing_features(const config::Config& cfg, const ModelFamily& family) {
+  for (const FeatureUse& use : feature_uses()) {
+    if (family.has(use.feature) || !use.used(cfg)) continue;
+    std::vector<const ModelFamily*> owners;
+    for (const ModelFamily* f : all_families()) {
+      if (f->has(use.feature)) owners.push_back(f);
+    }
+    const std::string who = owners.empty() ? std::string("no family") : listed(owners, true, "and");
+    throw UserError(std::string(use.key) + ": " + family.model_type() + " has no such setting; " +
+                    "only " + who + (owners.size() == 1 ? " has" : " have") +
+                    " it among the families export-hf writes");
+  }
+}
+
+}  // namespace moe::families

@@ -1,0 +1,37 @@
+#include "moe/families/model_family.h"
+
+namespace moe::families {
+
+void ModelFamily::moe_tensors(const config::Config& cfg, const std::string& hf_layer,
+                              const std::string& our_layer, std::vector<TensorPiece>& out) const {
+  split_expert_tensors(cfg, hf_layer, our_layer, ExpertNames{}, out);
+}
+
+// Router, correction bias and shared experts where the family has them, then one tensor per
+// expert and projection (transformers 5 saves MoE experts one by one; ours are stacked and
+// transposed).
+void ModelFamily::split_expert_tensors(const config::Config& cfg, const std::string& hf_layer,
+                                       const std::string& our_layer, const ExpertNames& names,
+                                       std::vector<TensorPiece>& out) const {
+  const std::string block = hf_layer + names.block;
+  out.push_back({block + "gate.weight", our_layer + "moe.router.weight"});
+  if (has(Feature::kSelectionBias)) {
+    // The selection bias is a buffer of ours (moe.router.expert_bias), carried by state.json.
+    out.push_back({block + "gate.e_score_correction_bias", our_layer + "moe.router.expert_bias"});
+  }
+  if (has(Feature::kSharedExperts) && cfg.moe.shared_expert_hidden_size > 0) {
+    const std::string sh = block + "shared_experts.", mine = our_layer + "moe.shared_expert.";
+    out.push_back({sh + "gate_proj.weight", mine + "w_gate", 0, 0, -1, true});
+    out.push_back({sh + "up_proj.weight", mine + "w_up", 0, 0, -1, true});
+    out.push_back({sh + "down_proj.weight", mine + "w_down", 0, 0, -1, true});
+  }
+  const std::string mine = our_layer + "moe.experts.";
+  for (int64_t e = 0; e < cfg.moe.num_experts; ++e) {
+    const std::string ex = block + "experts." + std::to_string(e) + ".";
+    out.push_back({ex + names.gate + ".weight", mine + "w_gate", e, 0, -1, true});
+    out.push_back({ex + names.down + ".weight", mine + "w_down", e, 0, -1, true});
+    out.push_back({ex + names.up + ".weight", mine + "w_up", e, 0, -1, true});
+  }
+}
+
+}  // namespace moe::families
