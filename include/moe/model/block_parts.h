@@ -1,0 +1,75 @@
+// The two halves of a block, each a kind behind one small interface: the token mixer (what mixes
+// positions: attention today; Gated DeltaNet and Mamba-2 are kinds to come) and the
+// feed-forward (dense MLP or MoE). Each kind is one file that registers its module in the block
+// under its parameter names and returns its interface; make_token_mixer / make_feed_forward
+// pick the kind from the layer's spec.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <torch/types.h>
+
+#include "moe/config/config.h"
+#include "moe/layers/lora.h"
+#include "moe/model/layer_spec.h"
+#include "moe/moe/moe_layer.h"
+
+namespace moe::model {
+
+class BlockImpl;
+class RotaryTableCache;
+
+class TokenMixer {
+ public:
+  virtual ~TokenMixer() = default;
+  // x [B, S, d] (normed) -> [B, S, d], before the residual add.
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  // Documents inside the window for the following forwards (undefined: one sequence).
+  virtual void set_documents(const torch::Tensor& mask, const torch::Tensor& positions) = 0;
+  virtual void share_rotary_tables(std::shared_ptr<RotaryTableCache> cache) = 0;
+  virtual void merge_lora() = 0;
+};
+
+class FeedForward {
+ public:
+  virtual ~FeedForward() = default;
+  // x [T, d] (normed, flattened) -> y [T, d] with the layer's MoE statistics (a dense kind
+  // reports zero aux and z losses and an empty tokens_per_expert).
+  virtual moe::MoeLayerOutput forward(const torch::Tensor& x) = 0;
+  virtual void merge_lora() = 0;
+};
+
+// What the kinds build from.
+struct BlockContext {
+  const config::Config& cfg;
+  const torch::Device& device;
+  int64_t layer;
+  const moe::MoeParallel& parallel;
+};
+
+// The adapters' rank, scaling and dropout (none without LoRA).
+LoraSpec lora_spec(const config::Config& cfg);
+// Our fused CUDA kernels for the block's elementwise ops (rotary, sinks, SwiGLU): on CUDA, with
+// the kernels compiled and moe.kernels not `reference`. Not resolve_kernel_path: its errors are
+// about the MoE layers' kernels (a dense model asking for "cuda" on the CPU is not refused for
+// want of a rotary kernel).
+bool fused_block_kernels(const BlockContext& ctx);
+// Residual-output projections' init std: init_std / sqrt(2 L) (GPT-2, Megatron).
+double output_init_std(const config::Config& cfg);
+
+// The kinds, one file each.
+std::shared_ptr<TokenMixer> attention_mixer(BlockImpl& block, const BlockContext& ctx,
+                                            const LayerSpec& spec);  // model/attention.cpp
+std::shared_ptr<FeedForward> dense_feed_forward(BlockImpl& block,
+                                                const BlockContext& ctx);  // model/dense_mlp.cpp
+std::shared_ptr<FeedForward> moe_feed_forward(BlockImpl& block,
+                                              const BlockContext& ctx);  // moe_feed_forward.cpp
+
+// The spec's kinds, built into `block`.
+std::shared_ptr<TokenMixer> make_token_mixer(BlockImpl& block, const BlockContext& ctx,
+                                             const LayerSpec& spec);
+std::shared_ptr<FeedForward> make_feed_forward(BlockImpl& block, const BlockContext& ctx,
+                                               const LayerSpec& spec);
+
+}  // namespace moe::model

@@ -1,0 +1,32 @@
+// What one layer of a model is: its token mixer, its feed-forward and the options that differ
+// between layers. A block is assembled from this (model/block.h); adding a kind adds an entry
+// here and its file, never a branch on a family's name.
+#pragma once
+
+#include <cstdint>
+
+#include "moe/config/config.h"
+
+namespace moe::model {
+
+// The token mixer: attention (grouped-query with its options; model/attention.cpp) or
+// multi-head latent attention (model/latent_attention.cpp).
+enum class MixerKind { kAttention, kLatentAttention };
+// The feed-forward: a dense SwiGLU MLP (model/dense_mlp.cpp) or the MoE layer
+// (model/moe_feed_forward.cpp).
+enum class FeedForwardKind { kDense, kMoe };
+
+struct LayerSpec {
+  MixerKind mixer = MixerKind::kAttention;
+  FeedForwardKind feed_forward = FeedForwardKind::kMoe;
+  int64_t attention_window = 0;  // > 0: sliding-window attention over this many positions
+};
+
+// Layer `layer` of `cfg`: latent attention where model.kv_lora_rank says, MoE where
+// config::is_moe_layer says, the window of config::attention_window.
+LayerSpec layer_spec(const config::Config& cfg, int64_t layer);
+
+const char* name(MixerKind kind);        // "attention", "latent_attention"
+const char* name(FeedForwardKind kind);  // "dense", "moe"
+
+}  // namespace moe::model

@@ -1,0 +1,46 @@
+#include "moe/model/block_parts.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "moe/config/lora.h"
+#include "moe/kernels/permute.h"
+
+namespace moe::model {
+
+LoraSpec lora_spec(const config::Config& cfg) {
+  if (!config::lora_enabled(cfg)) return {};
+  return {cfg.lora.r, config::lora_scaling(cfg.lora), cfg.lora.lora_dropout};
+}
+
+bool fused_block_kernels(const BlockContext& ctx) {
+  return ctx.device.is_cuda() && ctx.cfg.moe.kernels != config::MoeKernels::kReference &&
+         kernels::cuda_kernels_compiled();
+}
+
+double output_init_std(const config::Config& cfg) {
+  return cfg.model.init_std / std::sqrt(2.0 * static_cast<double>(cfg.model.num_layers));
+}
+
+std::shared_ptr<TokenMixer> make_token_mixer(BlockImpl& block, const BlockContext& ctx,
+                                             const LayerSpec& spec) {
+  switch (spec.mixer) {
+    case MixerKind::kAttention:
+    case MixerKind::kLatentAttention:  // one module; AttentionOptions say which
+      return attention_mixer(block, ctx, spec);
+  }
+  throw std::logic_error("model: no token mixer of this kind");
+}
+
+std::shared_ptr<FeedForward> make_feed_forward(BlockImpl& block, const BlockContext& ctx,
+                                               const LayerSpec& spec) {
+  switch (spec.feed_forward) {
+    case FeedForwardKind::kDense:
+      return dense_feed_forward(block, ctx);
+    case FeedForwardKind::kMoe:
+      return moe_feed_forward(block, ctx);
+  }
+  throw std::logic_error("model: no feed-forward of this kind");
+}
+
+}  // namespace moe::model

@@ -1,0 +1,34 @@
+#include "moe/model/layer_spec.h"
+
+namespace moe::model {
+
+LayerSpec layer_spec(const config::Config& cfg, int64_t layer) {
+  LayerSpec s;
+  s.mixer = config::latent_attention(cfg) ? MixerKind::kLatentAttention : MixerKind::kAttention;
+  s.feed_forward =
+      config::is_moe_layer(cfg, layer) ? FeedForwardKind::kMoe : FeedForwardKind::kDense;
+  s.attention_window = config::attention_window(cfg, layer);
+  return s;
+}
+
+const char* name(MixerKind kind) {
+  switch (kind) {
+    case MixerKind::kAttention:
+      return "attention";
+    case MixerKind::kLatentAttention:
+      return "latent_attention";
+  }
+  return "?";
+}
+
+const char* name(FeedForwardKind kind) {
+  switch (kind) {
+    case FeedForwardKind::kDense:
+      return "dense";
+    case FeedForwardKind::kMoe:
+      return "moe";
+  }
+  return "?";
+}
+
+}  // namespace moe::model
