@@ -3,6 +3,7 @@ comparison of moe-train's `eval --dump-logits` with them (logits and loss, each 
 run's newest checkpoint, and the checks after an export (transformers loads it cleanly and gives
 our logits; import-hf of it is the trained checkpoint, bitwise)."""
 import json
+import math
 import pathlib
 import sys
 
@@ -104,7 +105,19 @@ def full_fine_tuning_peer(run, tmp, model, logits_tol, weights_tol, as_saved=lam
     run("export-hf", newest_checkpoint(out), "--out", exported)
     mine = as_saved(load_file(exported / "model.safetensors"))
     weights = max((mine[k].double() - theirs[k]).abs().max().item() for k in theirs)
+    # The float64 peer is the reference; float32 training cannot be closer to it than float32
+    # rounding allows, and how close that is depends on the CPU's GEMM kernels (gpt-oss: 9.0e-6
+    # for us on the 2026-12-04 VM, 3.4e-5 on a 2026-12-06 AVX-512/AMX Xeon, where transformers'
+    # own float32 training lands 3.5e-5 away). So the weights' bar is the larger of `weights_tol`
+    # and transformers' own float32 training's distance, measured here on the same batches.
+    peer32 = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32,
+                                                               experts_implementation="eager")
+    theirs32 = peft_steps(peer32, tmp / "data/train.h5", ours, 10, 4, 32, math.inf,
+                          weight_decay=0.0)
+    fp32_noise = max((theirs32[k].double() - theirs[k]).abs().max().item() for k in theirs)
     print(f"  after 10 steps: max |logit difference| {diff:.1e} (validation loss {r['loss']:.6f}); "
-          f"max |weight difference| {weights:.1e} over {len(theirs)} tensors")
+          f"max |weight difference| {weights:.1e} over {len(theirs)} tensors (transformers' own "
+          f"float32 training: {fp32_noise:.1e})")
     assert diff <= logits_tol, f"logits after 10 steps differ by {diff}"
-    assert weights <= weights_tol, f"weights after 10 steps differ by {weights}"
+    bar = max(weights_tol, fp32_noise)
+    assert weights <= bar, f"weights after 10 steps differ by {weights} (bar {bar})"
