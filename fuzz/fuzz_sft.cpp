@@ -30,7 +30,8 @@ constexpr const char* kChatMl =
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::unique_ptr<moe::data::Tokenizer> tok = moe::data::make_tokenizer("byte", "");
+  static const std::unique_ptr<moe::tokenizers::Tokenizer> tok =
+      moe::tokenizers::make_tokenizer("byte", "");
   static const moe::chat::SftEncoder enc = [] {
     moe::chat::ChatSetup chat;
     chat.chat_template.emplace(kChatMl, "chatml.jinja");
@@ -45,7 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const moe::chat::SftExample e = enc.encode(*example);
     if (e.ids.size() != e.mask.size()) __builtin_trap();
   } catch (const moe::UserError&) {
-  } catch (const moe::data::InvalidUtf8Error&) {  // prepare-data reports the line (or replaces)
+  } catch (
+      const moe::tokenizers::InvalidUtf8Error&) {  // prepare-data reports the line (or replaces)
   }
   return 0;
 }

@@ -20,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::fwrite(data, 1, size, f);
   std::fclose(f);
   try {
-    const moe::data::HfBpeTokenizer tok(path);
+    const moe::tokenizers::HfBpeTokenizer tok(path);
     (void)tok.name();
     (void)tok.special_tokens();
     (void)tok.special_token_texts();

@@ -18,7 +18,7 @@ namespace moe::chat {
 ChatTemplate::ChatTemplate(const std::string& source, std::string origin)
     : origin_(std::move(origin)) {
   // transformers reads templates as UTF-8 text and fails on anything else.
-  if (const size_t bad = data::first_invalid_utf8(source); bad != std::string::npos) {
+  if (const size_t bad = tokenizers::first_invalid_utf8(source); bad != std::string::npos) {
     throw UserError("chat template: " + origin_ + ": not UTF-8 (byte " + std::to_string(bad) + ")");
   }
   try {

@@ -12,8 +12,8 @@ namespace moe::chat {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
-using data::SpecialTokens;
-using data::Tokenizer;
+using tokenizers::SpecialTokens;
+using tokenizers::Tokenizer;
 
 namespace {
 

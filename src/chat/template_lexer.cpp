@@ -10,7 +10,7 @@
 
 namespace moe::chat {
 
-namespace utf8 = data::utf8;
+namespace utf8 = tokenizers::utf8;
 
 bool is_name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }

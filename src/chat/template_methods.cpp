@@ -9,7 +9,7 @@
 
 namespace moe::chat {
 
-namespace utf8 = data::utf8;
+namespace utf8 = tokenizers::utf8;
 
 namespace {
 

@@ -29,6 +29,11 @@ namespace fs = std::filesystem;
 using chat::load_chat_setup;
 using chat::SftEncoder;
 using chat::SftExample;
+using tokenizers::InvalidUtf8Error;
+using tokenizers::make_tokenizer;
+using tokenizers::replace_invalid_utf8;
+using tokenizers::SpecialTokens;
+using tokenizers::Tokenizer;
 
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
   std::vector<std::string> files;

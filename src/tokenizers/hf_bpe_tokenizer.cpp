@@ -15,7 +15,7 @@
 #include "moe/util/errors.h"
 #include "moe/util/json_nesting.h"
 
-namespace moe::data {
+namespace moe::tokenizers {
 
 namespace {
 
@@ -483,4 +483,4 @@ void HfBpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out) c
               });
 }
 
-}  // namespace moe::data
+}  // namespace moe::tokenizers

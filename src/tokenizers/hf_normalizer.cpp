@@ -11,7 +11,7 @@
 
 #include "moe/tokenizers/utf8.h"
 
-namespace moe::data {
+namespace moe::tokenizers {
 
 namespace {
 
@@ -171,4 +171,4 @@ std::string HfNormalizer::apply(std::string text) const {
   return text;
 }
 
-}  // namespace moe::data
+}  // namespace moe::tokenizers

@@ -9,7 +9,7 @@
 #include "moe/util/errors.h"
 #include "moe/util/input_limits.h"
 
-namespace moe::data {
+namespace moe::tokenizers {
 
 namespace {
 
@@ -378,4 +378,4 @@ void HfPreTokenizer::split(const std::string& segment, bool at_text_start,
   for (auto& [text, at_start] : current) pieces.push_back(std::move(text));
 }
 
-}  // namespace moe::data
+}  // namespace moe::tokenizers

@@ -7,7 +7,7 @@
 #include "moe/tokenizers/hf_bpe_tokenizer.h"
 #include "moe/util/errors.h"
 
-namespace moe::data {
+namespace moe::tokenizers {
 
 namespace {
 
@@ -138,4 +138,4 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::st
   throw UserError("prepare-data: --tokenizer " + kind + ": expected byte, sentencepiece or hf");
 }
 
-}  // namespace moe::data
+}  // namespace moe::tokenizers

@@ -12,7 +12,7 @@
 #include "moe/tokenizers/hf_pre_tokenizer.h"
 #include "moe/util/errors.h"
 
-namespace moe::data {
+namespace moe::tokenizers {
 namespace {
 
 TEST(HfPreTokenizerLimits, CatastrophicBacktrackingIsAUserErrorNamingFileAndPattern) {
@@ -38,4 +38,4 @@ TEST(HfPreTokenizerLimits, CatastrophicBacktrackingIsAUserErrorNamingFileAndPatt
 }
 
 }  // namespace
-}  // namespace moe::data
+}  // namespace moe::tokenizers

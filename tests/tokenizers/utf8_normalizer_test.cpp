@@ -9,7 +9,7 @@
 #include "moe/tokenizers/hf_normalizer.h"
 #include "moe/tokenizers/tokenizer.h"
 
-namespace moe::data {
+namespace moe::tokenizers {
 namespace {
 
 std::string replaced(std::string s, size_t* count = nullptr) {
@@ -66,4 +66,4 @@ TEST(HfNormalizer, LowercaseAndStripAsTokenizers) {
 }
 
 }  // namespace
-}  // namespace moe::data
+}  // namespace moe::tokenizers

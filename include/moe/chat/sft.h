@@ -35,7 +35,7 @@ class SftEncoder {
  public:
   // `special`: the tokenizer's post-processor tokens, put around prompt/completion examples
   // (--add-special-tokens); chat templates write their own.
-  SftEncoder(const data::Tokenizer& tok, ChatSetup chat, data::SpecialTokens special);
+  SftEncoder(const tokenizers::Tokenizer& tok, ChatSetup chat, tokenizers::SpecialTokens special);
 
   // One JSONL line as an example, or nullopt with `why` (a malformed line: invalid JSON, no
   // messages or prompt/completion, a message without a string role, no assistant turn).
@@ -57,9 +57,9 @@ class SftEncoder {
   // text[0, pos): a token straddling `pos` belongs to what follows.
   size_t token_at(const std::string& text, size_t pos, const std::vector<uint32_t>& ids) const;
 
-  const data::Tokenizer& tok_;
+  const tokenizers::Tokenizer& tok_;
   ChatSetup chat_;
-  data::SpecialTokens special_;
+  tokenizers::SpecialTokens special_;
   std::vector<std::string> turn_ends_;  // special tokens' texts: one ends an assistant turn
   int64_t eos_ = -1;                    // appended to prompt/completion examples
 };

@@ -16,7 +16,7 @@
 #include "moe/tokenizers/hf_pre_tokenizer.h"
 #include "moe/tokenizers/tokenizer.h"
 
-namespace moe::data {
+namespace moe::tokenizers {
 
 class HfBpeTokenizer : public Tokenizer {
  public:
@@ -77,4 +77,4 @@ class HfBpeTokenizer : public Tokenizer {
   int64_t vocab_size_ = 0, eos_ = -1;
 };
 
-}  // namespace moe::data
+}  // namespace moe::tokenizers

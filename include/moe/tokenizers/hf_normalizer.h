@@ -11,7 +11,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-namespace moe::data {
+namespace moe::tokenizers {
 
 class HfNormalizer {
  public:
@@ -36,4 +36,4 @@ class HfNormalizer {
   std::vector<Step> steps_;
 };
 
-}  // namespace moe::data
+}  // namespace moe::tokenizers

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-namespace moe::data {
+namespace moe::tokenizers {
 
 class HfPreTokenizer {
  public:
@@ -41,4 +41,4 @@ class HfPreTokenizer {
   bool byte_level_ = false, prefixes_segments_ = false;
 };
 
-}  // namespace moe::data
+}  // namespace moe::tokenizers

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-namespace moe::data {
+namespace moe::tokenizers {
 
 // Text that is not valid UTF-8 where a tokenizer needs it: `offset` is the first bad byte within
 // the text given to encode() (prepare-data adds the file and the text's own offset).
@@ -64,4 +64,4 @@ class Tokenizer {
 // Throws UserError on a bad model.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& model_path);
 
-}  // namespace moe::data
+}  // namespace moe::tokenizers

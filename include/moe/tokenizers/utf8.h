@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-namespace moe::data::utf8 {
+namespace moe::tokenizers::utf8 {
 
 // The byte length of the code point whose lead byte is `lead`.
 inline size_t length(unsigned char lead) {
@@ -56,4 +56,4 @@ inline size_t previous(std::string_view s, size_t at) {
   return i;
 }
 
-}  // namespace moe::data::utf8
+}  // namespace moe::tokenizers::utf8
