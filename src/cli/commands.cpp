@@ -92,7 +92,7 @@ std::string version_string() {
 
 int cmd_train(const TrainArgs& a) {
   if (a.config_path.empty()) throw UserError("train: --config FILE is required");
-  const dist::LaunchEnv env = dist::launch_env();  // torchrun / Slurm, or alone
+  const parallel::LaunchEnv env = parallel::launch_env();  // torchrun / Slurm, or alone
   config::Config cfg = train::load_run_config(a.config_path, a.overrides, env.world_size);
   train::TrainOptions opt;
   opt.launch = env;
@@ -129,7 +129,7 @@ int cmd_config_show(const TrainArgs& a) {
   if (a.config_path.empty()) throw UserError("config show: --config FILE is required");
   // Under a launcher (torchrun, srun) the config resolves with its world size, as training does.
   config::Config cfg =
-      train::load_run_config(a.config_path, a.overrides, dist::launch_env().world_size);
+      train::load_run_config(a.config_path, a.overrides, parallel::launch_env().world_size);
   for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
   std::cout << config::to_json(cfg).dump(2) << "\n";
   spdlog::info("{} parameters in total, {} active per token", config::count_parameters(cfg),

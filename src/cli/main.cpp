@@ -40,7 +40,7 @@ int record_exit_status(int code) {
   if (dir == nullptr || *dir == '\0') return code;
   int64_t rank = 0;  // as the launcher gave it; a malformed one was reported already
   try {
-    rank = moe::dist::launch_env().rank;
+    rank = moe::parallel::launch_env().rank;
   } catch (const std::exception&) {
   }
   const std::string path = std::string(dir) + "/rank-" + std::to_string(rank) + "-pid-" +

@@ -20,7 +20,11 @@
 #include "moe/util/errors.h"
 #include "moe/util/fault_injection.h"
 
-namespace moe::train {
+namespace moe::parallel {
+
+using train::clip_divisor;
+using train::gradient_norm;
+using train::scale_by_clip_coefficient;
 
 namespace fs = std::filesystem;
 using config::GradientReduction;
@@ -67,7 +71,7 @@ std::vector<torch::Tensor> trainable(model::TransformerLM& model) {
 
 class RankGroup final : public DataParallel {
  public:
-  RankGroup(const config::Config& cfg, std::unique_ptr<dist::ProcessGroup> group,
+  RankGroup(const config::Config& cfg, std::unique_ptr<parallel::ProcessGroup> group,
             const config::DataParallelMode& mode)
       : cfg_(cfg), group_(std::move(group)), mode_(mode) {
     if (mode_.expert_parallel > 1) make_expert_groups();
@@ -76,7 +80,7 @@ class RankGroup final : public DataParallel {
   int64_t rank() const override { return group_->rank(); }
   int64_t size() const override { return group_->size(); }
   moe::MoeParallel moe_parallel() override {
-    dist::ProcessGroup* g = group_.get();
+    parallel::ProcessGroup* g = group_.get();
     moe::MoeParallel p;
     p.loads = {[g](at::Tensor& t) { g->allreduce_sum(t); }, g->size(),
                [g](const at::Tensor& t) { return g->all_gather_rows(t); }, g->rank()};
@@ -336,7 +340,7 @@ class RankGroup final : public DataParallel {
       if (expert) entry.shape[0] *= ep, entry.nbytes *= static_cast<size_t>(ep);
       gathered.push_back(expert);
     }
-    dist::ProcessGroup* g = group_.get();
+    parallel::ProcessGroup* g = group_.get();
     s.each = [local, gathered, gathers, g, id = ep_group_](const OptimizerStream::Sink& sink) {
       size_t i = 0;
       local.each([&](const at::Tensor& t) {
@@ -392,21 +396,22 @@ class RankGroup final : public DataParallel {
   }
 
   const config::Config& cfg_;
-  std::unique_ptr<dist::ProcessGroup> group_;
+  std::unique_ptr<parallel::ProcessGroup> group_;
   config::DataParallelMode mode_;
   std::unique_ptr<ZeroPartition> zero_;  // ZeRO stage 1/2; null at stage 0
   // ZeRO with expert parallelism: the experts' partition over their replicas.
   std::unique_ptr<ZeroPartition> zero_experts_;
   // Expert parallelism (mode_.expert_parallel > 1): the groups' ids in group_, and the routed
   // experts' parameters this rank holds a share of.
-  int64_t ep_group_ = dist::ProcessGroup::kWorld, expert_dp_group_ = dist::ProcessGroup::kWorld;
+  int64_t ep_group_ = parallel::ProcessGroup::kWorld,
+          expert_dp_group_ = parallel::ProcessGroup::kWorld;
   std::vector<std::pair<std::string, torch::Tensor>> expert_params_;
 };
 
 }  // namespace
 
 std::unique_ptr<DataParallel> DataParallel::create(const config::Config& cfg,
-                                                   const dist::LaunchEnv& env, bool cuda,
+                                                   const parallel::LaunchEnv& env, bool cuda,
                                                    spdlog::logger& log) {
   if (env.world_size <= 1) return std::make_unique<LocalTraining>();
   if (env.rank > 0) {
@@ -421,7 +426,7 @@ std::unique_ptr<DataParallel> DataParallel::create(const config::Config& cfg,
   }
   const auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed.timeout_s * 1000));
-  auto group = std::make_unique<dist::ProcessGroup>(env, backend, timeout);
+  auto group = std::make_unique<parallel::ProcessGroup>(env, backend, timeout);
   const std::string mine = config::to_json(cfg).dump();
   const auto all = group->allgather_text("config", mine);
   for (size_t r = 0; r < all.size(); ++r) {
@@ -437,9 +442,9 @@ std::unique_ptr<DataParallel> DataParallel::create(const config::Config& cfg,
 }
 
 std::unique_ptr<DataParallel> DataParallel::over(const config::Config& cfg,
-                                                 std::unique_ptr<dist::ProcessGroup> group,
+                                                 std::unique_ptr<parallel::ProcessGroup> group,
                                                  const config::DataParallelMode& mode) {
   return std::make_unique<RankGroup>(cfg, std::move(group), mode);
 }
 
-}  // namespace moe::train
+}  // namespace moe::parallel

@@ -5,7 +5,7 @@
 
 #include "moe/util/errors.h"
 
-namespace moe::dist {
+namespace moe::parallel {
 
 namespace {
 
@@ -71,4 +71,4 @@ LaunchEnv launch_env() {
   return launch_env_from([](const char* name) { return std::getenv(name); });
 }
 
-}  // namespace moe::dist
+}  // namespace moe::parallel

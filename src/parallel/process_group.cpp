@@ -25,7 +25,7 @@
 #include "moe/parallel/buckets.h"
 #include "moe/util/errors.h"
 
-namespace moe::dist {
+namespace moe::parallel {
 
 namespace {
 constexpr auto kBeatEvery = std::chrono::milliseconds(500);
@@ -387,4 +387,4 @@ void ProcessGroup::barrier() {
   collective("barrier", [&] { impl_->backend->barrier()->wait(); });
 }
 
-}  // namespace moe::dist
+}  // namespace moe::parallel

@@ -12,9 +12,12 @@
 #include "moe/parallel/buckets.h"
 #include "moe/parallel/process_group.h"
 
-namespace moe::train {
+namespace moe::parallel {
 
-ZeroPartition::ZeroPartition(dist::ProcessGroup& group, int64_t stage,
+using train::AdamWState;
+using train::scale_by_clip_coefficient;
+
+ZeroPartition::ZeroPartition(parallel::ProcessGroup& group, int64_t stage,
                              std::vector<std::string> names, std::vector<torch::Tensor> params,
                              int64_t reduce_bytes, int64_t broadcast_bytes, int64_t subgroup)
     : group_(group),
@@ -82,7 +85,7 @@ void ZeroPartition::reduce_in_backward() {
   for (size_t k = params_.size(); k-- > 0;)
     bytes.push_back(static_cast<int64_t>(params_[k].nbytes()));
   bucket_of_.assign(params_.size(), 0);
-  for (auto& bucket : dist::pack_buckets(bytes, reduce_bytes_)) {
+  for (auto& bucket : parallel::pack_buckets(bytes, reduce_bytes_)) {
     for (size_t& i : bucket) {
       i = params_.size() - 1 - i;  // back to parameter indices
       bucket_of_[i] = buckets_.size();
@@ -194,7 +197,7 @@ void ZeroPartition::broadcast_updates() {
       mine.push_back(i);
       bytes.push_back(static_cast<int64_t>(params_[i].nbytes()));
     }
-    for (const auto& bucket : dist::pack_buckets(bytes, broadcast_bytes_)) {
+    for (const auto& bucket : parallel::pack_buckets(bytes, broadcast_bytes_)) {
       std::vector<torch::Tensor> parts, members;
       for (size_t k : bucket) {
         members.push_back(params_[mine[k]].detach());
@@ -202,7 +205,7 @@ void ZeroPartition::broadcast_updates() {
       }
       auto flat = torch::cat(parts);
       group_.broadcast(flat, root, gid_);
-      dist::copy_from_flat(flat, members);
+      parallel::copy_from_flat(flat, members);
     }
   }
 }
@@ -242,4 +245,4 @@ OptimizerStream ZeroPartition::optimizer_stream(FusedAdamW& mine) {
   return s;
 }
 
-}  // namespace moe::train
+}  // namespace moe::parallel

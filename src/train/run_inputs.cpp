@@ -44,7 +44,7 @@ data::RemoteCacheOptions shard_cache_options(const config::Config& cfg) {
                                      : cfg.data.cache_dir;
   // Ranks of one node keep separate caches: one rank's eviction never removes a file another
   // is reading. The rank as the launcher gave it (torchrun's RANK or srun's SLURM_PROCID).
-  const dist::LaunchEnv launch = dist::launch_env();
+  const parallel::LaunchEnv launch = parallel::launch_env();
   if (launch.world_size > 1) {
     c.dir = (fs::path(c.dir) / ("rank-" + std::to_string(launch.rank))).string();
   }

@@ -20,6 +20,8 @@
 
 namespace moe::train {
 
+using parallel::Clipping;
+
 MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batch,
                            const config::Config& cfg) {
   profile::ForwardPhase phase;  // the flops profiler times forward passes only

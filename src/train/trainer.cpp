@@ -60,6 +60,8 @@
 
 namespace moe::train {
 
+using parallel::StopInputs;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 

@@ -73,11 +73,11 @@ void check(double capacity) {
   for (int64_t r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
       try {
-        dist::LaunchEnv env;
+        parallel::LaunchEnv env;
         env.rank = r;
         env.world_size = 2;
         env.master_port = port;
-        dist::ProcessGroup group(env, config::DistBackend::kGloo, std::chrono::seconds(60));
+        parallel::ProcessGroup group(env, config::DistBackend::kGloo, std::chrono::seconds(60));
         MoeLayerOptions o = layer_options(capacity);
         o.ep.size = 2;
         o.ep.rank = r;

@@ -111,7 +111,7 @@ std::vector<torch::Tensor> make_batches(int64_t count, int64_t rows) {
 }
 
 Trace local(const config::Config& cfg, const std::vector<torch::Tensor>& batches, int64_t steps) {
-  auto dp = DataParallel::create(cfg, dist::LaunchEnv{}, false, *spdlog::default_logger());
+  auto dp = DataParallel::create(cfg, parallel::LaunchEnv{}, false, *spdlog::default_logger());
   return train(cfg, *dp, batches, steps);
 }
 
@@ -133,10 +133,10 @@ TEST(DataParallelBoundary, AGroupOfOneIsTheIdentityInEveryMode) {
   for (const auto& m : modes) {
     const config::Config cfg = tiny(1, 4, accumulation, m.stage);
     const Trace want = local(cfg, batches, steps);
-    dist::LaunchEnv env;
+    parallel::LaunchEnv env;
     env.master_port = free_port();
-    auto group = std::make_unique<dist::ProcessGroup>(env, config::DistBackend::kGloo,
-                                                      std::chrono::seconds(60));
+    auto group = std::make_unique<parallel::ProcessGroup>(env, config::DistBackend::kGloo,
+                                                          std::chrono::seconds(60));
     config::DataParallelMode mode;
     mode.world_size = 1;
     mode.zero_stage = m.stage;
@@ -176,12 +176,12 @@ TEST(DataParallelBoundary, TwoRanksAsThreadsMatchOneProcessOnTheGlobalBatch) {
     for (int64_t r = 0; r < 2; ++r) {
       ranks.emplace_back([&, r] {
         try {
-          dist::LaunchEnv env;
+          parallel::LaunchEnv env;
           env.rank = r;
           env.world_size = 2;
           env.master_port = port;
-          auto group = std::make_unique<dist::ProcessGroup>(env, config::DistBackend::kGloo,
-                                                            std::chrono::seconds(60));
+          auto group = std::make_unique<parallel::ProcessGroup>(env, config::DistBackend::kGloo,
+                                                                std::chrono::seconds(60));
           auto dp = DataParallel::over(two, std::move(group), config::data_parallel_mode(two, 2));
           got[static_cast<size_t>(r)] = train(two, *dp, batches, steps);
         } catch (const std::exception& e) {

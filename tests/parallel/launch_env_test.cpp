@@ -7,7 +7,7 @@
 #include "moe/parallel/launch_env.h"
 #include "moe/util/errors.h"
 
-namespace moe::dist {
+namespace moe::parallel {
 namespace {
 
 LaunchEnv from(const std::map<std::string, std::string>& vars) {
@@ -86,4 +86,4 @@ TEST(LaunchEnv, MalformedValuesNameTheVariable) {
 }
 
 }  // namespace
-}  // namespace moe::dist
+}  // namespace moe::parallel

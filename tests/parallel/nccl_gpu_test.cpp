@@ -14,7 +14,7 @@
 #include "moe/parallel/process_group.h"
 #include "util/free_port.h"
 
-namespace moe::dist {
+namespace moe::parallel {
 namespace {
 
 using ::moe::test::free_port;
@@ -120,4 +120,4 @@ TEST(NcclGpu, ExpertAllToAllWorldOfOneMatchesTheLocalPath) {
 }
 
 }  // namespace
-}  // namespace moe::dist
+}  // namespace moe::parallel

@@ -2,7 +2,7 @@
 // of an EP group, each holding an equal contiguous share (config/parallel_dims.h says which); after
 // the local permute, the rows travel to the rank of their expert and back through an all-to-all.
 // The exchange is a function here (the EP group's c10d alltoall_base in training,
-// dist::ProcessGroup::all_to_all), so the layer needs no process group of its own.
+// parallel::ProcessGroup::all_to_all), so the layer needs no process group of its own.
 #pragma once
 
 #include <cstdint>

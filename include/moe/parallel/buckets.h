@@ -8,7 +8,7 @@
 
 #include <torch/types.h>
 
-namespace moe::dist {
+namespace moe::parallel {
 
 // Indices 0..n-1 of `bytes` cut into consecutive runs of at most `cap` bytes; an item larger
 // than `cap` is a bucket of its own.
@@ -36,4 +36,4 @@ inline void copy_from_flat(const torch::Tensor& flat, const std::vector<torch::T
   }
 }
 
-}  // namespace moe::dist
+}  // namespace moe::parallel

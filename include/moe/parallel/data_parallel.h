@@ -28,11 +28,12 @@ namespace spdlog {
 class logger;
 }
 
-namespace moe::dist {
-class ProcessGroup;
-}
+namespace moe::parallel {
 
-namespace moe::train {
+class ProcessGroup;
+// Optimizer and checkpoint types still live in moe::train (docs/architecture.md).
+using train::FusedAdamW;
+using train::OptimizerStream;
 
 struct StepResult;
 
@@ -56,12 +57,12 @@ class DataParallel {
   // checked that they all resolved the same config (else exit 2 on every rank, naming the first
   // differing key). Ranks other than 0 log warnings and errors only.
   static std::unique_ptr<DataParallel> create(const config::Config& cfg,
-                                              const dist::LaunchEnv& launch, bool cuda,
+                                              const parallel::LaunchEnv& launch, bool cuda,
                                               spdlog::logger& log);
   // The ranks of `group` running `mode` (create() takes config::data_parallel_mode; tests force
   // a mode on a group of one, where every mode must be the identity).
   static std::unique_ptr<DataParallel> over(const config::Config& cfg,
-                                            std::unique_ptr<dist::ProcessGroup> group,
+                                            std::unique_ptr<parallel::ProcessGroup> group,
                                             const config::DataParallelMode& mode);
   virtual ~DataParallel() = default;
 
@@ -114,4 +115,4 @@ class DataParallel {
                           const std::function<void(const OptimizerStream*)>& write);
 };
 
-}  // namespace moe::train
+}  // namespace moe::parallel

@@ -8,7 +8,7 @@
 #include <functional>
 #include <string>
 
-namespace moe::dist {
+namespace moe::parallel {
 
 struct LaunchEnv {
   int64_t rank = 0, world_size = 1, local_rank = 0;
@@ -28,4 +28,4 @@ LaunchEnv launch_env();  // from this process's environment
 // The first host of a Slurm node list: "node[03-05,9],gpu1" -> "node03".
 std::string first_slurm_host(const std::string& nodelist);
 
-}  // namespace moe::dist
+}  // namespace moe::parallel

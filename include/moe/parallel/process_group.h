@@ -14,7 +14,7 @@
 #include "moe/config/choices.h"
 #include "moe/parallel/launch_env.h"
 
-namespace moe::dist {
+namespace moe::parallel {
 
 class ProcessGroup {
  public:
@@ -91,4 +91,4 @@ class ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace moe::dist
+}  // namespace moe::parallel

@@ -8,7 +8,7 @@
 
 #include <torch/types.h>
 
-namespace moe::train {
+namespace moe::parallel {
 
 struct StepResult {
   double lm_sum = 0, aux_sum = 0, z_sum = 0;  // summed over the micro-batches
@@ -21,4 +21,4 @@ struct StepResult {
   double forward_s = 0, backward_s = 0;          // wall_clock_breakdown (synced) or coarse
 };
 
-}  // namespace moe::train
+}  // namespace moe::parallel

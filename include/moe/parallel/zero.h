@@ -18,11 +18,12 @@
 #include "moe/checkpoint/checkpoint_files.h"
 #include "moe/optim/adamw.h"
 
-namespace moe::dist {
-class ProcessGroup;
-}
+namespace moe::parallel {
 
-namespace moe::train {
+class ProcessGroup;
+// Optimizer and checkpoint types still live in moe::train (docs/architecture.md).
+using train::FusedAdamW;
+using train::OptimizerStream;
 
 class ZeroPartition {
  public:
@@ -30,7 +31,7 @@ class ZeroPartition {
   // reduce_bytes: gradient bytes per reduce (stage 2 in the backward); broadcast_bytes: parameter
   // bytes per broadcast of updated shares. `subgroup`: the ranks that share these parameters
   // out (a group of `group`; expert parallelism partitions the experts over their replicas).
-  ZeroPartition(dist::ProcessGroup& group, int64_t stage, std::vector<std::string> names,
+  ZeroPartition(parallel::ProcessGroup& group, int64_t stage, std::vector<std::string> names,
                 std::vector<torch::Tensor> params, int64_t reduce_bytes, int64_t broadcast_bytes,
                 int64_t subgroup = 0);
   int64_t stage() const { return stage_; }
@@ -67,7 +68,7 @@ class ZeroPartition {
  private:
   int64_t rank() const;  // in the subgroup
   int64_t size() const;
-  dist::ProcessGroup& group_;
+  parallel::ProcessGroup& group_;
   int64_t gid_;
   int64_t stage_, reduce_bytes_, broadcast_bytes_;
   std::vector<std::string> names_;
@@ -92,4 +93,4 @@ class ZeroPartition {
   std::vector<std::vector<Launched>> in_flight_;  // launched buckets, oldest first
 };
 
-}  // namespace moe::train
+}  // namespace moe::parallel

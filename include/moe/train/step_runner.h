@@ -24,8 +24,14 @@ namespace spdlog {
 class logger;
 }
 
-namespace moe::train {
+namespace moe::parallel {
 class DataParallel;
+}
+
+namespace moe::train {
+// The data-parallel boundary and a step's result are the parallel room's (moe::parallel).
+using parallel::DataParallel;
+using parallel::StepResult;
 
 // Forward of one micro-batch [B, S + 1]: next-token cross entropy over the positions that take a
 // loss (loss_targets.h), plus the weighted router losses.

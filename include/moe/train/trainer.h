@@ -33,7 +33,7 @@ struct TrainSummary {
 // The command line's run options: what to do with earlier runs' files (ResumeRequest) and where
 // the launcher put this process.
 struct TrainOptions : ResumeRequest {
-  dist::LaunchEnv launch;  // rank and world size from torchrun / Slurm (world size 1: alone)
+  parallel::LaunchEnv launch;  // rank and world size from torchrun / Slurm (world size 1: alone)
 };
 
 TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt);
