@@ -1,7 +1,7 @@
 // The rotary family's CUDA kernel (src/kernels/rotary.cu, rotary_ops.cpp): rotary position
 // embedding applied to q or k in one pass, forward and backward, an autograd-aware op and its
 // raw launches (detail::). The ATen reference of the same contract is moe::model::rotate
-// (moe/model/transformer.h): x * cos + rotate_half(x) * sin, five elementwise kernels forward and
+// (moe/model/attention.h): x * cos + rotate_half(x) * sin, five elementwise kernels forward and
 // as many backward. The fused op reproduces the reference's rounding points, so the two are
 // bitwise equal (moe/kernels/rotary_pack.h); the GPU tests compare them.
 #pragma once
