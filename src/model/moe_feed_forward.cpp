@@ -1,6 +1,5 @@
 #include "moe/model/moe_feed_forward.h"
 
-#include <cmath>
 
 #include <torch/torch.h>
 
@@ -39,8 +38,7 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.experts.ffn_size = config::expert_hidden_size(cfg);
   o.experts.expert_dropout = cfg.moe.expert_dropout;
   o.experts.init_std = m.init_std;
-  // GPT-2/Megatron: residual-output projections scaled by 1/sqrt(2L).
-  o.experts.output_init_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.num_layers));
+  o.experts.output_init_std = output_init_std(cfg);
   o.kernel_path = moe::resolve_kernel_path(cfg.moe.kernels, device.is_cuda());
   o.experts.fused_swiglu = o.kernel_path == moe::KernelPath::kCuda;
   o.experts.fused_gate_up = cfg.moe.fused_gate_up;
