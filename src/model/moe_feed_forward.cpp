@@ -1,6 +1,5 @@
 #include "moe/model/moe_feed_forward.h"
 
-
 #include <torch/torch.h>
 
 #include "moe/model/block.h"
