@@ -47,6 +47,12 @@ void copy_hf_side_files(const std::string& from, const std::string& to) {
   for (const char* name : {"generation_config.json", "moe-train.json"}) {
     if (fs::is_regular_file(src / name)) fs::copy_file(src / name, dst / name, copy);
   }
+  if (const fs::path carried = src / kCarriedTensorsFile; fs::is_regular_file(carried)) {
+    std::error_code linked;
+    fs::remove(dst / kCarriedTensorsFile);
+    fs::create_hard_link(carried, dst / kCarriedTensorsFile, linked);
+    if (linked) fs::copy_file(carried, dst / kCarriedTensorsFile, copy);
+  }
   copy_tokenizer_files(from, to);
 }
 

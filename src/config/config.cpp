@@ -158,6 +158,11 @@ int64_t attention_window(const Config& c, int64_t layer) {
   return 0;
 }
 
+bool linear_attention_layer(const Config& c, int64_t layer) {
+  const auto& types = c.model.layer_types;
+  return !types.empty() && types.at(static_cast<size_t>(layer)) == "linear_attention";
+}
+
 int64_t moe_layer_count(const Config& c) {
   int64_t n = 0;
   for (int64_t l = 0; l < c.model.num_layers; ++l) n += is_moe_layer(c, l) ? 1 : 0;
@@ -192,6 +197,31 @@ int64_t attention_weights(const Config& c) {
          (c.model.attention_sinks ? H : 0);
 }
 
+// Gated DeltaNet: the input projections (q, k, v, z, b, a in either layout), the depthwise
+// conv over q, k, v, dt_bias and A_log, the gated norm and out_proj.
+int64_t linear_attention_weights(const Config& c) {
+  const auto& m = c.model;
+  const int64_t d = m.hidden_size, nv = m.linear_num_value_heads;
+  const int64_t kd = m.linear_num_key_heads * m.linear_key_head_dim;
+  const int64_t vd = nv * m.linear_value_head_dim, conv = 2 * kd + vd;
+  return d * (conv + vd + 2 * nv) + conv * m.linear_conv_kernel_dim + 2 * nv +
+         m.linear_value_head_dim + vd * d;
+}
+
+// The token mixer of block `layer`: Gated DeltaNet or attention (its output gate included).
+int64_t mixer_weights(const Config& c, int64_t layer) {
+  if (linear_attention_layer(c, layer)) return linear_attention_weights(c);
+  const int64_t gate =
+      c.model.attention_output_gate ? c.model.hidden_size * c.model.num_heads * head_dim(c) : 0;
+  return attention_weights(c) + gate;
+}
+
+int64_t linear_layer_count(const Config& c) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < c.model.num_layers; ++l) n += linear_attention_layer(c, l) ? 1 : 0;
+  return n;
+}
+
 // The router's weight and bias.
 int64_t router_weights(const Config& c) {
   return (c.model.hidden_size + (c.moe.router_bias ? 1 : 0)) * c.moe.num_experts;
@@ -204,6 +234,12 @@ int64_t expert_weights(const Config& c) {
 }
 }  // namespace
 
+// The shared expert and its sigmoid gate.
+static int64_t shared_expert_weights(const Config& c) {
+  return 3 * c.model.hidden_size * c.moe.shared_expert_hidden_size +
+         (c.moe.shared_expert_gate ? c.model.hidden_size : 0);
+}
+
 static int64_t qk_norm_weights(const Config& c) {
   if (!c.model.qk_norm) return 0;
   if (c.model.qk_norm_scope == QkNormScope::kFull) {
@@ -214,11 +250,11 @@ static int64_t qk_norm_weights(const Config& c) {
 
 int64_t layer_parameters(const Config& c, int64_t layer) {
   const int64_t d = c.model.hidden_size, E = c.moe.num_experts;
-  const int64_t attention = attention_weights(c) + qk_norm_weights(c)  // attention
-                            + 2 * d;                                   // two RMSNorm weights
-  if (!is_moe_layer(c, layer)) return attention + 3 * d * dense_hidden_size(c);
-  return attention + router_weights(c) + E * expert_weights(c) +
-         3 * d * c.moe.shared_expert_hidden_size;
+  const int64_t mixer = mixer_weights(c, layer) +
+                        (linear_attention_layer(c, layer) ? 0 : qk_norm_weights(c)) +
+                        2 * d;  // two RMSNorm weights
+  if (!is_moe_layer(c, layer)) return mixer + 3 * d * dense_hidden_size(c);
+  return mixer + router_weights(c) + E * expert_weights(c) + shared_expert_weights(c);
 }
 
 int64_t count_parameters(const Config& c) {
@@ -234,7 +270,12 @@ int64_t fp32_parameters_under_16bit_weights(const Config& c) {
   const int64_t d = c.model.hidden_size;
   int64_t n = d;  // the final norm
   for (int64_t l = 0; l < c.model.num_layers; ++l) {
-    n += 2 * d + qk_norm_weights(c) + (is_moe_layer(c, l) ? router_weights(c) : 0);
+    n += 2 * d + (is_moe_layer(c, l) ? router_weights(c) : 0);
+    if (linear_attention_layer(c, l)) {  // dt_bias, A_log and the gated norm are vectors
+      n += 2 * c.model.linear_num_value_heads + c.model.linear_value_head_dim;
+      continue;
+    }
+    n += qk_norm_weights(c);
     // Vectors stay fp32 too: the attention biases and sinks (the experts' [E, n] biases are
     // matrices, held 16-bit).
     const int64_t qkv_width = (c.model.num_heads + 2 * key_value_heads(c)) * head_dim(c);
@@ -251,10 +292,13 @@ std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
   const int64_t fs = c.moe.shared_expert_hidden_size, H = c.model.num_heads;
   const int64_t L = c.model.num_layers, M = moe_layer_count(c), fd = dense_hidden_size(c);
   const auto dbl = [](int64_t x) { return static_cast<double>(x); };
-  const int64_t attn = attention_weights(c);
+  const int64_t Lin = linear_layer_count(c);
+  int64_t full_layer = 0;  // the first attention layer: every one has its weights
+  while (full_layer < L - 1 && linear_attention_layer(c, full_layer)) ++full_layer;
+  const int64_t attn = mixer_weights(c, full_layer);
   std::vector<ModuleCost> costs = {
       {"embedding", 1, V * d + (c.model.rope_theta > 0 ? 0 : S * d), 0.0},
-      {"attention", L, attn + qk_norm_weights(c) + d,  // + its RMSNorm
+      {"attention", L - Lin, attn + qk_norm_weights(c) + d,  // + its RMSNorm
        2 * dbl(attn) +
            (causal_half ? 1 : 2) * dbl(S) *
                dbl(H * (qk_head_dim(c) + value_head_dim(c)))},  // projections + QK^T, AV
@@ -263,6 +307,17 @@ std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
       {"experts", M, E * expert_weights(c) + 3 * d * fs, dbl(k) * 6 * dbl(d * f) + 6 * dbl(d * fs)},
       {"combine", M, 0, 2 * dbl(k * d)},  // weighted sum
   };
+  if (Lin > 0) {
+    // Projections, plus per value head the chunked delta rule: the state's three dk x dv
+    // products per token and the 64-wide intra-chunk attention over dk and dv.
+    const auto& m = c.model;
+    const int64_t lin = linear_attention_weights(c);
+    costs.push_back(
+        {"linear_attention", Lin, lin + d,
+         2 * dbl(lin) + dbl(m.linear_num_value_heads) *
+                            (6 * dbl(m.linear_key_head_dim * m.linear_value_head_dim) +
+                             2 * 64 * dbl(m.linear_key_head_dim + m.linear_value_head_dim))});
+  }
   if (L > M) costs.push_back({"dense_ffn", L - M, 3 * d * fd + d, 6 * dbl(d * fd)});  // + norm
   costs.push_back({"head", 1, d + (c.model.tie_embeddings ? 0 : V * d), 2 * dbl(d * V)});
   return costs;
@@ -279,9 +334,10 @@ double training_flops_per_token(const Config& c, bool causal_half) {
 int64_t active_parameters_per_token(const Config& c) {
   const int64_t d = c.model.hidden_size, L = c.model.num_layers;
   const int64_t M = moe_layer_count(c);
-  return L * attention_weights(c) +
-         M * (router_weights(c) + c.moe.top_k * expert_weights(c) +
-              3 * d * c.moe.shared_expert_hidden_size) +
+  int64_t mixers = 0;
+  for (int64_t l = 0; l < L; ++l) mixers += mixer_weights(c, l);
+  return mixers +
+         M * (router_weights(c) + c.moe.top_k * expert_weights(c) + shared_expert_weights(c)) +
          (L - M) * 3 * d * dense_hidden_size(c) + c.model.vocab_size * d;
 }
 

@@ -187,6 +187,14 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("qk_rope_head_dim", m.qk_rope_head_dim, at_least(0));
   v.field("v_head_dim", m.v_head_dim, at_least(0));
   v.field("rope_interleave", m.rope_interleave);
+  v.field("zero_centered_norm", m.zero_centered_norm);
+  v.field("attention_output_gate", m.attention_output_gate);
+  v.field("linear_num_key_heads", m.linear_num_key_heads, at_least(0, "0 = no linear attention"));
+  v.field("linear_num_value_heads", m.linear_num_value_heads, at_least(0));
+  v.field("linear_key_head_dim", m.linear_key_head_dim, at_least(0));
+  v.field("linear_value_head_dim", m.linear_value_head_dim, at_least(0));
+  v.field("linear_conv_kernel_dim", m.linear_conv_kernel_dim, in(1, 64));
+  v.field("linear_fused_projections", m.linear_fused_projections);
 }
 
 void visit_fields(auto& v, Section<MoeConfig> auto& m) {
@@ -201,6 +209,7 @@ void visit_fields(auto& v, Section<MoeConfig> auto& m) {
   v.field("expert_dropout", m.expert_dropout, in_open(0, 1));
   v.field("shared_expert_hidden_size", m.shared_expert_hidden_size,
           at_least(0, "0 = no shared expert"));
+  v.field("shared_expert_gate", m.shared_expert_gate);
   v.field("expert_parallel_size", m.expert_parallel_size, at_least(1, "1 = no expert parallelism"));
   v.field("router_bias_update_rate", m.router_bias_update_rate,
           in_open(0, 1, "0 = no expert bias"));

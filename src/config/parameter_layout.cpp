@@ -27,9 +27,11 @@ void attention_layout(std::vector<ParameterShape>& p, const config::Config& c,
   const int64_t hd = config::head_dim(c), r = c.lora.r;
   const bool lora = config::lora_enabled(c);
   const config::LoraTargets t = config::lora_targets(c.lora);
+  // With an output gate, q_proj's rows hold a gate per head after its query (attention.h).
+  const int64_t q_rows = (m.attention_output_gate ? 2 : 1) * H * hd;
   if (m.attention_sinks) p.push_back({b + "attn.sinks", {H}});  // the module's own: first
-  p.push_back({b + "attn.qkv.weight", {(H + 2 * KV) * hd, d}});
-  if (m.attention_bias || m.qkv_bias) p.push_back({b + "attn.qkv.bias", {(H + 2 * KV) * hd}});
+  p.push_back({b + "attn.qkv.weight", {q_rows + 2 * KV * hd, d}});
+  if (m.attention_bias || m.qkv_bias) p.push_back({b + "attn.qkv.bias", {q_rows + 2 * KV * hd}});
   p.push_back({b + "attn.out.weight", {d, H * hd}});
   if (m.attention_bias) p.push_back({b + "attn.out.bias", {d}});
   if (m.qk_norm) {
@@ -38,7 +40,7 @@ void attention_layout(std::vector<ParameterShape>& p, const config::Config& c,
     p.push_back({b + "attn.k_norm.weight", {full ? KV * hd : hd}});
   }
   if (lora) {
-    if (t.q) adapter(p, b + "attn.lora_q", d, H * hd, r);
+    if (t.q) adapter(p, b + "attn.lora_q", d, q_rows, r);
     if (t.k) adapter(p, b + "attn.lora_k", d, KV * hd, r);
     if (t.v) adapter(p, b + "attn.lora_v", d, KV * hd, r);
     if (t.o) adapter(p, b + "attn.lora_o", H * hd, d, r);
@@ -73,6 +75,31 @@ void latent_attention_layout(std::vector<ParameterShape>& p, const config::Confi
   if (t.o) adapter(p, b + "attn.lora_o", H * m.v_head_dim, d, r);
 }
 
+// Gated DeltaNet's (model/gated_deltanet.cpp), in its registration order.
+void linear_attention_layout(std::vector<ParameterShape>& p, const config::Config& c,
+                             const std::string& b) {
+  const auto& m = c.model;
+  const int64_t d = m.hidden_size, nv = m.linear_num_value_heads;
+  const int64_t kd = m.linear_num_key_heads * m.linear_key_head_dim;
+  const int64_t vd = nv * m.linear_value_head_dim, conv = 2 * kd + vd;
+  const std::string a = b + "linear_attn.";
+  // The module's own tensors first, then its submodules' (torch's named_parameters order).
+  p.push_back({a + "dt_bias", {nv}});
+  p.push_back({a + "A_log", {nv}});
+  if (m.linear_fused_projections) {
+    p.push_back({a + "in_proj_qkvz.weight", {conv + vd, d}});
+    p.push_back({a + "in_proj_ba.weight", {2 * nv, d}});
+  } else {
+    p.push_back({a + "in_proj_qkv.weight", {conv, d}});
+    p.push_back({a + "in_proj_z.weight", {vd, d}});
+    p.push_back({a + "in_proj_b.weight", {nv, d}});
+    p.push_back({a + "in_proj_a.weight", {nv, d}});
+  }
+  p.push_back({a + "conv1d.weight", {conv, 1, m.linear_conv_kernel_dim}});
+  p.push_back({a + "norm.weight", {m.linear_value_head_dim}});
+  p.push_back({a + "out_proj.weight", {d, vd}});
+}
+
 }  // namespace
 
 std::vector<ParameterShape> parameter_layout(const config::Config& c) {
@@ -88,7 +115,9 @@ std::vector<ParameterShape> parameter_layout(const config::Config& c) {
   for (int64_t i = 0; i < m.num_layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     p.push_back({b + "attn_norm.weight", {d}});
-    if (config::latent_attention(c)) {
+    if (config::linear_attention_layer(c, i)) {
+      linear_attention_layout(p, c, b);
+    } else if (config::latent_attention(c)) {
       latent_attention_layout(p, c, b);
     } else {
       attention_layout(p, c, b);
@@ -123,6 +152,7 @@ std::vector<ParameterShape> parameter_layout(const config::Config& c) {
       p.push_back({b + "moe.shared_expert.w_gate", {1, d, fs}});
       p.push_back({b + "moe.shared_expert.w_up", {1, d, fs}});
       p.push_back({b + "moe.shared_expert.w_down", {1, fs, d}});
+      if (c.moe.shared_expert_gate) p.push_back({b + "moe.shared_expert_gate.weight", {1, d}});
     }
   }
   p.push_back({"final_norm.weight", {d}});

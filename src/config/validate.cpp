@@ -485,11 +485,32 @@ void check_layer_types(const Config& c, const Rules& rules) {
   for (size_t i = 0; i < m.layer_types.size(); ++i) {
     const std::string& t = m.layer_types[i];
     const std::string key = "model.layer_types[" + std::to_string(i) + "]";
-    rules.check(t == "full_attention" || t == "sliding_attention", key, t,
-                "expected full_attention or sliding_attention");
+    rules.check(t == "full_attention" || t == "sliding_attention" || t == "linear_attention", key,
+                t, "expected full_attention, sliding_attention or linear_attention");
     rules.check(t != "sliding_attention" || m.sliding_window > 0, key, t,
                 "needs model.sliding_window > 0");
+    rules.check(t != "linear_attention" || m.linear_num_key_heads > 0, key, t,
+                "needs model.linear_num_key_heads > 0 (the Gated DeltaNet's shape)");
   }
+}
+
+// Gated DeltaNet: every width set, value heads in whole groups per key head.
+void check_linear_attention(const Config& c, const Rules& rules) {
+  const auto& m = c.model;
+  if (m.linear_num_key_heads == 0) return;
+  const auto positive = [&](int64_t v, const char* key) {
+    rules.check(v > 0, std::string("model.") + key, v,
+                "must be > 0 with model.linear_num_key_heads set");
+  };
+  positive(m.linear_num_value_heads, "linear_num_value_heads");
+  positive(m.linear_key_head_dim, "linear_key_head_dim");
+  positive(m.linear_value_head_dim, "linear_value_head_dim");
+  rules.check(m.linear_num_value_heads % m.linear_num_key_heads == 0,
+              "model.linear_num_value_heads", m.linear_num_value_heads,
+              "must be a multiple of model.linear_num_key_heads (" +
+                  std::to_string(m.linear_num_key_heads) + ")");
+  rules.check(!latent_attention(c), "model.linear_num_key_heads", m.linear_num_key_heads,
+              "cannot be combined with latent attention (model.kv_lora_rank)");
 }
 
 void check_cpu_affinity(const Config& c, const Rules& rules) {
@@ -539,6 +560,9 @@ void check_relations(Config& c, const Rules& rules) {
   check_rope_scaling(c, rules);
   check_moe_layers(c, rules);
   check_layer_types(c, rules);
+  check_linear_attention(c, rules);
+  rules.check(c.moe.shared_expert_hidden_size > 0 || !c.moe.shared_expert_gate,
+              "moe.shared_expert_gate", "true", "needs moe.shared_expert_hidden_size > 0");
   rules.check(!c.moe.softmax_after_topk || c.moe.score_function == ScoreFunction::kSoftmax,
               "moe.softmax_after_topk", "true", "needs moe.score_function = softmax");
   rules.check(!c.moe.softmax_after_topk || c.moe.router_bias_update_rate == 0,

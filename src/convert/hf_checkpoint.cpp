@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -124,6 +125,24 @@ std::vector<SafeTensorView> export_views(model::TransformerLM& model, const conf
   return views;
 }
 
+// A vision-language release's tensors outside the text model (its vision tower), as stored, into
+// DIR/hf_carried.safetensors: a side file every later checkpoint carries (checkpoint/side_files.h)
+// and export-hf writes back.
+void write_carried_tensors(const HfWeights& w, const families::ModelFamily& family,
+                           const std::string& dir) {
+  std::vector<SafeTensorView> views;
+  for (const auto& [name, ref] : w.tensors()) {
+    if (!family.carried_tensor(name)) continue;
+    const SafeTensorEntry& e = *ref.entry;
+    views.push_back({name, e.dtype, e.shape, ref.file->data(e), e.end - e.begin});
+  }
+  if (views.empty()) return;
+  SafetensorsWriter out((fs::path(dir) / train::kCarriedTensorsFile).string(), views,
+                        {{"format", "pt"}, {"producer", "moe-train"}});
+  for (const auto& v : views) out.append(v.data, v.nbytes);
+  out.finish();
+}
+
 }  // namespace
 
 ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
@@ -165,6 +184,7 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
     }
     train::save_weights_checkpoint(out.path(), model, state, imported);
   }
+  write_carried_tensors(weights, *hm.family, out.path());
   write_json(fs::path(out.path()) / "hf_config.json", hm.hf_config);
   write_json(fs::path(out.path()) / "moe-train.json", hm.sections);
   const fs::path gen = fs::path(hf_dir) / "generation_config.json";
@@ -175,14 +195,52 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
   r.warnings = hm.warnings;
   if (skipped_mtp > 0) {
     r.warnings.push_back(std::to_string(skipped_mtp) +
-                         " tensors of multi-token-prediction layers (num_nextn_predict_layers) "
-                         "are not imported, as transformers drops them; exports write "
-                         "num_nextn_predict_layers = 0");
+                         " tensors of multi-token-prediction layers (num_nextn_predict_layers, "
+                         "mtp.*) are not imported, as transformers drops them; exports have "
+                         "none");
   }
   r.tokenizer_files = train::copy_tokenizer_files(hf_dir, out.path());
   out.commit();
   return r;
 }
+
+namespace {
+// A vision-language release's vision tower, from the file import-hf kept (mapped into
+// `carried` until written), appended to `views`.
+void add_carried_tensors(const families::ModelFamily& family, const std::string& source,
+                         std::optional<SafetensorsFile>& carried,
+                         std::vector<SafeTensorView>& views) {
+  const fs::path file = fs::path(source) / train::kCarriedTensorsFile;
+  if (source.empty() || !fs::is_regular_file(file)) {
+    throw UserError("export-hf: " + file.string() + " is missing: " + family.architecture() +
+                    " needs the vision tower import-hf kept beside the checkpoint");
+  }
+  carried.emplace(file.string());
+  for (const auto& [name, e] : carried->entries()) {
+    views.push_back({name, e.dtype, e.shape, carried->data(e), e.end - e.begin});
+  }
+}
+
+// The architecture of a vision-language release the checkpoint was imported from (export-hf
+// writes that form again unless --architecture says otherwise); "" for anything else.
+std::string released_vision_language(const std::string& source) {
+  if (source.empty()) return "";
+  const fs::path p =
+      fs::path(source) /
+      (fs::exists(fs::path(source) / "hf_config.json") ? "hf_config.json" : "config.json");
+  if (!fs::exists(p)) return "";
+  const json c = config::load_json_file(p.string(), "hf");
+  if (!c.contains("architectures") || !c["architectures"].is_array() ||
+      c["architectures"].empty() || !c["architectures"][0].is_string()) {
+    return "";
+  }
+  const std::string arch = c["architectures"][0].get<std::string>();
+  for (const families::ModelFamily* f : families::all_families()) {
+    if (arch == f->architecture() && f->text_config_key() != nullptr) return arch;
+  }
+  return "";
+}
+}  // namespace
 
 ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
                        const ExportOptions& opt) {
@@ -190,7 +248,9 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   const config::Config cfg = config::from_json(cs.config, cs.path);
   const families::ModelFamily& family = [&]() -> const families::ModelFamily& {
     try {
-      return export_family(cfg, opt.architecture);
+      return export_family(cfg, opt.architecture.empty()
+                                    ? released_vision_language(hf_source_dir(checkpoint_dir, cfg))
+                                    : opt.architecture);
     } catch (const UserError& e) {
       throw UserError("export-hf: " + cs.path + ": " + e.what());
     }
@@ -241,7 +301,11 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   const json hf_config = hf_config_from(cfg, family, base, opt.dtype, &warnings);
 
   std::vector<torch::Tensor> keep;
-  const std::vector<SafeTensorView> views = export_views(model, cfg, family, dt->second, keep);
+  std::vector<SafeTensorView> views = export_views(model, cfg, family, dt->second, keep);
+  // A vision-language release: its vision tower as the imported directory stores it, mapped
+  // until written.
+  std::optional<SafetensorsFile> carried;
+  if (family.text_config_key() != nullptr) add_carried_tensors(family, source, carried, views);
 
   StagedDir out(
       "export-hf", out_dir,

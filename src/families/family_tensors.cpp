@@ -20,10 +20,14 @@ void ModelFamily::split_expert_tensors(const config::Config& cfg, const std::str
     out.push_back({block + "gate.e_score_correction_bias", our_layer + "moe.router.expert_bias"});
   }
   if (has(Feature::kSharedExperts) && cfg.moe.shared_expert_hidden_size > 0) {
-    const std::string sh = block + "shared_experts.", mine = our_layer + "moe.shared_expert.";
+    const std::string sh = block + names.shared, mine = our_layer + "moe.shared_expert.";
     out.push_back({sh + "gate_proj.weight", mine + "w_gate", 0, 0, -1, true});
     out.push_back({sh + "up_proj.weight", mine + "w_up", 0, 0, -1, true});
     out.push_back({sh + "down_proj.weight", mine + "w_down", 0, 0, -1, true});
+    if (cfg.moe.shared_expert_gate) {
+      out.push_back(
+          {block + "shared_expert_gate.weight", our_layer + "moe.shared_expert_gate.weight"});
+    }
   }
   const std::string mine = our_layer + "moe.experts.";
   for (int64_t e = 0; e < cfg.moe.num_experts; ++e) {

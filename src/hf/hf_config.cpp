@@ -44,20 +44,27 @@ std::string with_biases() {
 json architecture_from_hf(const json& c, const std::string& file, const ModelFamily** family_out,
                           std::vector<std::string>* warnings) {
   if (!c.is_object()) throw UserError("hf: " + file + ": expected a JSON object");
-  HfKeys k(c, file);
+  const HfKeys top(c, file);
   std::string arch;
-  if (k.present("architectures")) {
+  if (top.present("architectures")) {
     const json& a = c["architectures"];
     if (!a.is_array() || a.empty() || !a[0].is_string()) {
-      k.fail("architectures", "expected a list of architecture names");
+      top.fail("architectures", "expected a list of architecture names");
     }
     arch = a[0].get<std::string>();
   } else {
-    arch = k.string("model_type", "");
-    if (arch.empty()) k.fail("architectures", "missing (and no model_type)");
+    arch = top.string("model_type", "");
+    if (arch.empty()) top.fail("architectures", "missing (and no model_type)");
   }
   const ModelFamily& family = families::family_named(arch, "hf: " + file + ": architectures:");
   if (family_out != nullptr) *family_out = &family;
+  // A vision-language release keeps the text model's keys in an object of their own.
+  const char* text_key = family.text_config_key();
+  if (text_key != nullptr && !(c.contains(text_key) && c[text_key].is_object())) {
+    top.fail(text_key, "expected the text model's settings (an object)");
+  }
+  const HfKeys k(text_key != nullptr ? c[text_key] : c,
+                 text_key != nullptr ? file + ": " + text_key : file);
 
   if (k.string("hidden_act", "silu") != "silu") k.fail("hidden_act", "only silu is supported");
   if (k.boolean("attention_bias", false) && !family.has(Feature::kAttentionBias) &&
@@ -155,6 +162,24 @@ config::RopeScalingConfig rope_scaling_of(const json& hf_config, const std::stri
 
 json hf_config_from(const config::Config& cfg, const ModelFamily& family, const json& base,
                     const std::string& dtype, std::vector<std::string>* warnings) {
+  if (const char* text_key = family.text_config_key()) {  // the release's config, text model ours
+    if (!base.is_object() || !base.contains(text_key) || !base[text_key].is_object()) {
+      throw UserError(std::string("export-hf: ") + family.architecture() +
+                      " is a vision-language release: export a checkpoint imported from one (its "
+                      "config.json and vision tower come from there), or --architecture " +
+                      family.text_family() + " for the text model alone");
+    }
+    json j = base;
+    const auto& text = families::family_named(family.text_family(), "export-hf");
+    j[text_key] = hf_config_from(cfg, text, base[text_key], dtype, warnings);
+    j[text_key].erase("architectures");
+    j["architectures"] = {family.architecture()};
+    j["model_type"] = family.model_type();
+    j["tie_word_embeddings"] = cfg.model.tie_embeddings;
+    j.erase("torch_dtype");
+    j["dtype"] = dtype;
+    return j;
+  }
   const auto& m = cfg.model;
   const auto& e = cfg.moe;
   json j = base.is_object() ? base : json::object();
@@ -177,6 +202,13 @@ json hf_config_from(const config::Config& cfg, const ModelFamily& family, const 
   if (family.writes_head_dim()) j["head_dim"] = config::head_dim(cfg);
   j["rms_norm_eps"] = m.norm_eps;
   j["rope_parameters"] = rope_parameters(m);
+  // Qwen3.5's multimodal rotary sections: text positions rotate as the 1-D rotary (the same
+  // position on every axis), so they pass through untouched for the vision tower's sake.
+  if (base.is_object() && base.contains("rope_parameters") && base["rope_parameters"].is_object()) {
+    for (const auto& [key, value] : base["rope_parameters"].items()) {
+      if (key.rfind("mrope", 0) == 0) j["rope_parameters"][key] = value;
+    }
+  }
   // transformers 4.x reads these two (5.x reads rope_parameters, or a non-empty rope_scaling,
   // taking rope_theta from the top level). 4.x warns about keys it does not know in rope_scaling:
   // rope_theta is left out, and truncate too where it is the default.

@@ -1,5 +1,7 @@
 #include "moe/hf/hf_tensor_map.h"
 
+#include <functional>
+
 #include <torch/torch.h>
 
 #include "moe/util/errors.h"
@@ -13,14 +15,15 @@ void attention_pieces(std::vector<TensorPiece>& p, const config::Config& cfg, co
                       const std::string& ours) {
   const auto& m = cfg.model;
   const int64_t H = m.num_heads, KV = config::key_value_heads(cfg), hd = config::head_dim(cfg);
-  p.push_back({hf + "self_attn.q_proj.weight", ours + "attn.qkv.weight", -1, 0, H * hd});
-  p.push_back({hf + "self_attn.k_proj.weight", ours + "attn.qkv.weight", -1, H * hd, KV * hd});
-  p.push_back(
-      {hf + "self_attn.v_proj.weight", ours + "attn.qkv.weight", -1, (H + KV) * hd, KV * hd});
+  // Gated attention: q_proj's rows are per head the query and its gate, ours in the same order.
+  const int64_t q = (m.attention_output_gate ? 2 : 1) * H * hd;
+  p.push_back({hf + "self_attn.q_proj.weight", ours + "attn.qkv.weight", -1, 0, q});
+  p.push_back({hf + "self_attn.k_proj.weight", ours + "attn.qkv.weight", -1, q, KV * hd});
+  p.push_back({hf + "self_attn.v_proj.weight", ours + "attn.qkv.weight", -1, q + KV * hd, KV * hd});
   if (m.attention_bias || m.qkv_bias) {
-    p.push_back({hf + "self_attn.q_proj.bias", ours + "attn.qkv.bias", -1, 0, H * hd});
-    p.push_back({hf + "self_attn.k_proj.bias", ours + "attn.qkv.bias", -1, H * hd, KV * hd});
-    p.push_back({hf + "self_attn.v_proj.bias", ours + "attn.qkv.bias", -1, (H + KV) * hd, KV * hd});
+    p.push_back({hf + "self_attn.q_proj.bias", ours + "attn.qkv.bias", -1, 0, q});
+    p.push_back({hf + "self_attn.k_proj.bias", ours + "attn.qkv.bias", -1, q, KV * hd});
+    p.push_back({hf + "self_attn.v_proj.bias", ours + "attn.qkv.bias", -1, q + KV * hd, KV * hd});
   }
   p.push_back({hf + "self_attn.o_proj.weight", ours + "attn.out.weight"});
   if (m.attention_bias) p.push_back({hf + "self_attn.o_proj.bias", ours + "attn.out.bias"});
@@ -48,18 +51,37 @@ void latent_attention_pieces(std::vector<TensorPiece>& p, const std::string& hf,
   p.push_back({a + "o_proj.weight", mine + "out.weight"});
 }
 
+// Gated DeltaNet: transformers' names are ours (model/gated_deltanet.h), one tensor each.
+void linear_attention_pieces(std::vector<TensorPiece>& p, const config::Config& cfg,
+                             const std::string& hf, const std::string& ours) {
+  std::vector<const char*> names = {"conv1d.weight", "dt_bias", "A_log", "norm.weight",
+                                    "out_proj.weight"};
+  if (cfg.model.linear_fused_projections) {
+    names.insert(names.begin(), {"in_proj_qkvz.weight", "in_proj_ba.weight"});
+  } else {
+    names.insert(names.begin(), {"in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight",
+                                 "in_proj_a.weight"});
+  }
+  for (const char* n : names) {
+    p.push_back({hf + "linear_attn." + n, ours + "linear_attn." + n});
+  }
+}
+
 }  // namespace
 
 std::vector<TensorPiece> tensor_pieces(const config::Config& cfg,
                                        const families::ModelFamily& family) {
   const auto& m = cfg.model;
   std::vector<TensorPiece> p;
-  p.push_back({"model.embed_tokens.weight", "embed.weight"});
+  const std::string model = family.hf_model_prefix();  // "model." or "model.language_model."
+  p.push_back({model + "embed_tokens.weight", "embed.weight"});
   for (int64_t i = 0; i < m.num_layers; ++i) {
-    const std::string hf = "model.layers." + std::to_string(i) + ".";
+    const std::string hf = model + "layers." + std::to_string(i) + ".";
     const std::string ours = "blocks." + std::to_string(i) + ".";
     p.push_back({hf + "input_layernorm.weight", ours + "attn_norm.weight"});
-    if (config::latent_attention(cfg)) {
+    if (config::linear_attention_layer(cfg, i)) {
+      linear_attention_pieces(p, cfg, hf, ours);
+    } else if (config::latent_attention(cfg)) {
       latent_attention_pieces(p, hf, ours, cfg.model.q_lora_rank > 0);
     } else {
       attention_pieces(p, cfg, hf, ours);
@@ -73,14 +95,60 @@ std::vector<TensorPiece> tensor_pieces(const config::Config& cfg,
     }
     family.moe_tensors(cfg, hf, ours, p);
   }
-  p.push_back({"model.norm.weight", "final_norm.weight"});
+  p.push_back({model + "norm.weight", "final_norm.weight"});
   if (!m.tie_embeddings) p.push_back({"lm_head.weight", "lm_head.weight"});
   return p;
 }
 
 torch::Tensor hf_part(const TensorPiece& piece, const torch::Tensor& hf) {
-  if (piece.hf_step == 1) return hf;
-  return hf.slice(-1, piece.hf_first, std::nullopt, piece.hf_step);
+  torch::Tensor t = hf;
+  if (piece.hf_rows >= 0) t = t.narrow(-2, piece.hf_row_begin, piece.hf_rows);
+  if (piece.hf_step == 1) return t;
+  return t.slice(-1, piece.hf_first, std::nullopt, piece.hf_step);
+}
+
+std::vector<TensorPiece> with_fused_experts(const std::vector<TensorPiece>& pieces,
+                                            int64_t expert_hidden,
+                                            const std::function<bool(const std::string&)>& has) {
+  // "<block>experts.<e>.<proj>.weight" -> "<block>experts."
+  const auto stack_of = [](const TensorPiece& p) -> std::string {
+    if (p.expert < 0) return "";
+    const auto at = p.hf.rfind("experts.");
+    return at == std::string::npos ? "" : p.hf.substr(0, at + 8);
+  };
+  const auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  std::vector<TensorPiece> out;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const std::string stack = stack_of(pieces[i]);
+    if (stack.empty() || !has(stack + "gate_up_proj") || has(pieces[i].hf)) {
+      out.push_back(pieces[i]);
+      continue;
+    }
+    // The stack's per-expert pieces, in a row: their gate / up / down parameters of ours.
+    std::string gate, up, down;
+    size_t j = i;
+    for (; j < pieces.size() && stack_of(pieces[j]) == stack; ++j) {
+      const std::string& ours = pieces[j].ours;
+      if (ends_with(ours, "w_gate")) gate = ours;
+      if (ends_with(ours, "w_up")) up = ours;
+      if (ends_with(ours, "w_down")) down = ours;
+    }
+    i = j - 1;
+    if (gate.empty() || up.empty() || down.empty()) {
+      throw std::logic_error("hf tensor map: " + stack + " has no gate/up/down experts of ours");
+    }
+    TensorPiece g{stack + "gate_up_proj", gate};
+    g.transpose = true;  // ours [E, d, f], transformers' [E, f, d]
+    g.hf_rows = expert_hidden, g.hf_rows_total = 2 * expert_hidden;
+    TensorPiece u = g;
+    u.ours = up, u.hf_row_begin = expert_hidden;
+    TensorPiece dn{stack + "down_proj", down};
+    dn.transpose = true;
+    out.push_back(g), out.push_back(u), out.push_back(dn);
+  }
+  return out;
 }
 
 torch::Tensor piece_view(const TensorPiece& piece,
@@ -92,7 +160,7 @@ torch::Tensor piece_view(const TensorPiece& piece,
   torch::Tensor t = it->second;
   if (piece.expert >= 0) t = t.select(0, piece.expert);
   if (piece.rows >= 0) t = t.narrow(0, piece.row_begin, piece.rows);
-  if (piece.transpose) t = t.t();
+  if (piece.transpose) t = t.transpose(-1, -2);
   return t;
 }
 

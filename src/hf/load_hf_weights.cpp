@@ -25,10 +25,12 @@ using nlohmann::json;
 namespace {
 
 // A tensor of a multi-token-prediction layer (GLM-4.5's num_nextn_predict_layers: layers past
-// num_hidden_layers), which transformers drops on load; so does the import.
+// num_hidden_layers; Qwen3-Next / Qwen3.5: everything under mtp.), which transformers drops on
+// load; so does the import.
 bool mtp_tensor(const std::string& name, const config::Config& cfg,
                 const families::ModelFamily& family) {
   if (!family.has_mtp_layers()) return false;
+  if (name.compare(0, 4, "mtp.") == 0) return true;
   const std::string prefix = "model.layers.";
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
   size_t end = prefix.size();
@@ -39,6 +41,14 @@ bool mtp_tensor(const std::string& name, const config::Config& cfg,
   }
   return end > prefix.size() && end < name.size() && name[end] == '.' &&
          layer >= cfg.model.num_layers;
+}
+
+// The family's tensor table as this checkpoint lays its experts out (per expert, or fused
+// stacks: with_fused_experts).
+std::vector<TensorPiece> checkpoint_pieces(const HfWeights& w, const config::Config& cfg,
+                                           const families::ModelFamily& family) {
+  return with_fused_experts(tensor_pieces(cfg, family), config::expert_hidden_size(cfg),
+                            [&](const std::string& name) { return w.tensors().count(name) > 0; });
 }
 
 bool is_selection_bias(const std::string& ours) {
@@ -69,13 +79,14 @@ int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const confi
                          const families::ModelFamily& family,
                          const std::map<std::string, torch::Tensor>& params,
                          const std::optional<quant::Fp8Block>& fp8) {
-  const auto pieces = tensor_pieces(cfg, family);
+  const auto pieces = checkpoint_pieces(w, cfg, family);
   std::set<std::string> expected;
   for (const auto& p : pieces) {
     expected.insert(p.hf);
     // What the whole HF tensor must be: our part of it, times the stride of an interleaved one.
     auto want = piece_view(p, params).sizes().vec();
     want.back() *= p.hf_step;
+    if (p.hf_rows >= 0) want[want.size() - 2] = p.hf_rows_total;
     if (const auto mx = mxfp4_shape(w, p.hf)) {  // gpt-oss's MXFP4 experts
       if (*mx != want) {
         throw UserError("hf: " + dir + ": tensor '" + p.hf +
@@ -114,11 +125,15 @@ int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const confi
                       shape_text(want));
     }
   }
-  int64_t mtp = 0;
+  int64_t mtp = 0, carried = 0;
   for (const auto& [name, ref] : w.tensors()) {
     if (expected.count(name) > 0) continue;
     if (mtp_tensor(name, cfg, family)) {
       ++mtp;
+      continue;
+    }
+    if (family.carried_tensor(name)) {
+      ++carried;
       continue;
     }
     if (!ignorable(name, cfg) && !is_bnb_4bit_companion(w, name) && !is_mxfp4_part(w, name) &&
@@ -126,6 +141,12 @@ int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const confi
       throw UserError("hf: " + ref.file->path() + ": unexpected tensor '" + name + "' (not in a " +
                       family.architecture() + " with this config.json)");
     }
+  }
+  if (carried > 0) {
+    spdlog::info(
+        "hf: {}: {} tensors outside the text model (the vision tower) are not trained; "
+        "export-hf copies them from this directory",
+        dir, carried);
   }
   return mtp;
 }
@@ -195,7 +216,7 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
         dir, mtp);
   }
   std::map<std::string, std::vector<TensorPiece>> pieces_of;
-  for (auto& p : tensor_pieces(cfg, family)) pieces_of[p.ours].push_back(p);
+  for (auto& p : checkpoint_pieces(w, cfg, family)) pieces_of[p.ours].push_back(p);
   for (const auto& [name, pieces] : pieces_of) {
     const auto rows = model->expert_rows(name);
     if (const auto q = quantized.find(name); q != quantized.end()) {
@@ -248,7 +269,7 @@ StreamedHf stream_hf_weights(const HfWeights& w, const std::string& dir, const c
     shapes[l.name] = torch::empty(l.shape, torch::TensorOptions().device(torch::kMeta));
   }
   std::map<std::string, std::vector<TensorPiece>> pieces_of;
-  for (auto& p : tensor_pieces(cfg, family)) {
+  for (auto& p : checkpoint_pieces(w, cfg, family)) {
     if (is_selection_bias(p.ours)) {
       shapes[p.ours] =
           torch::empty({cfg.moe.num_experts}, torch::TensorOptions().device(torch::kMeta));

@@ -22,7 +22,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
     build_latent();
     return;
   }
-  const int64_t width = (opt.heads + 2 * opt.kv_heads) * opt.head_dim;
+  const int64_t width = q_rows() + 2 * opt.kv_heads * opt.head_dim;
   qkv = register_module(
       "qkv", torch::nn::Linear(
                  torch::nn::LinearOptions(opt.hidden, width).bias(opt.bias || opt.qkv_bias)));
@@ -33,8 +33,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
   if (opt.qk_norm) {
     const int64_t q_width = opt.qk_norm_full ? opt.heads * opt.head_dim : opt.head_dim;
     const int64_t k_width = opt.qk_norm_full ? opt.kv_heads * opt.head_dim : opt.head_dim;
-    q_norm = register_module("q_norm", RMSNorm(q_width, opt.norm_eps));
-    k_norm = register_module("k_norm", RMSNorm(k_width, opt.norm_eps));
+    q_norm = register_module("q_norm", RMSNorm(q_width, opt.norm_eps, opt.zero_centered_norm));
+    k_norm = register_module("k_norm", RMSNorm(k_width, opt.norm_eps, opt.zero_centered_norm));
   }
   {
     torch::NoGradGuard g;
@@ -48,7 +48,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
   if (opt.lora.r == 0) return;
   const int64_t d = opt.hidden, q_out = opt.heads * opt.head_dim,
                 kv_out = opt.kv_heads * opt.head_dim;
-  if (t.q) lora_q = register_module("lora_q", LoraAdapter(d, q_out, opt.lora));
+  if (t.q) lora_q = register_module("lora_q", LoraAdapter(d, q_rows(), opt.lora));
   if (t.k) lora_k = register_module("lora_k", LoraAdapter(d, kv_out, opt.lora));
   if (t.v) lora_v = register_module("lora_v", LoraAdapter(d, kv_out, opt.lora));
   if (t.o) lora_o = register_module("lora_o", LoraAdapter(q_out, d, opt.lora));
@@ -60,7 +60,7 @@ void CausalSelfAttentionImpl::merge_lora() {
     return;
   }
   torch::NoGradGuard g;
-  const int64_t q_out = opt_.heads * opt_.head_dim, kv_out = opt_.kv_heads * opt_.head_dim;
+  const int64_t q_out = q_rows(), kv_out = opt_.kv_heads * opt_.head_dim;
   auto fold = [](LoraAdapter& a, torch::Tensor w) {
     if (!a) return;
     w.add_(a->delta_weight().to(w.scalar_type()));
@@ -155,26 +155,36 @@ torch::Tensor apply_rotary(const torch::Tensor& x, double theta, const torch::Te
   return rotate(x, cos, sin);
 }
 
-torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  if (latent()) return forward_latent(x);
-  const int64_t B = x.size(0), S = x.size(1);
-  const int64_t H = opt_.heads, KV = opt_.kv_heads, hd = opt_.head_dim;
+torch::Tensor CausalSelfAttentionImpl::project_qkv(const torch::Tensor& x) {
+  const int64_t B = x.size(0), S = x.size(1), KV = opt_.kv_heads, hd = opt_.head_dim;
+  const int64_t q_out = q_rows();  // H hd, or 2 H hd with the output gate
   auto proj =
-      qkv_4bit ? linear_4bit(x, qkv_4bit, qkv->bias) : qkv->forward(x);  // [B, S, (H + 2 KV) hd]
+      qkv_4bit ? linear_4bit(x, qkv_4bit, qkv->bias) : qkv->forward(x);  // [B, S, q_out + 2 KV hd]
   if (lora_q || lora_k || lora_v) {  // each adapter's update on its rows of the fused output
     auto update = [&](LoraAdapter& a, int64_t width) {
       return a ? a->forward(x) : torch::zeros({B, S, width}, proj.options());
     };
-    proj =
-        proj +
-        torch::cat({update(lora_q, H * hd), update(lora_k, KV * hd), update(lora_v, KV * hd)}, -1)
-            .to(proj.scalar_type());
+    proj = proj +
+           torch::cat({update(lora_q, q_out), update(lora_k, KV * hd), update(lora_v, KV * hd)}, -1)
+               .to(proj.scalar_type());
   }
+  return proj;
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  if (latent()) return forward_latent(x);
+  const int64_t B = x.size(0), S = x.size(1);
+  const int64_t H = opt_.heads, KV = opt_.kv_heads, hd = opt_.head_dim;
   // Views of [B, S, n, hd] as [B, n, S, hd] (the strides of a plain multi-head split). One
   // split, not three narrows: split's backward is one cat of the three gradients; each narrow's
   // backward zero-fills a whole projection-sized gradient and the engine adds the three.
-  const auto parts = proj.split_with_sizes({H * hd, KV * hd, KV * hd}, -1);
+  const auto parts = project_qkv(x).split_with_sizes({q_rows(), KV * hd, KV * hd}, -1);
   auto q = parts[0], k = parts[1], v = parts[2];
+  torch::Tensor gate;  // gated attention: per head, the query's hd rows and then the gate's
+  if (opt_.output_gate) {
+    const auto halves = q.view({B, S, H, 2 * hd}).chunk(2, -1);
+    q = halves[0], gate = halves[1].reshape({B, S, H * hd});
+  }
   if (opt_.qk_norm && opt_.qk_norm_full) {  // OLMoE: over the whole projection
     q = q_norm->forward(q);
     k = k_norm->forward(k);
@@ -224,7 +234,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto y = sinks.defined() && !(opt_.fused_attention && q.is_cuda())
                ? attention_reference(q, k, v, masking, p)
                : attention_sdpa(q, k, v, masking, p);
-  const auto heads = y.transpose(1, 2).reshape({B, S, H * hd});
+  auto heads = y.transpose(1, 2).reshape({B, S, H * hd});
+  if (gate.defined()) heads = heads * torch::sigmoid(gate);
   const auto base = out_4bit ? linear_4bit(heads, out_4bit, out->bias) : out->forward(heads);
   return lora_o ? base + lora_o->forward(heads) : base;
 }
@@ -298,6 +309,8 @@ std::shared_ptr<TokenMixer> attention_mixer(BlockImpl& block, const BlockContext
   // transformers' int(head_dim * partial_rotary_factor) (validated: even, >= 2)
   a.rotary_dim = static_cast<int64_t>(static_cast<double>(a.head_dim) * m.partial_rotary_factor);
   a.sinks = m.attention_sinks;
+  a.output_gate = m.attention_output_gate;
+  a.zero_centered_norm = m.zero_centered_norm;
   a.window = spec.attention_window;
   a.norm_eps = m.norm_eps;
   a.dropout = m.dropout;

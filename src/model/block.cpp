@@ -14,9 +14,10 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
   const auto& m = cfg.model;
   const BlockContext ctx{cfg, device, layer, parallel};
   // Registration order is parameter order (checkpoints, the base fingerprint).
-  attn_norm = register_module("attn_norm", RMSNorm(m.hidden_size, m.norm_eps));
+  attn_norm =
+      register_module("attn_norm", RMSNorm(m.hidden_size, m.norm_eps, m.zero_centered_norm));
   mixer_ = make_token_mixer(*this, ctx, spec_);
-  moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps));
+  moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps, m.zero_centered_norm));
   feed_forward_ = make_feed_forward(*this, ctx, spec_);
 }
 

@@ -28,6 +28,8 @@ std::shared_ptr<TokenMixer> make_token_mixer(BlockImpl& block, const BlockContex
     case MixerKind::kAttention:
     case MixerKind::kLatentAttention:  // one module; AttentionOptions say which
       return attention_mixer(block, ctx, spec);
+    case MixerKind::kGatedDeltaNet:
+      return gated_deltanet_mixer(block, ctx);
   }
   throw std::logic_error("model: no token mixer of this kind");
 }

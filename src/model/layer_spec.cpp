@@ -4,7 +4,9 @@ namespace moe::model {
 
 LayerSpec layer_spec(const config::Config& cfg, int64_t layer) {
   LayerSpec s;
-  s.mixer = config::latent_attention(cfg) ? MixerKind::kLatentAttention : MixerKind::kAttention;
+  s.mixer = config::linear_attention_layer(cfg, layer) ? MixerKind::kGatedDeltaNet
+            : config::latent_attention(cfg)            ? MixerKind::kLatentAttention
+                                                       : MixerKind::kAttention;
   s.feed_forward =
       config::is_moe_layer(cfg, layer) ? FeedForwardKind::kMoe : FeedForwardKind::kDense;
   s.attention_window = config::attention_window(cfg, layer);
@@ -17,6 +19,8 @@ const char* name(MixerKind kind) {
       return "attention";
     case MixerKind::kLatentAttention:
       return "latent_attention";
+    case MixerKind::kGatedDeltaNet:
+      return "gated_deltanet";
   }
   return "?";
 }

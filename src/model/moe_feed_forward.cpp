@@ -31,6 +31,7 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.router.load_reduction = parallel.loads;
   o.ep = parallel.ep;
   o.shared_expert_hidden_size = cfg.moe.shared_expert_hidden_size;
+  o.shared_expert_gate = cfg.moe.shared_expert_gate;
   o.dispatch_in_compute_dtype = cfg.moe.dispatch_dtype == config::DispatchDtype::kCompute;
   o.experts.num_experts = cfg.moe.num_experts;
   o.experts.hidden_size = m.hidden_size;

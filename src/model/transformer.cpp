@@ -61,7 +61,8 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     if (to_device) blocks.back()->to(device);
     list->push_back(blocks.back());
   }
-  final_norm = register_module("final_norm", RMSNorm(m.hidden_size, m.norm_eps));
+  final_norm =
+      register_module("final_norm", RMSNorm(m.hidden_size, m.norm_eps, m.zero_centered_norm));
   if (!m.tie_embeddings) {
     lm_head = register_module(
         "lm_head",
@@ -120,6 +121,8 @@ void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
     quantize("moe.experts.w_down", e.w_down, e.down_4bit, true);
   }
   if (opt.mxfp4) return;  // MXFP4: the experts only (transformers' Mxfp4Config)
+  // Gated DeltaNet layers keep their projections in 16 bits for now (docs/hf.md).
+  if (block->attn.is_empty()) return;
   auto& a = *block->attn;
   if (a.latent()) {
     for (auto [name, linear, slot] : {std::tuple{"attn.q_proj.weight", &a.q_proj, &a.q_proj_4bit},
@@ -132,9 +135,9 @@ void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
     }
   }
   if (!a.latent()) {
-    const int64_t width = a.qkv->weight.size(0), out_in = a.out->weight.size(1);
-    const int64_t kv_rows = (width - out_in) / 2;  // q: heads * hd = out's input width
-    quantize("attn.qkv.weight", a.qkv->weight, a.qkv_4bit, false, {out_in, kv_rows, kv_rows});
+    const int64_t width = a.qkv->weight.size(0), q_rows = a.q_rows();
+    const int64_t kv_rows = (width - q_rows) / 2;
+    quantize("attn.qkv.weight", a.qkv->weight, a.qkv_4bit, false, {q_rows, kv_rows, kv_rows});
     quantize("attn.out.weight", a.out->weight, a.out_4bit, false);
   }
   if (block->mlp) {
@@ -158,9 +161,11 @@ void TransformerLMImpl::dequantize_base() {
   for (const auto& [name, q] : quantized_)
     params[name].set_data(q->dequantize(torch::kFloat).contiguous());
   for (auto& b : blocks) {
-    auto& a = *b->attn;
-    a.qkv_4bit = a.out_4bit = a.q_proj_4bit = a.q_a_4bit = a.q_b_4bit = nullptr;
-    a.kv_a_4bit = a.kv_b_4bit = nullptr;
+    if (!b->attn.is_empty()) {
+      auto& a = *b->attn;
+      a.qkv_4bit = a.out_4bit = a.q_proj_4bit = a.q_a_4bit = a.q_b_4bit = nullptr;
+      a.kv_a_4bit = a.kv_b_4bit = nullptr;
+    }
     if (b->mlp) b->mlp->gate_4bit = b->mlp->up_4bit = b->mlp->down_4bit = nullptr;
     if (!b->moe.is_empty()) {
       auto& e = *b->moe->experts;

@@ -39,6 +39,13 @@ MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt)
     shared.bias = false;
     shared.activation = config::ExpertActivation::kSwiglu;
     shared_expert = register_module("shared_expert", Experts(shared));
+    if (opt.shared_expert_gate) {
+      shared_expert_gate = register_module(
+          "shared_expert_gate",
+          torch::nn::Linear(torch::nn::LinearOptions(opt.experts.hidden_size, 1).bias(false)));
+      torch::NoGradGuard no_grad;
+      shared_expert_gate->weight.normal_(0.0, opt.experts.init_std);
+    }
   }
 }
 
@@ -84,7 +91,11 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
   }
   if (shared_expert) {
     profile::Scope scope("experts");
-    out.y = out.y + shared_expert->forward(x, torch::full({1}, T, x.options().dtype(torch::kLong)));
+    auto shared = shared_expert->forward(x, torch::full({1}, T, x.options().dtype(torch::kLong)));
+    if (shared_expert_gate) {
+      shared = torch::sigmoid(shared_expert_gate->forward(x)) * shared;
+    }
+    out.y = out.y + shared;
   }
   out.aux_loss = r.aux_loss;
   out.z_loss = r.z_loss;

@@ -62,6 +62,26 @@ TEST(ParameterLayout, RotaryGqaQkNormDenseLayersSharedExpert) {
 
 // gpt-oss: attention biases and sinks (a module's own parameter comes before its children's),
 // router bias, expert biases; with LoRA on attention and experts.
+// Qwen3-Next / Qwen3.5: Gated DeltaNet layers (both projection layouts), gated attention,
+// zero-centred norms, a gated shared expert.
+TEST(ParameterLayout, GatedDeltaNetHybrid) {
+  for (bool fused : {false, true}) {
+    expect_layout_is_the_models(
+        make({{"rope_theta", 10000.0},
+              {"num_key_value_heads", 2},
+              {"qk_norm", true},
+              {"attention_output_gate", true},
+              {"zero_centered_norm", true},
+              {"layer_types", {"linear_attention", "linear_attention", "full_attention"}},
+              {"linear_num_key_heads", 2},
+              {"linear_num_value_heads", 4},
+              {"linear_key_head_dim", 4},
+              {"linear_value_head_dim", 6},
+              {"linear_fused_projections", fused}},
+             {{"shared_expert_hidden_size", 8}, {"shared_expert_gate", true}}, {{"r", 0}}));
+  }
+}
+
 TEST(ParameterLayout, GptOssBiasesSinksWindows) {
   const nlohmann::json model = {
       {"rope_theta", 150000.0},

@@ -43,7 +43,7 @@ def check_help(families):
     architectures = {f["architecture"] for f in families}
     for args in (["--help"], ["import-hf", "--help"], ["export-hf", "--help"]):
         text = " ".join(run(*args).split())  # CLI11 wraps long lines
-        named = set(re.findall(r"\b\w+ForCausalLM\b", text))
+        named = set(re.findall(r"\b\w+For(?:CausalLM|ConditionalGeneration)\b", text))
         for extra in sorted(named - architectures):
             failures.append(f"moe-train {' '.join(args)}: names {extra}, not a registered family")
         if args[0] != "export-hf":

@@ -63,12 +63,14 @@ def exported_matches(run, tmp, tag, cfg, trained, exported, steps, check):
     return r
 
 
-def full_fine_tuning_peer(run, tmp, model, logits_tol, weights_tol, as_saved=lambda t: t):
+def full_fine_tuning_peer(run, tmp, model, logits_tol, weights_tol, as_saved=lambda t: t,
+                          noise_factor=1.0):
     """10 full fine-tuning steps against transformers' own training of the same model (float64,
     AdamW on moe-train's batches and learning rates, clipping 1.0; no weight decay, no router
     losses: moe-train spares 1-D parameters from decay and transformers' aux losses are other
     formulas): per-step loss within 1e-5 relative, then the logits and every weight to their
-    bars. `as_saved` maps our export's tensors to the names transformers holds in memory."""
+    bars. `as_saved` maps our export's tensors to the names transformers holds in memory;
+    `noise_factor` scales the float32 allowance below (a family whose test says why)."""
     src = tmp / "hf-peer"
     model.save_pretrained(src)
     base = tmp / "imported-peer"
@@ -104,7 +106,9 @@ def full_fine_tuning_peer(run, tmp, model, logits_tol, weights_tol, as_saved=lam
     exported = tmp / "exported-peer"
     run("export-hf", newest_checkpoint(out), "--out", exported)
     mine = as_saved(load_file(exported / "model.safetensors"))
-    weights = max((mine[k].double() - theirs[k]).abs().max().item() for k in theirs)
+    per_tensor = {k: (mine[k].double() - theirs[k]).abs().max().item() for k in theirs}
+    worst = max(per_tensor, key=per_tensor.get)
+    weights = per_tensor[worst]
     # The float64 peer is the reference; float32 training cannot be closer to it than float32
     # rounding allows, and how close that is depends on the CPU's GEMM kernels (gpt-oss: 9.0e-6
     # for us on the 2026-12-04 VM, 3.4e-5 on a 2026-12-06 AVX-512/AMX Xeon, where transformers'
@@ -114,10 +118,12 @@ def full_fine_tuning_peer(run, tmp, model, logits_tol, weights_tol, as_saved=lam
                                                                experts_implementation="eager")
     theirs32 = peft_steps(peer32, tmp / "data/train.h5", ours, 10, 4, 32, math.inf,
                           weight_decay=0.0)
-    fp32_noise = max((theirs32[k].double() - theirs[k]).abs().max().item() for k in theirs)
+    noise = {k: (theirs32[k].double() - theirs[k]).abs().max().item() for k in theirs}
+    fp32_noise = max(noise.values())
     print(f"  after 10 steps: max |logit difference| {diff:.1e} (validation loss {r['loss']:.6f}); "
           f"max |weight difference| {weights:.1e} over {len(theirs)} tensors (transformers' own "
-          f"float32 training: {fp32_noise:.1e})")
+          f"float32 training: {fp32_noise:.1e}); ours worst at {worst} (transformers' float32 there: "
+          f"{noise[worst]:.1e})")
     assert diff <= logits_tol, f"logits after 10 steps differ by {diff}"
-    bar = max(weights_tol, fp32_noise)
+    bar = max(weights_tol, noise_factor * fp32_noise)
     assert weights <= bar, f"weights after 10 steps differ by {weights} (bar {bar})"

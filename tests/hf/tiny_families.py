@@ -45,3 +45,26 @@ GLM_FAMILIES = {
                       n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
                       routed_scaling_factor=2.5, norm_topk_prob=True, num_nextn_predict_layers=0)),
 }
+
+# Gated DeltaNet hybrids (tests/hf/qwen3_next_test.py has their import/export checks): 3 linear-
+# attention layers and 1 gated-attention layer (head_dim 32, partial rotary 0.25), two value heads
+# per key head, a sigmoid-gated shared expert; Qwen3-Next with its fused projections and layer 2
+# dense, Qwen3.5 with split projections.
+HYBRID = dict(COMMON, num_hidden_layers=4, head_dim=32, linear_conv_kernel_dim=4,
+              linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+              linear_num_value_heads=4, num_experts=4, moe_intermediate_size=32,
+              shared_expert_intermediate_size=48, max_position_embeddings=4096, rms_norm_eps=1e-6,
+              pad_token_id=None)
+HYBRID_FAMILIES = {
+    "qwen3_next": (transformers.Qwen3NextConfig,
+                   dict(intermediate_size=80, mlp_only_layers=[2], norm_topk_prob=True)),
+    "qwen3_5_moe_text": (transformers.Qwen3_5MoeTextConfig, {}),
+}
+
+# Qwen3.5 as released: the vision-language class, the text model above under text_config and a
+# one-block vision tower (tests/hf/qwen3_next_test.py's vision_language check).
+VISION = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+              patch_size=4, temporal_patch_size=2, spatial_merge_size=2)
+VL_FAMILIES = {
+    "qwen3_5_moe": (transformers.Qwen3_5MoeConfig, dict(vision_config=VISION)),
+}

@@ -20,8 +20,13 @@ std::vector<std::string> copy_tokenizer_files(const std::string& from, const std
 // state.json); "" otherwise (a model trained from scratch).
 std::string hf_side_source(const std::string& dir);
 
+// A vision-language release's tensors outside its text model (the vision tower), as import-hf
+// read them: carried from checkpoint to checkpoint, written back by export-hf.
+inline constexpr const char* kCarriedTensorsFile = "hf_carried.safetensors";
+
 // Copies those files from `from` (hf_side_source) into the checkpoint directory `to`: the HF
-// config as hf_config.json, generation_config.json, the tokenizer files. Every checkpoint of a
+// config as hf_config.json, generation_config.json, the tokenizer files, the carried tensors
+// (hard-linked where the file system allows: they never change). Every checkpoint of a
 // run that started from an import carries them, so a fine-tune of a fine-tune exports with the
 // model's own settings and tokenizer.
 void copy_hf_side_files(const std::string& from, const std::string& to);

@@ -165,6 +165,22 @@ struct ModelConfig {
   // The rotary dimensions in interleaved pairs (x0, x1), (x2, x3)... (DeepSeek's checkpoints;
   // HF's rope_interleave, always so in DeepseekV2), instead of the two halves.
   bool rope_interleave = false;
+  // RMSNorm weights stored zero-centred: x_normed * (1 + w), initialised to 0 (Qwen3-Next /
+  // Qwen3.5's block, final and q/k norms; Gemma's layout).
+  bool zero_centered_norm = false;
+  // Gated attention (Qwen3-Next / Qwen3.5): q_proj gives, per head, the query and then an output
+  // gate of head_dim; the attention output is multiplied by sigmoid(gate) before o_proj.
+  bool attention_output_gate = false;
+  // Gated DeltaNet linear attention (model/gated_deltanet.cpp), the mixer of the layers that
+  // layer_types marks "linear_attention" (HF's names).
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;  // a multiple of linear_num_key_heads
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_value_head_dim = 0;
+  int64_t linear_conv_kernel_dim = 4;
+  // The input projections fused per key-head group as Qwen3-Next saves them (in_proj_qkvz,
+  // in_proj_ba); false: split as Qwen3.5 saves them (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a).
+  bool linear_fused_projections = false;
 };
 
 struct MoeConfig {
@@ -178,7 +194,10 @@ struct MoeConfig {
   double capacity_factor = 0.0;           // 0 = dropless
   double expert_dropout = 0.0;            // dropout on the experts' hidden activations (Switch)
   int64_t shared_expert_hidden_size = 0;  // > 0: a dense SwiGLU expert every token passes through
-  double router_bias_update_rate = 0.0;   // > 0: aux-loss-free expert bias (DeepSeek-V3)
+  // The shared expert's output times sigmoid(x . w), w a learned [1, hidden] (Qwen2/3-Next/3.5's
+  // shared_expert_gate).
+  bool shared_expert_gate = false;
+  double router_bias_update_rate = 0.0;  // > 0: aux-loss-free expert bias (DeepSeek-V3)
   // Group-limited routing (DeepSeek-V3, GLM-4.5: n_group, topk_group): the experts in n_group
   // equal groups; each token picks topk_group groups by the sum of their two best scores, then
   // its top_k experts within them. 1 = no groups.
@@ -423,6 +442,9 @@ bool quantized_base(const Config& cfg);
 // The keys a query of decoder block `layer` sees (model.sliding_window where the layer slides,
 // per model.layer_types); 0 = every earlier position (full causal attention).
 int64_t attention_window(const Config& cfg, int64_t layer);
+// Whether decoder block `layer` mixes tokens by Gated DeltaNet (model.layer_types
+// "linear_attention") instead of attention.
+bool linear_attention_layer(const Config& cfg, int64_t layer);
 int64_t dense_hidden_size(const Config& cfg);  // model.dense_hidden_size, or the SwiGLU rule
 int64_t count_parameters(const Config& cfg);
 // The parameters that stay fp32 under 16-bit working weights (training.param_dtype): the RMSNorm

@@ -20,26 +20,30 @@ namespace moe::families {
 // top-k SwiGLU experts). export-hf refuses a checkpoint that uses a feature its target family
 // does not have, naming the families that do (export_features.cpp holds the key and test of each).
 enum class Feature {
-  kAttentionBias,     // q/k/v/o biases (model.attention_bias)
-  kAttentionSinks,    // a learned sink logit per head
-  kSlidingWindow,     // sliding-window attention layers
-  kRouterBias,        // a bias on the router's logits
-  kSoftmaxAfterTopk,  // top-k on the logits, softmax over the k
-  kExpertBias,        // biases in the experts' projections
-  kClampedSwiglu,     // an expert activation other than plain SwiGLU
-  kQkNorm,            // RMSNorm on queries and keys
-  kClipQkv,           // q, k, v clamped
-  kDenseLayers,       // dense (non-MoE) feed-forward layers
-  kLatentAttention,   // multi-head latent attention (model.kv_lora_rank)
-  kRopeInterleave,    // rotary on interleaved pairs
-  kGroupScoreBest1,   // expert groups scored by their single best expert
-  kSharedExperts,     // shared experts every token passes through
-  kSigmoidScores,     // a score function other than softmax
-  kSelectionBias,     // an aux-loss-free selection bias (e_score_correction_bias)
-  kExpertGroups,      // group-limited routing (n_group > 1)
-  kRoutedScaling,     // routed weights times a scaling factor
-  kQkvBias,           // q/k/v biases without an o bias
-  kPartialRotary,     // rotary on a leading part of each head
+  kAttentionBias,        // q/k/v/o biases (model.attention_bias)
+  kAttentionSinks,       // a learned sink logit per head
+  kSlidingWindow,        // sliding-window attention layers
+  kRouterBias,           // a bias on the router's logits
+  kSoftmaxAfterTopk,     // top-k on the logits, softmax over the k
+  kExpertBias,           // biases in the experts' projections
+  kClampedSwiglu,        // an expert activation other than plain SwiGLU
+  kQkNorm,               // RMSNorm on queries and keys
+  kClipQkv,              // q, k, v clamped
+  kDenseLayers,          // dense (non-MoE) feed-forward layers
+  kLatentAttention,      // multi-head latent attention (model.kv_lora_rank)
+  kRopeInterleave,       // rotary on interleaved pairs
+  kGroupScoreBest1,      // expert groups scored by their single best expert
+  kSharedExperts,        // shared experts every token passes through
+  kSigmoidScores,        // a score function other than softmax
+  kSelectionBias,        // an aux-loss-free selection bias (e_score_correction_bias)
+  kExpertGroups,         // group-limited routing (n_group > 1)
+  kRoutedScaling,        // routed weights times a scaling factor
+  kQkvBias,              // q/k/v biases without an o bias
+  kPartialRotary,        // rotary on a leading part of each head
+  kLinearAttention,      // Gated DeltaNet layers (model.layer_types "linear_attention")
+  kAttentionOutputGate,  // gated attention: sigmoid(gate) on each head's output
+  kZeroCenteredNorm,     // RMSNorm weights stored zero-centred (x (1 + w))
+  kSharedExpertGate,     // the shared expert's output times a sigmoid gate
 };
 
 class ModelFamily {
@@ -85,8 +89,20 @@ class ModelFamily {
   // transformers keeps the router (and its correction bias) fp32 in any dtype
   // (_keep_in_fp32_modules_strict), and so does an export.
   virtual bool router_kept_fp32() const { return false; }
-  // Released weights hold multi-token-prediction layers past num_hidden_layers (skipped).
+  // Released weights hold multi-token-prediction layers past num_hidden_layers or under mtp.
+  // (skipped).
   virtual bool has_mtp_layers() const { return false; }
+
+  // ---- vision-language releases (Qwen3.5): the text model trains, the rest is carried through
+  // The config.json object holding the text model's keys ("text_config"); null: the top level.
+  virtual const char* text_config_key() const { return nullptr; }
+  // The family of that text model, whose keys and tensors these are ("qwen3_5_moe_text").
+  virtual const char* text_family() const { return nullptr; }
+  // The prefix of the text model's tensors: "model." (a causal LM), "model.language_model.".
+  virtual const char* hf_model_prefix() const { return "model."; }
+  // A tensor of the release that is not the text model's (the vision tower): not imported;
+  // export-hf copies it from the imported directory.
+  virtual bool carried_tensor(const std::string&) const { return false; }
 
  protected:
   // The default moe_tensors with the family's names: `block` holds router and experts,
@@ -96,6 +112,7 @@ class ModelFamily {
     const char* gate = "gate_proj";
     const char* up = "up_proj";
     const char* down = "down_proj";
+    const char* shared = "shared_experts.";  // Qwen2-MoE's family: "shared_expert."
   };
   void split_expert_tensors(const config::Config& cfg, const std::string& hf_layer,
                             const std::string& our_layer, const ExpertNames& names,

@@ -19,6 +19,10 @@ struct TensorPiece {
   // step > 1: ours is every step-th element of the HF tensor's last dimension from `first`
   // (gpt-oss's gate_up_proj interleaves gate and up columns); several pieces share the tensor.
   int64_t hf_first = 0, hf_step = 1;
+  // hf_rows >= 0: ours is rows [hf_row_begin, hf_row_begin + hf_rows) of the HF tensor's
+  // second-to-last dimension, which has hf_rows_total (a released fused expert stack:
+  // gate_up_proj [E, 2f, d], gate rows first); several pieces share the tensor.
+  int64_t hf_row_begin = 0, hf_rows = -1, hf_rows_total = 0;
 };
 
 }  // namespace moe::families

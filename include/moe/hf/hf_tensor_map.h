@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +22,14 @@ using families::TensorPiece;
 // In the order transformers writes a state dict: embeddings, layers, final norm, head.
 std::vector<TensorPiece> tensor_pieces(const config::Config& cfg,
                                        const families::ModelFamily& family);
+
+// `pieces` with each MoE layer's per-expert tensors replaced by the fused stacks where the
+// checkpoint holds those instead (`has`: whether it has a tensor of that name): Qwen3.5's bf16
+// releases save mlp.experts.gate_up_proj [E, 2f, d] (gate rows, then up) and down_proj [E, d, f],
+// as transformers holds them in memory (expert_hidden: f).
+std::vector<TensorPiece> with_fused_experts(const std::vector<TensorPiece>& pieces,
+                                            int64_t expert_hidden,
+                                            const std::function<bool(const std::string&)>& has);
 
 // The part of the HF tensor `hf` that `piece` covers (a strided view where hf_step > 1).
 torch::Tensor hf_part(const TensorPiece& piece, const torch::Tensor& hf);

@@ -32,7 +32,11 @@ struct AttentionOptions {
   bool qkv_bias = false;      // biases on qkv only (GLM-4.5)
   int64_t rotary_dim = 0;     // rotary on the first rotary_dim of each head (GLM-4.5); 0 = all
   bool sinks = false;         // a learned logit per head in the softmax (gpt-oss)
-  int64_t window = 0;         // > 0: sliding-window attention over this many positions
+  // Gated attention (Qwen3-Next / Qwen3.5): q's rows hold, per head, the query and then a gate;
+  // the heads' output times sigmoid(gate) before the output projection.
+  bool output_gate = false;
+  bool zero_centered_norm = false;  // q/k norms times 1 + weight
+  int64_t window = 0;               // > 0: sliding-window attention over this many positions
   double norm_eps = 1e-5;
   double dropout = 0, init_std = 0.02, out_init_std = 0.02;
   LoraSpec lora;  // adapters on the projections lora_targets names
@@ -105,8 +109,13 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   QuantizedWeightPtr qkv_4bit, out_4bit;
   void merge_lora();  // folds the adapters into qkv / out and zeroes them
   bool latent() const { return opt_.kv_lora_rank > 0; }
+  // The q part of qkv: H hd rows, 2 H hd with the output gate (query and gate per head).
+  int64_t q_rows() const { return (opt_.output_gate ? 2 : 1) * opt_.heads * opt_.head_dim; }
 
  private:
+  // x -> [B, S, q_rows() + 2 kv_heads head_dim]: the fused projection (4-bit or not) plus the
+  // q/k/v adapters' updates on their rows.
+  torch::Tensor project_qkv(const torch::Tensor& x);
   // Latent attention (model/latent_attention.cpp): its modules, forward and adapter merge.
   void build_latent();
   torch::Tensor forward_latent(const torch::Tensor& x);

@@ -12,6 +12,7 @@
 #include "moe/model/attention.h"
 #include "moe/model/block_parts.h"
 #include "moe/model/dense_mlp.h"
+#include "moe/model/gated_deltanet.h"
 #include "moe/model/layer_spec.h"
 #include "moe/model/rms_norm.h"
 #include "moe/moe/moe_layer.h"
@@ -41,12 +42,14 @@ class BlockImpl : public torch::nn::Module {
   }
   void merge_lora();  // every adapter of the block folded into its base weight
 
-  // The kinds' modules, by the names their parameters carry (blocks.N.attn., .moe., .mlp.):
+  // The kinds' modules, by the names their parameters carry (blocks.N.attn., .linear_attn.,
+  // .moe., .mlp.):
   // each is set by the kind that registers it (block_parts.h), the others stay null.
   RMSNorm attn_norm{nullptr}, moe_norm{nullptr};  // moe_norm: the feed-forward's norm
   CausalSelfAttention attn{nullptr};
-  moe::MoeLayer moe{nullptr};  // MoE layers
-  DenseMlp mlp{nullptr};       // dense layers
+  GatedDeltaNet linear_attn{nullptr};  // Gated DeltaNet layers (blocks.N.linear_attn.)
+  moe::MoeLayer moe{nullptr};          // MoE layers
+  DenseMlp mlp{nullptr};               // dense layers
 
  private:
   LayerSpec spec_;

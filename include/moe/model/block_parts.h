@@ -1,5 +1,5 @@
 // The two halves of a block, each a kind behind one small interface: the token mixer (what mixes
-// positions: attention today; Gated DeltaNet and Mamba-2 are kinds to come) and the
+// positions: attention, latent attention, Gated DeltaNet; Mamba-2 is a kind to come) and the
 // feed-forward (dense MLP or MoE). Each kind is one file that registers its module in the block
 // under its parameter names and returns its interface; make_token_mixer / make_feed_forward
 // pick the kind from the layer's spec.
@@ -61,6 +61,8 @@ double output_init_std(const config::Config& cfg);
 // The kinds, one file each.
 std::shared_ptr<TokenMixer> attention_mixer(BlockImpl& block, const BlockContext& ctx,
                                             const LayerSpec& spec);  // model/attention.cpp
+std::shared_ptr<TokenMixer> gated_deltanet_mixer(BlockImpl& block,
+                                                 const BlockContext& ctx);  // gated_deltanet.cpp
 std::shared_ptr<FeedForward> dense_feed_forward(BlockImpl& block,
                                                 const BlockContext& ctx);  // model/dense_mlp.cpp
 std::shared_ptr<FeedForward> moe_feed_forward(BlockImpl& block,

@@ -9,9 +9,10 @@
 
 namespace moe::model {
 
-// The token mixer: attention (grouped-query with its options; model/attention.cpp) or
-// multi-head latent attention (model/latent_attention.cpp).
-enum class MixerKind { kAttention, kLatentAttention };
+// The token mixer: attention (grouped-query with its options; model/attention.cpp),
+// multi-head latent attention (model/latent_attention.cpp) or Gated DeltaNet linear attention
+// (model/gated_deltanet.cpp).
+enum class MixerKind { kAttention, kLatentAttention, kGatedDeltaNet };
 // The feed-forward: a dense SwiGLU MLP (model/dense_mlp.cpp) or the MoE layer
 // (model/moe_feed_forward.cpp).
 enum class FeedForwardKind { kDense, kMoe };
@@ -22,11 +23,12 @@ struct LayerSpec {
   int64_t attention_window = 0;  // > 0: sliding-window attention over this many positions
 };
 
-// Layer `layer` of `cfg`: latent attention where model.kv_lora_rank says, MoE where
+// Layer `layer` of `cfg`: Gated DeltaNet where model.layer_types says "linear_attention", else
+// latent attention where model.kv_lora_rank says; MoE where
 // config::is_moe_layer says, the window of config::attention_window.
 LayerSpec layer_spec(const config::Config& cfg, int64_t layer);
 
-const char* name(MixerKind kind);        // "attention", "latent_attention"
+const char* name(MixerKind kind);        // "attention", "latent_attention", "gated_deltanet"
 const char* name(FeedForwardKind kind);  // "dense", "moe"
 
 }  // namespace moe::model

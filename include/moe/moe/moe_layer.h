@@ -5,6 +5,7 @@
 #include <string>
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
 #include "moe/moe/dispatcher.h"
@@ -21,6 +22,7 @@ struct MoeLayerOptions {
   // when the model is built for its device (resolve_kernel_path), never per call.
   KernelPath kernel_path = KernelPath::kReference;
   int64_t shared_expert_hidden_size = 0;  // > 0: a dense SwiGLU expert for every token
+  bool shared_expert_gate = false;        // its output times sigmoid(x . shared_expert_gate)
   // moe.dispatch_dtype = compute: under autocast, fp32 rows are cast to its dtype before the
   // dispatch (permute, the EP exchange), not by the experts after it.
   bool dispatch_in_compute_dtype = false;
@@ -58,6 +60,8 @@ class MoeLayerImpl : public torch::nn::Module {
   // The shared expert (DeepSeekMoE): one SwiGLU MLP held as a single-expert stack [1, ...], so it
   // reuses the experts' code and init. Null when shared_expert_hidden_size is 0.
   Experts shared_expert{nullptr};
+  // d -> 1 (Qwen2-MoE, Qwen3-Next, Qwen3.5): the shared expert's output times sigmoid(gate(x)).
+  torch::nn::Linear shared_expert_gate{nullptr};
 
  private:
   torch::Tensor dispatch_rows(const torch::Tensor& x) const;  // x, or x in the compute dtype

@@ -1,0 +1,66 @@
+// Gated DeltaNet, the linear-attention token mixer of Qwen3-Next and Qwen3.5 (the layers that
+// model.layer_types marks "linear_attention"), registered as a block's "linear_attn" with
+// transformers' parameter names: input projections to q, k, v, z, b, a (fused per key-head
+// group as Qwen3-Next saves them, or split as Qwen3.5 does), a causal depthwise conv1d + SiLU
+// over q, k, v, beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), the gated delta rule
+// (model/gated_delta_rule.h), an RMSNorm per value head gated by silu(z), out_proj.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
+
+namespace moe::model {
+
+// A module holding one tensor named "weight": the conv1d's and the gated norm's, so that their
+// parameters carry transformers' names (conv1d.weight, norm.weight).
+class WeightOnlyImpl : public torch::nn::Module {
+ public:
+  explicit WeightOnlyImpl(torch::Tensor w) { weight = register_parameter("weight", std::move(w)); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(WeightOnly);
+
+struct GatedDeltaNetOptions {
+  int64_t hidden = 0;
+  int64_t key_heads = 1, value_heads = 1;  // value_heads a multiple of key_heads
+  int64_t key_head_dim = 0, value_head_dim = 0;
+  int64_t conv_kernel = 4;
+  bool fused_projections = false;  // Qwen3-Next's in_proj_qkvz / in_proj_ba
+  double norm_eps = 1e-6;
+  double init_std = 0.02, out_init_std = 0.02;
+};
+
+class GatedDeltaNetImpl : public torch::nn::Module {
+ public:
+  explicit GatedDeltaNetImpl(const GatedDeltaNetOptions& opt);
+  torch::Tensor forward(const torch::Tensor& x);  // [B, S, d] -> [B, S, d]
+  // positions [B, S] restarting at 0 per document (attention's document layout); undefined:
+  // one sequence.
+  void set_documents(const torch::Tensor& positions) { positions_ = positions; }
+
+  // Qwen3.5's split projections, or Qwen3-Next's fused ones (the others stay null).
+  torch::nn::Linear in_proj_qkv{nullptr}, in_proj_z{nullptr}, in_proj_b{nullptr},
+      in_proj_a{nullptr};
+  torch::nn::Linear in_proj_qkvz{nullptr}, in_proj_ba{nullptr};
+  WeightOnly conv1d{nullptr};    // [2 key_dim + value_dim, 1, conv_kernel]
+  torch::Tensor dt_bias, A_log;  // [value_heads]
+  WeightOnly norm{nullptr};      // [value_head_dim], ones
+  torch::nn::Linear out_proj{nullptr};
+
+ private:
+  struct Projected {
+    torch::Tensor qkv, z, b, a;  // [B, S, 2 kd + vd], [B, S, Hv, dv], [B, S, Hv] x2
+  };
+  Projected project(const torch::Tensor& x);
+  GatedDeltaNetOptions opt_;
+  torch::Tensor positions_;
+};
+TORCH_MODULE(GatedDeltaNet);
+
+// RMSNorm over the last dimension of x in fp32, times `weight`, times silu(gate) (transformers'
+// Qwen3NextRMSNormGated, fla's FusedRMSNormGated), in x's dtype.
+torch::Tensor gated_rms_norm(const torch::Tensor& x, const torch::Tensor& gate,
+                             const torch::Tensor& weight, double eps);
+
+}  // namespace moe::model

@@ -1,0 +1,131 @@
+#include "moe/model/gated_deltanet.h"
+
+#include <cmath>
+
+#include <torch/torch.h>
+
+#include "moe/model/block.h"
+#include "moe/model/block_parts.h"
+#include "moe/model/gated_delta_rule.h"
+
+namespace moe::model {
+
+namespace F = torch::nn::functional;
+
+namespace {
+torch::nn::Linear linear(int64_t in, int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+}  // namespace
+
+GatedDeltaNetImpl::GatedDeltaNetImpl(const GatedDeltaNetOptions& opt) : opt_(opt) {
+  const int64_t d = opt.hidden, nv = opt.value_heads;
+  const int64_t kd = opt.key_heads * opt.key_head_dim, vd = nv * opt.value_head_dim;
+  const int64_t conv = 2 * kd + vd;
+  // named_parameters: dt_bias and A_log (the module's own), then the submodules in this order
+  // (parameter_layout.cpp lists it too).
+  if (opt.fused_projections) {
+    in_proj_qkvz = register_module("in_proj_qkvz", linear(d, conv + vd));
+    in_proj_ba = register_module("in_proj_ba", linear(d, 2 * nv));
+  } else {
+    in_proj_qkv = register_module("in_proj_qkv", linear(d, conv));
+    in_proj_z = register_module("in_proj_z", linear(d, vd));
+    in_proj_b = register_module("in_proj_b", linear(d, nv));
+    in_proj_a = register_module("in_proj_a", linear(d, nv));
+  }
+  conv1d = register_module("conv1d", WeightOnly(torch::empty({conv, 1, opt.conv_kernel})));
+  dt_bias = register_parameter("dt_bias", torch::ones({nv}));
+  // transformers' init: A uniform in [0.01, 16] (so the decay rates span slow to fast).
+  A_log = register_parameter("A_log", torch::empty({nv}).uniform_(0.01, 16).log());
+  norm = register_module("norm", WeightOnly(torch::ones({opt.value_head_dim})));
+  out_proj = register_module("out_proj", linear(vd, d));
+  torch::NoGradGuard no_grad;
+  for (auto* l : {&in_proj_qkv, &in_proj_z, &in_proj_b, &in_proj_a, &in_proj_qkvz, &in_proj_ba}) {
+    if (*l) (*l)->weight.normal_(0.0, opt.init_std);
+  }
+  // nn.Conv1d's default (kaiming uniform over a fan-in of K for a depthwise conv).
+  const double bound = 1.0 / std::sqrt(static_cast<double>(opt.conv_kernel));
+  conv1d->weight.uniform_(-bound, bound);
+  out_proj->weight.normal_(0.0, opt.out_init_std);
+}
+
+GatedDeltaNetImpl::Projected GatedDeltaNetImpl::project(const torch::Tensor& x) {
+  const int64_t B = x.size(0), S = x.size(1), nk = opt_.key_heads, nv = opt_.value_heads;
+  const int64_t dk = opt_.key_head_dim, dv = opt_.value_head_dim, r = nv / nk;
+  if (!opt_.fused_projections) {
+    return {in_proj_qkv->forward(x), in_proj_z->forward(x).view({B, S, nv, dv}),
+            in_proj_b->forward(x), in_proj_a->forward(x)};
+  }
+  // Qwen3-Next: per key head, [q (dk) | k (dk) | its r value heads (r dv) | their z (r dv)] and
+  // [its r b | its r a].
+  const auto qkvz = in_proj_qkvz->forward(x).view({B, S, nk, 2 * dk + 2 * r * dv});
+  const auto parts = qkvz.split_with_sizes({dk, dk, r * dv, r * dv}, -1);
+  const auto ba = in_proj_ba->forward(x).view({B, S, nk, 2 * r}).split_with_sizes({r, r}, -1);
+  const auto flat = [&](const torch::Tensor& t) { return t.reshape({B, S, -1}); };
+  return {torch::cat({flat(parts[0]), flat(parts[1]), flat(parts[2])}, -1),
+          parts[3].reshape({B, S, nv, dv}), flat(ba[0]), flat(ba[1])};
+}
+
+torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), S = x.size(1), nk = opt_.key_heads, nv = opt_.value_heads;
+  const int64_t dk = opt_.key_head_dim, dv = opt_.value_head_dim, kd = nk * dk;
+  const auto p = project(x);
+  const auto mixed = causal_conv1d_silu(p.qkv, conv1d->weight, positions_);
+  const auto qkv = mixed.split_with_sizes({kd, kd, nv * dv}, -1);
+  DeltaRuleInputs in;
+  in.q = qkv[0].reshape({B, S, nk, dk});
+  in.k = qkv[1].reshape({B, S, nk, dk});
+  in.v = qkv[2].reshape({B, S, nv, dv});
+  in.beta = torch::sigmoid(p.b);
+  in.g = -A_log.to(torch::kFloat).exp() * F::softplus(p.a.to(torch::kFloat) + dt_bias);
+  in.positions = positions_;
+  const auto core = chunk_gated_delta_rule(in).o;  // [B, S, nv, dv]
+  const auto normed = gated_rms_norm(core, p.z, norm->weight, opt_.norm_eps);
+  return out_proj->forward(normed.reshape({B, S, nv * dv}));
+}
+
+torch::Tensor gated_rms_norm(const torch::Tensor& x, const torch::Tensor& gate,
+                             const torch::Tensor& weight, double eps) {
+  const auto dtype = x.scalar_type();
+  const auto x32 = x.to(torch::kFloat);
+  const auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (weight * normed.to(dtype) * torch::silu(gate.to(torch::kFloat))).to(dtype);
+}
+
+namespace {
+
+// Gated DeltaNet behind the token-mixer interface.
+class GatedDeltaNetMixer final : public TokenMixer {
+ public:
+  explicit GatedDeltaNetMixer(GatedDeltaNet net) : net_(std::move(net)) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return net_->forward(x); }
+  void set_documents(const torch::Tensor&, const torch::Tensor& positions) override {
+    net_->set_documents(positions);
+  }
+  void share_rotary_tables(std::shared_ptr<RotaryTableCache>) override {}  // no positions
+  void merge_lora() override {}  // no adapters on the linear-attention projections yet
+
+ private:
+  GatedDeltaNet net_;
+};
+
+}  // namespace
+
+std::shared_ptr<TokenMixer> gated_deltanet_mixer(BlockImpl& block, const BlockContext& ctx) {
+  const auto& m = ctx.cfg.model;
+  GatedDeltaNetOptions o;
+  o.hidden = m.hidden_size;
+  o.key_heads = m.linear_num_key_heads;
+  o.value_heads = m.linear_num_value_heads;
+  o.key_head_dim = m.linear_key_head_dim;
+  o.value_head_dim = m.linear_value_head_dim;
+  o.conv_kernel = m.linear_conv_kernel_dim;
+  o.fused_projections = m.linear_fused_projections;
+  o.norm_eps = m.norm_eps;
+  o.init_std = m.init_std;
+  o.out_init_std = output_init_std(ctx.cfg);
+  block.linear_attn = block.register_module("linear_attn", GatedDeltaNet(o));
+  return std::make_shared<GatedDeltaNetMixer>(block.linear_attn);
+}
+
+}  // namespace moe::model
