@@ -199,7 +199,7 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
 
 void visit_fields(auto& v, Section<MoeConfig> auto& m) {
   v.field("num_experts", m.num_experts, in(1, 1024));
-  v.field("top_k", m.top_k, in(1, 8));
+  v.field("top_k", m.top_k, in(1, 64));
   v.field("expert_hidden_size", m.expert_hidden_size, at_least(0, "0 = derived from hidden_size"));
   v.field("score_function", m.score_function);
   v.field("normalize_topk", m.normalize_topk);

@@ -55,10 +55,13 @@ std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg,
                                : Layout::kExpertB});
   };
   for (int64_t i = 0; i < cfg.model.num_layers; ++i) {
-    const std::string hf = std::string(kPrefix) + "model.layers." + std::to_string(i) + ".";
+    const std::string hf = std::string(kPrefix) + family.hf_model_prefix() + "layers." +
+                           std::to_string(i) + ".";
     const std::string ours = "blocks." + std::to_string(i) + ".";
-    // Latent attention (DeepSeek-V2/V3) has q_proj or q_a/q_b, and kv_a/kv_b, no k/v_proj.
+    // Latent attention (DeepSeek-V2/V3) has q_proj or q_a/q_b, and kv_a/kv_b, no k/v_proj; a
+    // Gated DeltaNet layer (Qwen3-Next / Qwen3.5) has no attention projections to adapt.
     const bool mla = config::latent_attention(cfg), q_lora = cfg.model.q_lora_rank > 0;
+    const bool attention = !config::linear_attention_layer(cfg, i);
     for (auto [on, proj, mine] :
          {std::tuple{t.q && !(mla && q_lora), "q_proj", "lora_q"},
           std::tuple{t.k && !mla, "k_proj", "lora_k"}, std::tuple{t.v && !mla, "v_proj", "lora_v"},
@@ -67,7 +70,7 @@ std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg,
           std::tuple{t.kv_a && mla, "kv_a_proj_with_mqa", "lora_kv_a"},
           std::tuple{t.kv_b && mla, "kv_b_proj", "lora_kv_b"},
           std::tuple{t.o, "o_proj", "lora_o"}}) {
-      if (on) pair(hf + "self_attn." + proj + ".", ours + "attn." + mine + ".", false);
+      if (on && attention) pair(hf + "self_attn." + proj + ".", ours + "attn." + mine + ".", false);
     }
     if (!config::is_moe_layer(cfg, i)) {
       if (t.dense_mlp) {

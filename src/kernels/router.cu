@@ -31,7 +31,9 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr int kMaxPerLane = 8;  // E <= 256
+static_assert(kWarp * kMaxPerLane == moe::kernels::kRouterKernelMaxExperts);
 constexpr int kMaxTopK = 8;
+static_assert(kMaxTopK == moe::kernels::kRouterKernelMaxTopK);
 constexpr int kWarpsPerBlock = 8;
 
 __device__ __forceinline__ float warp_max(float v) {

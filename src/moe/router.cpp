@@ -171,7 +171,8 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
   RouterScores s;
   if (opt_.softmax_after_topk) {
     s = softmax_after_topk(r.logits, k);
-  } else if (!opt_.fused_kernel || !kernel_has_groups(opt_)) {
+  } else if (!opt_.fused_kernel || !kernel_has_groups(opt_) ||
+             E > kernels::kRouterKernelMaxExperts || k > kernels::kRouterKernelMaxTopK) {
     s = score_and_select(r.logits, selection_bias, k, sigmoid, opt_.normalize_topk, opt_.n_group,
                          opt_.topk_group, opt_.group_score_experts);
   } else {

@@ -76,7 +76,42 @@ double latent_attention_saved(const Config& c, const Shape& s) {
   return b;
 }
 
-double attention_saved(const Config& c, const Shape& s) {
+// Gated DeltaNet (model/gated_deltanet.cpp) as its ATen reference runs (gated_delta_rule.cpp):
+// the projections, the conv's taps, the rule's fp32 copies of q, k, v (keys repeated to every
+// value head) and its per-chunk [64, 64] matrices and states, the gated norm.
+struct LinearShape {
+  double kd, vd, conv, nv, dk, dv, K;
+};
+LinearShape linear_shape(const Config& c) {
+  const auto& m = c.model;
+  LinearShape l{};
+  l.nv = static_cast<double>(m.linear_num_value_heads);
+  l.dk = static_cast<double>(m.linear_key_head_dim);
+  l.dv = static_cast<double>(m.linear_value_head_dim);
+  l.kd = static_cast<double>(m.linear_num_key_heads) * l.dk;
+  l.vd = l.nv * l.dv;
+  l.conv = 2 * l.kd + l.vd;
+  l.K = static_cast<double>(m.linear_conv_kernel_dim);
+  return l;
+}
+
+double linear_attention_saved(const Config& c, const Shape& s) {
+  const LinearShape l = linear_shape(c);
+  const double T = s.T, a = s.a, C = 64;
+  double b = 0;
+  b += 2 * T * s.d * a + T * 4;               // block input + rstd, normalised input
+  b += T * (l.conv + l.vd + 2 * l.nv) * a;    // q|k|v, z, b, a projections
+  b += (l.K + 1) * T * l.conv * a;            // the conv's shifted taps, its pre-SiLU sum
+  b += 4 * T * l.nv * (4 * l.dk + 3 * l.dv);  // fp32 q, k (per value head), normed, v, betas
+  b += 3 * T * C * l.nv * 4;                  // per-chunk decays, K K^T, Q K^T
+  b += 4 * T * l.nv * (2 * l.dk + 2 * l.dv);  // the solves' outputs, decayed q and k, v_new
+  b += 2 * (T / C) * l.nv * l.dk * l.dv * 4;  // each chunk's state, twice
+  b += 3 * T * l.vd * 4 + T * l.vd * a;       // gated norm, out_proj's input
+  return b;
+}
+
+double attention_saved(const Config& c, const Shape& s, int64_t layer) {
+  if (config::linear_attention_layer(c, layer)) return linear_attention_saved(c, s);
   if (latent_attention(c)) return latent_attention_saved(c, s);
   const double T = s.T, a = s.a;
   const bool gqa = s.KV != s.H, rope = c.model.rope_theta > 0;
@@ -84,6 +119,7 @@ double attention_saved(const Config& c, const Shape& s) {
   b += T * s.d * a + T * 4;              // block input (RMSNorm input) + rstd
   b += T * s.d * a;                      // normalised input (qkv projection's input)
   b += T * (s.H + 2 * s.KV) * s.hd * a;  // fused q|k|v projection (q, k, v are views)
+  if (c.model.attention_output_gate) b += 3 * T * s.H * s.hd * a;  // gate rows, sigmoid, product
   if (c.model.qk_norm) b += T * (s.H + s.KV) * s.hd * a + T * (s.H + s.KV) * 4;  // normed q, k
   if (rope) b += 2 * T * (s.H + s.KV) * s.hd * a;  // rotate_half(q|k) and the rotated q|k
   if (gqa) b += 2 * T * s.H * s.hd * a;            // k, v repeated to every query head
@@ -121,9 +157,14 @@ double head_saved(const Shape& s) {
 
 // The largest buffers alive only during one block's backward: the gradients flowing through
 // the widest intermediate (expert rows x f, twice) or the attention's inputs.
-double block_transient(const Config& c, const Shape& s, bool moe_layer) {
+double block_transient(const Config& c, const Shape& s, int64_t layer) {
+  const bool moe_layer = is_moe_layer(c, layer);
   const double ffn =
       moe_layer ? 2 * s.T * s.k * s.f * s.a + 2 * s.T * s.k * s.d * s.a : 2 * s.T * s.fd * s.a;
+  if (config::linear_attention_layer(c, layer)) {  // the fp32 gradients of the rule's inputs
+    const LinearShape l = linear_shape(c);
+    return std::max(ffn, 3 * s.T * l.nv * (l.dk + l.dv) * 4 + 2 * s.T * l.conv * s.a);
+  }
   const double attn = latent_attention(c) ? 3 * s.T * s.H *
                                                 (2 * static_cast<double>(qk_head_dim(c)) +
                                                  static_cast<double>(c.model.v_head_dim)) *
@@ -150,7 +191,7 @@ Walk walk_backward(const Config& c, const Shape& s, bool checkpoint_all,
   std::vector<double> kept(static_cast<size_t>(L)), full(static_cast<size_t>(L));
   double acts = 0, host = 0;
   for (int64_t l = 0; l < L; ++l) {
-    full[l] = attention_saved(c, s) + ffn_saved(c, s, is_moe_layer(c, l));
+    full[l] = attention_saved(c, s, l) + ffn_saved(c, s, is_moe_layer(c, l));
     const bool checkpointed = static_cast<double>(l) < ckpt_layers;
     // A checkpointed block keeps its input only: on the device, or in host memory until its
     // backward copies it back (counted in full[l], the recomputed block's own input).
@@ -197,10 +238,10 @@ Walk walk_backward(const Config& c, const Shape& s, bool checkpoint_all,
   if (!grads_preexist) grads += head_params * grad_bytes_per_param;
   for (int64_t l = L - 1; l >= 0; --l) {
     // A checkpointed block first recomputes its activations.
-    const double live_block = full[l] + block_transient(c, s, is_moe_layer(c, l));
+    const double live_block = full[l] + block_transient(c, s, l);
     const double before = acts - kept[l];
     peak = std::max(peak, before + live_block + grads + s.T * s.d * s.a);
-    w.transient = std::max(w.transient, block_transient(c, s, is_moe_layer(c, l)));
+    w.transient = std::max(w.transient, block_transient(c, s, l));
     acts = before;
     if (!grads_preexist)
       grads += static_cast<double>(config::layer_parameters(c, l)) * grad_bytes_per_param;

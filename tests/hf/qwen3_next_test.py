@@ -16,6 +16,8 @@ partial one.
   - Qwen3.5 as released (Qwen3_5MoeForConditionalGeneration, a vision tower beside the text
     model): import -> eval logits within 1e-5 of transformers, 4 steps -> export-hf writes the
     release's class with every tensor present, the vision tower bitwise as imported;
+  - LoRA on attention and experts, 3 steps -> export-hf --adapter: transformers + PEFT on the
+    source gives our logits within 1e-5;
   - 10 steps of full fine-tuning against transformers training the same model (float64 AdamW
     on moe-train's batches): per-step loss within 1e-5 relative, logits within 1e-5, weights
     within 1e-5 or twice transformers' own float32 distance (see full_fine_tuning_peer below).
@@ -213,6 +215,39 @@ def vision_language(tmp):
     print(f"  the export holds the {len(visual)} vision-tower tensors bitwise as imported")
 
 
+def lora_adapter(tmp, family):
+    """LoRA over the attention layers' q/k/v/o and every MoE layer's experts (the Gated DeltaNet
+    projections have no adapters yet), 3 steps -> export-hf --adapter -> transformers + PEFT on
+    the source model gives moe-train's logits (and not the base's: the adapters count)."""
+    import peft
+    print(f"{family} LoRA -> PEFT adapter:")
+    src = tmp / f"hf-{family}"  # round_trip saved it
+    cfg = tmp / f"lora-{family}.json"
+    cfg.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                             "gate_proj", "up_proj", "down_proj"]},
+        "model": {"seq_len": SEQ, "init_from": str(tmp / f"imported-{family}")},
+        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")},
+        "training": {"device": "cpu", "output_dir": str(tmp / f"run-lora-{family}"), "train_iters": 3,
+                     "eval_interval": 0, "eval_iters": 2}}))
+    run("--config", cfg, "-q")
+    trained = newest_checkpoint(tmp / f"run-lora-{family}")
+    adapter = tmp / f"adapter-{family}"
+    run("export-hf", trained, "--adapter", "--out", adapter)
+    dump = tmp / f"logits-lora-{family}.safetensors"
+    run("eval", "--config", cfg, "--checkpoint", trained, "--dump-logits", dump)
+    d = load_file(dump)
+    tokens = d["tokens"][:, :-1]
+    base = MODELS[family].from_pretrained(src, dtype=torch.float32).eval()
+    with torch.no_grad():
+        plain = base(input_ids=tokens).logits
+        adapted = peft.PeftModel.from_pretrained(base, adapter).eval()(input_ids=tokens).logits
+    diff, effect = (adapted - d["logits"]).abs().max().item(), (plain - d["logits"]).abs().max().item()
+    print(f"  PEFT vs moe-train: max |logit diff| {diff:.1e} (the adapters move the logits by {effect:.1e})")
+    assert diff <= LOGITS_TOL and effect > 100 * LOGITS_TOL, (diff, effect)
+
+
 def full_fine_tuning_peer(tmp, family):
     print(f"{family} full fine-tuning vs transformers:")
     peer_tmp = tmp / f"peer-{family}"
@@ -237,6 +272,8 @@ with tempfile.TemporaryDirectory() as d:
     round_trip(tmp, "qwen3_5_moe_text", sharded=True)
     released_layout(tmp)
     vision_language(tmp)
+    for family in families:
+        lora_adapter(tmp, family)
     for family in families:
         full_fine_tuning_peer(tmp, family)
 print("ok")

@@ -31,6 +31,12 @@ ScoreAndSelectOutput score_and_select(const at::Tensor& logits, const at::Tensor
                                       int64_t n_group = 1, int64_t topk_group = 1,
                                       int64_t group_score_experts = 2);
 
+// What the fused router kernel covers: up to kRouterKernelMaxExperts experts (32 lanes x 8
+// registers) and top-k up to kRouterKernelMaxTopK; larger routers (Qwen3-Next's and
+// Qwen3.5-397B's 512 experts, top-10) take the ATen form.
+inline constexpr int64_t kRouterKernelMaxExperts = 256;
+inline constexpr int64_t kRouterKernelMaxTopK = 8;
+
 namespace detail {  // raw launches (no autograd), exposed for tests and benchmarks
 // poison: fill the outputs with NaN / -1 first, so the tests catch elements never written.
 // The group arguments (as in score_and_select) follow it: existing calls pass poison sixth.
