@@ -151,3 +151,85 @@ TEST(DocumentMask, SharedRotaryTablesFollowEachForward) {
 
 }  // namespace
 }  // namespace moe::model
+
+namespace moe::model {
+namespace {
+
+// Qwen3-Next / Qwen3.5's hybrid (Gated DeltaNet, gated attention, zero-centred norms, a gated
+// shared expert): a window of three packed documents (one crossing the delta rule's 64-token
+// chunk) gives the per-token losses and the parameter gradients of the three documents run
+// alone.
+TEST(DocumentMask, HybridPackedDocumentsMatchTheDocumentsAlone) {
+  nlohmann::json j = {
+      {"train_batch_size", 1},
+      {"model",
+       {{"vocab_size", 50},
+        {"seq_len", 160},
+        {"hidden_size", 32},
+        {"num_layers", 3},
+        {"num_heads", 4},
+        {"num_key_value_heads", 2},
+        {"head_dim", 16},
+        {"rope_theta", 10000.0},
+        {"partial_rotary_factor", 0.25},
+        {"qk_norm", true},
+        {"attention_output_gate", true},
+        {"zero_centered_norm", true},
+        {"layer_types", {"linear_attention", "linear_attention", "full_attention"}},
+        {"linear_num_key_heads", 2},
+        {"linear_num_value_heads", 4},
+        {"linear_key_head_dim", 8},
+        {"linear_value_head_dim", 8},
+        {"tie_embeddings", false}}},
+      {"moe",
+       {{"num_experts", 4},
+        {"top_k", 2},
+        {"expert_hidden_size", 24},
+        {"shared_expert_hidden_size", 16},
+        {"shared_expert_gate", true}}},
+      {"data", {{"train_path", "unused.h5"}, {"reset_attention_at_eod", true}, {"eod_id", kEod}}}};
+  config::Config c = config::from_json(j, "test.json");
+  config::validate(c);
+  torch::manual_seed(4);
+  TransformerLM m(c);
+  m->eval();
+  std::vector<torch::Tensor> docs;
+  for (int64_t n : {20, 70, 41}) {  // each ends with its EOD
+    auto d = torch::randint(0, kEod, {1, n}, torch::kLong);
+    d[0][n - 1] = kEod;
+    docs.push_back(d);
+  }
+  const auto window = torch::cat(docs, 1);  // 131 tokens, 130 predictions
+  auto grads = [&](const torch::Tensor& loss) {
+    for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+    loss.backward();
+    std::vector<torch::Tensor> g;
+    for (auto& p : m->parameters())
+      g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    return g;
+  };
+  const auto packed = per_token_loss(m, window);
+  const auto packed_losses = packed.detach();
+  // The predictions across a boundary (input EOD -> the next document's first token, 19 and 89)
+  // are no document's: left out.
+  const auto packed_grads = grads(packed.narrow(0, 0, 19).sum() + packed.narrow(0, 20, 69).sum() +
+                                  packed.narrow(0, 90, 40).sum());
+  int64_t at = 0;
+  torch::Tensor alone_total;
+  for (const auto& d : docs) {
+    const int64_t n = d.size(1);
+    const auto losses = per_token_loss(m, d);
+    EXPECT_TRUE(torch::allclose(packed_losses.narrow(0, at, n - 1), losses.detach(), 0, 1e-5))
+        << "document at " << at;
+    alone_total = alone_total.defined() ? alone_total + losses.sum() : losses.sum();
+    at += n;
+  }
+  const auto summed = grads(alone_total);
+  const auto names = m->named_parameters();
+  for (size_t i = 0; i < summed.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(packed_grads[i], summed[i], 1e-4, 1e-5)) << names[i].key();
+  }
+}
+
+}  // namespace
+}  // namespace moe::model
