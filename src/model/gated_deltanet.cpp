@@ -13,7 +13,7 @@ namespace moe::model {
 namespace F = torch::nn::functional;
 
 namespace {
-torch::nn::Linear linear(int64_t in, int64_t out) {
+torch::nn::Linear no_bias_linear(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
 }
 }  // namespace
@@ -25,20 +25,20 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const GatedDeltaNetOptions& opt) : opt_(opt
   // named_parameters: dt_bias and A_log (the module's own), then the submodules in this order
   // (parameter_layout.cpp lists it too).
   if (opt.fused_projections) {
-    in_proj_qkvz = register_module("in_proj_qkvz", linear(d, conv + vd));
-    in_proj_ba = register_module("in_proj_ba", linear(d, 2 * nv));
+    in_proj_qkvz = register_module("in_proj_qkvz", no_bias_linear(d, conv + vd));
+    in_proj_ba = register_module("in_proj_ba", no_bias_linear(d, 2 * nv));
   } else {
-    in_proj_qkv = register_module("in_proj_qkv", linear(d, conv));
-    in_proj_z = register_module("in_proj_z", linear(d, vd));
-    in_proj_b = register_module("in_proj_b", linear(d, nv));
-    in_proj_a = register_module("in_proj_a", linear(d, nv));
+    in_proj_qkv = register_module("in_proj_qkv", no_bias_linear(d, conv));
+    in_proj_z = register_module("in_proj_z", no_bias_linear(d, vd));
+    in_proj_b = register_module("in_proj_b", no_bias_linear(d, nv));
+    in_proj_a = register_module("in_proj_a", no_bias_linear(d, nv));
   }
   conv1d = register_module("conv1d", WeightOnly(torch::empty({conv, 1, opt.conv_kernel})));
   dt_bias = register_parameter("dt_bias", torch::ones({nv}));
   // transformers' init: A uniform in [0.01, 16] (so the decay rates span slow to fast).
   A_log = register_parameter("A_log", torch::empty({nv}).uniform_(0.01, 16).log());
   norm = register_module("norm", WeightOnly(torch::ones({opt.value_head_dim})));
-  out_proj = register_module("out_proj", linear(vd, d));
+  out_proj = register_module("out_proj", no_bias_linear(vd, d));
   torch::NoGradGuard no_grad;
   for (auto* l : {&in_proj_qkv, &in_proj_z, &in_proj_b, &in_proj_a, &in_proj_qkvz, &in_proj_ba}) {
     if (*l) (*l)->weight.normal_(0.0, opt.init_std);

@@ -87,7 +87,7 @@ mutate("range_lr_negative.json", put("optimizer.params.lr", -0.001), "optimizer.
 mutate("range_lr_zero.json", put("optimizer.params.lr", 0), "must be > 0")
 mutate("range_beta_one.json", put("optimizer.params.betas", [0.9, 1.0]), "must be in [0, 1)")
 mutate("range_topk.json", put("moe.top_k", 3), "must be <= moe.num_experts")
-mutate("range_topk_nine.json", lambda c: c["moe"].update(num_experts=16, top_k=9), "moe.top_k = 9: must be in [1, 8]")
+mutate("range_topk_over_max.json", lambda c: c["moe"].update(num_experts=128, top_k=65), "moe.top_k = 65: must be in [1, 64]")
 mutate("range_dropout.json", put("model.dropout", 1.0), "model.dropout = 1: must be in [0, 1)")
 mutate("range_heads.json", put("model.num_heads", 3), "must divide model.hidden_size")
 mutate("range_clip.json", put("gradient_clipping", -1), "gradient_clipping = -1")
