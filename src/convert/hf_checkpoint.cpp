@@ -205,19 +205,37 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
 }
 
 namespace {
-// A vision-language release's vision tower, from the file import-hf kept (mapped into
-// `carried` until written), appended to `views`.
+// Where a vision-language release's vision tower is mapped until written: the file import-hf
+// kept beside the checkpoint, or the release itself (a run whose model.init_from named it).
+struct CarriedSource {
+  std::optional<SafetensorsFile> kept;
+  std::optional<HfWeights> release;
+};
+
+// That vision tower, appended to `views`.
 void add_carried_tensors(const families::ModelFamily& family, const std::string& source,
-                         std::optional<SafetensorsFile>& carried,
+                         const std::string& init_from, CarriedSource& carried,
                          std::vector<SafeTensorView>& views) {
   const fs::path file = fs::path(source) / train::kCarriedTensorsFile;
-  if (source.empty() || !fs::is_regular_file(file)) {
-    throw UserError("export-hf: " + file.string() + " is missing: " + family.architecture() +
-                    " needs the vision tower import-hf kept beside the checkpoint");
+  if (!source.empty() && fs::is_regular_file(file)) {
+    carried.kept.emplace(file.string());
+    for (const auto& [name, e] : carried.kept->entries()) {
+      views.push_back({name, e.dtype, e.shape, carried.kept->data(e), e.end - e.begin});
+    }
+    return;
   }
-  carried.emplace(file.string());
-  for (const auto& [name, e] : carried->entries()) {
-    views.push_back({name, e.dtype, e.shape, carried->data(e), e.end - e.begin});
+  const fs::path release = init_from;
+  if (init_from.empty() || !fs::is_regular_file(release / "config.json") ||
+      fs::exists(release / "state.json")) {
+    throw UserError("export-hf: " + file.string() + " is missing: " + family.architecture() +
+                    " needs the vision tower import-hf keeps beside a checkpoint (or the release "
+                    "directory model.init_from named)");
+  }
+  carried.release.emplace(init_from);
+  for (const auto& [name, ref] : carried.release->tensors()) {
+    if (!family.carried_tensor(name)) continue;
+    const SafeTensorEntry& e = *ref.entry;
+    views.push_back({name, e.dtype, e.shape, ref.file->data(e), e.end - e.begin});
   }
 }
 
@@ -304,8 +322,10 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   std::vector<SafeTensorView> views = export_views(model, cfg, family, dt->second, keep);
   // A vision-language release: its vision tower as the imported directory stores it, mapped
   // until written.
-  std::optional<SafetensorsFile> carried;
-  if (family.text_config_key() != nullptr) add_carried_tensors(family, source, carried, views);
+  CarriedSource carried;
+  if (family.text_config_key() != nullptr) {
+    add_carried_tensors(family, source, cfg.model.init_from, carried, views);
+  }
 
   StagedDir out(
       "export-hf", out_dir,

@@ -213,6 +213,16 @@ def vision_language(tmp):
     r = json.loads(run("eval", "--config", cfg, "--checkpoint", trained, "--dump-logits", dump).stdout)
     check("trained 4 steps, exported", dump, exported, r["loss"], EXPORT_TOL)
     print(f"  the export holds the {len(visual)} vision-tower tensors bitwise as imported")
+    # A run that starts from the release directory itself (model.init_from, no import-hf):
+    # the export takes the vision tower from there.
+    run("--config", cfg, "-q", "--set", f"model.init_from={src}", "--set", "training.train_iters=2",
+        "--set", "training.eval_interval=0", "--set", f"training.output_dir={tmp / 'run-vl-direct'}")
+    direct = tmp / "exported-vl-direct"
+    run("export-hf", newest_checkpoint(tmp / "run-vl-direct"), "--out", direct)
+    out = load_file(direct / "model.safetensors")
+    assert all(torch.equal(out[k], v) for k, v in visual.items()), "vision tower from init_from"
+    vl_logits(direct, torch.zeros(1, 4, dtype=torch.long))  # loads with every tensor present
+    print("  from model.init_from = the release: exported with its vision tower")
 
 
 def lora_adapter(tmp, family):
