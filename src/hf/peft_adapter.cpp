@@ -55,8 +55,8 @@ std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg,
                                : Layout::kExpertB});
   };
   for (int64_t i = 0; i < cfg.model.num_layers; ++i) {
-    const std::string hf = std::string(kPrefix) + family.hf_model_prefix() + "layers." +
-                           std::to_string(i) + ".";
+    const std::string hf =
+        std::string(kPrefix) + family.hf_model_prefix() + "layers." + std::to_string(i) + ".";
     const std::string ours = "blocks." + std::to_string(i) + ".";
     // Latent attention (DeepSeek-V2/V3) has q_proj or q_a/q_b, and kv_a/kv_b, no k/v_proj; a
     // Gated DeltaNet layer (Qwen3-Next / Qwen3.5) has no attention projections to adapt.
