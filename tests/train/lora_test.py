@@ -21,7 +21,9 @@ Also: `plan` says Qwen3-30B-A3B and Mixtral-8x7B (published configs, configs/pub
 their latent-attention targets, while DeepSeek-V3 does not and the plan names its two nearest
 options; the config's k_proj / v_proj on an MLA model exit 2 naming lora.target_modules.
 
-With family names (e.g. deepseek_v3 deepseek_v2, the latent-attention families: adapters on
+With family names (e.g. qwen3_next qwen3_5_moe_text, the Gated DeltaNet hybrids: adapters on
+the attention layers' q/k/v/o and the routed experts, none on the linear-attention layers yet;
+deepseek_v3 deepseek_v2, the latent-attention families: adapters on
 q_a_proj / q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj and the routed experts;
 glm4_moe, GLM-4.5 with q/k/v biases, q/k norms, partial rotary and group routing), only those
 families' checks run.
@@ -39,7 +41,8 @@ import transformers
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "hf"))
-from tiny_families import COMMON, FAMILIES, GLM_FAMILIES, MLA_FAMILIES  # noqa: E402
+from tiny_families import (COMMON, FAMILIES, GLM_FAMILIES, HYBRID,  # noqa: E402
+                           HYBRID_FAMILIES, MLA_FAMILIES)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from lora_common import checkpoint, peft_steps, runner  # noqa: E402
@@ -103,11 +106,12 @@ def logits_of(model, tokens):
 
 
 def family_test(tmp, family):
-    cls, extra = {**FAMILIES, **MLA_FAMILIES, **GLM_FAMILIES}[family]
+    cls, extra = {**FAMILIES, **MLA_FAMILIES, **GLM_FAMILIES, **HYBRID_FAMILIES}[family]
+    common = HYBRID if family in HYBRID_FAMILIES else COMMON
     print(f"{family}:")
     torch.manual_seed(11)
     src = tmp / f"hf-{family}"
-    transformers.AutoModelForCausalLM.from_config(cls(**{**COMMON, **extra})).save_pretrained(src)
+    transformers.AutoModelForCausalLM.from_config(cls(**{**common, **extra})).save_pretrained(src)
     base = tmp / f"base-{family}"
     run("import-hf", src, "--out", base)
     out = tmp / f"run-{family}"
