@@ -36,6 +36,27 @@ def compare(what, dump_path, model_dir, eval_loss, logits_tol, loss_rtol):
     assert rel <= loss_rtol, f"{what}: loss differs by {rel} relative"
 
 
+def save_source(model, src, sharded=False):
+    """`model` saved as a source directory: fp32 in one file, or bf16 in 60 KB shards."""
+    if sharded:
+        model.to(torch.bfloat16).save_pretrained(src, max_shard_size="60KB")
+        model.to(torch.float32)
+        assert (src / "model.safetensors.index.json").exists()
+    else:
+        model.save_pretrained(src)
+
+
+def train_and_export(run, cfg, imported, run_dir, exported, steps=10):
+    """`steps` full fine-tuning steps of `cfg` from `imported` (lr 3e-3, 2 warmup steps), its
+    newest checkpoint exported with export-hf to `exported`; returns that checkpoint."""
+    run("--config", cfg, "-q", "--set", f"model.init_from={imported}",
+        "--set", f"training.train_iters={steps}", "--set", "training.eval_interval=0",
+        "--set", "optimizer.params.lr=0.003", "--set", "scheduler.params.warmup_num_steps=2")
+    trained = newest_checkpoint(run_dir)
+    run("export-hf", trained, "--out", exported)
+    return trained
+
+
 def newest_checkpoint(run_dir):
     cks = sorted(p for p in (run_dir / "checkpoints").iterdir() if (p / "state.json").exists())
     return max(cks, key=lambda p: json.loads((p / "state.json").read_text())["step"])

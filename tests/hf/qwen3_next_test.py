@@ -82,24 +82,15 @@ def round_trip(tmp, family, sharded=False):
     print(f"{family} {'bf16 shards' if sharded else 'fp32'}:")
     model = tiny_model(family)
     src = tmp / f"hf-{tag}"
-    if sharded:
-        model.to(torch.bfloat16).save_pretrained(src, max_shard_size="60KB")
-        model.to(torch.float32)
-        assert (src / "model.safetensors.index.json").exists()
-    else:
-        model.save_pretrained(src)
+    hf_parity.save_source(model, src, sharded)
     imported = tmp / f"imported-{tag}"
     run("import-hf", src, "--out", imported)
     cfg = eval_config(tmp, tag)
     dump = tmp / f"logits-{tag}.safetensors"
     r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
     compare("imported", dump, src, r["loss"])
-    run("--config", cfg, "-q", "--set", f"model.init_from={imported}", "--set", "training.train_iters=10",
-        "--set", "training.eval_interval=0", "--set", "optimizer.params.lr=0.003",
-        "--set", "scheduler.params.warmup_num_steps=2")
-    trained = newest_checkpoint(tmp / f"run-{tag}")
     exported = tmp / f"exported-{tag}"
-    run("export-hf", trained, "--out", exported)
+    trained = hf_parity.train_and_export(run, cfg, imported, tmp / f"run-{tag}", exported)
     config = json.loads((exported / "config.json").read_text())
     assert config["architectures"] == [MODELS[family].__name__], config["architectures"]
     assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
@@ -197,12 +188,8 @@ def vision_language(tmp):
 
     r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
     check("imported", dump, src, r["loss"], LOGITS_TOL)
-    run("--config", cfg, "-q", "--set", f"model.init_from={imported}", "--set", "training.train_iters=4",
-        "--set", "training.eval_interval=0", "--set", "optimizer.params.lr=0.003",
-        "--set", "scheduler.params.warmup_num_steps=2")
-    trained = newest_checkpoint(tmp / "run-vl")
     exported = tmp / "exported-vl"
-    run("export-hf", trained, "--out", exported)
+    trained = hf_parity.train_and_export(run, cfg, imported, tmp / "run-vl", exported, steps=4)
     config = json.loads((exported / "config.json").read_text())
     assert config["architectures"] == ["Qwen3_5MoeForConditionalGeneration"], config["architectures"]
     assert config["text_config"]["model_type"] == "qwen3_5_moe_text" and "vision_config" in config
