@@ -25,6 +25,7 @@
 #include "moe/data/token_shard.h"
 #include "moe/data/verify.h"
 #include "moe/env/environment.h"
+#include "moe/generate/generate_command.h"
 #include "moe/hf/hf_files.h"
 #include "moe/kernels/permute.h"  // cuda_kernels_compiled
 #include "moe/parallel/launch_env.h"
@@ -516,21 +517,46 @@ CLI::App* add_prepare_command(CLI::App& app, data::PrepareOptions& prep) {
 }
 
 // generate: its options, into `gen`.
-CLI::App* add_generate_command(CLI::App& app, train::GenerateOptions& gen) {
-  auto* gn = app.add_subcommand("generate", "Continue a prompt with a trained (byte-level) model");
-  gn->add_option("--checkpoint", gen.checkpoint_dir, "Checkpoint directory")->required();
-  gn->add_option("--prompt", gen.prompt, "Text to continue")->required();
-  gn->add_option("-n,--max-new-tokens", gen.max_new_tokens, "Tokens to generate")
+CLI::App* add_generate_command(CLI::App& app, generate::GenerateOptions& gen) {
+  auto* gn = app.add_subcommand(
+      "generate", "Continue prompts or chats with a checkpoint, its tokenizer and chat template");
+  gn->add_option("--checkpoint", gen.checkpoint,
+                 "Checkpoint directory (full, LoRA, 4-bit base) or a Hugging Face model directory")
+      ->required();
+  gn->add_option("--prompt", gen.prompt, "Text to continue (printed with its continuation)");
+  gn->add_option("--prompt-file", gen.prompt_file, "A file whose whole text is the prompt");
+  gn->add_option("--input", gen.input,
+                 "JSONL requests, one a line: {\"prompt\": TEXT} or {\"messages\": [...]} "
+                 "(chat template applied), optional \"id\" and \"max_new_tokens\"; writes JSONL");
+  gn->add_option("-o,--output", gen.output, "Write the JSONL here (whole or not at all)");
+  gn->add_flag("--jsonl", gen.jsonl, "--prompt / --prompt-file: JSONL output, not text");
+  gn->add_option("-n,--max-new-tokens", gen.max_new_tokens,
+                 "Tokens to generate (default: generation_config.json's, else 256)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   gn->add_option("--temperature", gen.temperature, "Sampling temperature; 0 = greedy")
       ->check(CLI::Range(0.0, 100.0));
-  gn->add_option("--top-k", gen.top_k, "Sample from the k most likely tokens; 0 = all")
+  gn->add_option("--top-k", gen.top_k, "Keep the k most likely tokens; 0 = all")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+  gn->add_option("--top-p", gen.top_p, "Keep the most likely tokens up to this probability mass")
+      ->check(CLI::Range(0.0, 1.0));
+  gn->add_option("--min-p", gen.min_p, "Drop tokens below min-p times the top probability")
+      ->check(CLI::Range(0.0, 1.0));
+  gn->add_option("--repetition-penalty", gen.repetition_penalty,
+                 "Divide (multiply when negative) the logits of tokens seen so far")
+      ->check(CLI::Range(0.01, 100.0));
   gn->add_flag_callback(
-      "--greedy", [&gen] { gen.temperature = 0.0; }, "Always take the most likely token");
+      "--greedy", [&gen] { gen.do_sample = false; }, "Always take the most likely token");
+  gn->add_flag_callback(
+      "--sample", [&gen] { gen.do_sample = true; }, "Sample (default: generation_config.json's)");
   gn->add_option("--seed", gen.seed, "Sampling seed");
+  gn->add_option("--stop", gen.stop, "End a row at this text (repeatable); not in the output");
+  gn->add_option("--chat-template", gen.chat_template, "A .jinja chat template to use instead");
+  gn->add_option("--batch-size", gen.batch_size, "Requests generated together (left-padded)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   gn->add_option("--device", gen.device, "auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  gn->add_option("--scores-out", gen.scores_out,
+                 "Safetensors file of the first batch's processed scores per step [steps, B, V]");
   return gn;
 }
 
@@ -563,11 +589,7 @@ std::pair<CLI::App*, CLI::App*> add_hf_commands(CLI::App& app, ImportArgs& imp, 
   return {ih, eh};
 }
 
-int cmd_generate(const train::GenerateOptions& g) {
-  std::string text = train::generate_text(g);
-  std::printf("%s%s\n", g.prompt.c_str(), text.c_str());
-  return kExitOk;
-}
+int cmd_generate(const generate::GenerateOptions& g) { return generate::run_generate(g); }
 
 // `moe-train [train] --config F ...` and `moe-train config show`.
 std::pair<CLI::App*, CLI::App*> add_train_commands(CLI::App& app, TrainArgs& a) {
@@ -688,7 +710,7 @@ int run_cli(int argc, char** argv) {
   ExportArgs exp;
   auto [ih, eh] = add_hf_commands(app, imp, exp);
 
-  train::GenerateOptions gen;
+  generate::GenerateOptions gen;
   auto* gn = add_generate_command(app, gen);
 
   EnvArgs env_args;

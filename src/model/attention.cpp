@@ -223,12 +223,15 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
     }
     if (rd < hd) q = torch::cat({q, q_pass}, -1), k = torch::cat({k, k_pass}, -1);
   }
+  const AttendedKeys keys = attend(k, v);
+  k = keys.k, v = keys.v;
   if (KV != H) {  // each key/value head serves H / KV query heads
     k = k.repeat_interleave(H / KV, 1);
     v = v.repeat_interleave(H / KV, 1);
   }
   const double p = is_training() ? opt_.dropout : 0.0;
-  const AttentionMasking masking{doc_mask_, opt_.window, sinks};
+  AttentionMasking masking{doc_mask_, opt_.window, sinks};
+  masking.cached = keys.mask;
   // Sinks on the CPU (or moe.kernels = reference): transformers' eager attention, exactly;
   // elsewhere SDPA, which never forms the [B, H, S, S] scores (attention_core.h).
   auto y = sinks.defined() && !(opt_.fused_attention && q.is_cuda())
@@ -238,6 +241,11 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   if (gate.defined()) heads = heads * torch::sigmoid(gate);
   const auto base = out_4bit ? linear_4bit(heads, out_4bit, out->bias) : out->forward(heads);
   return lora_o ? base + lora_o->forward(heads) : base;
+}
+
+AttendedKeys CausalSelfAttentionImpl::attend(const torch::Tensor& k, const torch::Tensor& v) {
+  if (cache_ == nullptr) return {k, v, {}};
+  return attend_cached(*cache_, *step_, k, v, opt_.window);
 }
 
 DocumentLayout document_layout(const torch::Tensor& tokens, int64_t eod) {
@@ -283,6 +291,9 @@ class AttentionMixer final : public TokenMixer {
     attn_->share_rotary_tables(std::move(cache));
   }
   void merge_lora() override { attn_->merge_lora(); }
+  void set_decode(const DecodeStep* step, LayerCache* cache) override {
+    attn_->set_decode(step, cache);
+  }
 
  private:
   CausalSelfAttention attn_;

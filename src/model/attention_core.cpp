@@ -18,10 +18,10 @@ torch::Tensor attention_mask(int64_t S, const AttentionMasking& m, const torch::
 
 torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v, const AttentionMasking& m, double p) {
-  const int64_t B = q.size(0), H = q.size(1), S = q.size(2);
+  const int64_t B = q.size(0), H = q.size(1), S = q.size(2), T = k.size(2);
   const double scale = m.scale > 0 ? m.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   auto scores = torch::matmul(q, k.transpose(2, 3)) * scale;
-  auto mask = attention_mask(S, m, q.device());
+  auto mask = m.cached.defined() ? m.cached : attention_mask(S, m, q.device());
   if (!mask.defined()) {
     mask = torch::ones({S, S}, q.options().dtype(torch::kBool)).tril();
   }
@@ -32,7 +32,7 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
     const auto sinks = m.sinks.reshape({1, H, 1, 1}).expand({B, H, S, 1}).to(scores.scalar_type());
     auto combined = torch::cat({scores, sinks}, -1);
     combined = combined - std::get<0>(combined.max(-1, /*keepdim=*/true));
-    probs = torch::softmax(combined, -1, combined.scalar_type()).narrow(-1, 0, S);
+    probs = torch::softmax(combined, -1, combined.scalar_type()).narrow(-1, 0, T);
   } else {
     probs = torch::softmax(scores, -1, scores.scalar_type());
   }
@@ -43,6 +43,13 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
 torch::Tensor attention_sdpa(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const AttentionMasking& m, double p) {
   const int64_t S = q.size(2), hd = q.size(3);
+  if (m.cached.defined()) {
+    // Generation's few queries over the cache: sinks take the eager form (the extra-key trick
+    // below needs a square mask).
+    if (m.sinks.defined()) return attention_reference(q, k, v, m, p);
+    const std::optional<double> given = m.scale > 0 ? std::optional<double>(m.scale) : std::nullopt;
+    return at::scaled_dot_product_attention(q, k, v, m.cached, p, false, given);
+  }
   if (!m.sinks.defined()) {
     const auto mask = attention_mask(S, m, q.device());
     // The default scale unless one is given (latent attention's YaRN mscale).

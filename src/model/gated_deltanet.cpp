@@ -69,8 +69,11 @@ GatedDeltaNetImpl::Projected GatedDeltaNetImpl::project(const torch::Tensor& x) 
 torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), S = x.size(1), nk = opt_.key_heads, nv = opt_.value_heads;
   const int64_t dk = opt_.key_head_dim, dv = opt_.value_head_dim, kd = nk * dk;
-  const auto p = project(x);
-  const auto mixed = causal_conv1d_silu(p.qkv, conv1d->weight, positions_);
+  // Generation: padding slots enter as zeros, which leave the conv and the state at zero
+  // (transformers' apply_mask_to_padding_states), so a left-padded row runs as if alone.
+  const auto p =
+      project(cache_ ? x * step_->valid.narrow(1, step_->past, S).unsqueeze(-1).to(x.dtype()) : x);
+  const auto mixed = convolve(p.qkv);
   const auto qkv = mixed.split_with_sizes({kd, kd, nv * dv}, -1);
   DeltaRuleInputs in;
   in.q = qkv[0].reshape({B, S, nk, dk});
@@ -79,9 +82,31 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x) {
   in.beta = torch::sigmoid(p.b);
   in.g = -A_log.to(torch::kFloat).exp() * F::softplus(p.a.to(torch::kFloat) + dt_bias);
   in.positions = positions_;
-  const auto core = chunk_gated_delta_rule(in).o;  // [B, S, nv, dv]
+  const auto core = delta_rule(in);  // [B, S, nv, dv]
   const auto normed = gated_rms_norm(core, p.z, norm->weight, opt_.norm_eps);
   return out_proj->forward(normed.reshape({B, S, nv * dv}));
+}
+
+torch::Tensor GatedDeltaNetImpl::convolve(const torch::Tensor& qkv) {
+  if (cache_ == nullptr) return causal_conv1d_silu(qkv, conv1d->weight, positions_);
+  const int64_t S = qkv.size(1), K = opt_.conv_kernel;
+  const auto before = cache_->conv.defined()
+                          ? cache_->conv
+                          : torch::zeros({qkv.size(0), K - 1, qkv.size(2)}, qkv.options());
+  const auto joined = torch::cat({before, qkv}, 1);
+  cache_->conv = joined.narrow(1, joined.size(1) - (K - 1), K - 1);
+  return causal_conv1d_silu(joined, conv1d->weight).narrow(1, K - 1, S);
+}
+
+torch::Tensor GatedDeltaNetImpl::delta_rule(const DeltaRuleInputs& in) {
+  if (cache_ == nullptr) return chunk_gated_delta_rule(in).o;
+  // A prefill runs chunked from zeros; what follows a cached state steps the recurrence (one
+  // token at a time, as transformers does; the chunked form here starts from zeros only).
+  DeltaRuleOutput out = cache_->recurrent.defined()
+                            ? recurrent_gated_delta_rule(in, cache_->recurrent)
+                            : chunk_gated_delta_rule(in);
+  cache_->recurrent = out.final_state;
+  return out.o;
 }
 
 torch::Tensor gated_rms_norm(const torch::Tensor& x, const torch::Tensor& gate,
@@ -104,6 +129,9 @@ class GatedDeltaNetMixer final : public TokenMixer {
   }
   void share_rotary_tables(std::shared_ptr<RotaryTableCache>) override {}  // no positions
   void merge_lora() override {}  // no adapters on the linear-attention projections yet
+  void set_decode(const DecodeStep* step, LayerCache* cache) override {
+    net_->set_decode(step, cache);
+  }
 
  private:
   GatedDeltaNet net_;

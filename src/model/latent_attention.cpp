@@ -104,13 +104,16 @@ torch::Tensor CausalSelfAttentionImpl::forward_latent(const torch::Tensor& x) {
   q_rot = rotate(q_rot, cos, sin);
   k_rot = rotate(k_rot, cos, sin);
   const auto q_full = torch::cat({q_parts[0], q_rot}, -1);
-  const auto k_full = torch::cat({k_and_v[0], k_rot.expand({B, H, S, rope})}, -1);
+  // Generation caches the expanded per-head keys and values (as transformers' DynamicCache).
+  const AttendedKeys keys =
+      attend(torch::cat({k_and_v[0], k_rot.expand({B, H, S, rope})}, -1), k_and_v[1]);
   const double p = is_training() ? opt_.dropout : 0.0;
   AttentionMasking masking{doc_mask_, opt_.window, {}};
   masking.scale = opt_.softmax_scale;
+  masking.cached = keys.mask;
   // SDPA everywhere (attention_core.h): on CUDA the q/k and v widths differ, which torch's
   // memory-efficient kernel takes (memory linear in S); the CPU runs its math form.
-  const auto y = attention_sdpa(q_full, k_full, k_and_v[1], masking, p);  // [B, H, S, v]
+  const auto y = attention_sdpa(q_full, keys.k, keys.v, masking, p);  // [B, H, S, v]
   const auto heads = y.transpose(1, 2).reshape({B, S, H * vd});
   return project(out, out_4bit, lora_o, heads);
 }

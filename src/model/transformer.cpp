@@ -267,6 +267,27 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens, bool logits) {
   return out;
 }
 
+torch::Tensor TransformerLMImpl::decode(const torch::Tensor& tokens, const DecodeStep& step,
+                                        std::vector<LayerCache>& caches) {
+  caches.resize(blocks.size());
+  // The blocks forget the step however this ends (an error leaves no block pointing at it).
+  struct Detach {
+    std::vector<Block>& blocks;
+    ~Detach() {
+      for (auto& b : blocks) b->set_decode(nullptr, nullptr);
+    }
+  } detach{blocks};
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i]->set_decode(&step, &caches[i]);
+  auto x = embed->forward(tokens);
+  if (pos_embed) x = x + pos_embed->forward(step.positions);
+  if (x.scalar_type() != torch::kFloat) x = x.to(torch::kFloat);
+  for (auto& b : blocks) x = b->forward(x).x;
+  // Only the last position is sampled from: the head runs on it alone.
+  x = final_norm->forward(x.narrow(1, x.size(1) - 1, 1));
+  const auto logits = lm_head ? lm_head->forward(x) : F::linear(x, embed->weight);
+  return logits.squeeze(1).to(torch::kFloat);
+}
+
 void TransformerLMImpl::after_optimizer_step(const std::vector<torch::Tensor>& tokens_per_expert) {
   size_t next = 0;  // tokens_per_expert holds MoE layers only
   for (auto& block : blocks) {

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moe/tokenizers/hf_decoder.h"
 #include "moe/tokenizers/utf8.h"
 #include "moe/util/errors.h"
 #include "moe/util/json_nesting.h"
@@ -21,17 +22,6 @@ namespace {
 
 using nlohmann::json;
 using Refuse = std::function<void(const std::string&)>;
-
-// GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to 256 + n, as UTF-8.
-std::array<std::string, 256> byte_to_unicode() {
-  std::array<std::string, 256> out;
-  uint32_t n = 0;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    utf8::append(out[b], printable ? b : 256 + n++);
-  }
-  return out;
-}
 
 uint64_t pair_key(int64_t a, int64_t b) {
   return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b);
@@ -297,10 +287,12 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
     normalizer_ = HfNormalizer(j.value("normalizer", json()), refuse);
     pre_tokenizer_ = HfPreTokenizer(j.value("pre_tokenizer", json()), refuse, path);
     special_ = read_post_processor(j.value("post_processor", json()), refuse);
+    decoder_ = HfDecoder(j.value("decoder", json()));
     for (const AddedToken& t : read_added_tokens(j.value("added_tokens", json::array()), refuse)) {
       (t.normalized && !normalizer_.empty() ? normalized_added_ : raw_added_)
           .push_back({t.content, t.id});
       vocab_size_ = std::max(vocab_size_, t.id + 1);
+      name_id(t.content, t.id, t.special);
       if (!t.special) continue;
       special_texts_.push_back(t.content);
       if (eos_ < 0 && is_eos_text(t.content)) eos_ = t.id;
@@ -310,8 +302,33 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
   }
   sort_longest_first(raw_added_, raw_added_first_);
   sort_longest_first(normalized_added_, normalized_added_first_);
-  for (const auto& [t, id] : vocab_) vocab_size_ = std::max(vocab_size_, id + 1);
-  bytes_ = byte_to_unicode();
+  for (const auto& [t, id] : vocab_) {
+    vocab_size_ = std::max(vocab_size_, id + 1);
+    if (static_cast<size_t>(id) >= id_tokens_.size() || id_tokens_[id].empty())
+      name_id(t, id, false);
+  }
+  bytes_ = gpt2_byte_to_unicode();
+}
+
+void HfBpeTokenizer::name_id(const std::string& token, int64_t id, bool special) {
+  if (static_cast<size_t>(id) >= id_tokens_.size()) {
+    id_tokens_.resize(id + 1);
+    special_ids_.resize(id + 1, false);
+  }
+  id_tokens_[id] = token;
+  special_ids_[id] = special_ids_[id] || special;
+}
+
+std::string HfBpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special) const {
+  if (!decoder_.unsupported().empty())
+    throw UserError("tokenizer: " + path_ + ": cannot decode: " + decoder_.unsupported());
+  std::vector<std::string> tokens;
+  for (int64_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= id_tokens_.size()) continue;  // as tokenizers
+    if (skip_special && special_ids_[id]) continue;
+    tokens.push_back(id_tokens_[id]);
+  }
+  return decoder_.decode(std::move(tokens));
 }
 
 std::string HfBpeTokenizer::name() const {

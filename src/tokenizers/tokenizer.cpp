@@ -20,6 +20,14 @@ class ByteTokenizer : public Tokenizer {
     out.reserve(out.size() + text.size());
     for (unsigned char c : text) out.push_back(c);
   }
+  std::string decode(const std::vector<int64_t>& ids, bool) const override {
+    std::string out;
+    for (int64_t id : ids) {
+      if (id >= 0 && id < 256) out.push_back(static_cast<char>(id));
+    }
+    replace_invalid_utf8(out);
+    return out;
+  }
 };
 
 class SentencePieceTokenizer : public Tokenizer {
@@ -42,6 +50,19 @@ class SentencePieceTokenizer : public Tokenizer {
     auto status = sp_.Encode(absl::string_view(text.data(), text.size()), &ids);
     if (!status.ok()) throw UserError("tokenizer: " + path_ + ": " + status.ToString());
     out.insert(out.end(), ids.begin(), ids.end());
+  }
+  std::string decode(const std::vector<int64_t>& ids, bool skip_special) const override {
+    std::vector<int> kept;
+    for (int64_t id : ids) {
+      if (id < 0 || id >= sp_.GetPieceSize()) continue;
+      const int i = static_cast<int>(id);
+      if (skip_special && (sp_.IsControl(i) || sp_.IsUnknown(i))) continue;
+      kept.push_back(i);
+    }
+    std::string text;
+    auto status = sp_.Decode(kept, &text);
+    if (!status.ok()) throw UserError("tokenizer: " + path_ + ": " + status.ToString());
+    return text;
   }
 
  private:

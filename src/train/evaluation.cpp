@@ -79,37 +79,6 @@ EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardIn
   return r;
 }
 
-std::vector<int64_t> generate(model::TransformerLM& model, const std::vector<int64_t>& prompt,
-                              int64_t seq_len, const SamplingOptions& opt,
-                              const torch::Device& device) {
-  torch::NoGradGuard no_grad;
-  model::BaseDtypeAutocast autocast(model);
-  model->eval();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
-  std::vector<int64_t> tokens = prompt;
-  for (int64_t i = 0; i < opt.max_new_tokens; ++i) {
-    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - seq_len);
-    auto ctx =
-        torch::tensor(std::vector<int64_t>(tokens.begin() + start, tokens.end()), torch::kLong)
-            .view({1, -1})
-            .to(device);
-    auto logits = model->forward(ctx).logits[0][-1].to(torch::kFloat).to(torch::kCPU);
-    int64_t next;
-    if (opt.temperature <= 0) {
-      next = logits.argmax().item<int64_t>();
-    } else {
-      logits = logits / opt.temperature;
-      if (opt.top_k > 0 && opt.top_k < logits.size(0)) {
-        auto kth = std::get<0>(logits.topk(opt.top_k)).min();
-        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
-      }
-      next = torch::multinomial(torch::softmax(logits, -1), 1, false, gen).item<int64_t>();
-    }
-    tokens.push_back(next);
-  }
-  return std::vector<int64_t>(tokens.begin() + static_cast<int64_t>(prompt.size()), tokens.end());
-}
-
 EvalResult evaluate_dataset(model::TransformerLM& model, const data::DatasetShards& shards,
                             const config::Config& cfg, const torch::Device& device,
                             EvalDump* dump) {

@@ -95,45 +95,6 @@ json eval_checkpoint(const EvalRequest& req) {
   return out;
 }
 
-std::string generate_text(const GenerateOptions& opt) {
-  const StateFile state = read_state_file(opt.checkpoint_dir);
-  if (state.status == StateFile::Status::kMissing)
-    throw UserError("generate: " + opt.checkpoint_dir + ": no state.json (not a checkpoint)");
-  if (state.status != StateFile::Status::kOk || !state.json.contains("config")) {
-    throw UserError("generate: " + opt.checkpoint_dir + "/state.json: damaged");
-  }
-  config::Config cfg = config::from_json(state.json["config"], opt.checkpoint_dir + "/state.json");
-  // Imported checkpoints (import-hf) name no data; generation needs none.
-  if (cfg.data.path.empty() && cfg.data.train_path.empty() && cfg.data.blend.empty())
-    cfg.data.path = "-";
-  cfg.training.device =
-      config::parse_choice<config::TrainingDevice>(opt.device, "training.device", cfg.source_file);
-  config::validate(cfg);
-  std::vector<int64_t> prompt;
-  for (unsigned char c : opt.prompt) {
-    if (c >= cfg.model.vocab_size) {
-      throw UserError("generate: prompt byte " + std::to_string(c) + " is outside the model's " +
-                      std::to_string(cfg.model.vocab_size) + "-token vocabulary");
-    }
-    prompt.push_back(c);
-  }
-  if (prompt.empty()) throw UserError("generate: --prompt must not be empty");
-  const torch::Device device = pick_device(cfg);
-  model::TransformerLM model(cfg, device);
-  load_checkpoint(opt.checkpoint_dir, model, nullptr);
-  model->to(device);
-  SamplingOptions s;
-  s.max_new_tokens = opt.max_new_tokens;
-  s.temperature = opt.temperature;
-  s.top_k = opt.top_k;
-  s.seed = opt.seed;
-  std::string out;
-  for (int64_t t : generate(model, prompt, cfg.model.seq_len, s, device)) {
-    out.push_back(static_cast<char>(t < 256 ? t : '?'));  // byte-level vocabularies
-  }
-  return out;
-}
-
 json describe_checkpoint(const std::string& dir) {
   json out;
   for (const char* name : {"model", "optimizer"}) {

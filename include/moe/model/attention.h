@@ -15,6 +15,7 @@
 #include "moe/config/lora.h"
 #include "moe/layers/frozen_4bit.h"
 #include "moe/layers/lora.h"
+#include "moe/model/decode_cache.h"
 #include "moe/model/rms_norm.h"
 
 namespace moe::model {
@@ -91,6 +92,15 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
     positions_ = positions;
     rotary_->clear();
   }
+  // Generation (model/decode_cache.h): the following forwards take `step`'s new tokens, attend
+  // over `cache` and append to it. Null: the ordinary forward.
+  void set_decode(const DecodeStep* step, LayerCache* cache) {
+    step_ = step;
+    cache_ = cache;
+    doc_mask_ = torch::Tensor();
+    positions_ = step ? step->positions : torch::Tensor();
+    rotary_->clear();
+  }
   // Use `cache` for the rotary tables (a model shares one among its layers).
   void share_rotary_tables(std::shared_ptr<RotaryTableCache> cache) { rotary_ = std::move(cache); }
   const RotaryTableCache& rotary_table_cache() const { return *rotary_; }
@@ -120,8 +130,13 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   void build_latent();
   torch::Tensor forward_latent(const torch::Tensor& x);
   void merge_latent_lora();
+  // This forward's keys and values joined to the cache and the mask over them (generation), or
+  // k and v as they are with the ordinary masks.
+  AttendedKeys attend(const torch::Tensor& k, const torch::Tensor& v);
   AttentionOptions opt_;
   torch::Tensor doc_mask_, positions_;
+  const DecodeStep* step_ = nullptr;
+  LayerCache* cache_ = nullptr;
   std::shared_ptr<RotaryTableCache> rotary_ = std::make_shared<RotaryTableCache>();
 };
 

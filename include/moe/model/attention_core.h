@@ -18,11 +18,14 @@ struct AttentionMasking {
   int64_t window = 0;       // > 0: a query sees the last `window` positions, itself included
   torch::Tensor sinks;      // [H] learned logits joined to each head's softmax, or {}
   double scale = 0;         // > 0: the softmax scale in place of 1 / sqrt(q's head width)
+  // Generation with a cache (model/decode_cache.h): [B, 1, S, T] bool over the cached keys, in
+  // place of the causal, document and window masks above.
+  torch::Tensor cached = torch::Tensor();
 };
 
-// q and k [B, H, S, hd], v [B, H, S, hv] (key/value heads already repeated), scale 1/sqrt(hd)
-// unless m.scale says otherwise. Returns [B, H, S, hv]. Dropout p on the attention probabilities
-// where p > 0.
+// q [B, H, S, hd], k [B, H, T, hd], v [B, H, T, hv] (key/value heads already repeated; T = S
+// unless m.cached is given), scale 1/sqrt(hd) unless m.scale says otherwise. Returns [B, H, S, hv].
+// Dropout p on the attention probabilities where p > 0.
 torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v, const AttentionMasking& m, double p);
 torch::Tensor attention_sdpa(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

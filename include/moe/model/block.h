@@ -41,6 +41,8 @@ class BlockImpl : public torch::nn::Module {
     mixer_->share_rotary_tables(std::move(cache));
   }
   void merge_lora();  // every adapter of the block folded into its base weight
+  // Generation: the following forwards run `step` against the layer's `cache` (null: ordinary).
+  void set_decode(const DecodeStep* step, LayerCache* cache) { mixer_->set_decode(step, cache); }
 
   // The kinds' modules, by the names their parameters carry (blocks.N.attn., .linear_attn.,
   // .moe., .mlp.):

@@ -12,6 +12,7 @@
 
 #include "moe/config/config.h"
 #include "moe/layers/lora.h"
+#include "moe/model/decode_cache.h"
 #include "moe/model/layer_spec.h"
 #include "moe/moe/moe_layer.h"
 
@@ -29,6 +30,9 @@ class TokenMixer {
   virtual void set_documents(const torch::Tensor& mask, const torch::Tensor& positions) = 0;
   virtual void share_rotary_tables(std::shared_ptr<RotaryTableCache> cache) = 0;
   virtual void merge_lora() = 0;
+  // Generation (model/decode_cache.h): the following forwards run `step` against `cache` and
+  // update it; null for both: the ordinary forward.
+  virtual void set_decode(const DecodeStep* step, LayerCache* cache) = 0;
 };
 
 class FeedForward {

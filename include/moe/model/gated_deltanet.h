@@ -10,6 +10,9 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
+#include "moe/model/decode_cache.h"
+#include "moe/model/gated_delta_rule.h"
+
 namespace moe::model {
 
 // A module holding one tensor named "weight": the conv1d's and the gated norm's, so that their
@@ -38,6 +41,13 @@ class GatedDeltaNetImpl : public torch::nn::Module {
   // positions [B, S] restarting at 0 per document (attention's document layout); undefined:
   // one sequence.
   void set_documents(const torch::Tensor& positions) { positions_ = positions; }
+  // Generation (model/decode_cache.h): the following forwards continue from `cache`'s conv and
+  // recurrent states and leave theirs there; null: the ordinary forward.
+  void set_decode(const DecodeStep* step, LayerCache* cache) {
+    step_ = step;
+    cache_ = cache;
+    positions_ = torch::Tensor();
+  }
 
   // Qwen3.5's split projections, or Qwen3-Next's fused ones (the others stay null).
   torch::nn::Linear in_proj_qkv{nullptr}, in_proj_z{nullptr}, in_proj_b{nullptr},
@@ -53,8 +63,15 @@ class GatedDeltaNetImpl : public torch::nn::Module {
     torch::Tensor qkv, z, b, a;  // [B, S, 2 kd + vd], [B, S, Hv, dv], [B, S, Hv] x2
   };
   Projected project(const torch::Tensor& x);
+  // The conv1d + SiLU over qkv [B, S, C] continuing from the cached inputs (generation), or
+  // alone with the document resets.
+  torch::Tensor convolve(const torch::Tensor& qkv);
+  // The delta rule from the cached state (generation), or from zeros.
+  torch::Tensor delta_rule(const DeltaRuleInputs& in);
   GatedDeltaNetOptions opt_;
   torch::Tensor positions_;
+  const DecodeStep* step_ = nullptr;
+  LayerCache* cache_ = nullptr;
 };
 TORCH_MODULE(GatedDeltaNet);
 

@@ -42,6 +42,10 @@ class TransformerLMImpl : public torch::nn::Module {
   // tokens [B, S] int64. logits = false stops at the head's input (out.hidden), for a loss that
   // applies the head itself (train/chunked_lm_loss.h).
   LmOutput forward(const torch::Tensor& tokens, bool logits = true);
+  // Generation (model/decode_cache.h): `tokens` [B, S] run as `step` against `caches` (one per
+  // block; empty ones fill on the first step) -> the logits of each row's last token [B, V].
+  torch::Tensor decode(const torch::Tensor& tokens, const DecodeStep& step,
+                       std::vector<LayerCache>& caches);
   // The head's weight [V, d]: lm_head's, or the embedding's when tied.
   torch::Tensor head_weight() const;
 

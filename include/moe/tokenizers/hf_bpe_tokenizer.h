@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "moe/tokenizers/hf_decoder.h"
 #include "moe/tokenizers/hf_normalizer.h"
 #include "moe/tokenizers/hf_pre_tokenizer.h"
 #include "moe/tokenizers/tokenizer.h"
@@ -31,6 +32,7 @@ class HfBpeTokenizer : public Tokenizer {
   void encode(std::string_view text, std::vector<uint32_t>& out) const override;
   SpecialTokens special_tokens() const override { return special_; }
   std::vector<std::string> special_token_texts() const override { return special_texts_; }
+  std::string decode(const std::vector<int64_t>& ids, bool skip_special) const override;
 
  private:
   struct Added {
@@ -46,6 +48,7 @@ class HfBpeTokenizer : public Tokenizer {
   void bpe(const std::string& piece, std::vector<uint32_t>& out) const;
   std::vector<uint32_t> merge_word(const std::string& mapped) const;
   int64_t symbol_id(std::string_view symbol) const;  // -1 when not in the vocabulary
+  void name_id(const std::string& token, int64_t id, bool special);  // for decode
 
   // Pieces already merged, shared by every document and thread (as `tokenizers`' BPE cache):
   // sharded so that threads rarely wait on one another's lock.
@@ -75,6 +78,9 @@ class HfBpeTokenizer : public Tokenizer {
   SpecialTokens special_;
   std::vector<std::string> special_texts_;
   int64_t vocab_size_ = 0, eos_ = -1;
+  std::vector<std::string> id_tokens_;  // id -> its vocabulary string (added tokens' content)
+  std::vector<bool> special_ids_;       // id -> an added token marked special
+  HfDecoder decoder_;
 };
 
 }  // namespace moe::tokenizers

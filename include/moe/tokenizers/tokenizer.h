@@ -58,6 +58,10 @@ class Tokenizer {
   virtual SpecialTokens special_tokens() const { return {}; }
   // The texts of its special tokens (for SFT masks: a chat turn ends at one).
   virtual std::vector<std::string> special_token_texts() const { return {}; }
+  // The text of `ids` as the Hugging Face / SentencePiece decode writes it, special tokens left
+  // out when `skip_special`; invalid UTF-8 (a character cut between ids) as U+FFFD. UserError
+  // when the tokenizer cannot decode (a decoder it does not know), naming it.
+  virtual std::string decode(const std::vector<int64_t>& ids, bool skip_special) const = 0;
 };
 
 // kind: "byte" | "sentencepiece" | "hf" (model_path: the .model or tokenizer.json file).

@@ -39,16 +39,4 @@ EvalResult evaluate_dataset(model::TransformerLM& model, const data::DatasetShar
                             const config::Config& cfg, const torch::Device& device,
                             EvalDump* dump = nullptr);
 
-struct SamplingOptions {
-  int64_t max_new_tokens = 200;
-  double temperature = 1.0;  // 0 = greedy
-  int64_t top_k = 0;         // 0 = all
-  uint64_t seed = 1;
-};
-
-// Continues `prompt` token by token (context: the last seq_len tokens).
-std::vector<int64_t> generate(model::TransformerLM& model, const std::vector<int64_t>& prompt,
-                              int64_t seq_len, const SamplingOptions& opt,
-                              const torch::Device& device);
-
 }  // namespace moe::train

@@ -1,4 +1,4 @@
-// `moe-train eval`, `moe-train generate` and `moe-train checkpoint info`, with LibTorch kept
+// `moe-train eval` and `moe-train checkpoint info`, with LibTorch kept
 // behind this header so the CLI stays a light translation unit.
 #pragma once
 
@@ -24,19 +24,6 @@ struct EvalRequest {
 // the checkpoint's: model/moe keys the config leaves out are taken from it; a contradicting
 // one is refused naming the key.
 nlohmann::json eval_checkpoint(const EvalRequest& req);
-
-struct GenerateOptions {
-  std::string checkpoint_dir;
-  std::string prompt;
-  int64_t max_new_tokens = 200;
-  double temperature = 0.8;  // 0 = greedy
-  int64_t top_k = 0;
-  uint64_t seed = 1;
-  std::string device = "auto";
-};
-
-// Byte-level text in, text out (the config is the one stored in the checkpoint).
-std::string generate_text(const GenerateOptions& opt);
 
 // The tensors of a checkpoint's safetensors files: {"model": {name: {"dtype", "shape"}}, ...}.
 nlohmann::json describe_checkpoint(const std::string& dir);

@@ -1,0 +1,184 @@
+"""`moe-train generate` against transformers' generate, family by family, on tiny random models
+made here from transformers' config classes (tests/hf/tiny_families.py) with a byte-level BPE
+tokenizer and a ChatML template trained here (nothing downloaded):
+
+- greedy: 4 requests of 3..30 tokens (two longer than gpt-oss's 16-token window), batched and left-
+  padded, 32 new tokens each: token-identical to generate(do_sample=False) on the same left-padded
+  batch, and the same text as the tokenizer's decode; one request is a chat rendered by the template;
+- sampling: the processed scores of one step (repetition penalty, temperature, top-k, top-p, min-p)
+  equal transformers' output_scores within 1e-6 after the softmax;
+- bad input: no tokenizer, a prompt longer than the context, a malformed JSONL line: exit 2, one
+  line naming it, no output file.
+
+Usage: generate_test.py MOE_TRAIN_BIN [FAMILY ...]"""
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    import transformers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+except ImportError as e:
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "hf"))
+import tiny_families  # noqa: E402
+
+BIN = sys.argv[1]
+ALL = {**tiny_families.FAMILIES, **tiny_families.MLA_FAMILIES, **tiny_families.GLM_FAMILIES,
+       **tiny_families.HYBRID_FAMILIES}
+COMMON = {"mixtral": tiny_families.COMMON, "deepseek_v3": tiny_families.COMMON,
+          "deepseek_v2": tiny_families.COMMON}
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEXTS = ["Hi", "the quick brown fox", "ein Satz über das Wetter, mit Umlauten: äöü",
+         "def f(x):\n    return x * 2  # a longer prompt that passes the sliding window"]
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}]
+
+
+def run(*args, check=True):
+    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise AssertionError(f"moe-train {' '.join(map(str, args))}: exit {p.returncode}\n{p.stderr}")
+    return p
+
+
+def tokenizer_files(d):
+    """A byte-level BPE of 300 tokens (+ 3 special ones, ids < 320) and a ChatML template."""
+    corpus = [" ".join(TEXTS) + " " + c["content"] for c in CHAT] * 50
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
+    d.mkdir(parents=True, exist_ok=True)
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "chat_template": CHATML, "model_max_length": 4096}))
+    assert tok.get_vocab_size() <= 320
+
+
+def tiny_model(family, src, tok_dir):
+    cls, extra = ALL[family]
+    base = tiny_families.HYBRID if family in tiny_families.HYBRID_FAMILIES else tiny_families.COMMON
+    if family in tiny_families.MLA_FAMILIES:
+        base = tiny_families.COMMON
+    torch.manual_seed(5)
+    model = transformers.AutoModelForCausalLM.from_config(cls(**{**base, **extra})).eval()
+    model.save_pretrained(src)
+    for f in tok_dir.iterdir():
+        (src / f.name).write_bytes(f.read_bytes())
+    return model
+
+
+def hf_tokenizer(tok_dir):
+    tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+    tok.padding_side = "left"
+    return tok
+
+
+def prompts_of(tok):
+    chat = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    return [tok(t)["input_ids"] for t in TEXTS[:3]] + [tok(chat, add_special_tokens=False)["input_ids"]]
+
+
+def their_generation(model, tok, prompts, **kw):
+    batch = tok.pad({"input_ids": prompts}, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=32, pad_token_id=tok.pad_token_id, **kw)
+    return batch, out
+
+
+def check_greedy(family, tmp, tok_dir):
+    src = tmp / family
+    model = tiny_model(family, src, tok_dir)
+    tok = hf_tokenizer(tok_dir)
+    prompts = prompts_of(tok)
+    requests = tmp / f"{family}.jsonl"
+    requests.write_text("".join(json.dumps({"id": i, "prompt": t}) + "\n" for i, t in enumerate(TEXTS[:3]))
+                        + json.dumps({"id": 3, "messages": CHAT}) + "\n")
+    out = tmp / f"{family}.out.jsonl"
+    run("generate", "--checkpoint", src, "--input", requests, "--greedy", "-n", 32, "--batch-size", 4,
+        "--output", out)
+    ours = [json.loads(line) for line in out.read_text().splitlines()]
+    batch, theirs = their_generation(model, tok, prompts, do_sample=False)
+    L = batch["input_ids"].shape[1]
+    eos = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
+              else [model.generation_config.eos_token_id])
+    for i, o in enumerate(ours):
+        assert o["id"] == i and o["prompt_tokens"] == len(prompts[i]), o
+        new = theirs[i, L:].tolist()
+        if any(t in eos for t in new):  # transformers pads a finished row after its EOS
+            new = new[:next(k for k, t in enumerate(new) if t in eos) + 1]
+        assert o["token_ids"] == new, f"{family} request {i}: ours {o['token_ids']} transformers {new}"
+        assert o["finish_reason"] == ("stop" if new[-1] in eos else "length"), o
+        assert o["text"] == tok.decode(new, skip_special_tokens=True), (o["text"], tok.decode(new))
+    print(f"  {family}: 4 requests (prompts of {[len(p) for p in prompts]} tokens), 32 greedy tokens each: "
+          "token-identical to transformers' generate, same text")
+    return model, tok, src, prompts
+
+
+def check_sampling(family, model, tok, src, tmp, prompts):
+    settings = dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.3)
+    scores = tmp / "scores.safetensors"
+    req = tmp / "sample.jsonl"
+    req.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS[:3]))
+    run("generate", "--checkpoint", src, "--input", req, "--sample", "--seed", 3, "-n", 1,
+        "--temperature", 0.7, "--top-k", 40, "--top-p", 0.9, "--min-p", 0.05, "--repetition-penalty", 1.3,
+        "--scores-out", scores, "--output", tmp / "sample.out.jsonl")
+    from safetensors.torch import load_file
+    ours = load_file(scores)["scores"][0]
+    batch = tok.pad({"input_ids": prompts[:3]}, return_tensors="pt")
+    with torch.no_grad():
+        g = model.generate(**batch, max_new_tokens=1, do_sample=True, output_scores=True,
+                           return_dict_in_generate=True, pad_token_id=tok.pad_token_id, **settings)
+    theirs = g.scores[0]
+    kept_ours, kept_theirs = torch.isfinite(ours), torch.isfinite(theirs)
+    assert torch.equal(kept_ours, kept_theirs), "different tokens kept"
+    diff = (ours.softmax(-1) - theirs.softmax(-1)).abs().max().item()
+    assert diff <= 1e-6, f"processed probabilities differ by {diff}"
+    print(f"  {family} sampling (temperature, top-k, top-p, min-p, repetition penalty): the same "
+          f"{int(kept_ours.sum())} tokens kept, probabilities within {diff:.1e}")
+
+
+def check_bad_input(src, tmp):
+    bare = tmp / "no-tokenizer"
+    run("import-hf", src, "--out", bare)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / f).unlink()
+    out = tmp / "never.jsonl"
+    cases = {"no tokenizer": (["--checkpoint", bare, "--prompt", "hi"], "no tokenizer.json"),
+             "too long": (["--checkpoint", src, "--prompt", "word " * 80], "context"),
+             "bad line": (["--checkpoint", src, "--input", tmp / "bad.jsonl"], "bad.jsonl line 2")}
+    (tmp / "bad.jsonl").write_text('{"prompt": "fine"}\n{"prompt": 3}\n')
+    for what, (args, expect) in cases.items():
+        p = run("generate", *args, "--output", out, check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and expect in lines[0], (what, p.returncode, p.stderr)
+        assert not out.exists(), what
+    print("  bad input: no tokenizer, a prompt past the context, a malformed line: exit 2, one line each, "
+          "no output")
+
+
+def main():
+    families = sys.argv[2:] or list(ALL)
+    with tempfile.TemporaryDirectory() as t:
+        tmp = pathlib.Path(t)
+        tokenizer_files(tmp / "tok")
+        for family in families:
+            model, tok, src, prompts = check_greedy(family, tmp, tmp / "tok")
+            if family == families[0]:
+                check_sampling(family, model, tok, src, tmp, prompts)
+                check_bad_input(src, tmp)
+    print("generate: OK")
+
+
+if __name__ == "__main__":
+    main()
