@@ -61,19 +61,6 @@ std::vector<Request> gather_requests(const GenerateOptions& opt, const Generatio
   return requests;
 }
 
-SamplingParams sampling_of(const GenerateOptions& opt, const GenerationDefaults& d) {
-  SamplingParams p = d.sampling;
-  if (opt.do_sample) p.do_sample = *opt.do_sample;
-  if (opt.temperature) p.temperature = *opt.temperature;
-  if (opt.top_k) p.top_k = *opt.top_k;
-  if (opt.top_p) p.top_p = *opt.top_p;
-  if (opt.min_p) p.min_p = *opt.min_p;
-  if (opt.repetition_penalty) p.repetition_penalty = *opt.repetition_penalty;
-  if (opt.temperature && *opt.temperature == 0) p.do_sample = false;  // 0 = greedy
-  p.seed = opt.seed;
-  return p;
-}
-
 // Ends a row when its text so far contains one of `stops`.
 struct StopStrings {
   const tokenizers::Tokenizer& tok;
@@ -122,28 +109,20 @@ void write_whole(const std::string& path, const std::string& text) {
 
 int run_generate(const GenerateOptions& opt) {
   if (opt.batch_size < 1) throw UserError("generate: --batch-size must be at least 1");
-  GenerationSession s(opt.checkpoint, opt.device, opt.chat_template);
+  GenerationSession s(opt);
   const std::vector<Request> requests = gather_requests(opt, s);
-  const SamplingParams sampling = sampling_of(opt, s.defaults);
-  GenerationLimits limits;
-  // Past max_position_embeddings a rotary model goes on as transformers' generate does (it
-  // warns); learned positions end there.
-  limits.context = s.model->pos_embed ? s.cfg.model.seq_len : 0;
-  limits.eos_ids = s.defaults.eos_ids;
-  limits.pad_id = s.defaults.pad_id.value_or(limits.eos_ids.empty() ? 0 : limits.eos_ids[0]);
-  const int64_t default_new = opt.max_new_tokens.value_or(s.defaults.max_new_tokens.value_or(256));
+  const SamplingParams sampling = s.sampling();
   std::string out;
   std::vector<torch::Tensor> scores;
   // Requests with the same budget share a batch, in input order.
   for (size_t first = 0; first < requests.size();) {
-    const int64_t budget = requests[first].max_new_tokens.value_or(default_new);
+    const GenerationLimits limits = s.limits(requests[first].max_new_tokens);
     size_t last = first;
     std::vector<std::vector<int64_t>> prompts;
     while (last < requests.size() && static_cast<int64_t>(prompts.size()) < opt.batch_size &&
-           requests[last].max_new_tokens.value_or(default_new) == budget) {
+           s.limits(requests[last].max_new_tokens).max_new_tokens == limits.max_new_tokens) {
       prompts.push_back(requests[last++].ids);
     }
-    limits.max_new_tokens = budget;
     StopStrings stops{*s.tokenizer, opt.stop, std::vector<std::vector<int64_t>>(prompts.size())};
     const auto generated =
         generate_batch(s.model, prompts, sampling, limits, TokenCallback(stops),

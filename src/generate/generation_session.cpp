@@ -40,9 +40,9 @@ config::Config generation_config(const std::string& dir, const std::string& devi
 
 }  // namespace
 
-GenerationSession::GenerationSession(const std::string& dir, const std::string& device,
-                                     const std::string& chat_template)
-    : dir_(dir) {
+GenerationSession::GenerationSession(const DecodingFlags& flags)
+    : flags_(flags), dir_(flags.checkpoint) {
+  const std::string& dir = flags.checkpoint;
   if (!fs::is_directory(dir))
     throw UserError("generate: --checkpoint " + dir + ": no such directory");
   if (!train::hf_side_source(dir).empty() && !fs::exists(fs::path(dir) / "state.json")) {
@@ -51,9 +51,9 @@ GenerationSession::GenerationSession(const std::string& dir, const std::string& 
     hf::import_hf(dir, imported_);
     dir_ = imported_;
   }
-  cfg = generation_config(dir_, device);
+  cfg = generation_config(dir_, flags.device);
   tokenizer = checkpoint_tokenizer(dir_, cfg.model.vocab_size);
-  chat::ChatSetup setup = checkpoint_chat(dir_, chat_template);  // ChatTemplate: move-only
+  chat::ChatSetup setup = checkpoint_chat(dir_, flags.chat_template);  // ChatTemplate: move-only
   chat.variables = std::move(setup.variables);
   if (setup.chat_template) chat.chat_template.emplace(std::move(*setup.chat_template));
   defaults = read_generation_defaults(dir_, *tokenizer, cfg.model.seq_len);
@@ -62,6 +62,32 @@ GenerationSession::GenerationSession(const std::string& dir, const std::string& 
   train::load_checkpoint(dir_, model, nullptr);
   model->to(dev);
   model->eval();
+}
+
+SamplingParams GenerationSession::sampling() const {
+  SamplingParams p = defaults.sampling;
+  const DecodingFlags& f = flags_;
+  if (f.do_sample) p.do_sample = *f.do_sample;
+  if (f.temperature) p.temperature = *f.temperature;
+  if (f.top_k) p.top_k = *f.top_k;
+  if (f.top_p) p.top_p = *f.top_p;
+  if (f.min_p) p.min_p = *f.min_p;
+  if (f.repetition_penalty) p.repetition_penalty = *f.repetition_penalty;
+  if (f.temperature && *f.temperature == 0) p.do_sample = false;  // 0 = greedy
+  p.seed = f.seed;
+  return p;
+}
+
+GenerationLimits GenerationSession::limits(std::optional<int64_t> max_new_tokens) const {
+  GenerationLimits l;
+  l.max_new_tokens = max_new_tokens.value_or(
+      flags_.max_new_tokens.value_or(defaults.max_new_tokens.value_or(256)));
+  // Past max_position_embeddings a rotary model goes on as transformers' generate does (it
+  // warns); learned positions end there.
+  l.context = model->pos_embed ? cfg.model.seq_len : 0;
+  l.eos_ids = defaults.eos_ids;
+  l.pad_id = defaults.pad_id.value_or(l.eos_ids.empty() ? 0 : l.eos_ids[0]);
+  return l;
 }
 
 GenerationSession::~GenerationSession() {

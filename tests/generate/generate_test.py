@@ -7,12 +7,18 @@ tokenizer and a ChatML template trained here (nothing downloaded):
   batch, and the same text as the tokenizer's decode; one request is a chat rendered by the template;
 - sampling: the processed scores of one step (repetition penalty, temperature, top-k, top-p, min-p)
   equal transformers' output_scores within 1e-6 after the softmax;
+- chat: driven through a pseudo-terminal for two turns and ended with Ctrl-D, each turn's prompt is
+  apply_chat_template(add_generation_prompt=True) of the conversation so far, and its greedy reply is
+  transformers' (the reply streamed to the terminal as it is generated);
 - bad input: no tokenizer, a prompt longer than the context, a malformed JSONL line: exit 2, one
   line naming it, no output file.
 
 Usage: generate_test.py MOE_TRAIN_BIN [FAMILY ...]"""
 import json
+import os
 import pathlib
+import pty
+import select
 import subprocess
 import sys
 import tempfile
@@ -148,6 +154,48 @@ def check_sampling(family, model, tok, src, tmp, prompts):
           f"{int(kept_ours.sum())} tokens kept, probabilities within {diff:.1e}")
 
 
+def read_until(fd, marker, seen, timeout=300):
+    """Terminal output until `marker` has appeared len(seen) + 1 times in all; returns the new text."""
+    out = b""
+    while (seen + out).count(marker) <= seen.count(marker):
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"no {marker!r} from chat within {timeout} s: {(seen + out)[-300:]!r}"
+        out += os.read(fd, 4096)
+    return out
+
+
+def check_chat(model, tok, src, tmp):
+    transcript = tmp / "chat.jsonl"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([BIN, "chat", "--checkpoint", str(src), "--greedy", "-n", "12", "--system",
+                             CHAT[0]["content"], "--transcript", str(transcript)],
+                            stdin=slave, stdout=slave, stderr=subprocess.PIPE)
+    os.close(slave)
+    screen = read_until(master, b"> ", b"")
+    for line in ("Why is the sky blue?", "And the sea?"):
+        os.write(master, line.encode() + b"\n")
+        screen += read_until(master, b"> ", screen)
+    os.write(master, b"\x04")  # Ctrl-D
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    os.close(master)
+    turns = [json.loads(t) for t in transcript.read_text().splitlines()]
+    assert len(turns) == 2, turns
+    messages = [CHAT[0]]
+    for turn, user in zip(turns, ("Why is the sky blue?", "And the sea?")):
+        messages.append({"role": "user", "content": user})
+        expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert turn["prompt"] == expected, (turn["prompt"], expected)
+        ids = tok(expected, add_special_tokens=False, return_tensors="pt")
+        with torch.no_grad():
+            theirs = model.generate(**ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+        theirs = theirs[0, ids["input_ids"].shape[1]:].tolist()
+        assert turn["reply_ids"] == theirs[:len(turn["reply_ids"])], (turn["reply_ids"], theirs)
+        assert turn["reply"].encode() in screen.replace(b"\r\n", b"\n"), (turn["reply"], screen)
+        messages.append({"role": "assistant", "content": turn["reply"]})
+    print("  chat through a pseudo-terminal: 2 turns rendered as apply_chat_template, replies as "
+          "transformers' greedy generate, shown on the terminal; Ctrl-D exits 0")
+
+
 def check_bad_input(src, tmp):
     bare = tmp / "no-tokenizer"
     run("import-hf", src, "--out", bare)
@@ -176,6 +224,7 @@ def main():
             model, tok, src, prompts = check_greedy(family, tmp, tmp / "tok")
             if family == families[0]:
                 check_sampling(family, model, tok, src, tmp, prompts)
+                check_chat(model, tok, src, tmp)
                 check_bad_input(src, tmp)
     print("generate: OK")
 

@@ -8,6 +8,8 @@
 
 #include "moe/chat/sft.h"
 #include "moe/config/config.h"
+#include "moe/generate/generate_command.h"
+#include "moe/generate/generator.h"
 #include "moe/generate/requests.h"
 #include "moe/model/transformer.h"
 #include "moe/tokenizers/tokenizer.h"
@@ -16,9 +18,9 @@ namespace moe::generate {
 
 class GenerationSession {
  public:
-  // `device`: auto | cpu | cuda. UserError for a directory that is no checkpoint or HF model.
-  GenerationSession(const std::string& dir, const std::string& device,
-                    const std::string& chat_template = "");
+  // flags.checkpoint, flags.device (auto | cpu | cuda), flags.chat_template. UserError for a
+  // directory that is no checkpoint or HF model.
+  explicit GenerationSession(const DecodingFlags& flags);
   ~GenerationSession();
   GenerationSession(const GenerationSession&) = delete;
   GenerationSession& operator=(const GenerationSession&) = delete;
@@ -29,8 +31,13 @@ class GenerationSession {
   chat::ChatSetup chat;
   GenerationDefaults defaults;
   const std::string& dir() const { return dir_; }  // the checkpoint read
+  // The flags over the checkpoint's defaults: sampling (--temperature 0 is greedy), and the
+  // limits of a request with `max_new_tokens` (unset: the flags', generation_config.json's, 256).
+  SamplingParams sampling() const;
+  GenerationLimits limits(std::optional<int64_t> max_new_tokens = std::nullopt) const;
 
  private:
+  DecodingFlags flags_;
   std::string dir_, imported_;  // imported_: the temporary import of an HF directory
 };
 
