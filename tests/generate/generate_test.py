@@ -7,6 +7,9 @@ tokenizer and a ChatML template trained here (nothing downloaded):
   batch, and the same text as the tokenizer's decode; one request is a chat rendered by the template;
 - sampling: the processed scores of one step (repetition penalty, temperature, top-k, top-p, min-p)
   equal transformers' output_scores within 1e-6 after the softmax;
+- trained checkpoints: a LoRA checkpoint (adapters unmerged) and a LoRA over a 4-bit base generate
+  what transformers generates from their `export-hf --merge` (the 4-bit base dequantized), and the
+  adapters change what is generated;
 - chat: driven through a pseudo-terminal for two turns and ended with Ctrl-D, each turn's prompt is
   apply_chat_template(add_generation_prompt=True) of the conversation so far, and its greedy reply is
   transformers' (the reply streamed to the terminal as it is generated);
@@ -154,6 +157,68 @@ def check_sampling(family, model, tok, src, tmp, prompts):
           f"{int(kept_ours.sum())} tokens kept, probabilities within {diff:.1e}")
 
 
+def greedy_requests(tmp):
+    path = tmp / "greedy.jsonl"
+    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS[:3])
+                    + json.dumps({"messages": CHAT}) + "\n")
+    return path
+
+
+def ours_greedy(checkpoint, tmp, tag):
+    out = tmp / f"{tag}.out.jsonl"
+    run("generate", "--checkpoint", checkpoint, "--input", greedy_requests(tmp), "--greedy", "-n", 32,
+        "--output", out)
+    return [json.loads(line)["token_ids"] for line in out.read_text().splitlines()]
+
+
+def theirs_greedy(model_dir, tok, prompts):
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    batch, out = their_generation(model, tok, prompts, do_sample=False)
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    rows = []
+    for row in out[:, batch["input_ids"].shape[1]:].tolist():
+        if any(t in eos for t in row):
+            row = row[:next(k for k, t in enumerate(row) if t in eos) + 1]
+        rows.append(row)
+    return rows
+
+
+def check_trained(family, src, tok, tmp, prompts):
+    """LoRA and LoRA over a 4-bit base, 6 steps each on text tokenized with the tiny tokenizer."""
+    corpus = tmp / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS * 40))
+    run("prepare-data", corpus, "--out", tmp / "data", "--tokenizer", "hf", "--tokenizer-file",
+        tmp / "tok/tokenizer.json", "--valid-fraction", "0.1")
+    base = ours_greedy(src, tmp, "base")
+    for tag, extra in (("lora", {}), ("qlora", {"quantization": {
+            "load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_compute_dtype": "float32"}})):
+        out = tmp / f"run-{tag}"
+        cfg = tmp / f"{tag}.json"
+        cfg.write_text(json.dumps({
+            "train_micro_batch_size_per_gpu": 4,
+            "optimizer": {"type": "AdamW", "params": {"lr": 2e-2}},
+            "lora": {"r": 4, "lora_alpha": 8,
+                     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                        "down_proj"]},
+            "model": {"seq_len": 32, "init_from": str(src)},
+            "data": {"path": str(tmp / "data")},
+            "training": {"device": "cpu", "output_dir": str(out), "train_iters": 6, "eval_interval": 0},
+            **extra}))
+        run("--config", cfg, "-q")
+        ckpt = out / "checkpoints" / "step-00000006"
+        ours = ours_greedy(ckpt, tmp, tag)
+        merged = tmp / f"merged-{tag}"
+        run("export-hf", ckpt, "--merge", "--out", merged)
+        theirs = theirs_greedy(merged, tok, prompts)
+        assert ours == theirs, f"{family} {tag}: ours {ours} transformers (merged export) {theirs}"
+        assert ours != base, f"{family} {tag}: the adapters changed nothing"
+        print(f"  {family} {tag} checkpoint (adapters unmerged{', 4-bit nf4 base' if extra else ''}): "
+              "32 greedy tokens x 4 requests token-identical to transformers on its merged export, "
+              "and not the base model's")
+
+
 def read_until(fd, marker, seen, timeout=300):
     """Terminal output until `marker` has appeared len(seen) + 1 times in all; returns the new text."""
     out = b""
@@ -225,6 +290,7 @@ def main():
             if family == families[0]:
                 check_sampling(family, model, tok, src, tmp, prompts)
                 check_chat(model, tok, src, tmp)
+                check_trained(family, src, tok, tmp, prompts)
                 check_bad_input(src, tmp)
     print("generate: OK")
 
