@@ -578,6 +578,28 @@ CLI::App* add_chat_command(CLI::App& app, generate::ChatOptions& ch) {
   return c;
 }
 
+// bench-generate: its options, into `b`.
+CLI::App* add_bench_generate_command(CLI::App& app, generate::BenchGenerateOptions& b) {
+  auto* c = app.add_subcommand(
+      "bench-generate",
+      "Inference speed: time to first token, prefill and decode tokens/s, peak memory");
+  c->add_option("--checkpoint", b.checkpoint, "Checkpoint or Hugging Face model directory")
+      ->required();
+  c->add_option("--prompt-tokens", b.prompt_tokens, "Prompt length (random tokens)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  c->add_option("--new-tokens", b.new_tokens, "Tokens generated per row (EOS ignored)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  c->add_option("--batch", b.batches, "Batch sizes (default 1 8)")->delimiter(',');
+  c->add_option("--rounds", b.rounds, "Timed rounds after one warm-up (medians)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
+  c->add_option("--threads", b.threads, "CPU threads (default: torch's)")
+      ->check(CLI::Range(int64_t{0}, int64_t{4096}));
+  c->add_option("--device", b.device, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  c->add_flag("--json", b.json, "JSON instead of the table");
+  return c;
+}
+
 // import-hf and export-hf: their options, into `imp` / `exp`.
 std::pair<CLI::App*, CLI::App*> add_hf_commands(CLI::App& app, ImportArgs& imp, ExportArgs& exp) {
   auto* ih =
@@ -733,6 +755,8 @@ int run_cli(int argc, char** argv) {
   auto* gn = add_generate_command(app, gen);
   generate::ChatOptions chat_opts;
   auto* ch = add_chat_command(app, chat_opts);
+  generate::BenchGenerateOptions bench_gen;
+  auto* bg = add_bench_generate_command(app, bench_gen);
 
   EnvArgs env_args;
   auto* en = add_env_command(app, env_args);
@@ -775,6 +799,7 @@ int run_cli(int argc, char** argv) {
   if (*eh) return cmd_export_hf(exp);
   if (*gn) return cmd_generate(gen);
   if (*ch) return cmd_chat(chat_opts);
+  if (*bg) return generate::run_bench_generate(bench_gen);
   if (*ci) {
     std::cout << train::describe_checkpoint(info_dir).dump(2) << "\n";
     return kExitOk;

@@ -40,7 +40,7 @@ config::Config generation_config(const std::string& dir, const std::string& devi
 
 }  // namespace
 
-GenerationSession::GenerationSession(const DecodingFlags& flags)
+GenerationSession::GenerationSession(const DecodingFlags& flags, bool need_tokenizer)
     : flags_(flags), dir_(flags.checkpoint) {
   const std::string& dir = flags.checkpoint;
   if (!fs::is_directory(dir))
@@ -52,11 +52,15 @@ GenerationSession::GenerationSession(const DecodingFlags& flags)
     dir_ = imported_;
   }
   cfg = generation_config(dir_, flags.device);
-  tokenizer = checkpoint_tokenizer(dir_, cfg.model.vocab_size);
+  try {
+    tokenizer = checkpoint_tokenizer(dir_, cfg.model.vocab_size);
+  } catch (const UserError&) {
+    if (need_tokenizer) throw;
+  }
   chat::ChatSetup setup = checkpoint_chat(dir_, flags.chat_template);  // ChatTemplate: move-only
   chat.variables = std::move(setup.variables);
   if (setup.chat_template) chat.chat_template.emplace(std::move(*setup.chat_template));
-  defaults = read_generation_defaults(dir_, *tokenizer, cfg.model.seq_len);
+  defaults = read_generation_defaults(dir_, tokenizer.get(), cfg.model.seq_len);
   const torch::Device dev = train::pick_device(cfg);
   model = model::TransformerLM(cfg, dev);
   train::load_checkpoint(dir_, model, nullptr);

@@ -161,7 +161,7 @@ std::vector<Request> read_request_file(const std::string& path, const tokenizers
 }
 
 GenerationDefaults read_generation_defaults(const std::string& dir,
-                                            const tokenizers::Tokenizer& tok, int64_t seq_len) {
+                                            const tokenizers::Tokenizer* tok, int64_t seq_len) {
   GenerationDefaults d;
   const auto gen = read_optional_json(fs::path(dir) / "generation_config.json");
   const auto hf = read_optional_json(fs::path(dir) / "hf_config.json");
@@ -169,7 +169,7 @@ GenerationDefaults read_generation_defaults(const std::string& dir,
   d.eos_ids = gen.is_object() && gen.contains("eos_token_id")
                   ? id_list(gen["eos_token_id"])
                   : id_list(text_key(hf, "eos_token_id"));
-  if (d.eos_ids.empty() && tok.eos_id() >= 0) d.eos_ids.push_back(tok.eos_id());
+  if (d.eos_ids.empty() && tok && tok->eos_id() >= 0) d.eos_ids.push_back(tok->eos_id());
   for (const auto& pad :
        {gen.is_object() && gen.contains("pad_token_id") ? gen["pad_token_id"] : nlohmann::json(),
         text_key(hf, "pad_token_id")}) {

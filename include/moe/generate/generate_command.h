@@ -38,11 +38,22 @@ struct ChatOptions : DecodingFlags {
   std::string transcript;      // JSONL: per turn the rendered prompt, its ids and the reply
 };
 
+struct BenchGenerateOptions {
+  std::string checkpoint, device = "auto";
+  int64_t prompt_tokens = 128, new_tokens = 64, rounds = 3, threads = 0;  // threads 0: torch's
+  std::vector<int64_t> batches = {1, 8};
+  bool json = false;
+};
+
 // Runs the command; UserError (exit 2) for bad input, before anything is written.
 int run_generate(const GenerateOptions& opt);
 // The interactive chat: a turn per line of input, the reply streamed as it is generated. Ends
 // with exit 0 at end of input (Ctrl-D) or Ctrl-C at the prompt; Ctrl-C while a reply streams
 // ends that reply.
 int run_chat(const ChatOptions& opt);
+// Inference speed on the current device: per batch size, greedy generation of `new_tokens` after
+// random prompts of `prompt_tokens` (EOS ignored), one warm-up then `rounds` timed, medians:
+// prefill tokens/s, time to first token, decode tokens/s, peak memory.
+int run_bench_generate(const BenchGenerateOptions& opt);
 
 }  // namespace moe::generate

@@ -20,7 +20,8 @@ class GenerationSession {
  public:
   // flags.checkpoint, flags.device (auto | cpu | cuda), flags.chat_template. UserError for a
   // directory that is no checkpoint or HF model.
-  explicit GenerationSession(const DecodingFlags& flags);
+  // `need_tokenizer` false: a checkpoint without one loads (tokenizer stays null).
+  explicit GenerationSession(const DecodingFlags& flags, bool need_tokenizer = true);
   ~GenerationSession();
   GenerationSession(const GenerationSession&) = delete;
   GenerationSession& operator=(const GenerationSession&) = delete;

@@ -64,7 +64,8 @@ struct GenerationDefaults {
   std::optional<int64_t> pad_id;
   int64_t context = 0;
 };
+// `tok` may be null (no tokenizer: no EOS from it).
 GenerationDefaults read_generation_defaults(const std::string& dir,
-                                            const tokenizers::Tokenizer& tok, int64_t seq_len);
+                                            const tokenizers::Tokenizer* tok, int64_t seq_len);
 
 }  // namespace moe::generate
