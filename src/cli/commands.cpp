@@ -16,6 +16,7 @@
 #include "moe/build_info.h"
 #include "moe/cli/completion.h"
 #include "moe/cli/families_command.h"
+#include "moe/cli/generate_commands.h"
 #include "moe/cli/schema_command.h"
 #include "moe/config/config.h"
 #include "moe/convert/hf_checkpoint.h"
@@ -25,7 +26,6 @@
 #include "moe/data/token_shard.h"
 #include "moe/data/verify.h"
 #include "moe/env/environment.h"
-#include "moe/generate/generate_command.h"
 #include "moe/hf/hf_files.h"
 #include "moe/kernels/permute.h"  // cuda_kernels_compiled
 #include "moe/parallel/launch_env.h"
@@ -516,90 +516,6 @@ CLI::App* add_prepare_command(CLI::App& app, data::PrepareOptions& prep) {
   return pd;
 }
 
-// What generate and chat share: the checkpoint, sampling, stops, template and device.
-void add_decoding_options(CLI::App* c, generate::DecodingFlags& f) {
-  c->add_option("--checkpoint", f.checkpoint,
-                "Checkpoint directory (full, LoRA, 4-bit base) or a Hugging Face model directory")
-      ->required();
-  c->add_option("-n,--max-new-tokens", f.max_new_tokens,
-                "Tokens to generate (default: generation_config.json's, else 256)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  c->add_option("--temperature", f.temperature, "Sampling temperature; 0 = greedy")
-      ->check(CLI::Range(0.0, 100.0));
-  c->add_option("--top-k", f.top_k, "Keep the k most likely tokens; 0 = all")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
-  c->add_option("--top-p", f.top_p, "Keep the most likely tokens up to this probability mass")
-      ->check(CLI::Range(0.0, 1.0));
-  c->add_option("--min-p", f.min_p, "Drop tokens below min-p times the top probability")
-      ->check(CLI::Range(0.0, 1.0));
-  c->add_option("--repetition-penalty", f.repetition_penalty,
-                "Divide (multiply when negative) the logits of tokens seen so far")
-      ->check(CLI::Range(0.01, 100.0));
-  c->add_flag_callback(
-      "--greedy", [&f] { f.do_sample = false; }, "Always take the most likely token");
-  c->add_flag_callback(
-      "--sample", [&f] { f.do_sample = true; }, "Sample (default: generation_config.json's)");
-  c->add_option("--seed", f.seed, "Sampling seed");
-  c->add_option("--stop", f.stop, "End a reply at this text (repeatable); not in the output");
-  c->add_option("--chat-template", f.chat_template, "A .jinja chat template to use instead");
-  c->add_option("--device", f.device, "auto, cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-}
-
-// generate: its options, into `gen`.
-CLI::App* add_generate_command(CLI::App& app, generate::GenerateOptions& gen) {
-  auto* gn = app.add_subcommand(
-      "generate", "Continue prompts or chats with a checkpoint, its tokenizer and chat template");
-  add_decoding_options(gn, gen);
-  gn->add_option("--prompt", gen.prompt, "Text to continue (printed with its continuation)");
-  gn->add_option("--prompt-file", gen.prompt_file, "A file whose whole text is the prompt");
-  gn->add_option("--input", gen.input,
-                 "JSONL requests, one a line: {\"prompt\": TEXT} or {\"messages\": [...]} "
-                 "(chat template applied), optional \"id\" and \"max_new_tokens\"; writes JSONL");
-  gn->add_option("-o,--output", gen.output, "Write the JSONL here (whole or not at all)");
-  gn->add_flag("--jsonl", gen.jsonl, "--prompt / --prompt-file: JSONL output, not text");
-  gn->add_option("--batch-size", gen.batch_size, "Requests generated together (left-padded)")
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  gn->add_option("--scores-out", gen.scores_out,
-                 "Safetensors file of the first batch's processed scores per step [steps, B, V]");
-  return gn;
-}
-
-// chat: its options, into `ch`.
-CLI::App* add_chat_command(CLI::App& app, generate::ChatOptions& ch) {
-  auto* c = app.add_subcommand(
-      "chat", "Talk to a checkpoint in the terminal with its chat template (Ctrl-D ends)");
-  add_decoding_options(c, ch);
-  c->add_option("--system", ch.system, "A system message to start the conversation with");
-  c->add_flag("--hide-thinking", ch.hide_thinking, "Do not show <think>...</think> blocks");
-  c->add_flag("--no-thinking", ch.no_thinking, "Ask the template not to think (enable_thinking)");
-  c->add_option("--transcript", ch.transcript,
-                "Append each turn (rendered prompt, ids, reply) to this JSONL file");
-  return c;
-}
-
-// bench-generate: its options, into `b`.
-CLI::App* add_bench_generate_command(CLI::App& app, generate::BenchGenerateOptions& b) {
-  auto* c = app.add_subcommand(
-      "bench-generate",
-      "Inference speed: time to first token, prefill and decode tokens/s, peak memory");
-  c->add_option("--checkpoint", b.checkpoint, "Checkpoint or Hugging Face model directory")
-      ->required();
-  c->add_option("--prompt-tokens", b.prompt_tokens, "Prompt length (random tokens)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  c->add_option("--new-tokens", b.new_tokens, "Tokens generated per row (EOS ignored)")
-      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
-  c->add_option("--batch", b.batches, "Batch sizes (default 1 8)")->delimiter(',');
-  c->add_option("--rounds", b.rounds, "Timed rounds after one warm-up (medians)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
-  c->add_option("--threads", b.threads, "CPU threads (default: torch's)")
-      ->check(CLI::Range(int64_t{0}, int64_t{4096}));
-  c->add_option("--device", b.device, "auto, cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  c->add_flag("--json", b.json, "JSON instead of the table");
-  return c;
-}
-
 // import-hf and export-hf: their options, into `imp` / `exp`.
 std::pair<CLI::App*, CLI::App*> add_hf_commands(CLI::App& app, ImportArgs& imp, ExportArgs& exp) {
   auto* ih =
@@ -628,9 +544,6 @@ std::pair<CLI::App*, CLI::App*> add_hf_commands(CLI::App& app, ImportArgs& imp, 
                      "checkpoint's architecture has; `moe-train families` lists them)");
   return {ih, eh};
 }
-
-int cmd_generate(const generate::GenerateOptions& g) { return generate::run_generate(g); }
-int cmd_chat(const generate::ChatOptions& c) { return generate::run_chat(c); }
 
 // `moe-train [train] --config F ...` and `moe-train config show`.
 std::pair<CLI::App*, CLI::App*> add_train_commands(CLI::App& app, TrainArgs& a) {
@@ -751,12 +664,8 @@ int run_cli(int argc, char** argv) {
   ExportArgs exp;
   auto [ih, eh] = add_hf_commands(app, imp, exp);
 
-  generate::GenerateOptions gen;
-  auto* gn = add_generate_command(app, gen);
-  generate::ChatOptions chat_opts;
-  auto* ch = add_chat_command(app, chat_opts);
-  generate::BenchGenerateOptions bench_gen;
-  auto* bg = add_bench_generate_command(app, bench_gen);
+  GenerateCommands generation;
+  add_generate_commands(app, generation);
 
   EnvArgs env_args;
   auto* en = add_env_command(app, env_args);
@@ -797,9 +706,7 @@ int run_cli(int argc, char** argv) {
   if (*pl) return cmd_plan(plan_args);
   if (*ih) return cmd_import_hf(imp);
   if (*eh) return cmd_export_hf(exp);
-  if (*gn) return cmd_generate(gen);
-  if (*ch) return cmd_chat(chat_opts);
-  if (*bg) return generate::run_bench_generate(bench_gen);
+  if (const auto rc = run_generate_commands(generation)) return *rc;
   if (*ci) {
     std::cout << train::describe_checkpoint(info_dir).dump(2) << "\n";
     return kExitOk;
