@@ -13,6 +13,8 @@ tokenizer and a ChatML template trained here (nothing downloaded):
 - chat: driven through a pseudo-terminal for two turns and ended with Ctrl-D, each turn's prompt is
   apply_chat_template(add_generation_prompt=True) of the conversation so far, and its greedy reply is
   transformers' (the reply streamed to the terminal as it is generated);
+- the same greedy check for Mixtral with a Llama-2-style tokenizer (byte fallback, the Replace /
+  ByteFallback / Fuse / Strip decoder, a BOS from the post-processor);
 - bad input: no tokenizer, a prompt longer than the context, a malformed JSONL line: exit 2, one
   line naming it, no output file.
 
@@ -29,7 +31,8 @@ import tempfile
 try:
     import torch
     import transformers
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
+                            trainers)
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
@@ -74,13 +77,37 @@ def tokenizer_files(d):
     assert tok.get_vocab_size() <= 320
 
 
-def tiny_model(family, src, tok_dir):
+def llama2_tokenizer_files(d):
+    """Llama-2 / Mixtral's SentencePiece-converted BPE: Prepend + Replace normalizer, byte fallback
+    (the 256 <0xXX> tokens), BOS by the post-processor, the decoder Sequence[Replace, ByteFallback,
+    Fuse, Strip]; <unk> <s> </s> are ids 0 1 2 (the tiny models' pad, bos, eos)."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.train_from_iterator([" ".join(TEXTS)] * 20, trainers.BpeTrainer(
+        vocab_size=60, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False))
+    j = json.loads(tok.to_str())
+    vocab = j["model"]["vocab"]
+    for b in range(256):
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    j["decoder"] = json.loads(decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                                 decoders.Fuse(), decoders.Strip(" ", 1, 0)]).__getstate__())
+    j["post_processor"] = json.loads(processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 1)]).__getstate__())
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "tokenizer.json").write_text(json.dumps(j))
+    assert len(vocab) <= 320, len(vocab)
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "pad_token": "<unk>", "chat_template": CHATML, "model_max_length": 4096}))
+
+
+def tiny_model(family, src, tok_dir, **changes):
     cls, extra = ALL[family]
     base = tiny_families.HYBRID if family in tiny_families.HYBRID_FAMILIES else tiny_families.COMMON
     if family in tiny_families.MLA_FAMILIES:
         base = tiny_families.COMMON
     torch.manual_seed(5)
-    model = transformers.AutoModelForCausalLM.from_config(cls(**{**base, **extra})).eval()
+    model = transformers.AutoModelForCausalLM.from_config(cls(**{**base, **extra, **changes})).eval()
     model.save_pretrained(src)
     for f in tok_dir.iterdir():
         (src / f.name).write_bytes(f.read_bytes())
@@ -105,15 +132,15 @@ def their_generation(model, tok, prompts, **kw):
     return batch, out
 
 
-def check_greedy(family, tmp, tok_dir):
-    src = tmp / family
-    model = tiny_model(family, src, tok_dir)
+def check_greedy(family, tmp, tok_dir, tag="", **changes):
+    src = tmp / (family + tag)
+    model = tiny_model(family, src, tok_dir, **changes)
     tok = hf_tokenizer(tok_dir)
     prompts = prompts_of(tok)
-    requests = tmp / f"{family}.jsonl"
+    requests = tmp / f"{family}{tag}.jsonl"
     requests.write_text("".join(json.dumps({"id": i, "prompt": t}) + "\n" for i, t in enumerate(TEXTS[:3]))
                         + json.dumps({"id": 3, "messages": CHAT}) + "\n")
-    out = tmp / f"{family}.out.jsonl"
+    out = tmp / f"{family}{tag}.out.jsonl"
     run("generate", "--checkpoint", src, "--input", requests, "--greedy", "-n", 32, "--batch-size", 4,
         "--output", out)
     ours = [json.loads(line) for line in out.read_text().splitlines()]
@@ -129,7 +156,7 @@ def check_greedy(family, tmp, tok_dir):
         assert o["token_ids"] == new, f"{family} request {i}: ours {o['token_ids']} transformers {new}"
         assert o["finish_reason"] == ("stop" if new[-1] in eos else "length"), o
         assert o["text"] == tok.decode(new, skip_special_tokens=True), (o["text"], tok.decode(new))
-    print(f"  {family}: 4 requests (prompts of {[len(p) for p in prompts]} tokens), 32 greedy tokens each: "
+    print(f"  {family}{tag}: 4 requests (prompts of {[len(p) for p in prompts]} tokens), 32 greedy tokens each: "
           "token-identical to transformers' generate, same text")
     return model, tok, src, prompts
 
@@ -292,6 +319,10 @@ def main():
                 check_chat(model, tok, src, tmp)
                 check_trained(family, src, tok, tmp, prompts)
                 check_bad_input(src, tmp)
+        if "mixtral" in families:
+            llama2_tokenizer_files(tmp / "tok-llama2")
+            # its pieces are short: the chat takes ~100 tokens
+            check_greedy("mixtral", tmp, tmp / "tok-llama2", tag="-llama2-tokenizer", max_position_embeddings=256)
     print("generate: OK")
 
 
