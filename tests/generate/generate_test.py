@@ -18,7 +18,8 @@ tokenizer and a ChatML template trained here (nothing downloaded):
 - bad input: no tokenizer, a prompt longer than the context, a malformed JSONL line: exit 2, one
   line naming it, no output file.
 
-Usage: generate_test.py MOE_TRAIN_BIN [FAMILY ...]"""
+The sampling, chat, trained-checkpoint and bad-input checks run on the first family named (all
+families: Mixtral). Usage: generate_test.py MOE_TRAIN_BIN [FAMILY ...]"""
 import json
 import os
 import pathlib
@@ -42,9 +43,7 @@ import tiny_families  # noqa: E402
 
 BIN = sys.argv[1]
 ALL = {**tiny_families.FAMILIES, **tiny_families.MLA_FAMILIES, **tiny_families.GLM_FAMILIES,
-       **tiny_families.HYBRID_FAMILIES}
-COMMON = {"mixtral": tiny_families.COMMON, "deepseek_v3": tiny_families.COMMON,
-          "deepseek_v2": tiny_families.COMMON}
+       **tiny_families.HYBRID_FAMILIES, **tiny_families.VL_FAMILIES}
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -102,6 +101,17 @@ def llama2_tokenizer_files(d):
 
 
 def tiny_model(family, src, tok_dir, **changes):
+    if family in tiny_families.VL_FAMILIES:  # the release's class: the text model in text_config
+        text_cls, text_extra = tiny_families.HYBRID_FAMILIES["qwen3_5_moe_text"]
+        vl_cls, vl_extra = tiny_families.VL_FAMILIES[family]
+        torch.manual_seed(5)
+        text = text_cls(**{**tiny_families.HYBRID, **text_extra, **changes})
+        model = transformers.Qwen3_5MoeForConditionalGeneration(
+            vl_cls(text_config=text.to_dict(), tie_word_embeddings=False, **vl_extra)).eval()
+        model.save_pretrained(src)
+        for f in tok_dir.iterdir():
+            (src / f.name).write_bytes(f.read_bytes())
+        return model
     cls, extra = ALL[family]
     base = tiny_families.HYBRID if family in tiny_families.HYBRID_FAMILIES else tiny_families.COMMON
     if family in tiny_families.MLA_FAMILIES:
@@ -289,14 +299,15 @@ def check_chat(model, tok, src, tmp):
 
 
 def check_bad_input(src, tmp):
-    bare = tmp / "no-tokenizer"
+    ckpt, bare = tmp / "imported", tmp / "no-tokenizer"
+    run("import-hf", src, "--out", ckpt)
     run("import-hf", src, "--out", bare)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         (bare / f).unlink()
     out = tmp / "never.jsonl"
     cases = {"no tokenizer": (["--checkpoint", bare, "--prompt", "hi"], "no tokenizer.json"),
-             "too long": (["--checkpoint", src, "--prompt", "word " * 80], "context"),
-             "bad line": (["--checkpoint", src, "--input", tmp / "bad.jsonl"], "bad.jsonl line 2")}
+             "too long": (["--checkpoint", ckpt, "--prompt", "word " * 5000], "context"),
+             "bad line": (["--checkpoint", ckpt, "--input", tmp / "bad.jsonl"], "bad.jsonl line 2")}
     (tmp / "bad.jsonl").write_text('{"prompt": "fine"}\n{"prompt": 3}\n')
     for what, (args, expect) in cases.items():
         p = run("generate", *args, "--output", out, check=False)
