@@ -1,0 +1,124 @@
+"""MiniMax-M2 against transformers' MiniMaxM2ForCausalLM (tiny random models built locally from
+MiniMaxM2Config with the family's real settings, tests/hf/tiny_families.py; nothing is downloaded):
+q/k norms over the whole projected q and k (4 heads of 32 on a width of 64, as the release's 48 x 128
+on 3,072), partial rotary 0.5, sigmoid routing with a non-zero e_score_correction_bias (beside the
+router, not under it) on 8 experts top-2 renormalised, experts as w1/w3/w2 per expert:
+
+  - import-hf (fp32 single file; bf16 shards) -> `eval --dump-logits`: loss within 1e-6 relative of
+    transformers, logits within 1e-5;
+  - 10 steps of full fine-tuning -> export-hf -> transformers loads it with no missing, unexpected
+    or mismatched keys and its logits are within 1e-5 of `eval --dump-logits`; import-hf of the
+    export is bitwise identical to the trained checkpoint;
+  - the releases' legacy `rotary_dim` (64 of head_dim 128 there) imports as the same factor;
+  - 10 steps of full fine-tuning against transformers training the same model (float64 AdamW on
+    moe-train's batches): per-step loss within 1e-5 relative, logits and weights within 1e-5.
+
+usage: minimax_m2_test.py MOE_TRAIN_BINARY
+"""
+import json
+import pathlib
+import sys
+import tempfile
+
+import torch
+import transformers
+
+import hf_parity  # noqa: E402
+from lora_common import runner  # noqa: E402 (on the path hf_parity sets)
+from hf_parity import newest_checkpoint  # noqa: E402
+from tiny_families import COMMON, SIGMOID_FAMILIES  # noqa: E402
+
+BIN = sys.argv[1]
+LOGITS_TOL, LOSS_RTOL = 1e-5, 1e-6
+run = runner(BIN)
+
+
+def tiny_model(**changes):
+    cls, extra = SIGMOID_FAMILIES["minimax_m2"]
+    torch.manual_seed(7)
+    config = cls(**{**COMMON, **extra, "max_position_embeddings": 4096, **changes})
+    assert config.rope_parameters["partial_rotary_factor"] == 0.5
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # the correction bias starts at zero: make it reorder choices
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.05)
+    return model
+
+
+def compare(what, dump_path, model_dir, eval_loss):
+    hf_parity.compare(what, dump_path, model_dir, eval_loss, LOGITS_TOL, LOSS_RTOL)
+
+
+def eval_config(tmp, tag):
+    cfg = tmp / f"eval-{tag}.json"
+    cfg.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4,
+        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")},
+        "model": {"seq_len": 32},
+        "training": {"eval_iters": 4, "device": "cpu", "output_dir": str(tmp / f"run-{tag}")}}))
+    return cfg
+
+
+def round_trip(tmp, model, tag, sharded=False):
+    print(f"MiniMax-M2 {tag}:")
+    src = tmp / f"hf-{tag}"
+    hf_parity.save_source(model, src, sharded)
+    imported = tmp / f"imported-{tag}"
+    run("import-hf", src, "--out", imported)
+    biases = json.loads((imported / "state.json").read_text()).get("expert_biases", {})
+    assert len(biases) == 3, f"every layer's correction bias: {list(biases)}"
+    cfg = eval_config(tmp, tag)
+    dump = tmp / f"logits-{tag}.safetensors"
+    r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
+    compare("imported", dump, src, r["loss"])
+    trained = hf_parity.train_and_export(run, cfg, imported, tmp / f"run-{tag}", tmp / f"exported-{tag}")
+    exported = tmp / f"exported-{tag}"
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == ["MiniMaxM2ForCausalLM"], config["architectures"]
+    assert config["rope_parameters"]["partial_rotary_factor"] == 0.5, config["rope_parameters"]
+    hf_parity.exported_matches(run, tmp, tag, cfg, trained, exported, 10, compare)
+
+
+def legacy_rotary_dim(tmp, model):
+    """The releases write rotary_dim (64 of head_dim 128), not partial_rotary_factor."""
+    print("MiniMax-M2 with the releases' rotary_dim:")
+    src = tmp / "hf-rotary-dim"
+    model.save_pretrained(src)
+    config = json.loads((src / "config.json").read_text())
+    config["rope_parameters"].pop("partial_rotary_factor")
+    config["rotary_dim"] = 16
+    (src / "config.json").write_text(json.dumps(config))
+    assert transformers.AutoConfig.from_pretrained(src).rope_parameters["partial_rotary_factor"] == 0.5
+    imported = tmp / "imported-rotary-dim"
+    run("import-hf", src, "--out", imported)
+    dump = tmp / "logits-rotary-dim.safetensors"
+    r = json.loads(run("eval", "--config", eval_config(tmp, "rotary-dim"), "--checkpoint", imported,
+                       "--dump-logits", dump).stdout)
+    compare("rotary_dim 16 of 32", dump, src, r["loss"])
+
+
+def stacked(exported):
+    """An export's per-expert w1/w3/w2 stacked as transformers holds them in memory: gate_up_proj
+    [E, 2f, d] (gate rows first), down_proj [E, d, f], the correction bias under mlp."""
+    out = {k.replace("block_sparse_moe.", "mlp."): v for k, v in exported.items()}
+    E = SIGMOID_FAMILIES["minimax_m2"][1]["num_local_experts"]
+    for layer in range(COMMON["num_hidden_layers"]):
+        p = f"model.layers.{layer}.mlp.experts."
+        take = lambda proj: torch.stack([out.pop(f"{p}{e}.{proj}.weight") for e in range(E)])
+        gate, up, down = take("w1"), take("w3"), take("w2")
+        out[p + "gate_up_proj"] = torch.cat([gate, up], 1)
+        out[p + "down_proj"] = down
+    return out
+
+
+with tempfile.TemporaryDirectory() as d:
+    tmp = pathlib.Path(d)
+    run("make-synthetic", "--out", tmp / "data", "--vocab", "320", "--programs", "4", "--doc-len", "33",
+        "--train-docs", "800", "--valid-docs", "64")
+    round_trip(tmp, tiny_model(), "fp32")
+    round_trip(tmp, tiny_model(), "bf16-sharded", sharded=True)
+    legacy_rotary_dim(tmp, tiny_model())
+    print("MiniMax-M2 full fine-tuning vs transformers:")
+    hf_parity.full_fine_tuning_peer(run, tmp, tiny_model(), LOGITS_TOL, 1e-5, as_saved=stacked)
+print("ok")
