@@ -239,9 +239,11 @@ void add_carried_tensors(const families::ModelFamily& family, const std::string&
   }
 }
 
-// The architecture of a vision-language release the checkpoint was imported from (export-hf
-// writes that form again unless --architecture says otherwise); "" for anything else.
-std::string released_vision_language(const std::string& source) {
+// The architecture of the release the checkpoint was imported from when it is one of the
+// families' (export-hf writes that form again unless --architecture says otherwise: a family
+// whose checkpoints another family's claim would take, GLM-4.7-Flash's as DeepSeek-V3's, or a
+// vision-language release); "" for anything else.
+std::string released_architecture(const std::string& source) {
   if (source.empty()) return "";
   const fs::path p =
       fs::path(source) /
@@ -254,9 +256,25 @@ std::string released_vision_language(const std::string& source) {
   }
   const std::string arch = c["architectures"][0].get<std::string>();
   for (const families::ModelFamily* f : families::all_families()) {
-    if (arch == f->architecture() && f->text_config_key() != nullptr) return arch;
+    if (arch == f->architecture()) return arch;
   }
   return "";
+}
+
+// The family export-hf writes: --architecture's; else the release's the checkpoint came from
+// when it can write it (a vision-language release: always), else the highest claim.
+const families::ModelFamily& chosen_family(const config::Config& cfg, const std::string& requested,
+                                           const std::string& source) {
+  if (!requested.empty()) return export_family(cfg, requested);
+  const std::string released = released_architecture(source);
+  if (released.empty()) return export_family(cfg, "");
+  const auto& family = families::family_named(released, "export-hf");
+  if (family.text_config_key() != nullptr) return export_family(cfg, released);
+  try {
+    return export_family(cfg, released);
+  } catch (const UserError&) {
+    return export_family(cfg, "");  // trained into another family's architecture
+  }
 }
 }  // namespace
 
@@ -266,9 +284,7 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   const config::Config cfg = config::from_json(cs.config, cs.path);
   const families::ModelFamily& family = [&]() -> const families::ModelFamily& {
     try {
-      return export_family(cfg, opt.architecture.empty()
-                                    ? released_vision_language(hf_source_dir(checkpoint_dir, cfg))
-                                    : opt.architecture);
+      return chosen_family(cfg, opt.architecture, hf_source_dir(checkpoint_dir, cfg));
     } catch (const UserError& e) {
       throw UserError("export-hf: " + cs.path + ": " + e.what());
     }

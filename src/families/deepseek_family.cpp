@@ -1,8 +1,10 @@
-// DeepSeek-V2 / V3, Kimi, Moonlight (transformers' DeepseekV2Config / DeepseekV3Config; their
-// defaults where config.json has no key): multi-head latent attention, shared experts, dense
-// first layers. V3: sigmoid scores with e_score_correction_bias, groups scored by their two
-// best, normalised and scaled weights. V2: softmax scores, topk_method greedy or
-// group_limited_greedy (groups scored by their best), scaled and never normalised.
+// DeepSeek-V2 / V3, Kimi, Moonlight, GLM-4.7-Flash (transformers' DeepseekV2Config /
+// DeepseekV3Config / Glm4MoeLiteConfig; their defaults where config.json has no key): multi-head
+// latent attention, shared experts, dense first layers. V3: sigmoid scores with
+// e_score_correction_bias, groups scored by their two best, normalised and scaled weights. V2:
+// softmax scores, topk_method greedy or group_limited_greedy (groups scored by their best),
+// scaled and never normalised. GLM-4.7-Flash: V3's attention and router (GLM-4.5's is the same
+// arithmetic) with its own defaults, its dense layers named by mlp_layer_types.
 #include "moe/families/layer_rules.h"
 #include "moe/families/model_family.h"
 #include "moe/util/errors.h"
@@ -15,17 +17,27 @@ using nlohmann::json;
 
 void refuse(const std::string& key, const std::string& why) { throw UserError(key + ": " + why); }
 
+enum class Kind { kV2, kV3, kGlmLite };
+
 class Deepseek : public ModelFamily {
  public:
-  explicit Deepseek(bool v3) : v3_(v3) {}
+  explicit Deepseek(Kind kind) : v3_(kind != Kind::kV2), lite_(kind == Kind::kGlmLite) {}
 
-  const char* model_type() const override { return v3_ ? "deepseek_v3" : "deepseek_v2"; }
-  const char* architecture() const override {
-    return v3_ ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM";
+  const char* model_type() const override {
+    return lite_ ? "glm4_moe_lite" : v3_ ? "deepseek_v3" : "deepseek_v2";
   }
-  const char* title() const override { return v3_ ? "DeepSeek-V3" : "DeepSeek-V2"; }
+  const char* architecture() const override {
+    return lite_ ? "Glm4MoeLiteForCausalLM"
+           : v3_ ? "DeepseekV3ForCausalLM"
+                 : "DeepseekV2ForCausalLM";
+  }
+  const char* title() const override {
+    return lite_ ? "GLM-4.7-Flash" : v3_ ? "DeepSeek-V3" : "DeepSeek-V2";
+  }
   const char* releases() const override {
-    return v3_ ? "DeepSeek-V3 / V3.1 / R1, Kimi-K2, Moonlight" : "DeepSeek-V2, V2-Lite, V2.5";
+    return lite_ ? "GLM-4.7-Flash"
+           : v3_ ? "DeepSeek-V3 / V3.1 / R1, Kimi-K2, Moonlight"
+                 : "DeepSeek-V2, V2-Lite, V2.5";
   }
   bool has(Feature f) const override {
     switch (f) {
@@ -59,7 +71,13 @@ class Deepseek : public ModelFamily {
                              {"n_routed_experts", 4},
                              {"first_k_dense_replace", 1},
                              {"num_key_value_heads", 4}}));
-    if (v3_) {
+    if (lite_) {
+      c.erase("first_k_dense_replace");
+      c.update(nlohmann::json({{"q_lora_rank", 24},
+                               {"n_shared_experts", 1},
+                               {"mlp_layer_types", {"dense", "sparse", "sparse"}},
+                               {"routed_scaling_factor", 1.8}}));
+    } else if (v3_) {
       c.update(nlohmann::json({{"q_lora_rank", 24},
                                {"n_shared_experts", 1},
                                {"n_group", 2},
@@ -77,28 +95,30 @@ class Deepseek : public ModelFamily {
   void read_config(const HfKeys& k, json& m, json& e,
                    std::vector<std::string>* warnings) const override {
     read_latent_attention(k, m);
-    m["dense_hidden_size"] = k.integer("intermediate_size");
-    e["num_experts"] = k.integer("n_routed_experts", v3_ ? 256 : 64);
-    const int64_t f = k.integer("moe_intermediate_size");
+    m["dense_hidden_size"] = k.integer("intermediate_size", lite_ ? 10240 : 0);
+    e["num_experts"] = k.integer("n_routed_experts", v3_ && !lite_ ? 256 : 64);
+    const int64_t f = k.integer("moe_intermediate_size", lite_ ? 1536 : 0);
     e["expert_hidden_size"] = f;
-    e["mlp_only_layers"] = first_k_dense_layers(k, v3_ ? 3 : 0);
+    e["mlp_only_layers"] = lite_ ? dense_layer_types(k) : first_k_dense_layers(k, v3_ ? 3 : 0);
     e["shared_expert_hidden_size"] = k.integer("n_shared_experts", v3_ ? 1 : 2) * f;
-    e["routed_scaling_factor"] = k.number("routed_scaling_factor", v3_ ? 2.5 : 1.0);
+    e["routed_scaling_factor"] = k.number("routed_scaling_factor", lite_ ? 1.8 : v3_ ? 2.5 : 1.0);
     e["aux_loss_coeff"] = 0.0;  // transformers' DeepSeek classes train without one
     if (v3_) {
       e["score_function"] = "sigmoid";
       e["normalize_topk"] = k.boolean("norm_topk_prob", true);
-      e["n_group"] = k.integer("n_group", 8);
-      e["topk_group"] = k.integer("topk_group", 4);
+      e["n_group"] = k.integer("n_group", lite_ ? 1 : 8);
+      e["topk_group"] = k.integer("topk_group", lite_ ? 1 : 4);
       e["group_score_experts"] = 2;
       return;
     }
     read_v2_routing(k, e, warnings);
   }
 
+  // GLM-4.7-Flash claims nothing: its checkpoints are DeepSeek-V3's; export-hf writes it for a
+  // checkpoint imported from it, or when --architecture names it.
   int claim(const config::Config& cfg) const override {
     const bool sigmoid = cfg.moe.score_function == config::ScoreFunction::kSigmoid;
-    return config::latent_attention(cfg) && sigmoid == v3_ ? 100 : 0;
+    return !lite_ && config::latent_attention(cfg) && sigmoid == v3_ ? 100 : 0;
   }
   // Latent attention, the family's router, shared experts as whole multiples of the routed
   // width, dense layers first.
@@ -125,7 +145,7 @@ class Deepseek : public ModelFamily {
              name + "'s shared experts are n_shared_experts x moe_intermediate_size (" +
                  std::to_string(f_width) + ")");
     }
-    require_dense_layers_first(cfg, name);
+    if (!lite_) require_dense_layers_first(cfg, name);  // mlp_layer_types names any layer
   }
   bool writes_head_dim() const override { return false; }
   void write_config(const config::Config& cfg, json& j) const override;
@@ -146,12 +166,30 @@ class Deepseek : public ModelFamily {
     if (m["kv_lora_rank"].get<int64_t>() == 0) {
       k.fail("kv_lora_rank", "expected a positive integer");
     }
-    m["q_lora_rank"] = k.has("q_lora_rank") ? k.integer("q_lora_rank", 0) : int64_t{1536};
-    m["qk_nope_head_dim"] = k.integer("qk_nope_head_dim", 128);
+    m["q_lora_rank"] =
+        k.has("q_lora_rank") ? k.integer("q_lora_rank", 0) : int64_t{lite_ ? 768 : 1536};
+    m["qk_nope_head_dim"] = k.integer("qk_nope_head_dim", lite_ ? 192 : 128);
     m["qk_rope_head_dim"] = k.integer("qk_rope_head_dim", 64);
-    m["v_head_dim"] = k.integer("v_head_dim", 128);
+    m["v_head_dim"] = k.integer("v_head_dim", lite_ ? 256 : 128);
     m["rope_interleave"] = v3_ ? k.boolean("rope_interleave", true) : true;  // V2: complex form
     m["qk_norm"] = false;
+  }
+
+  // Glm4MoeLiteConfig's mlp_layer_types ("dense" / "sparse" per layer; default the first
+  // dense) as our moe.mlp_only_layers.
+  static json dense_layer_types(const HfKeys& k) {
+    const int64_t layers = k.integer("num_hidden_layers");
+    json dense = json::array();
+    if (!k.present("mlp_layer_types")) return json::array({0});
+    const auto types = k.strings("mlp_layer_types", "\"dense\" or \"sparse\" per layer");
+    if (static_cast<int64_t>(types.size()) != layers)
+      k.fail("mlp_layer_types", "expected one entry per layer (num_hidden_layers)");
+    for (size_t i = 0; i < types.size(); ++i) {
+      if (types[i] != "dense" && types[i] != "sparse")
+        k.fail("mlp_layer_types", "expected \"dense\" or \"sparse\", not \"" + types[i] + "\"");
+      if (types[i] == "dense") dense.push_back(static_cast<int64_t>(i));
+    }
+    return dense;
   }
 
   static void read_v2_routing(const HfKeys& k, json& e, std::vector<std::string>* warnings) {
@@ -188,7 +226,7 @@ class Deepseek : public ModelFamily {
     }
   }
 
-  bool v3_;
+  bool v3_, lite_;  // lite_: GLM-4.7-Flash (v3_ too: V3's router and attention)
 };
 
 // DeepseekV2Config / DeepseekV3Config's keys.
@@ -199,7 +237,14 @@ void Deepseek::write_config(const config::Config& cfg, json& j) const {
   j["n_routed_experts"] = e.num_experts;
   j["moe_intermediate_size"] = width;
   j["intermediate_size"] = config::dense_hidden_size(cfg);
-  j["first_k_dense_replace"] = leading_dense_layers(cfg);
+  if (lite_) {
+    json types = json::array();
+    for (int64_t l = 0; l < m.num_layers; ++l)
+      types.push_back(config::is_moe_layer(cfg, l) ? "sparse" : "dense");
+    j["mlp_layer_types"] = types;
+  } else {
+    j["first_k_dense_replace"] = leading_dense_layers(cfg);
+  }
   j["n_shared_experts"] = e.shared_expert_hidden_size / width;
   j["routed_scaling_factor"] = e.routed_scaling_factor;
   j["n_group"] = e.n_group;
@@ -216,7 +261,8 @@ void Deepseek::write_config(const config::Config& cfg, json& j) const {
   if (v3_) {
     j["norm_topk_prob"] = e.normalize_topk;
     j["rope_interleave"] = m.rope_interleave;
-    j["num_nextn_predict_layers"] = 0;  // the MTP layers are not imported (docs/hf.md)
+    // the MTP layers are not imported (docs/hf.md); Glm4MoeLiteConfig has no such key
+    if (!lite_) j["num_nextn_predict_layers"] = 0;
   } else {
     j["norm_topk_prob"] = false;
     j["topk_method"] = e.n_group > 1 ? "group_limited_greedy" : "greedy";
@@ -226,9 +272,10 @@ void Deepseek::write_config(const config::Config& cfg, json& j) const {
 }  // namespace
 
 void register_deepseek_family(std::vector<const ModelFamily*>& out) {
-  static const Deepseek kV2(false), kV3(true);
+  static const Deepseek kV2(Kind::kV2), kV3(Kind::kV3), kGlmLite(Kind::kGlmLite);
   out.push_back(&kV2);
   out.push_back(&kV3);
+  out.push_back(&kGlmLite);
 }
 
 }  // namespace moe::families

@@ -75,7 +75,9 @@ json architecture_from_hf(const json& c, const std::string& file, const ModelFam
     k.fail("use_sliding_window", "sliding-window attention is not supported");
   }
   const int64_t hidden = k.integer("hidden_size"), heads = k.integer("num_attention_heads");
-  if (heads == 0 || hidden % heads != 0) {
+  // Latent attention gives its head widths explicitly (GLM-4.7-Flash: 20 heads on 2048).
+  const bool latent = k.present("kv_lora_rank") && k.integer("kv_lora_rank", 0) > 0;
+  if (heads == 0 || (hidden % heads != 0 && !latent)) {
     if (!k.present("head_dim")) k.fail("num_attention_heads", "must divide hidden_size");
   }
   json m;

@@ -30,6 +30,10 @@ MLA_FAMILIES = {
     "deepseek_v3": (transformers.DeepseekV3Config,
                     dict(MLA, q_lora_rank=24, n_shared_experts=1, n_group=2, topk_group=1,
                          routed_scaling_factor=2.5)),
+    # GLM-4.7-Flash: V3's attention and router under Glm4MoeLiteConfig, dense layers by
+    # mlp_layer_types (the default: the first), routed_scaling_factor 1.8, no groups
+    "glm4_moe_lite": (transformers.Glm4MoeLiteConfig,
+                      dict(MLA, q_lora_rank=24, n_shared_experts=1, routed_scaling_factor=1.8)),
     "deepseek_v2": (transformers.DeepseekV2Config,
                     dict(MLA, q_lora_rank=None, n_shared_experts=2, topk_method="greedy",
                          routed_scaling_factor=1.0)),
