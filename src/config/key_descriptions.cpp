@@ -91,6 +91,7 @@ constexpr KeyDescription kDescriptions[] = {
     {"model.init_std", "init std; residual output projections use std/sqrt(2L)"},
     {"model.norm_eps", "RMSNorm epsilon"},
     {"model.tie_embeddings", "LM head shares the token embedding"},
+    {"model.padding_idx", "a token whose embedding row is never trained (its gradient is zero), as transformers' nn.Embedding(padding_idx=pad_token_id) trains; import-hf sets it from pad_token_id; -1 = none"},
     {"model.rope_theta", "> 0: rotary position embeddings with this base, as Hugging Face's Llama/Mixtral/Qwen (`rope_theta`; rotate-half layout); 0: learned absolute positions (`pos_embed`)"},
     {"model.rope_scaling", "rotary scaling for windows past the pretraining one, as Hugging Face's `rope_parameters` (`rope_scaling` in transformers 4); `import-hf` fills it, `export-hf` writes it back. Taken from the checkpoint with the architecture unless the config sets it (a long-context fine-tune may add it to an unscaled model)"},
     {"model.rope_scaling.type", "`none` (HF `default`); `linear`: positions divided by `factor` (position interpolation); `yarn`: YaRN, interpolation on the slow frequencies, none on the fast ones, a linear ramp between, and cos/sin scaled by `attention_factor` (Qwen3's long-context setting)"},

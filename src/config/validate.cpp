@@ -370,6 +370,8 @@ void check_profile_window(const Config& c, const Rules& rules) {
 // Heads that divide the hidden size and one another; rotary positions on an even head.
 void check_attention_heads(const Config& c, const Rules& rules) {
   const auto& m = c.model;
+  rules.check(m.padding_idx < m.vocab_size, "model.padding_idx", m.padding_idx,
+              "must be < model.vocab_size (" + std::to_string(m.vocab_size) + ")");
   if (m.head_dim == 0 && m.kv_lora_rank == 0) {  // latent attention: explicit head widths
     rules.check(m.hidden_size % m.num_heads == 0, "model.num_heads", m.num_heads,
                 "must divide model.hidden_size (" + std::to_string(m.hidden_size) + ")");

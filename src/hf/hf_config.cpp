@@ -89,6 +89,12 @@ json architecture_from_hf(const json& c, const std::string& file, const ModelFam
   m["head_dim"] = k.integer("head_dim", hidden / std::max<int64_t>(heads, 1));
   m["norm_eps"] = k.number("rms_norm_eps", 1e-6);
   m["tie_embeddings"] = k.boolean("tie_word_embeddings", false);
+  // Every family's embedding is nn.Embedding(..., padding_idx=pad_token_id): that row is
+  // never trained (GLM-4.5's pad is its <|endoftext|>, gpt-oss's <|endoftext|> too).
+  if (k.present("pad_token_id") && k.raw("pad_token_id").is_number_integer()) {
+    const int64_t pad = k.raw("pad_token_id").get<int64_t>();
+    if (pad >= 0 && pad < m["vocab_size"].get<int64_t>()) m["padding_idx"] = pad;
+  }
   const RopeSettings rope = rope_settings(k, family.default_rope_theta(),
                                           family.default_partial_rotary_factor(), warnings);
   m["rope_theta"] = rope.theta;
@@ -222,6 +228,8 @@ json hf_config_from(const config::Config& cfg, const ModelFamily& family, const 
     j["rope_scaling"] = legacy;
   }
   j["tie_word_embeddings"] = m.tie_embeddings;
+  // The row training left alone is transformers' padding_idx again.
+  if (m.padding_idx >= 0) j["pad_token_id"] = m.padding_idx;
   j["hidden_act"] = "silu";
   j["initializer_range"] = m.init_std;
   j["attention_dropout"] = 0.0;

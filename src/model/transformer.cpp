@@ -29,13 +29,16 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
       checkpoints_on_host_(cfg.activation_checkpointing.cpu_checkpointing),
       eod_id_(cfg.data.reset_attention_at_eod ? cfg.data.eod_id : -1) {
   const auto& m = cfg.model;
-  embed = register_module("embed", torch::nn::Embedding(m.vocab_size, m.hidden_size));
+  auto embedding = torch::nn::EmbeddingOptions(m.vocab_size, m.hidden_size);
+  if (m.padding_idx >= 0) embedding.padding_idx(m.padding_idx);  // that row gets no gradient
+  embed = register_module("embed", torch::nn::Embedding(embedding));
   if (m.rope_theta <= 0) {  // learned absolute positions; rotary ones live in the attention
     pos_embed = register_module("pos_embed", torch::nn::Embedding(m.seq_len, m.hidden_size));
   }
   {
     torch::NoGradGuard g;
     embed->weight.normal_(0.0, m.init_std);
+    if (m.padding_idx >= 0) embed->weight[m.padding_idx].zero_();  // as transformers initialises
     if (pos_embed) pos_embed->weight.normal_(0.0, m.init_std);
   }
   lora_ = config::lora_enabled(cfg);

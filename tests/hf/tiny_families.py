@@ -52,13 +52,13 @@ GLM_FAMILIES = {
 
 # MiniMax-M2 (tests/hf/minimax_m2_test.py has its import/export checks): q/k norms over the whole
 # projections with num_heads x head_dim unlike hidden_size, partial rotary 0.5, sigmoid routing with a
-# correction bias on the selection, renormalised top-k, experts as w1/w3/w2 per expert. No pad id:
-# transformers' embedding never updates its padding_idx row, which moe-train does not model yet
-# (a zero row there, through the first RMSNorm, has a 1/sqrt(eps) gradient on our side).
+# correction bias on the selection, renormalised top-k, experts as w1/w3/w2 per expert. Pad id 0
+# (COMMON's): transformers never trains that embedding row (padding_idx), nor does moe-train
+# (model.padding_idx); the full fine-tuning peer's batches hold token 0.
 SIGMOID_FAMILIES = {
     "minimax_m2": (transformers.MiniMaxM2Config,
                    dict(head_dim=32, num_local_experts=8, intermediate_size=48, partial_rotary_factor=0.5,
-                        rope_theta=5e6, rms_norm_eps=1e-6, pad_token_id=None)),
+                        rope_theta=5e6, rms_norm_eps=1e-6)),
 }
 
 # Gated DeltaNet hybrids (tests/hf/qwen3_next_test.py has their import/export checks): 3 linear-

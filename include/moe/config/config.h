@@ -129,6 +129,9 @@ struct ModelConfig {
   double init_std = 0.02;
   double norm_eps = 1e-5;
   bool tie_embeddings = true;
+  // >= 0: the token whose embedding row is never trained (transformers' padding_idx, its
+  // pad_token_id); -1: none.
+  int64_t padding_idx = -1;
   double rope_theta = 0.0;          // > 0: rotary positions (HF convention); 0: learned positions
   RopeScalingConfig rope_scaling;   // rotary only
   int64_t num_key_value_heads = 0;  // grouped-query attention; 0 = num_heads (multi-head)
