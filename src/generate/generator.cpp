@@ -11,7 +11,7 @@ namespace moe::generate {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
+double elapsed_seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -67,7 +67,7 @@ std::vector<Generated> generate_batch(model::TransformerLM& model,
   auto t0 = std::chrono::steady_clock::now();
   auto logits = model->decode(batch.tokens.to(device), step, caches);
   synchronize(device);
-  if (times) times->prefill_s += seconds_since(t0), times->prefill_tokens += B * L;
+  if (times) times->prefill_s += elapsed_seconds(t0), times->prefill_tokens += B * L;
 
   const int64_t V = logits.size(-1);
   auto seen = torch::zeros({B, V}, torch::kBool);  // real tokens so far (repetition penalty)
@@ -107,7 +107,7 @@ std::vector<Generated> generate_batch(model::TransformerLM& model,
     if (times) ++times->decode_steps;
   }
   synchronize(device);
-  if (times) times->decode_s += seconds_since(t0);
+  if (times) times->decode_s += elapsed_seconds(t0);
   for (auto& g : out) {
     if (g.finish_reason.empty()) g.finish_reason = "length";
   }

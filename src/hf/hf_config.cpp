@@ -41,6 +41,36 @@ std::string with_biases() {
 
 }  // namespace
 
+namespace {
+
+// The width, heads and embedding keys every family shares, as our model section.
+json attention_and_embedding_keys(const HfKeys& k) {
+  const int64_t hidden = k.integer("hidden_size"), heads = k.integer("num_attention_heads");
+  // Latent attention gives its head widths explicitly (GLM-4.7-Flash: 20 heads on 2048).
+  const bool latent = k.present("kv_lora_rank") && k.integer("kv_lora_rank", 0) > 0;
+  if (heads == 0 || (hidden % heads != 0 && !latent)) {
+    if (!k.present("head_dim")) k.fail("num_attention_heads", "must divide hidden_size");
+  }
+  json m;
+  m["vocab_size"] = k.integer("vocab_size");
+  m["hidden_size"] = hidden;
+  m["num_layers"] = k.integer("num_hidden_layers");
+  m["num_heads"] = heads;
+  m["num_key_value_heads"] = k.integer("num_key_value_heads", heads);
+  m["head_dim"] = k.integer("head_dim", hidden / std::max<int64_t>(heads, 1));
+  m["norm_eps"] = k.number("rms_norm_eps", 1e-6);
+  m["tie_embeddings"] = k.boolean("tie_word_embeddings", false);
+  // Every family's embedding is nn.Embedding(..., padding_idx=pad_token_id): that row is
+  // never trained (GLM-4.5's pad is its <|endoftext|>, gpt-oss's <|endoftext|> too).
+  if (k.present("pad_token_id") && k.raw("pad_token_id").is_number_integer()) {
+    const int64_t pad = k.raw("pad_token_id").get<int64_t>();
+    if (pad >= 0 && pad < m["vocab_size"].get<int64_t>()) m["padding_idx"] = pad;
+  }
+  return m;
+}
+
+}  // namespace
+
 json architecture_from_hf(const json& c, const std::string& file, const ModelFamily** family_out,
                           std::vector<std::string>* warnings) {
   if (!c.is_object()) throw UserError("hf: " + file + ": expected a JSON object");
@@ -74,27 +104,7 @@ json architecture_from_hf(const json& c, const std::string& file, const ModelFam
   if (k.boolean("use_sliding_window", false)) {
     k.fail("use_sliding_window", "sliding-window attention is not supported");
   }
-  const int64_t hidden = k.integer("hidden_size"), heads = k.integer("num_attention_heads");
-  // Latent attention gives its head widths explicitly (GLM-4.7-Flash: 20 heads on 2048).
-  const bool latent = k.present("kv_lora_rank") && k.integer("kv_lora_rank", 0) > 0;
-  if (heads == 0 || (hidden % heads != 0 && !latent)) {
-    if (!k.present("head_dim")) k.fail("num_attention_heads", "must divide hidden_size");
-  }
-  json m;
-  m["vocab_size"] = k.integer("vocab_size");
-  m["hidden_size"] = hidden;
-  m["num_layers"] = k.integer("num_hidden_layers");
-  m["num_heads"] = heads;
-  m["num_key_value_heads"] = k.integer("num_key_value_heads", heads);
-  m["head_dim"] = k.integer("head_dim", hidden / std::max<int64_t>(heads, 1));
-  m["norm_eps"] = k.number("rms_norm_eps", 1e-6);
-  m["tie_embeddings"] = k.boolean("tie_word_embeddings", false);
-  // Every family's embedding is nn.Embedding(..., padding_idx=pad_token_id): that row is
-  // never trained (GLM-4.5's pad is its <|endoftext|>, gpt-oss's <|endoftext|> too).
-  if (k.present("pad_token_id") && k.raw("pad_token_id").is_number_integer()) {
-    const int64_t pad = k.raw("pad_token_id").get<int64_t>();
-    if (pad >= 0 && pad < m["vocab_size"].get<int64_t>()) m["padding_idx"] = pad;
-  }
+  json m = attention_and_embedding_keys(k);
   const RopeSettings rope = rope_settings(k, family.default_rope_theta(),
                                           family.default_partial_rotary_factor(), warnings);
   m["rope_theta"] = rope.theta;
@@ -228,8 +238,7 @@ json hf_config_from(const config::Config& cfg, const ModelFamily& family, const 
     j["rope_scaling"] = legacy;
   }
   j["tie_word_embeddings"] = m.tie_embeddings;
-  // The row training left alone is transformers' padding_idx again.
-  if (m.padding_idx >= 0) j["pad_token_id"] = m.padding_idx;
+  if (m.padding_idx >= 0) j["pad_token_id"] = m.padding_idx;  // transformers' padding_idx again
   j["hidden_act"] = "silu";
   j["initializer_range"] = m.init_std;
   j["attention_dropout"] = 0.0;

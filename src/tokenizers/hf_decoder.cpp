@@ -103,7 +103,7 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
 }
 
 // Strip: up to `start` leading and `stop` trailing copies of `content` (one character).
-std::string strip(std::string t, const std::string& content, size_t start, size_t stop) {
+std::string strip_copies(std::string t, const std::string& content, size_t start, size_t stop) {
   for (size_t i = 0; i < start && t.compare(0, content.size(), content) == 0; ++i)
     t.erase(0, content.size());
   for (size_t i = 0; i < stop && t.size() >= content.size() &&
@@ -180,7 +180,7 @@ std::string HfDecoder::decode(std::vector<std::string> tokens) const {
         break;
       }
       case Step::kStrip:
-        for (auto& t : tokens) t = strip(t, s.from, s.start, s.stop);
+        for (auto& t : tokens) t = strip_copies(t, s.from, s.start, s.stop);
         break;
       case Step::kMetaspace:
         for (size_t i = 0; i < tokens.size(); ++i) {
