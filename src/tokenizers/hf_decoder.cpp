@@ -96,7 +96,7 @@ std::vector<std::string> byte_fallback(const std::vector<std::string>& tokens) {
   return out;
 }
 
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
+void replace_in_place(std::string& s, const std::string& from, const std::string& to) {
   if (from.empty()) return;
   for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
     s.replace(at, from.size(), to);
@@ -168,7 +168,7 @@ std::string HfDecoder::decode(std::vector<std::string> tokens) const {
         tokens = {byte_level(tokens)};
         break;
       case Step::kReplace:
-        for (auto& t : tokens) replace_all(t, s.from, s.to);
+        for (auto& t : tokens) replace_in_place(t, s.from, s.to);
         break;
       case Step::kByteFallback:
         tokens = byte_fallback(tokens);
@@ -184,7 +184,7 @@ std::string HfDecoder::decode(std::vector<std::string> tokens) const {
         break;
       case Step::kMetaspace:
         for (size_t i = 0; i < tokens.size(); ++i) {
-          replace_all(tokens[i], s.from, " ");
+          replace_in_place(tokens[i], s.from, " ");
           if (i == 0 && s.strip_first_space && !tokens[i].empty() && tokens[i][0] == ' ')
             tokens[i].erase(0, 1);
         }
