@@ -12,7 +12,8 @@ tokenizer and a ChatML template trained here (nothing downloaded):
   adapters change what is generated;
 - chat: driven through a pseudo-terminal for two turns and ended with Ctrl-D, each turn's prompt is
   apply_chat_template(add_generation_prompt=True) of the conversation so far, and its greedy reply is
-  transformers' (the reply streamed to the terminal as it is generated);
+  transformers' (the reply streamed to the terminal as it is generated); a second session on its
+  controlling terminal: Ctrl-C ends the streaming reply ("[stopped]"), then the session, exit 0;
 - the same greedy check for Mixtral with a Llama-2-style tokenizer (byte fallback, the Replace /
   ByteFallback / Fuse / Strip decoder, a BOS from the post-processor);
 - bad input: no tokenizer, a prompt longer than the context, a malformed JSONL line: exit 2, one
@@ -28,6 +29,7 @@ import select
 import subprocess
 import sys
 import tempfile
+import time
 
 try:
     import torch
@@ -298,6 +300,28 @@ def check_chat(model, tok, src, tmp):
           "transformers' greedy generate, shown on the terminal; Ctrl-D exits 0")
 
 
+def check_chat_interrupt(src):
+    """Ctrl-C on the chat's controlling terminal: while a reply streams it ends that reply
+    ("[stopped]", back at the prompt); at the prompt it ends the session with exit 0."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(BIN, [BIN, "chat", "--checkpoint", str(src), "--greedy", "-n", "100000"])
+    try:
+        screen = read_until(fd, b"> ", b"")
+        os.write(fd, b"Why is the sky blue?\n")
+        time.sleep(2)  # streaming (100,000 tokens would take minutes)
+        os.write(fd, b"\x03")
+        screen += read_until(fd, b"> ", screen)
+        assert b"[stopped]" in screen, screen[-200:]
+        os.write(fd, b"\x03")
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    print("  chat: Ctrl-C ends the streaming reply ([stopped], back at the prompt), then the session "
+          "(exit 0)")
+
+
 def check_bad_input(src, tmp):
     ckpt, bare = tmp / "imported", tmp / "no-tokenizer"
     run("import-hf", src, "--out", ckpt)
@@ -328,6 +352,7 @@ def main():
             if family == families[0]:
                 check_sampling(family, model, tok, src, tmp, prompts)
                 check_chat(model, tok, src, tmp)
+                check_chat_interrupt(src)
                 check_trained(family, src, tok, tmp, prompts)
                 check_bad_input(src, tmp)
         if "mixtral" in families:
