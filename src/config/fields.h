@@ -164,7 +164,8 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("init_std", m.init_std, above(0));
   v.field("norm_eps", m.norm_eps, above(0));
   v.field("tie_embeddings", m.tie_embeddings);
-  v.field("padding_idx", m.padding_idx, in(-1, double(int64_t(1) << 31)).says("must be -1 (none) or a token id"));
+  v.field("padding_idx", m.padding_idx,
+          in(-1, double(int64_t(1) << 31)).says("must be -1 (none) or a token id"));
   v.field("rope_theta", m.rope_theta, at_least(0, "0 = learned positions"));
   section(v, "rope_scaling", m.rope_scaling);
   v.field("num_key_value_heads", m.num_key_value_heads, at_least(0, "0 = num_heads"));

@@ -39,26 +39,12 @@ def tiny_model(**changes):
             "pad_token_id": None, "max_position_embeddings": 4096, **changes}
     keys.pop("first_k_dense_replace")
     torch.manual_seed(7)
-    model = transformers.AutoModelForCausalLM.from_config(cls(**keys)).eval()
-    with torch.no_grad():  # the correction bias starts at zero: make it reorder choices
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0.0, 0.05)
-    return model
+    return hf_parity.shift_correction_biases(
+        transformers.AutoModelForCausalLM.from_config(cls(**keys)).eval())
 
 
 def compare(what, dump_path, model_dir, eval_loss):
     hf_parity.compare(what, dump_path, model_dir, eval_loss, LOGITS_TOL, LOSS_RTOL)
-
-
-def eval_config(tmp, tag):
-    cfg = tmp / f"eval-{tag}.json"
-    cfg.write_text(json.dumps({
-        "train_micro_batch_size_per_gpu": 4,
-        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")},
-        "model": {"seq_len": 32},
-        "training": {"eval_iters": 4, "device": "cpu", "output_dir": str(tmp / f"run-{tag}")}}))
-    return cfg
 
 
 def round_trip(tmp, model, tag, sharded=False):
@@ -69,7 +55,7 @@ def round_trip(tmp, model, tag, sharded=False):
     run("import-hf", src, "--out", imported)
     state = json.loads((imported / "state.json").read_text())
     assert state["config"]["moe"]["mlp_only_layers"] == [0, 2], state["config"]["moe"]["mlp_only_layers"]
-    cfg = eval_config(tmp, tag)
+    cfg = hf_parity.eval_config(tmp, tag)
     dump = tmp / f"logits-{tag}.safetensors"
     r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
     compare("imported", dump, src, r["loss"])

@@ -36,6 +36,28 @@ def compare(what, dump_path, model_dir, eval_loss, logits_tol, loss_rtol):
     assert rel <= loss_rtol, f"{what}: loss differs by {rel} relative"
 
 
+def eval_config(tmp, tag):
+    """An eval / training config over make-synthetic's data in `tmp`/data (batch 4 x 32 tokens,
+    4 validation windows, CPU), its run directory `tmp`/run-`tag`."""
+    cfg = tmp / f"eval-{tag}.json"
+    cfg.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4,
+        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")},
+        "model": {"seq_len": 32},
+        "training": {"eval_iters": 4, "device": "cpu", "output_dir": str(tmp / f"run-{tag}")}}))
+    return cfg
+
+
+def shift_correction_biases(model, std=0.05):
+    """Every e_score_correction_bias ~ N(0, std) (they start at zero): sigmoid scores lie in (0, 1),
+    so this reorders which experts are chosen."""
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, std)
+    return model
+
+
 def save_source(model, src, sharded=False):
     """`model` saved as a source directory: fp32 in one file, or bf16 in 60 KB shards."""
     if sharded:

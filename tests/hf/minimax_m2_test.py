@@ -38,26 +38,12 @@ def tiny_model(**changes):
     torch.manual_seed(7)
     config = cls(**{**COMMON, **extra, "max_position_embeddings": 4096, **changes})
     assert config.rope_parameters["partial_rotary_factor"] == 0.5
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():  # the correction bias starts at zero: make it reorder choices
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0.0, 0.05)
-    return model
+    return hf_parity.shift_correction_biases(
+        transformers.AutoModelForCausalLM.from_config(config).eval())
 
 
 def compare(what, dump_path, model_dir, eval_loss):
     hf_parity.compare(what, dump_path, model_dir, eval_loss, LOGITS_TOL, LOSS_RTOL)
-
-
-def eval_config(tmp, tag):
-    cfg = tmp / f"eval-{tag}.json"
-    cfg.write_text(json.dumps({
-        "train_micro_batch_size_per_gpu": 4,
-        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")},
-        "model": {"seq_len": 32},
-        "training": {"eval_iters": 4, "device": "cpu", "output_dir": str(tmp / f"run-{tag}")}}))
-    return cfg
 
 
 def round_trip(tmp, model, tag, sharded=False):
@@ -68,7 +54,7 @@ def round_trip(tmp, model, tag, sharded=False):
     run("import-hf", src, "--out", imported)
     biases = json.loads((imported / "state.json").read_text()).get("expert_biases", {})
     assert len(biases) == 3, f"every layer's correction bias: {list(biases)}"
-    cfg = eval_config(tmp, tag)
+    cfg = hf_parity.eval_config(tmp, tag)
     dump = tmp / f"logits-{tag}.safetensors"
     r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
     compare("imported", dump, src, r["loss"])
@@ -93,7 +79,7 @@ def legacy_rotary_dim(tmp, model):
     imported = tmp / "imported-rotary-dim"
     run("import-hf", src, "--out", imported)
     dump = tmp / "logits-rotary-dim.safetensors"
-    r = json.loads(run("eval", "--config", eval_config(tmp, "rotary-dim"), "--checkpoint", imported,
+    r = json.loads(run("eval", "--config", hf_parity.eval_config(tmp, "rotary-dim"), "--checkpoint", imported,
                        "--dump-logits", dump).stdout)
     compare("rotary_dim 16 of 32", dump, src, r["loss"])
 
