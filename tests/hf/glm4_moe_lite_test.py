@@ -68,17 +68,8 @@ def round_trip(tmp, model, tag, sharded=False):
 
 
 def stacked(exported):
-    """An export's per-expert matrices stacked as transformers holds them in memory."""
-    out = dict(exported)
-    for layer, kind in enumerate(TYPES):
-        if kind != "sparse":
-            continue
-        p = f"model.layers.{layer}.mlp.experts."
-        take = lambda proj: torch.stack([out.pop(f"{p}{e}.{proj}.weight") for e in range(8)])
-        gate, up, down = take("gate_proj"), take("up_proj"), take("down_proj")
-        out[p + "gate_up_proj"] = torch.cat([gate, up], 1)
-        out[p + "down_proj"] = down
-    return out
+    """An export's per-expert matrices as transformers holds them (hf_parity.stacked_experts)."""
+    return hf_parity.stacked_experts(exported, [i for i, t in enumerate(TYPES) if t == "sparse"], 8)
 
 
 with tempfile.TemporaryDirectory() as d:

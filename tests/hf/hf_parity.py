@@ -58,6 +58,20 @@ def shift_correction_biases(model, std=0.05):
     return model
 
 
+def stacked_experts(tensors, moe_layers, experts, names=("gate_proj", "up_proj", "down_proj")):
+    """An export's per-expert matrices (the released layout, `names` = gate, up, down) stacked as
+    transformers holds them in memory: gate_up_proj [E, 2f, d] (gate rows first), down_proj
+    [E, d, f], for each layer of `moe_layers` under model.layers.N.mlp.experts."""
+    out = dict(tensors)
+    for layer in moe_layers:
+        p = f"model.layers.{layer}.mlp.experts."
+        take = lambda proj: torch.stack([out.pop(f"{p}{e}.{proj}.weight") for e in range(experts)])
+        gate, up, down = (take(n) for n in names)
+        out[p + "gate_up_proj"] = torch.cat([gate, up], 1)
+        out[p + "down_proj"] = down
+    return out
+
+
 def save_source(model, src, sharded=False):
     """`model` saved as a source directory: fp32 in one file, or bf16 in 60 KB shards."""
     if sharded:

@@ -85,17 +85,12 @@ def legacy_rotary_dim(tmp, model):
 
 
 def stacked(exported):
-    """An export's per-expert w1/w3/w2 stacked as transformers holds them in memory: gate_up_proj
-    [E, 2f, d] (gate rows first), down_proj [E, d, f], the correction bias under mlp."""
-    out = {k.replace("block_sparse_moe.", "mlp."): v for k, v in exported.items()}
-    E = SIGMOID_FAMILIES["minimax_m2"][1]["num_local_experts"]
-    for layer in range(COMMON["num_hidden_layers"]):
-        p = f"model.layers.{layer}.mlp.experts."
-        take = lambda proj: torch.stack([out.pop(f"{p}{e}.{proj}.weight") for e in range(E)])
-        gate, up, down = take("w1"), take("w3"), take("w2")
-        out[p + "gate_up_proj"] = torch.cat([gate, up], 1)
-        out[p + "down_proj"] = down
-    return out
+    """An export's per-expert w1/w3/w2 as transformers holds them in memory, the correction bias
+    under mlp (hf_parity.stacked_experts)."""
+    renamed = {k.replace("block_sparse_moe.", "mlp."): v for k, v in exported.items()}
+    return hf_parity.stacked_experts(renamed, range(COMMON["num_hidden_layers"]),
+                                     SIGMOID_FAMILIES["minimax_m2"][1]["num_local_experts"],
+                                     ("w1", "w3", "w2"))
 
 
 with tempfile.TemporaryDirectory() as d:
