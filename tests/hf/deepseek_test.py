@@ -84,16 +84,6 @@ def compare(what, dump_path, model_dir, eval_loss):
     hf_parity.compare(what, dump_path, model_dir, eval_loss, LOGITS_TOL, LOSS_RTOL)
 
 
-def eval_config(tmp, tag):
-    cfg = tmp / f"eval-{tag}.json"
-    cfg.write_text(json.dumps({
-        "train_micro_batch_size_per_gpu": 4,
-        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")},
-        "model": {"seq_len": 32},
-        "training": {"eval_iters": 4, "device": "cpu", "output_dir": str(tmp / f"run-{tag}")}}))
-    return cfg
-
-
 def round_trip(tmp, model, tag, architecture, sharded=False):
     print(f"{tag}:")
     src = tmp / f"hf-{tag}"
@@ -105,7 +95,7 @@ def round_trip(tmp, model, tag, architecture, sharded=False):
         model.save_pretrained(src)
     imported = tmp / f"imported-{tag}"
     run("import-hf", src, "--out", imported)
-    cfg = eval_config(tmp, tag)
+    cfg = hf_parity.eval_config(tmp, tag)
     dump = tmp / f"logits-{tag}.safetensors"
     r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
     compare("imported", dump, src, r["loss"])
@@ -167,7 +157,7 @@ def mtp_source(tmp, model):
     assert len(warned) == 1 and f"{len(extra)} tensors" in warned[0], r.stderr
     print(f"  {warned[0].strip()}")
     dump = tmp / "logits-mtp.safetensors"
-    cfg = eval_config(tmp, "mtp")
+    cfg = hf_parity.eval_config(tmp, "mtp")
     r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
     compare("imported without its MTP layer", dump, src, r["loss"])
     exported = tmp / "exported-mtp"

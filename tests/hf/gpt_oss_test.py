@@ -91,12 +91,7 @@ def round_trip(tmp, model, sharded):
         model.save_pretrained(src)
     imported = tmp / f"imported-{tag}"
     run("import-hf", src, "--out", imported)
-    cfg = tmp / f"eval-{tag}.json"
-    cfg.write_text(json.dumps({
-        "train_micro_batch_size_per_gpu": 4,
-        "data": {"train_path": str(tmp / "data/train.h5"), "valid_path": str(tmp / "data/valid.h5")},
-        "model": {"seq_len": 32},
-        "training": {"eval_iters": 4, "device": "cpu", "output_dir": str(tmp / f"run-{tag}")}}))
+    cfg = hf_parity.eval_config(tmp, tag)
     dump = tmp / f"logits-{tag}.safetensors"
     r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
     compare("imported", dump, src, r["loss"])

@@ -82,6 +82,19 @@ def save_source(model, src, sharded=False):
         model.save_pretrained(src)
 
 
+def import_and_compare(run, tmp, model, tag, compare, sharded=False):
+    """`model` saved (save_source), import-hf'd and evaluated with `eval --dump-logits`; `compare`
+    holds the logits and loss to transformers'. Returns (source, imported, config, eval result)."""
+    src, imported = tmp / f"hf-{tag}", tmp / f"imported-{tag}"
+    save_source(model, src, sharded)
+    run("import-hf", src, "--out", imported)
+    cfg = eval_config(tmp, tag)
+    dump = tmp / f"logits-{tag}.safetensors"
+    r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
+    compare("imported", dump, src, r["loss"])
+    return src, imported, cfg, r
+
+
 def train_and_export(run, cfg, imported, run_dir, exported, steps=10):
     """`steps` full fine-tuning steps of `cfg` from `imported` (lr 3e-3, 2 warmup steps), its
     newest checkpoint exported with export-hf to `exported`; returns that checkpoint."""

@@ -48,16 +48,9 @@ def compare(what, dump_path, model_dir, eval_loss):
 
 def round_trip(tmp, model, tag, sharded=False):
     print(f"MiniMax-M2 {tag}:")
-    src = tmp / f"hf-{tag}"
-    hf_parity.save_source(model, src, sharded)
-    imported = tmp / f"imported-{tag}"
-    run("import-hf", src, "--out", imported)
+    _, imported, cfg, _ = hf_parity.import_and_compare(run, tmp, model, tag, compare, sharded)
     biases = json.loads((imported / "state.json").read_text()).get("expert_biases", {})
     assert len(biases) == 3, f"every layer's correction bias: {list(biases)}"
-    cfg = hf_parity.eval_config(tmp, tag)
-    dump = tmp / f"logits-{tag}.safetensors"
-    r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
-    compare("imported", dump, src, r["loss"])
     trained = hf_parity.train_and_export(run, cfg, imported, tmp / f"run-{tag}", tmp / f"exported-{tag}")
     exported = tmp / f"exported-{tag}"
     config = json.loads((exported / "config.json").read_text())
