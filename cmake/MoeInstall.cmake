@@ -1,5 +1,8 @@
 # `cmake --install` and `cpack -G DEB` (docs/build.md, "Installing"):
-#   bin/moe-train                         the binary, RPATH to the venv's LibTorch (see below)
+#   bin/moe-train                         finds LibTorch at start, then runs libexec's binary
+#   bin/moe-train-setup-runtime           installs LibTorch (torch wheel + CUDA wheels) in a venv
+#   libexec/moe-train/moe-train           the binary (no RPATH: the runtime is found at start)
+#   libexec/moe-train/runtime.sh          the lookup both of the above and the wrapper share
 #   libexec/moe-train/moe-train-launch    the multi-GPU unit's wrapper of torchrun
 #   share/moe-train/{configs,docs}        configs (with the Grafana dashboard, prometheus.yml), docs
 #   lib/systemd/system/*.service          units with this prefix's paths
@@ -8,21 +11,35 @@ include(GNUInstallDirs)
 set(MOE_SYSTEMD_UNITDIR "lib/systemd/system" CACHE STRING
     "Where the systemd units go, relative to the install prefix")
 
-# LibTorch is not packaged: the binary keeps an RPATH to the torch wheel in the venv that
-# scripts/setup makes (/opt/moe-train/venv by default) and to the CUDA runtime wheel beside it,
-# so neither LD_LIBRARY_PATH nor a CUDA toolkit is needed where it is installed (docs/build.md).
-set(MOE_INSTALL_RPATH "${MOE_TORCH_LIB_DIR}")
-file(GLOB _cudart LIST_DIRECTORIES false "${MOE_TORCH_LIB_DIR}/../../nvidia/*/lib/libcudart.so.*")
-if(MOE_HAVE_CUDA AND _cudart)
-  list(GET _cudart 0 _cudart)
-  get_filename_component(_cudart_dir "${_cudart}" DIRECTORY)
-  get_filename_component(_cudart_dir "${_cudart_dir}" REALPATH)
-  list(APPEND MOE_INSTALL_RPATH "${_cudart_dir}")
-elseif(MOE_HAVE_CUDA)
-  list(APPEND MOE_INSTALL_RPATH "${CUDAToolkit_LIBRARY_DIR}")
+# LibTorch is not packaged (docs/build.md, "The runtime": gigabytes of CUDA wheels, usable only in
+# the wheel layout). The installed entry points look for it at start (scripts/runtime/): in
+# MOE_LIBTORCH_DIR, the venv moe-train-setup-runtime recorded, or this build's venv, and refuse
+# a torch other than the one built against, naming both.
+set(MOE_TORCH_FULL_VERSION "${Torch_VERSION}")
+foreach(_version_file "${MOE_TORCH_LIB_DIR}/../version.py" "${MOE_TORCH_LIB_DIR}/../build-version")
+  if(EXISTS "${_version_file}")
+    file(STRINGS "${_version_file}" _line REGEX "^(__version__ = '.*'|[0-9]+[.].*)$" LIMIT_COUNT 1)
+    string(REGEX REPLACE "^__version__ = '(.*)'$" "\\1" MOE_TORCH_FULL_VERSION "${_line}")
+    break()
+  endif()
+endforeach()
+string(REGEX REPLACE "[+].*$" "" MOE_TORCH_PIP_VERSION "${MOE_TORCH_FULL_VERSION}")
+get_filename_component(MOE_RUNTIME_DEFAULT "${MOE_TORCH_LIB_DIR}/../../../../.." ABSOLUTE)
+if(NOT EXISTS "${MOE_TORCH_LIB_DIR}/../version.py")
+  get_filename_component(MOE_RUNTIME_DEFAULT "${MOE_TORCH_LIB_DIR}/.." ABSOLUTE)  # an archive
 endif()
-set_target_properties(moe-train PROPERTIES INSTALL_RPATH "${MOE_INSTALL_RPATH}")
-install(TARGETS moe-train RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+file(RELATIVE_PATH MOE_BIN_TO_LIBEXEC "/p/${CMAKE_INSTALL_BINDIR}" "/p/${CMAKE_INSTALL_LIBEXECDIR}")
+file(RELATIVE_PATH MOE_LIBEXEC_TO_PREFIX "/p/${CMAKE_INSTALL_LIBEXECDIR}/moe-train" "/p")
+set(MOE_RUNTIME_OUT "${PROJECT_BINARY_DIR}/runtime")
+foreach(_script runtime.sh moe-train moe-train-setup-runtime)
+  configure_file("${PROJECT_SOURCE_DIR}/scripts/runtime/${_script}.in" "${MOE_RUNTIME_OUT}/${_script}" @ONLY)
+endforeach()
+install(PROGRAMS ${MOE_RUNTIME_OUT}/moe-train ${MOE_RUNTIME_OUT}/moe-train-setup-runtime
+        DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+install(FILES ${MOE_RUNTIME_OUT}/runtime.sh DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/moe-train
+        COMPONENT runtime)
+set_target_properties(moe-train PROPERTIES INSTALL_RPATH "")
+install(TARGETS moe-train RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/moe-train COMPONENT runtime)
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/scripts/moe-train-launch
         DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/moe-train COMPONENT launcher)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/configs/ DESTINATION ${CMAKE_INSTALL_DATADIR}/moe-train/configs
@@ -32,9 +49,8 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DATADI
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/LICENSE
         DESTINATION ${CMAKE_INSTALL_DATADIR}/moe-train COMPONENT data)
 
-# The units: torchrun from the venv whose python provided LibTorch.
-get_filename_component(MOE_UNIT_TORCHRUN "${MOE_PYTHON}" DIRECTORY)
-set(MOE_UNIT_TORCHRUN "${MOE_UNIT_TORCHRUN}/torchrun")
+# The units: a bare torchrun, which moe-train-launch takes from the runtime (as moe-train does).
+set(MOE_UNIT_TORCHRUN torchrun)
 set(_unit_vars
     "set(MOE_UNIT_SRC \"${PROJECT_SOURCE_DIR}/scripts\")
      set(MOE_UNIT_BINDIR \"${CMAKE_INSTALL_BINDIR}\")
@@ -79,16 +95,18 @@ install(FILES ${MOE_GEN_DIR}/moe-train.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man
 # cpack -G DEB: moe-train_<version>_amd64.deb, installing under /usr as Debian packages do (the
 # units are written at install time, so they name /usr/bin/moe-train whatever this build's
 # prefix). Depends: the Debian packages of the libraries the binary links (ldd + dpkg -S on
-# Debian 12); LibTorch comes from the venv (above), not from a package.
+# Debian 12) and python3-venv for moe-train-setup-runtime; LibTorch comes from the runtime venv.
 set(CPACK_PACKAGE_NAME moe-train)
 set(CPACK_PACKAGE_VENDOR moe-train)
 set(CPACK_PACKAGE_CONTACT "moe-train maintainers <moe-train@localhost>")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "Train Mixture-of-Experts language models from a ds_config.json")
 set(CPACK_PACKAGE_DESCRIPTION
     "One C++20 binary (LibTorch) that trains MoE transformer language models on a GPU or the CPU,
-with systemd units. LibTorch is not included: the binary loads it from
- ${MOE_TORCH_LIB_DIR}
-(torch==${Torch_VERSION}, the venv that scripts/setup creates).")
+with systemd units. LibTorch is not included: after installing, run
+ moe-train-setup-runtime
+once (as root): it installs torch==${MOE_TORCH_PIP_VERSION} and its CUDA wheels from PyPI (or
+--wheels DIR) into ${MOE_RUNTIME_DEFAULT} (or --venv DIR, recorded in
+/etc/moe-train/runtime.conf). Until then moe-train and its units exit 2 saying so.")
 set(CPACK_RESOURCE_FILE_LICENSE ${PROJECT_SOURCE_DIR}/LICENSE)
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
@@ -98,9 +116,9 @@ set(CPACK_DEBIAN_PACKAGE_ARCHITECTURE amd64)
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS
     "libc6, libstdc++6, libgcc-s1, libhdf5-103-1, libspdlog1.10, libfmt9, libssl3, libxxhash0, \
-libsentencepiece0, libzstd1, zlib1g, libpcre2-8-0, libicu72, libcurl4, libsystemd0")
+libsentencepiece0, libzstd1, zlib1g, libpcre2-8-0, libicu72, libcurl4, libsystemd0, python3-venv")
 # postinst / postrm: systemctl daemon-reload after the units arrive or go (not under dpkg --root).
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA "${PROJECT_SOURCE_DIR}/cmake/deb/postinst;${PROJECT_SOURCE_DIR}/cmake/deb/postrm")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION TRUE)
-set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd, bash-completion, python3-venv")
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd, bash-completion")
 include(CPack)

@@ -31,7 +31,8 @@ with tempfile.TemporaryDirectory() as d:
         sys.exit(check.exit_code())
     deb = debs[0]
     listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True).stdout
-    wanted = ["./usr/bin/moe-train", "./usr/libexec/moe-train/moe-train-launch",
+    wanted = ["./usr/bin/moe-train", "./usr/bin/moe-train-setup-runtime", "./usr/libexec/moe-train/moe-train",
+              "./usr/libexec/moe-train/runtime.sh", "./usr/libexec/moe-train/moe-train-launch",
               "./usr/lib/systemd/system/moe-train.service", "./usr/lib/systemd/system/moe-train-multigpu.service",
               "./usr/share/bash-completion/completions/moe-train", "./usr/share/man/man1/moe-train.1",
               "./usr/share/moe-train/configs/tiny.json"]
@@ -40,7 +41,7 @@ with tempfile.TemporaryDirectory() as d:
     check(not missing, f"dpkg-deb -c lists the binary, units, wrapper, completion, man page: missing {missing}")
     info = subprocess.run(["dpkg-deb", "-f", str(deb), "Depends"], capture_output=True, text=True).stdout
     for lib in ("libhdf5", "libspdlog", "libicu", "libpcre2", "libcurl", "libxxhash", "libzstd",
-                "libsentencepiece", "libsystemd"):
+                "libsentencepiece", "libsystemd", "python3-venv"):
         check(lib in info, f"Depends names {lib}: {info.strip()[:200]}")
 
     # The maintainer scripts: systemd reloads its units after install and removal, except under

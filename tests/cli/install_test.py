@@ -24,14 +24,17 @@ with tempfile.TemporaryDirectory() as d:
     p = tmp / "p"
     r = subprocess.run([CMAKE, "--install", str(BUILD), "--prefix", str(p)], capture_output=True, text=True)
     check(r.returncode == 0, f"cmake --install: exit {r.returncode} {r.stderr[-400:]}")
-    files = ["bin/moe-train", "libexec/moe-train/moe-train-launch", "share/moe-train/configs/tiny.json",
+    files = ["bin/moe-train", "bin/moe-train-setup-runtime", "libexec/moe-train/moe-train",
+             "libexec/moe-train/runtime.sh", "libexec/moe-train/moe-train-launch", "share/moe-train/configs/tiny.json",
              "share/moe-train/configs/grafana-dashboard.json", "share/moe-train/configs/prometheus.yml",
              "share/moe-train/docs/build.md", "share/moe-train/README.md",
              "lib/systemd/system/moe-train.service", "lib/systemd/system/moe-train-multigpu.service",
              "share/bash-completion/completions/moe-train", "share/man/man1/moe-train.1"]
     missing = [f for f in files if not (p / f).is_file()]
     check(not missing, f"installed files, missing: {missing}")
-    check(os.access(p / "libexec/moe-train/moe-train-launch", os.X_OK), "the wrapper is executable")
+    for program in ("bin/moe-train", "bin/moe-train-setup-runtime", "libexec/moe-train/moe-train",
+                    "libexec/moe-train/moe-train-launch"):
+        check(os.access(p / program, os.X_OK), f"{program} is executable")
 
     work = tmp / "elsewhere"
     work.mkdir()
