@@ -121,7 +121,7 @@ constexpr KeyDescription kDescriptions[] = {
     {"model.qk_nope_head_dim", "latent attention: the part of each query/key head without rotary positions (DeepSeek-V3 128)"},
     {"model.qk_rope_head_dim", "latent attention: the rotary part of each query/key head (DeepSeek-V3 64; even); a query/key head is qk_nope_head_dim + qk_rope_head_dim wide and the softmax scale its inverse square root"},
     {"model.v_head_dim", "latent attention: the width of each value head (DeepSeek-V3 128); the output projection takes num_heads x v_head_dim"},
-    {"model.rope_interleave", "the rotary dimensions rotate in interleaved pairs (x0, x1), (x2, x3), ... as DeepSeek's checkpoints lay them out (HF's `rope_interleave`; DeepseekV2 always), instead of the first half against the second"},
+    {"model.rope_interleave", "the rotary dimensions rotate in interleaved pairs (x0, x1), (x2, x3), ... as DeepSeek's checkpoints lay them out (HF's `rope_interleave`; DeepseekV2 always) and ERNIE 4.5's attention rotates them, instead of the first half against the second"},
     {"model.zero_centered_norm", "the RMSNorm weights are stored zero-centred: the normalised input times `1 + weight`, weights initialised to 0 (Qwen3-Next / Qwen3.5's block, final and q/k norms; Gemma's `RMSNorm`)"},
     {"model.attention_output_gate", "gated attention (Qwen3-Next / Qwen3.5): q_proj gives, per head, the query and then an output gate of `head_dim`; the attention output times sigmoid(gate) before o_proj"},
     {"model.linear_num_key_heads", "Gated DeltaNet (the `linear_attention` layers of `layer_types`; HF's `linear_num_key_heads`): query/key heads; 0 = no linear attention"},

@@ -117,12 +117,14 @@ json architecture_from_hf(const json& c, const std::string& file, const ModelFam
     warnings->push_back("attention_dropout is not imported (model.dropout = 0)");
   }
   json e;
-  e["top_k"] = k.integer("num_experts_per_tok");
+  // ERNIE 4.5 names it moe_k (its read_config reads that).
+  if (k.present("num_experts_per_tok")) e["top_k"] = k.integer("num_experts_per_tok");
   e["score_function"] = "softmax";
   e["capacity_factor"] = 0.0;
   e["aux_loss_coeff"] = k.number("router_aux_loss_coef", 0.01);
   e["z_loss_coeff"] = 0.0;
   family.read_config(k, m, e, warnings);
+  if (!e.contains("top_k")) e["top_k"] = k.integer("num_experts_per_tok");  // fails: missing
   if (e["top_k"].get<int64_t>() == 1 && e["normalize_topk"].get<bool>()) {
     k.fail("num_experts_per_tok",
            "top-1 routing with renormalised weights (a weight of exactly 1) is not supported");

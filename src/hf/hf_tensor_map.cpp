@@ -161,6 +161,7 @@ torch::Tensor piece_view(const TensorPiece& piece,
   if (piece.expert >= 0) t = t.select(0, piece.expert);
   if (piece.rows >= 0) t = t.narrow(0, piece.row_begin, piece.rows);
   if (piece.transpose) t = t.transpose(-1, -2);
+  if (piece.hf_leading_one) t = t.unsqueeze(0);
   return t;
 }
 

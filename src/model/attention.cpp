@@ -143,6 +143,11 @@ std::pair<torch::Tensor, torch::Tensor> RotaryTableCache::get(
   return {cos_, sin_};
 }
 
+torch::Tensor pairs_as_halves(const torch::Tensor& x) {
+  const int64_t rd = x.size(-1);
+  return x.unflatten(-1, {rd / 2, 2}).transpose(-1, -2).flatten(-2);
+}
+
 torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   auto half = x.chunk(2, -1);
   auto rotated = torch::cat({-half[1], half[0]}, -1);
@@ -209,6 +214,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
       q_pass = q.narrow(-1, rd, hd - rd), k_pass = k.narrow(-1, rd, hd - rd);
       q = q.narrow(-1, 0, rd), k = k.narrow(-1, 0, rd);
     }
+    if (opt_.rope_interleave) q = pairs_as_halves(q), k = pairs_as_halves(k);  // ERNIE 4.5
     // q and k share them; so do the other layers of this forward (RotaryTableCache).
     const auto [cos, sin] = rotary_->get(q, opt_.rope_theta, positions_, opt_.rope_scaling);
     const auto dt = q.scalar_type();

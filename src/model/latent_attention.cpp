@@ -24,15 +24,6 @@ torch::nn::Linear plain_linear(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
 }
 
-// DeepSeek's interleaved rotary pairs (x0, x1), (x2, x3)... laid out as halves
-// (x0, x2, ... | x1, x3, ...), where the rotate-half rotation turns each pair by its frequency:
-// transformers' apply_rotary_pos_emb_interleave (V3) does exactly this; V2's complex product
-// rotates the same pairs. q and k are permuted alike, so every q.k product is unchanged.
-torch::Tensor pairs_as_halves(const torch::Tensor& x) {
-  const int64_t rd = x.size(-1);
-  return x.unflatten(-1, {rd / 2, 2}).transpose(-1, -2).flatten(-2);
-}
-
 }  // namespace
 
 void CausalSelfAttentionImpl::build_latent() {

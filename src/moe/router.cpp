@@ -162,12 +162,11 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
     r.logits = torch::nn::functional::linear(x.to(torch::kFloat), weight.to(torch::kFloat),
                                              bias.defined() ? bias.to(torch::kFloat) : bias);
   }
-  // The bias takes part when it is updated (aux-loss-free balancing) or may hold an imported
-  // one (sigmoid scores: DeepSeek-V3 / GLM-4.5's e_score_correction_bias, trained or frozen).
-  // A zero bias changes no selection.
+  // The selection bias always takes part: updated (aux-loss-free balancing) or imported
+  // (DeepSeek-V3 / GLM-4.5 / MiniMax-M2's e_score_correction_bias on sigmoid scores, ERNIE 4.5's
+  // moe_statics on softmax ones), trained or frozen. A zero bias changes no selection.
   const bool sigmoid = opt_.score_function == config::ScoreFunction::kSigmoid;
-  const torch::Tensor selection_bias =
-      opt_.router_bias_update_rate > 0 || sigmoid ? expert_bias : torch::Tensor();
+  const torch::Tensor& selection_bias = expert_bias;
   RouterScores s;
   if (opt_.softmax_after_topk) {
     s = softmax_after_topk(r.logits, k);

@@ -45,7 +45,8 @@ import tiny_families  # noqa: E402
 
 BIN = sys.argv[1]
 ALL = {**tiny_families.FAMILIES, **tiny_families.MLA_FAMILIES, **tiny_families.GLM_FAMILIES,
-       **tiny_families.HYBRID_FAMILIES, **tiny_families.VL_FAMILIES, **tiny_families.SIGMOID_FAMILIES}
+       **tiny_families.HYBRID_FAMILIES, **tiny_families.VL_FAMILIES, **tiny_families.SIGMOID_FAMILIES,
+       **tiny_families.SOFTMAX_BIAS_FAMILIES}
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

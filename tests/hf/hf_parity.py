@@ -51,8 +51,8 @@ def eval_config(tmp, tag):
 def shift_correction_biases(model, std=0.05):
     """Every e_score_correction_bias ~ N(0, std) (they start at zero): sigmoid scores lie in (0, 1),
     so this reorders which experts are chosen."""
-    with torch.no_grad():
-        for name, b in model.named_buffers():
+    with torch.no_grad():  # a buffer, or a frozen parameter (ERNIE 4.5's moe_statics)
+        for name, b in [*model.named_buffers(), *model.named_parameters()]:
             if name.endswith("e_score_correction_bias"):
                 b.normal_(0.0, std)
     return model

@@ -61,6 +61,16 @@ SIGMOID_FAMILIES = {
                         rope_theta=5e6, rms_norm_eps=1e-6)),
 }
 
+# ERNIE 4.5 MoE (tests/hf/ernie4_5_moe_test.py has its import/export checks): interleaved rotary
+# on GQA, softmax routing over 8 experts whose selection adds a correction bias (moe_statics) the
+# weights do not get, a shared expert, layer 0 dense by moe_layer_start_index (the dense MLP wider
+# than the experts), tied embeddings as the releases have them.
+SOFTMAX_BIAS_FAMILIES = {
+    "ernie4_5_moe": (transformers.Ernie4_5_MoeConfig,
+                     dict(moe_num_experts=8, moe_intermediate_size=32, intermediate_size=80,
+                          moe_num_shared_experts=1, moe_layer_start_index=1, tie_word_embeddings=True)),
+}
+
 # Gated DeltaNet hybrids (tests/hf/qwen3_next_test.py has their import/export checks): 3 linear-
 # attention layers and 1 gated-attention layer (head_dim 32, partial rotary 0.25), two value heads
 # per key head, a sigmoid-gated shared expert; Qwen3-Next with its fused projections and layer 2

@@ -23,6 +23,9 @@ struct TensorPiece {
   // second-to-last dimension, which has hf_rows_total (a released fused expert stack:
   // gate_up_proj [E, 2f, d], gate rows first); several pieces share the tensor.
   int64_t hf_row_begin = 0, hf_rows = -1, hf_rows_total = 0;
+  // The HF tensor has a leading dimension of 1 that ours lacks (ERNIE 4.5's [1, E] correction
+  // bias, one row per expert group).
+  bool hf_leading_one = false;
 };
 
 }  // namespace moe::families

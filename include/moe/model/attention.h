@@ -52,7 +52,7 @@ struct AttentionOptions {
   // of nope + rope dims, value heads of v_head_dim, head_dim and kv_heads unused.
   int64_t kv_lora_rank = 0, q_lora_rank = 0;  // q_lora_rank 0: one q_proj
   int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
-  bool rope_interleave = false;  // rotary pairs (x0, x1), (x2, x3)... (DeepSeek's layout)
+  bool rope_interleave = false;  // rotary pairs (x0, x1), (x2, x3)... (DeepSeek, ERNIE 4.5)
   double softmax_scale = 0;      // > 0: in place of 1 / sqrt(q/k head width) (YaRN's mscale)
 };
 
@@ -162,6 +162,11 @@ std::pair<torch::Tensor, torch::Tensor> rotary_tables(
     const config::RopeScalingConfig& scaling = {});
 // The ATen reference of the rotation: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1).
 torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+// Interleaved rotary pairs (x0, x1), (x2, x3)... laid out as halves (x0, x2, ... | x1, x3, ...),
+// where the rotate-half rotation turns each pair by its frequency: transformers'
+// apply_rotary_pos_emb_interleave (DeepSeek-V3) and ERNIE 4.5's rotary do exactly this; V2's
+// complex product rotates the same pairs. q and k are permuted alike, so every q.k is unchanged.
+torch::Tensor pairs_as_halves(const torch::Tensor& x);
 
 // The document structure of token windows [B, S] split at `eod` (the EOD token ends its
 // document): mask [B, 1, S, S] (causal and within a document) and positions [B, S] restarting
