@@ -36,7 +36,7 @@ class Deepseek : public ModelFamily {
   }
   const char* releases() const override {
     return lite_ ? "GLM-4.7-Flash"
-           : v3_ ? "DeepSeek-V3 / V3.1 / R1, Kimi-K2, Moonlight"
+           : v3_ ? "DeepSeek-V3 / V3.1 / R1, Kimi-K2 (FP8; INT4: K2-Thinking, K2.5), Moonlight"
                  : "DeepSeek-V2, V2-Lite, V2.5";
   }
   bool has(Feature f) const override {

@@ -12,6 +12,7 @@
 #include "moe/hf/bnb_4bit_tensors.h"
 #include "moe/hf/fp8_tensors.h"
 #include "moe/hf/hf_tensor_map.h"
+#include "moe/hf/int4_pack_tensors.h"
 #include "moe/hf/mxfp4_tensors.h"
 #include "moe/util/errors.h"
 #include "moe/util/host_memory.h"
@@ -25,12 +26,13 @@ using nlohmann::json;
 namespace {
 
 // A tensor of a multi-token-prediction layer (GLM-4.5's num_nextn_predict_layers: layers past
-// num_hidden_layers; Qwen3-Next / Qwen3.5: everything under mtp.), which transformers drops on
-// load; so does the import.
+// num_hidden_layers; Qwen3-Next / Qwen3.5: everything under mtp.; ERNIE 4.5: model.mtp_*), which
+// transformers drops on load; so does the import.
 bool mtp_tensor(const std::string& name, const config::Config& cfg,
                 const families::ModelFamily& family) {
   if (!family.has_mtp_layers()) return false;
   if (name.compare(0, 4, "mtp.") == 0) return true;
+  if (name.compare(0, 10, "model.mtp_") == 0) return true;  // ERNIE 4.5: model.mtp_block.0. ...
   const std::string prefix = "model.layers.";
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
   size_t end = prefix.size();
@@ -72,6 +74,12 @@ std::optional<quant::Fp8Block> fp8_of(const std::string& dir) {
   return fp8_format(config::load_json_file(path, "hf"), path);
 }
 
+// What DIR/config.json says of compressed-tensors INT4 weights (hf/int4_pack_tensors.h).
+std::optional<PackQuantized> int4_of(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  return pack_quantized_format(config::load_json_file(path, "hf"), path);
+}
+
 // Checks every tensor (presence, dtype, shape, nothing unexpected) against `params` (our
 // parameters by name; meta tensors do: only shapes are read). Returns how many tensors of
 // multi-token-prediction layers it skipped.
@@ -80,6 +88,7 @@ int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const confi
                          const std::map<std::string, torch::Tensor>& params,
                          const std::optional<quant::Fp8Block>& fp8) {
   const auto pieces = checkpoint_pieces(w, cfg, family);
+  const auto int4 = int4_of(dir);
   std::set<std::string> expected;
   for (const auto& p : pieces) {
     expected.insert(p.hf);
@@ -92,6 +101,13 @@ int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const confi
         throw UserError("hf: " + dir + ": tensor '" + p.hf +
                         "' (MXFP4 _blocks/_scales) has shape " + shape_text(*mx) +
                         "; config.json implies " + shape_text(want));
+      }
+      continue;
+    }
+    if (const auto shape = pack_quantized_shape(w, p.hf, int4); shape) {  // Kimi-K2's INT4
+      if (*shape != want) {
+        throw UserError("hf: " + dir + ": tensor '" + p.hf + "' (pack-quantized INT4) has shape " +
+                        shape_text(*shape) + "; config.json implies " + shape_text(want));
       }
       continue;
     }
@@ -137,7 +153,7 @@ int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const confi
       continue;
     }
     if (!ignorable(name, cfg) && !is_bnb_4bit_companion(w, name) && !is_mxfp4_part(w, name) &&
-        !is_fp8_scale(w, name)) {
+        !is_fp8_scale(w, name) && !is_pack_quantized_part(w, name)) {
       throw UserError("hf: " + ref.file->path() + ": unexpected tensor '" + name + "' (not in a " +
                       family.architecture() + " with this config.json)");
     }
@@ -166,6 +182,10 @@ void copy_piece(const HfWeights& w, const TensorPiece& p,
   }
   if (is_fp8_weight(w, p.hf, fp8)) {  // FP8 blockwise: transformers' dequantization, in fp32
     piece_view(p, params).copy_(hf_part(p, read_fp8(w, p.hf, *fp8, torch::kFloat)));
+    return;
+  }
+  if (w.find(p.hf + "_packed") != nullptr) {  // INT4: compressed-tensors' dequantization, exact
+    piece_view(p, params).copy_(hf_part(p, read_pack_quantized(w, p.hf)));
     return;
   }
   const HfTensorRef& ref = w.tensors().at(p.hf);
