@@ -152,6 +152,7 @@ void visit_fields(auto& v, Section<RopeScalingConfig> auto& r) {
   v.field("attention_factor", r.attention_factor, at_least(0, "0 = 0.1 ln(factor) + 1"));
   v.field("truncate", r.truncate);
   v.field("mscale_all_dim", r.mscale_all_dim, at_least(0, "0 = the softmax scale unchanged"));
+  v.field("llama_4_scaling_beta", r.llama_4_scaling_beta, at_least(0, "0 = off"));
 }
 
 void visit_fields(auto& v, Section<ModelConfig> auto& m) {

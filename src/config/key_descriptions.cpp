@@ -101,6 +101,7 @@ constexpr KeyDescription kDescriptions[] = {
     {"model.rope_scaling.beta_slow", "yarn: rotations below which a frequency is fully interpolated (HF `beta_slow`)"},
     {"model.rope_scaling.attention_factor", "yarn: the factor cos and sin are multiplied by; 0 = `0.1 ln(factor) + 1` (HF's default)"},
     {"model.rope_scaling.truncate", "yarn: the ramp's bounds rounded outward to whole dimensions (HF `truncate`, default true)"},
+    {"model.rope_scaling.llama_4_scaling_beta", "yarn: each query times 1 + beta x ln(1 + floor(position / original_max_position_embeddings)), so attention sharpens past the pretraining window (Mistral Small 4's `llama_4_scaling_beta`, 0.1); 0 = off"},
     {"model.rope_scaling.mscale_all_dim", "yarn with latent attention (DeepSeek-V2/V3): the softmax scale times (0.1 x mscale_all_dim x ln(factor) + 1)^2, as transformers' `yarn_apply_mscale`; 0 = unchanged"},
     {"model.num_key_value_heads", "grouped-query attention: key/value heads shared by `num_heads / num_key_value_heads` query heads (1 = multi-query); 0 = `num_heads`. Must divide `num_heads`"},
     {"model.head_dim", "width of one head; 0 = `hidden_size / num_heads`. With it set, `num_heads x head_dim` may differ from `hidden_size`"},

@@ -449,8 +449,17 @@ void check_latent_attention(const Config& c, const Rules& rules) {
     }
     rules.check(!m.rope_interleave || m.rope_theta > 0, "model.rope_interleave", "true",
                 "needs rotary positions (model.rope_theta > 0)");
+    rules.check(m.rope_scaling.llama_4_scaling_beta == 0, "model.rope_scaling.llama_4_scaling_beta",
+                m.rope_scaling.llama_4_scaling_beta,
+                "is applied by multi-head latent attention only (Mistral Small 4; "
+                "model.kv_lora_rank > 0)");
     return;
   }
+  rules.check(m.rope_scaling.llama_4_scaling_beta == 0 ||
+                  m.rope_scaling.original_max_position_embeddings > 0,
+              "model.rope_scaling.llama_4_scaling_beta", m.rope_scaling.llama_4_scaling_beta,
+              "needs model.rope_scaling.original_max_position_embeddings > 0 (the window it "
+              "counts in)");
   const std::string mla = "with multi-head latent attention (model.kv_lora_rank > 0)";
   rules.check(m.rope_theta > 0, "model.kv_lora_rank", m.kv_lora_rank,
               "needs rotary positions (model.rope_theta > 0) " + mla);

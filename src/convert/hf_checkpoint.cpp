@@ -97,7 +97,10 @@ std::vector<SafeTensorView> export_views(model::TransformerLM& model, const conf
   const auto pieces = tensor_pieces(cfg, family);
   for (size_t i = 0; i < pieces.size(); ++i) {
     const TensorPiece& p = pieces[i];
-    if (i > 0 && pieces[i - 1].hf == p.hf && p.hf_step > 1) continue;  // written with the first
+    // Pieces sharing one HF tensor: interleaved columns (gpt-oss's gate_up_proj) or row ranges
+    // (a fused expert stack, gate rows then up rows); written with the first.
+    const bool shared = p.hf_step > 1 || p.hf_rows >= 0;
+    if (i > 0 && pieces[i - 1].hf == p.hf && shared) continue;
     // GLM-4.5's router and its correction bias stay fp32 in any dtype, as transformers keeps
     // and saves them (_keep_in_fp32_modules_strict).
     const auto ends_with = [&](const std::string& tail) {
@@ -106,12 +109,13 @@ std::vector<SafeTensorView> export_views(model::TransformerLM& model, const conf
     };
     const bool fp32_kept = family.router_kept_fp32() &&
                            (ends_with(".mlp.gate.weight") || ends_with(".e_score_correction_bias"));
-    if (p.hf_step == 1) {
+    if (!shared) {
       keep.push_back(
           piece_view(p, params).detach().to(fp32_kept ? torch::kFloat : dtype).contiguous());
-    } else {  // an interleaved tensor: each of its pieces into its columns
+    } else {  // each of its pieces into its columns or rows
       auto sizes = piece_view(p, params).sizes().vec();
       sizes.back() *= p.hf_step;
+      if (p.hf_rows >= 0) sizes[sizes.size() - 2] = p.hf_rows_total;
       auto whole = torch::empty(sizes, torch::TensorOptions().dtype(dtype));
       for (size_t j = i; j < pieces.size() && pieces[j].hf == p.hf; ++j) {
         hf_part(pieces[j], whole).copy_(piece_view(pieces[j], params).detach());

@@ -5,6 +5,7 @@
 // softmax scores, topk_method greedy or group_limited_greedy (groups scored by their best),
 // scaled and never normalised. GLM-4.7-Flash: V3's attention and router (GLM-4.5's is the same
 // arithmetic) with its own defaults, its dense layers named by mlp_layer_types.
+#include "moe/families/latent_attention_keys.h"
 #include "moe/families/layer_rules.h"
 #include "moe/families/model_family.h"
 #include "moe/util/errors.h"
@@ -155,24 +156,10 @@ class Deepseek : public ModelFamily {
 
  private:
   void read_latent_attention(const HfKeys& k, json& m) const {
-    const int64_t heads = k.integer("num_attention_heads");
-    if (k.integer("num_key_value_heads", heads) != heads) {
-      k.fail("num_key_value_heads",
-             "must equal num_attention_heads: latent attention gives every head its own keys");
-    }
-    m["num_key_value_heads"] = 0;
-    m["head_dim"] = 0;  // transformers' head_dim here is qk_rope_head_dim, the rotary width
-    m["kv_lora_rank"] = k.integer("kv_lora_rank", 512);
-    if (m["kv_lora_rank"].get<int64_t>() == 0) {
-      k.fail("kv_lora_rank", "expected a positive integer");
-    }
-    m["q_lora_rank"] =
-        k.has("q_lora_rank") ? k.integer("q_lora_rank", 0) : int64_t{lite_ ? 768 : 1536};
-    m["qk_nope_head_dim"] = k.integer("qk_nope_head_dim", lite_ ? 192 : 128);
-    m["qk_rope_head_dim"] = k.integer("qk_rope_head_dim", 64);
-    m["v_head_dim"] = k.integer("v_head_dim", lite_ ? 256 : 128);
-    m["rope_interleave"] = v3_ ? k.boolean("rope_interleave", true) : true;  // V2: complex form
-    m["qk_norm"] = false;
+    LatentDefaults d;
+    if (lite_) d.q_lora_rank = 768, d.qk_nope_head_dim = 192, d.v_head_dim = 256;
+    d.reads_rope_interleave = v3_;  // V2: the complex form, always interleaved
+    families::read_latent_attention(k, m, d);
   }
 
   // Glm4MoeLiteConfig's mlp_layer_types ("dense" / "sparse" per layer; default the first
@@ -249,14 +236,7 @@ void Deepseek::write_config(const config::Config& cfg, json& j) const {
   j["routed_scaling_factor"] = e.routed_scaling_factor;
   j["n_group"] = e.n_group;
   j["topk_group"] = e.topk_group;
-  j["kv_lora_rank"] = m.kv_lora_rank;
-  j["q_lora_rank"] = m.q_lora_rank > 0 ? json(m.q_lora_rank) : json(nullptr);
-  j["qk_nope_head_dim"] = m.qk_nope_head_dim;
-  j["qk_rope_head_dim"] = m.qk_rope_head_dim;
-  j["v_head_dim"] = m.v_head_dim;
-  j["attention_bias"] = false;
-  j.erase("head_dim");  // the class derives both (qk_rope_head_dim; nope + rope)
-  j.erase("qk_head_dim");
+  write_latent_attention(m, j);
   j.erase("router_aux_loss_coef");
   if (v3_) {
     j["norm_topk_prob"] = e.normalize_topk;

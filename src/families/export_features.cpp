@@ -59,6 +59,8 @@ const std::vector<FeatureUse>& feature_uses() {
        [](const Config& c) { return c.model.zero_centered_norm; }},
       {Feature::kSharedExpertGate, "moe.shared_expert_gate",
        [](const Config& c) { return c.moe.shared_expert_gate; }},
+      {Feature::kQueryPositionScale, "model.rope_scaling.llama_4_scaling_beta",
+       [](const Config& c) { return c.model.rope_scaling.llama_4_scaling_beta > 0; }},
       {Feature::kDenseLayers, "moe.mlp_only_layers",
        [](const Config& c) { return config::moe_layer_count(c) != c.model.num_layers; }},
   };

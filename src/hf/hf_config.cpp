@@ -161,6 +161,7 @@ json rope_parameters(const config::ModelConfig& m) {
   p["beta_slow"] = s.beta_slow;
   if (s.attention_factor > 0) p["attention_factor"] = s.attention_factor;
   if (s.mscale_all_dim > 0) p["mscale_all_dim"] = s.mscale_all_dim;
+  if (s.llama_4_scaling_beta > 0) p["llama_4_scaling_beta"] = s.llama_4_scaling_beta;
   p["truncate"] = s.truncate;
   return p;
 }

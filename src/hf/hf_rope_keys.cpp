@@ -62,6 +62,8 @@ void warn_unread_rope_keys(const RopeDict& d, const std::string& type,
                                                      "beta_slow",
                                                      "mscale",
                                                      "mscale_all_dim",
+                                                     "llama_4_scaling_beta",
+                                                     "max_position_embeddings",
                                                      "truncate",
                                                      "original_max_position_embeddings"};
   const auto& known = type == "yarn" ? kYarnKeys : kLinearKeys;
@@ -177,6 +179,11 @@ json yarn_scaling(const RopeDict& d) {
   if (const double all_dim = d.number("mscale_all_dim", 0.0); all_dim != 0) {
     if (all_dim < 0) d.fail("mscale_all_dim", "expected a number >= 0");
     s["mscale_all_dim"] = all_dim;
+  }
+  // Mistral Small 4's query scaling past the pretraining window.
+  if (const double beta = d.number("llama_4_scaling_beta", 0.0); beta != 0) {
+    if (beta < 0) d.fail("llama_4_scaling_beta", "expected a number >= 0");
+    s["llama_4_scaling_beta"] = beta;
   }
   return s;
 }

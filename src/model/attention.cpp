@@ -143,6 +143,20 @@ std::pair<torch::Tensor, torch::Tensor> RotaryTableCache::get(
   return {cos_, sin_};
 }
 
+torch::Tensor llama_4_query_scale(const torch::Tensor& q, const torch::Tensor& positions,
+                                  const config::RopeScalingConfig& scaling) {
+  if (scaling.llama_4_scaling_beta <= 0 || scaling.original_max_position_embeddings <= 0) {
+    return {};
+  }
+  const int64_t S = q.size(-2);
+  const auto pos = positions.defined()
+                       ? positions.to(torch::kFloat)
+                       : torch::arange(S, q.options().dtype(torch::kFloat)).unsqueeze(0);
+  const auto scale =
+      (pos / static_cast<double>(scaling.original_max_position_embeddings)).floor().add(1).log();
+  return scale.mul(scaling.llama_4_scaling_beta).add(1).unsqueeze(1).unsqueeze(-1);
+}
+
 torch::Tensor pairs_as_halves(const torch::Tensor& x) {
   const int64_t rd = x.size(-1);
   return x.unflatten(-1, {rd / 2, 2}).transpose(-1, -2).flatten(-2);

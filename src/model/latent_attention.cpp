@@ -94,7 +94,10 @@ torch::Tensor CausalSelfAttentionImpl::forward_latent(const torch::Tensor& x) {
   const auto [cos, sin] = rotary_->get(q_rot, opt_.rope_theta, positions_, opt_.rope_scaling);
   q_rot = rotate(q_rot, cos, sin);
   k_rot = rotate(k_rot, cos, sin);
-  const auto q_full = torch::cat({q_parts[0], q_rot}, -1);
+  auto q_full = torch::cat({q_parts[0], q_rot}, -1);
+  if (const auto s = llama_4_query_scale(q_full, positions_, opt_.rope_scaling); s.defined()) {
+    q_full = q_full * s.to(q_full.scalar_type());  // Mistral Small 4, past the window
+  }
   // Generation caches the expanded per-head keys and values (as transformers' DynamicCache).
   const AttendedKeys keys =
       attend(torch::cat({k_and_v[0], k_rot.expand({B, H, S, rope})}, -1), k_and_v[1]);

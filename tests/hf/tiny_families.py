@@ -71,6 +71,23 @@ SOFTMAX_BIAS_FAMILIES = {
                           moe_num_shared_experts=1, moe_layer_start_index=1, tie_word_embeddings=True)),
 }
 
+# Mistral Small 4 (tests/hf/mistral4_test.py has its import/export checks): DeepSeek-V3's latent
+# attention with YaRN (factor 4 over an original window of 16, mscale_all_dim 1) and queries scaled
+# past that window (llama_4_scaling_beta 0.1: positions 16-31 of a 32-token window get 1 + 0.1 ln 2),
+# softmax routing renormalised, a shared expert, a dense first layer, experts saved fused.
+# transformers 5.25 maps mistral4 to no causal-LM auto class: its own class is registered with
+# AutoModelForCausalLM here, for every test that builds or loads one.
+transformers.AutoModelForCausalLM.register(transformers.Mistral4Config, transformers.Mistral4ForCausalLM,
+                                           exist_ok=True)
+MISTRAL4_FAMILIES = {
+    "mistral4": (transformers.Mistral4Config,
+                 dict(MLA, q_lora_rank=24, n_shared_experts=1, routed_scaling_factor=1.5,
+                      rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=4.0,
+                                           original_max_position_embeddings=16, beta_fast=32.0,
+                                           beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
+                                           llama_4_scaling_beta=0.1))),
+}
+
 # Gated DeltaNet hybrids (tests/hf/qwen3_next_test.py has their import/export checks): 3 linear-
 # attention layers and 1 gated-attention layer (head_dim 32, partial rotary 0.25), two value heads
 # per key head, a sigmoid-gated shared expert; Qwen3-Next with its fused projections and layer 2

@@ -116,6 +116,9 @@ struct RopeScalingConfig {
   // yarn with multi-head latent attention (DeepSeek-V2/V3): the softmax scale times
   // (0.1 mscale_all_dim ln(factor) + 1)^2, as transformers' yarn_apply_mscale; 0 = unchanged.
   double mscale_all_dim = 0.0;
+  // > 0: each query times 1 + beta ln(1 + floor(position / original_max_position_embeddings))
+  // (Mistral Small 4's llama_4_scaling_beta: attention sharper past the pretraining window).
+  double llama_4_scaling_beta = 0.0;
   bool operator==(const RopeScalingConfig&) const = default;
 };
 

@@ -44,6 +44,7 @@ enum class Feature {
   kAttentionOutputGate,  // gated attention: sigmoid(gate) on each head's output
   kZeroCenteredNorm,     // RMSNorm weights stored zero-centred (x (1 + w))
   kSharedExpertGate,     // the shared expert's output times a sigmoid gate
+  kQueryPositionScale,   // queries scaled past the pretraining window (llama_4_scaling_beta)
 };
 
 class ModelFamily {

@@ -162,6 +162,11 @@ std::pair<torch::Tensor, torch::Tensor> rotary_tables(
     const config::RopeScalingConfig& scaling = {});
 // The ATen reference of the rotation: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1).
 torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+// Mistral Small 4's query scale 1 + beta ln(1 + floor(position / window)) for queries
+// [B, H, S, d] at `positions` [B, S] (undefined: 0..S-1), [B or 1, 1, S, 1] in fp32 as
+// transformers' get_llama_4_attn_scale; undefined when beta is 0 (no scaling).
+torch::Tensor llama_4_query_scale(const torch::Tensor& q, const torch::Tensor& positions,
+                                  const config::RopeScalingConfig& scaling);
 // Interleaved rotary pairs (x0, x1), (x2, x3)... laid out as halves (x0, x2, ... | x1, x3, ...),
 // where the rotate-half rotation turns each pair by its frequency: transformers'
 // apply_rotary_pos_emb_interleave (DeepSeek-V3) and ERNIE 4.5's rotary do exactly this; V2's
