@@ -1,15 +1,18 @@
 """What the Hugging Face parity tests share: transformers' logits of a model directory, the
 comparison of moe-train's `eval --dump-logits` with them (logits and loss, each to its bar), a
 run's newest checkpoint, and the checks after an export (transformers loads it cleanly and gives
-our logits; import-hf of it is the trained checkpoint, bitwise)."""
+our logits; import-hf of it is the trained checkpoint, bitwise), and damaged sources that
+import-hf must refuse."""
 import json
 import math
 import pathlib
+import shutil
+import subprocess
 import sys
 
 import torch
 import transformers
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "train"))
 from lora_common import peft_steps  # noqa: E402
@@ -197,3 +200,36 @@ def full_fine_tuning_peer(run, tmp, model, logits_tol, weights_tol, as_saved=lam
     assert diff <= logits_tol, f"logits after 10 steps differ by {diff}"
     bar = max(weights_tol, noise_factor * fp32_noise)
     assert weights <= bar, f"weights after 10 steps differ by {weights} (bar {bar})"
+
+
+def refused(binary, tmp, src, tag, change, words):
+    """A copy of source directory `src`, damaged by `change` (edit_tensors / edit_config), is
+    refused by import-hf: exit 2, one line holding each of `words`, no output directory."""
+    bad = tmp / f"bad-{tag}"
+    shutil.copytree(src, bad)
+    change(bad)
+    p = subprocess.run([binary, "import-hf", str(bad), "--out", str(tmp / f"out-{tag}")],
+                       capture_output=True, text=True)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    ok = p.returncode == 2 and len(lines) == 1 and all(w in lines[0] for w in words) \
+        and not (tmp / f"out-{tag}").exists()
+    print(f"{'ok  ' if ok else 'FAIL'} refused ({tag}): exit {p.returncode}: {lines[-1] if lines else ''}")
+    assert ok, p.stderr
+
+
+def edit_tensors(fn):
+    """A `change` for refused(): `fn` edits model.safetensors' tensors (a dict) in place."""
+    def change(d):
+        t = load_file(d / "model.safetensors")
+        fn(t)
+        save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+    return change
+
+
+def edit_config(fn):
+    """A `change` for refused(): `fn` edits config.json (a dict) in place."""
+    def change(d):
+        c = json.loads((d / "config.json").read_text())
+        fn(c)
+        (d / "config.json").write_text(json.dumps(c))
+    return change

@@ -13,7 +13,6 @@ usage: int4_import_test.py MOE_TRAIN_BINARY"""
 import json
 import pathlib
 import re
-import subprocess
 import sys
 import tempfile
 
@@ -89,32 +88,10 @@ def int4_sources(tmp):
 
 
 def refused(tmp, src, tag, change, words):
-    bad = tmp / f"bad-{tag}"
-    subprocess.run(["cp", "-r", str(src), str(bad)], check=True)
-    change(bad)
-    p = subprocess.run([BIN, "import-hf", str(bad), "--out", str(tmp / f"out-{tag}")],
-                       capture_output=True, text=True)
-    lines = [l for l in p.stderr.splitlines() if l.strip()]
-    ok = p.returncode == 2 and len(lines) == 1 and all(w in lines[0] for w in words) \
-        and not (tmp / f"out-{tag}").exists()
-    print(f"{'ok  ' if ok else 'FAIL'} refused ({tag}): exit {p.returncode}: {lines[-1] if lines else ''}")
-    assert ok, p.stderr
+    hf_parity.refused(BIN, tmp, src, tag, change, words)
 
 
-def edit_tensors(fn):
-    def change(d):
-        t = load_file(d / "model.safetensors")
-        fn(t)
-        save_file(t, d / "model.safetensors", metadata={"format": "pt"})
-    return change
-
-
-def edit_config(fn):
-    def change(d):
-        c = json.loads((d / "config.json").read_text())
-        fn(c)
-        (d / "config.json").write_text(json.dumps(c))
-    return change
+edit_tensors, edit_config = hf_parity.edit_tensors, hf_parity.edit_config
 
 
 with tempfile.TemporaryDirectory() as d:
