@@ -42,7 +42,8 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "hf"))
 from tiny_families import (COMMON, FAMILIES, GLM_FAMILIES, HYBRID,  # noqa: E402
-                           HYBRID_FAMILIES, MLA_FAMILIES)
+                           HYBRID_FAMILIES, MISTRAL4_FAMILIES, MLA_FAMILIES, SIGMOID_FAMILIES,
+                           SOFTMAX_BIAS_FAMILIES)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from lora_common import checkpoint, peft_steps, runner  # noqa: E402
@@ -58,6 +59,7 @@ MLA_TARGETS = {"deepseek_v3": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv
                                "gate_proj", "up_proj", "down_proj"],
                "deepseek_v2": ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj",
                                "up_proj", "down_proj"]}
+MLA_TARGETS["glm4_moe_lite"] = MLA_TARGETS["mistral4"] = MLA_TARGETS["deepseek_v3"]
 
 run = runner(BIN)
 
@@ -106,7 +108,8 @@ def logits_of(model, tokens):
 
 
 def family_test(tmp, family):
-    cls, extra = {**FAMILIES, **MLA_FAMILIES, **GLM_FAMILIES, **HYBRID_FAMILIES}[family]
+    cls, extra = {**FAMILIES, **MLA_FAMILIES, **GLM_FAMILIES, **HYBRID_FAMILIES, **SIGMOID_FAMILIES,
+                  **SOFTMAX_BIAS_FAMILIES, **MISTRAL4_FAMILIES}[family]
     common = HYBRID if family in HYBRID_FAMILIES else COMMON
     print(f"{family}:")
     torch.manual_seed(11)
