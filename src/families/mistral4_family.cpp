@@ -180,11 +180,65 @@ class Mistral4 final : public ModelFamily {
   bool router_kept_fp32() const override { return false; }
 };
 
+// Mistral Small 4 as released: Mistral3ForConditionalGeneration, the text model above under
+// language_model.model.* (its keys under text_config), a Pixtral vision tower and projector
+// beside it, carried through training and written back as imported.
+class Mistral3Release final : public ModelFamily {
+ public:
+  explicit Mistral3Release(const Mistral4& text) : text_(text) {}
+  const char* model_type() const override { return "mistral3"; }
+  const char* architecture() const override { return "Mistral3ForConditionalGeneration"; }
+  const char* title() const override { return "Mistral Small 4 (vision-language)"; }
+  const char* releases() const override {
+    return "Mistral-Small-4-119B-2603 as released (vision tower carried)";
+  }
+  bool has(Feature f) const override { return text_.has(f); }
+  json tiny_config() const override {
+    json text = text_.tiny_config();
+    text.erase("architectures");
+    text["model_type"] = "mistral4";
+    return json({{"architectures", {architecture()}},
+                 {"model_type", model_type()},
+                 {"text_config", text},
+                 {"vision_config", {{"model_type", "pixtral"}, {"hidden_size", 32}}},
+                 {"tie_word_embeddings", false}});
+  }
+  double default_partial_rotary_factor() const override {
+    return text_.default_partial_rotary_factor();
+  }
+  void read_config(const HfKeys& k, json& m, json& e,
+                   std::vector<std::string>* warnings) const override {
+    text_.read_config(k, m, e, warnings);
+  }
+  int claim(const config::Config&) const override { return 0; }  // written for its imports only
+  void check_export(const config::Config& cfg) const override { text_.check_export(cfg); }
+  bool writes_head_dim() const override { return false; }
+  void write_config(const config::Config& cfg, json& j) const override {
+    text_.write_config(cfg, j);
+  }
+  void moe_tensors(const config::Config& cfg, const std::string& hf_layer,
+                   const std::string& our_layer, std::vector<TensorPiece>& out) const override {
+    text_.moe_tensors(cfg, hf_layer, our_layer, out);
+  }
+  const char* text_config_key() const override { return "text_config"; }
+  const char* text_family() const override { return "mistral4"; }
+  const char* hf_model_prefix() const override { return "language_model.model."; }
+  const char* hf_head_name() const override { return "language_model.lm_head.weight"; }
+  bool carried_tensor(const std::string& hf) const override {
+    return hf.rfind("vision_tower.", 0) == 0 || hf.rfind("multi_modal_projector.", 0) == 0;
+  }
+
+ private:
+  const Mistral4& text_;
+};
+
 }  // namespace
 
 void register_mistral4_family(std::vector<const ModelFamily*>& out) {
   static const Mistral4 kMistral4;
+  static const Mistral3Release kMistral3Release(kMistral4);
   out.push_back(&kMistral4);
+  out.push_back(&kMistral3Release);
 }
 
 }  // namespace moe::families

@@ -96,7 +96,7 @@ std::vector<TensorPiece> tensor_pieces(const config::Config& cfg,
     family.moe_tensors(cfg, hf, ours, p);
   }
   p.push_back({model + "norm.weight", "final_norm.weight"});
-  if (!m.tie_embeddings) p.push_back({"lm_head.weight", "lm_head.weight"});
+  if (!m.tie_embeddings) p.push_back({family.hf_head_name(), "lm_head.weight"});
   return p;
 }
 

@@ -60,12 +60,13 @@ bool is_selection_bias(const std::string& ours) {
 }
 
 // HF tensors that carry no weight of ours: rotary caches of old checkpoints, a tied head.
-bool ignorable(const std::string& name, const config::Config& cfg) {
+bool ignorable(const std::string& name, const config::Config& cfg,
+               const families::ModelFamily& family) {
   const std::string inv = "rotary_emb.inv_freq";
   if (name.size() >= inv.size() && name.compare(name.size() - inv.size(), inv.size(), inv) == 0) {
     return true;
   }
-  return cfg.model.tie_embeddings && name == "lm_head.weight";
+  return cfg.model.tie_embeddings && name == family.hf_head_name();
 }
 
 // What DIR/config.json says of FP8 weights (hf/fp8_tensors.h).
@@ -152,8 +153,8 @@ int64_t check_hf_tensors(const HfWeights& w, const std::string& dir, const confi
       ++carried;
       continue;
     }
-    if (!ignorable(name, cfg) && !is_bnb_4bit_companion(w, name) && !is_mxfp4_part(w, name) &&
-        !is_fp8_scale(w, name) && !is_pack_quantized_part(w, name)) {
+    if (!ignorable(name, cfg, family) && !is_bnb_4bit_companion(w, name) &&
+        !is_mxfp4_part(w, name) && !is_fp8_scale(w, name) && !is_pack_quantized_part(w, name)) {
       throw UserError("hf: " + ref.file->path() + ": unexpected tensor '" + name + "' (not in a " +
                       family.architecture() + " with this config.json)");
     }

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 import hf_parity  # noqa: E402
 from lora_common import runner  # noqa: E402 (on the path hf_parity sets)
-from tiny_families import COMMON, MISTRAL4_FAMILIES  # noqa: E402
+from tiny_families import COMMON, MISTRAL3_VL_FAMILIES, MISTRAL4_FAMILIES  # noqa: E402
 
 BIN = sys.argv[1]
 LOGITS_TOL, LOSS_RTOL = 1e-5, 1e-6
@@ -77,6 +77,54 @@ def scaling_matters(tmp):
     assert diff > 10 * LOGITS_TOL, "llama_4_scaling_beta changes nothing the parity checks would see"
 
 
+def vision_language(tmp):
+    """Mistral Small 4 as released: Mistral3ForConditionalGeneration (text model under
+    language_model.model.*, head language_model.lm_head, a Pixtral tower and projector beside it,
+    the text keys in text_config). import-hf trains the text model; its logits on text are
+    transformers'; export-hf writes the release's class again with every tensor present and the
+    vision tower and projector bitwise as they were."""
+    print("Mistral Small 4 as released (vision-language):")
+    vl_class, vl_extra = MISTRAL3_VL_FAMILIES["mistral3"]
+    torch.manual_seed(13)
+    text = CLS(**{**COMMON, **EXTRA})
+    model = transformers.Mistral3ForConditionalGeneration(vl_class(text_config=text.to_dict(), **vl_extra)).eval()
+    src = tmp / "hf-vl"
+    model.save_pretrained(src)
+    saved = load_file(src / "model.safetensors")
+    carried = {k: v for k, v in saved.items() if k.startswith(("vision_tower.", "multi_modal_projector."))}
+    assert carried and "language_model.lm_head.weight" in saved, sorted(saved)[:5]
+    imported = tmp / "imported-vl"
+    run("import-hf", src, "--out", imported)
+    cfg = hf_parity.eval_config(tmp, "vl")
+
+    def check(what, dump_path, model_dir, tol):
+        m, info = transformers.Mistral3ForConditionalGeneration.from_pretrained(
+            model_dir, dtype=torch.float32, output_loading_info=True)
+        for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+            assert not info[k], f"{model_dir}: transformers reports {k}: {info[k]}"
+        d = load_file(dump_path)
+        with torch.no_grad():
+            theirs = m.eval()(input_ids=d["tokens"][:, :-1]).logits
+        diff = (theirs - d["logits"]).abs().max().item()
+        print(f"  {what}: max |logit diff| {diff:.2e}")
+        assert diff <= tol, f"{what}: logits differ by {diff}"
+
+    dump = tmp / "logits-vl.safetensors"
+    run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump)
+    check("imported", dump, src, LOGITS_TOL)
+    exported = tmp / "exported-vl"
+    trained = hf_parity.train_and_export(run, cfg, imported, tmp / "run-vl", exported, steps=4)
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == ["Mistral3ForConditionalGeneration"], config["architectures"]
+    assert config["text_config"]["model_type"] == "mistral4" and "vision_config" in config
+    out = load_file(exported / "model.safetensors")
+    assert all(torch.equal(out[k], v) for k, v in carried.items()), "the vision tower changed"
+    dump = tmp / "logits-vl-trained.safetensors"
+    run("eval", "--config", cfg, "--checkpoint", trained, "--dump-logits", dump)
+    check("trained 4 steps, exported", dump, exported, LOGITS_TOL)
+    print(f"  the export holds the {len(carried)} vision-tower and projector tensors bitwise as imported")
+
+
 def stacked(exported):
     """Our export as transformers holds it in memory: the same names (experts already fused)."""
     return exported
@@ -89,6 +137,7 @@ with tempfile.TemporaryDirectory() as d:
     round_trip(tmp, tiny_model(), "fp32")
     scaling_matters(tmp)
     round_trip(tmp, tiny_model(), "bf16-sharded", sharded=True)
+    vision_language(tmp)
     print("Mistral Small 4 full fine-tuning vs transformers:")
     hf_parity.full_fine_tuning_peer(run, tmp, tiny_model(), LOGITS_TOL, 1e-5, as_saved=stacked)
 print("ok")

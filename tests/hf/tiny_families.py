@@ -88,6 +88,15 @@ MISTRAL4_FAMILIES = {
                                            llama_4_scaling_beta=0.1))),
 }
 
+# Mistral Small 4 as released: Mistral3ForConditionalGeneration, the text model above under
+# text_config and a one-layer Pixtral vision tower (tests/hf/mistral4_test.py's vision_language).
+PIXTRAL = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                           num_attention_heads=2, head_dim=16, image_size=32,
+                                           patch_size=8).to_dict()
+MISTRAL3_VL_FAMILIES = {
+    "mistral3": (transformers.Mistral3Config, dict(vision_config=PIXTRAL, tie_word_embeddings=False)),
+}
+
 # Gated DeltaNet hybrids (tests/hf/qwen3_next_test.py has their import/export checks): 3 linear-
 # attention layers and 1 gated-attention layer (head_dim 32, partial rotary 0.25), two value heads
 # per key head, a sigmoid-gated shared expert; Qwen3-Next with its fused projections and layer 2

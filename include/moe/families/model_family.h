@@ -101,6 +101,9 @@ class ModelFamily {
   virtual const char* text_family() const { return nullptr; }
   // The prefix of the text model's tensors: "model." (a causal LM), "model.language_model.".
   virtual const char* hf_model_prefix() const { return "model."; }
+  // The output head's tensor: "lm_head.weight"; Mistral 3's wrapper:
+  // "language_model.lm_head.weight".
+  virtual const char* hf_head_name() const { return "lm_head.weight"; }
   // A tensor of the release that is not the text model's (the vision tower): not imported;
   // export-hf copies it from the imported directory.
   virtual bool carried_tensor(const std::string&) const { return false; }
