@@ -2,8 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "moe/hf/hf_tensor_map.h"
 #include "moe/util/errors.h"
-#include "moe/util/safetensors_dtype.h"
 
 namespace moe::hf {
 
@@ -12,16 +12,6 @@ namespace {
 constexpr const char* kScaleSuffix = "_scale_inv";
 
 bool fp8_dtype(const std::string& d) { return d == "F8_E4M3" || d == "F8_E5M2"; }
-
-// A copy of the tensor's bytes (offsets need not be aligned), then its pages released.
-torch::Tensor read_raw(const HfTensorRef& ref) {
-  const auto& e = *ref.entry;
-  auto t = torch::from_blob(const_cast<char*>(ref.file->data(e)), e.shape,
-                            torch::TensorOptions().dtype(*scalar_type_of_safetensors(e.dtype)))
-               .clone();
-  ref.file->release(e);
-  return t;
-}
 
 }  // namespace
 
@@ -95,8 +85,8 @@ bool is_fp8_scale(const HfWeights& w, const std::string& name) {
 
 torch::Tensor read_fp8(const HfWeights& w, const std::string& name, const quant::Fp8Block& block,
                        torch::ScalarType dtype) {
-  const torch::Tensor weight = read_raw(w.tensors().at(name));
-  const torch::Tensor scale = read_raw(w.tensors().at(name + kScaleSuffix));
+  const torch::Tensor weight = read_hf_tensor(w.tensors().at(name));
+  const torch::Tensor scale = read_hf_tensor(w.tensors().at(name + kScaleSuffix));
   return quant::dequantize_fp8_blockwise(weight, scale, block, dtype);
 }
 

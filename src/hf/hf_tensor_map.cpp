@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "moe/util/errors.h"
+#include "moe/util/safetensors_dtype.h"
 
 namespace moe::hf {
 
@@ -162,6 +163,15 @@ torch::Tensor piece_view(const TensorPiece& piece,
   if (piece.rows >= 0) t = t.narrow(0, piece.row_begin, piece.rows);
   if (piece.transpose) t = t.transpose(-1, -2);
   if (piece.hf_leading_one) t = t.unsqueeze(0);
+  return t;
+}
+
+torch::Tensor read_hf_tensor(const HfTensorRef& ref) {
+  const SafeTensorEntry& e = *ref.entry;
+  auto t = torch::from_blob(const_cast<char*>(ref.file->data(e)), e.shape,
+                            torch::TensorOptions().dtype(*scalar_type_of_safetensors(e.dtype)))
+               .clone();
+  ref.file->release(e);
   return t;
 }
 

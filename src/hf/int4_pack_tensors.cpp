@@ -2,8 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "moe/hf/hf_tensor_map.h"
 #include "moe/util/errors.h"
-#include "moe/util/safetensors_dtype.h"
 
 namespace moe::hf {
 
@@ -14,16 +14,6 @@ const char* const kParts[] = {"_packed", "_scale", "_shape"};
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() > suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// A copy of the tensor's bytes (offsets need not be aligned), then its pages released.
-torch::Tensor read_raw(const HfTensorRef& ref) {
-  const auto& e = *ref.entry;
-  auto t = torch::from_blob(const_cast<char*>(ref.file->data(e)), e.shape,
-                            torch::TensorOptions().dtype(*scalar_type_of_safetensors(e.dtype)))
-               .clone();
-  ref.file->release(e);
-  return t;
 }
 
 // One config group's "weights" scheme: symmetric 4-bit integers in groups along the input.
@@ -120,7 +110,7 @@ std::optional<std::vector<int64_t>> pack_quantized_shape(
     throw UserError("hf: " + shape->file->path() + ": tensor '" + name + "_shape' is " + se.dtype +
                     " " + shape_text(se.shape) + "; expected I64 or I32 [2]");
   }
-  const auto dims = read_raw(*shape).to(torch::kLong);
+  const auto dims = read_hf_tensor(*shape).to(torch::kLong);
   const int64_t out = dims[0].item<int64_t>(), in = dims[1].item<int64_t>();
   const int64_t g = format->group_size;
   if (out <= 0 || in <= 0 || in % 8 != 0 || in % g != 0) {
@@ -146,8 +136,8 @@ std::optional<std::vector<int64_t>> pack_quantized_shape(
 }
 
 torch::Tensor read_pack_quantized(const HfWeights& w, const std::string& name) {
-  const torch::Tensor packed = read_raw(w.tensors().at(name + "_packed"));
-  const torch::Tensor scale = read_raw(w.tensors().at(name + "_scale"));
+  const torch::Tensor packed = read_hf_tensor(w.tensors().at(name + "_packed"));
+  const torch::Tensor scale = read_hf_tensor(w.tensors().at(name + "_scale"));
   const int64_t out = packed.size(0), in = packed.size(1) * 8;
   // Little-endian words: byte b of a row holds elements 2b (low nibble) and 2b + 1 (high).
   const auto bytes = packed.view(torch::kUInt8).to(torch::kShort);

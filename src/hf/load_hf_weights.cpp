@@ -189,14 +189,8 @@ void copy_piece(const HfWeights& w, const TensorPiece& p,
     piece_view(p, params).copy_(hf_part(p, read_pack_quantized(w, p.hf)));
     return;
   }
-  const HfTensorRef& ref = w.tensors().at(p.hf);
-  const SafeTensorEntry& e = *ref.entry;
-  // clone(): safetensors data offsets need not be aligned for the element type.
-  auto src = torch::from_blob(const_cast<char*>(ref.file->data(e)), e.shape,
-                              torch::TensorOptions().dtype(*scalar_type_of_safetensors(e.dtype)))
-                 .clone();
-  ref.file->release(e);  // the mapped pages go: one source tensor in memory at a time
-  piece_view(p, params).copy_(hf_part(p, src));
+  // One source tensor in memory at a time: its mapped pages go once it is copied.
+  piece_view(p, params).copy_(hf_part(p, read_hf_tensor(w.tensors().at(p.hf))));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "moe/config/config.h"
 #include "moe/families/model_family.h"
 #include "moe/families/tensor_piece.h"
+#include "moe/hf/hf_files.h"
 
 namespace moe::hf {
 
@@ -37,5 +38,9 @@ torch::Tensor hf_part(const TensorPiece& piece, const torch::Tensor& hf);
 // The view of `params[piece.ours]` that `piece.hf` corresponds to (writable: copy_ into it).
 torch::Tensor piece_view(const TensorPiece& piece,
                          const std::map<std::string, torch::Tensor>& params);
+
+// A tensor of an HF directory as a torch tensor of its own dtype: a copy of its bytes (safetensors
+// data offsets need not be aligned for the element type), then its mapped pages released.
+torch::Tensor read_hf_tensor(const HfTensorRef& ref);
 
 }  // namespace moe::hf
