@@ -233,3 +233,22 @@ def edit_config(fn):
         fn(c)
         (d / "config.json").write_text(json.dumps(c))
     return change
+
+
+def loaded_cleanly(model_class, model_dir):
+    """`model_class` (a release's own class, e.g. a vision-language one) from `model_dir` in fp32,
+    asserting transformers reports no missing, unexpected or mismatched keys."""
+    m, info = model_class.from_pretrained(model_dir, dtype=torch.float32, output_loading_info=True)
+    for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        assert not info[k], f"{model_dir}: transformers reports {k}: {info[k]}"
+    return m.eval()
+
+
+def class_logits_match(model_class, what, dump_path, model_dir, tol):
+    """`eval --dump-logits`' logits against `model_class` loaded cleanly from `model_dir`."""
+    d = load_file(dump_path)
+    with torch.no_grad():
+        theirs = loaded_cleanly(model_class, model_dir)(input_ids=d["tokens"][:, :-1]).logits
+    diff = (theirs - d["logits"]).abs().max().item()
+    print(f"  {what}: max |logit diff| {diff:.2e}")
+    assert diff <= tol, f"{what}: logits differ by {diff}"

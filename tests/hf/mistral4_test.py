@@ -98,16 +98,8 @@ def vision_language(tmp):
     cfg = hf_parity.eval_config(tmp, "vl")
 
     def check(what, dump_path, model_dir, tol):
-        m, info = transformers.Mistral3ForConditionalGeneration.from_pretrained(
-            model_dir, dtype=torch.float32, output_loading_info=True)
-        for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-            assert not info[k], f"{model_dir}: transformers reports {k}: {info[k]}"
-        d = load_file(dump_path)
-        with torch.no_grad():
-            theirs = m.eval()(input_ids=d["tokens"][:, :-1]).logits
-        diff = (theirs - d["logits"]).abs().max().item()
-        print(f"  {what}: max |logit diff| {diff:.2e}")
-        assert diff <= tol, f"{what}: logits differ by {diff}"
+        hf_parity.class_logits_match(transformers.Mistral3ForConditionalGeneration, what, dump_path,
+                                     model_dir, tol)
 
     dump = tmp / "logits-vl.safetensors"
     run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump)

@@ -171,20 +171,10 @@ def vision_language(tmp):
     cfg = eval_config(tmp, "vl")
     dump = tmp / "logits-vl.safetensors"
 
-    def vl_logits(model_dir, tokens):
-        m, info = transformers.Qwen3_5MoeForConditionalGeneration.from_pretrained(
-            model_dir, dtype=torch.float32, output_loading_info=True)
-        for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-            assert not info[k], f"{model_dir}: transformers reports {k}: {info[k]}"
-        with torch.no_grad():
-            return m.eval()(input_ids=tokens).logits
+    release_class = transformers.Qwen3_5MoeForConditionalGeneration
 
     def check(what, dump_path, model_dir, eval_loss, tol):
-        d = load_file(dump_path)
-        theirs = vl_logits(model_dir, d["tokens"][:, :-1])
-        diff = (theirs - d["logits"]).abs().max().item()
-        print(f"  {what}: max |logit diff| {diff:.2e}")
-        assert diff <= tol, f"{what}: logits differ by {diff}"
+        hf_parity.class_logits_match(release_class, what, dump_path, model_dir, tol)
 
     r = json.loads(run("eval", "--config", cfg, "--checkpoint", imported, "--dump-logits", dump).stdout)
     check("imported", dump, src, r["loss"], LOGITS_TOL)
@@ -208,7 +198,7 @@ def vision_language(tmp):
     run("export-hf", newest_checkpoint(tmp / "run-vl-direct"), "--out", direct)
     out = load_file(direct / "model.safetensors")
     assert all(torch.equal(out[k], v) for k, v in visual.items()), "vision tower from init_from"
-    vl_logits(direct, torch.zeros(1, 4, dtype=torch.long))  # loads with every tensor present
+    hf_parity.loaded_cleanly(release_class, direct)  # every tensor present
     print("  from model.init_from = the release: exported with its vision tower")
 
 
