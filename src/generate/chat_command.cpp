@@ -1,15 +1,14 @@
 // `moe-train chat`: the checkpoint's chat template over the conversation so far, a reply streamed
 // token by token, turn after turn.
-#include <atomic>
-#include <csignal>
 #include <cstdio>
 #include <fstream>
-#include <iostream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "moe/generate/generate_command.h"
 #include "moe/generate/generation_session.h"
+#include "moe/generate/terminal_input.h"
 #include "moe/util/errors.h"
 
 namespace moe::generate {
@@ -17,26 +16,6 @@ namespace moe::generate {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-std::atomic<bool> interrupted{false};
-
-void on_interrupt(int) { interrupted = true; }
-
-// SIGINT sets `interrupted` and interrupts a blocking read (no SA_RESTART) while alive.
-class InterruptHandler {
- public:
-  InterruptHandler() {
-    struct sigaction sa {};
-    sa.sa_handler = on_interrupt;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0;
-    sigaction(SIGINT, &sa, &previous_);
-  }
-  ~InterruptHandler() { sigaction(SIGINT, &previous_, nullptr); }
-
- private:
-  struct sigaction previous_ {};
-};
 
 // The reply's text as it grows, printed as far as it is whole: a character cut between tokens
 // (U+FFFD at the end) waits for its next token; with `hide_thinking` what lies inside
@@ -112,12 +91,13 @@ int run_chat(const ChatOptions& opt) {
   if (!opt.system.empty()) messages.push_back({{"role", "system"}, {"content", opt.system}});
   const SamplingParams sampling = s.sampling();
   const GenerationLimits limits = s.limits();
-  InterruptHandler interrupt;
+  InterruptibleInput input;
   for (int64_t turn = 1;; ++turn) {
     std::fputs("> ", stdout);
     std::fflush(stdout);
-    std::string line;
-    if (!std::getline(std::cin, line) || interrupted) break;  // Ctrl-D, or Ctrl-C at the prompt
+    const std::optional<std::string> got = input.read_line();
+    if (!got || input.interrupted()) break;  // Ctrl-D, or Ctrl-C at the prompt
+    const std::string& line = *got;
     if (line.empty()) continue;
     messages.push_back({{"role", "user"}, {"content", line}});
     const std::string prompt =
@@ -129,7 +109,7 @@ int run_chat(const ChatOptions& opt) {
         generate_batch(s.model, {ids}, sampling, limits, [&](size_t, int64_t token) {
           printer.add(token);
           so_far.push_back(token);
-          if (interrupted) return true;  // Ctrl-C ends this reply
+          if (input.interrupted()) return true;  // Ctrl-C ends this reply
           const std::string text = s.tokenizer->decode(so_far, true);
           for (const auto& stop : opt.stop) {
             if (text.find(stop) != std::string::npos) return true;
@@ -137,9 +117,9 @@ int run_chat(const ChatOptions& opt) {
           return false;
         });
     printer.finish();
-    std::fputs(interrupted ? " [stopped]\n" : "\n", stdout);
+    std::fputs(input.interrupted() ? " [stopped]\n" : "\n", stdout);
     std::fflush(stdout);
-    interrupted = false;
+    input.clear();
     const std::string reply = reply_text(*s.tokenizer, generated[0].ids, opt.stop);
     messages.push_back({{"role", "assistant"}, {"content", reply}});
     if (transcript) {

@@ -301,6 +301,19 @@ def check_chat(model, tok, src, tmp):
           "transformers' greedy generate, shown on the terminal; Ctrl-D exits 0")
 
 
+def wait_exit(pid, timeout):
+    """The child's wait status; a child still running after `timeout` s is killed and fails the check."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"chat still running {timeout} s after Ctrl-C at the prompt")
+
+
 def check_chat_interrupt(src):
     """Ctrl-C on the chat's controlling terminal: while a reply streams it ends that reply
     ("[stopped]", back at the prompt); at the prompt it ends the session with exit 0."""
@@ -315,7 +328,7 @@ def check_chat_interrupt(src):
         screen += read_until(fd, b"> ", screen)
         assert b"[stopped]" in screen, screen[-200:]
         os.write(fd, b"\x03")
-        _, status = os.waitpid(pid, 0)
+        status = wait_exit(pid, 60)
     finally:
         os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 0, status
