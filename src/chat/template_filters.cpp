@@ -139,15 +139,51 @@ Value filter_select_or_reject(Renderer& r, const std::string& f, const Value& x,
   return {out, false};
 }
 
-Value filter_map(Renderer& r, const std::string&, const Value& x, const std::vector<Value>&,
+// map(attribute=NAME), or map(FILTER, ARGS...): that filter on each item (Gemma 4's
+// `types | map('upper')`).
+Value filter_map(Renderer& r, const std::string&, const Value& x, const std::vector<Value>& a,
                  const Expr& e, int line) {
   Json out = Json::array();
   const Value attr = r.kwarg(e, "attribute", line);
-  if (attr.undefined) r.fail(line, "map filter supports attribute= only");
+  if (attr.undefined && a.empty()) r.fail(line, "map filter needs attribute= or a filter name");
+  const std::string name = attr.undefined ? to_text(a[0]) : "";
+  const Filter each = attr.undefined ? find_filter(name) : nullptr;
+  if (attr.undefined && !each) r.fail(line, "unsupported filter " + name + " in map");
+  const std::vector<Value> rest(a.begin() + (a.empty() ? 0 : 1), a.end());
   if (x.v.is_array()) {
-    for (const auto& item : x.v) out.push_back(attribute({item, false}, to_text(attr)).v);
+    for (const auto& item : x.v) {
+      out.push_back(each ? each(r, name, {item, false}, rest, e, line).v
+                         : attribute({item, false}, to_text(attr)).v);
+    }
   }
   return {out, false};
+}
+
+// dictsort(case_sensitive=false, by='key', reverse=false): a mapping's [key, value] pairs sorted
+// as jinja2 sorts them (stable; strings compared lower-cased unless case_sensitive).
+Value filter_dictsort(Renderer& r, const std::string&, const Value& x, const std::vector<Value>& a,
+                      const Expr& e, int line) {
+  if (!x.v.is_object()) r.fail(line, "dictsort of a value that is not a mapping");
+  auto option = [&](const char* key, size_t at) {
+    const Value v = r.kwarg(e, key, line);
+    return !v.undefined ? v : (a.size() > at ? a[at] : Value::undef());
+  };
+  const Value case_sensitive = option("case_sensitive", 0), by = option("by", 1),
+              reverse = option("reverse", 2);
+  const size_t pos = !by.undefined && to_text(by) == "value" ? 1 : 0;
+  if (!by.undefined && pos == 0 && to_text(by) != "key")
+    r.fail(line, "dictsort by must be key or value");
+  std::vector<Json> pairs;
+  for (const auto& [k, v] : x.v.items()) pairs.push_back(Json::array({k, v}));
+  auto sort_key = [&](const Json& pair) {
+    const Json& v = pair[pos];
+    if (!v.is_string() || truthy(case_sensitive)) return v;
+    return call_method(r, Value{v, false}, "lower", {}, line).v;
+  };
+  std::stable_sort(pairs.begin(), pairs.end(), [&](const Json& p, const Json& q) {
+    return truthy(reverse) ? sort_key(q) < sort_key(p) : sort_key(p) < sort_key(q);
+  });
+  return {Json(pairs), false};
 }
 
 }  // namespace
@@ -177,6 +213,7 @@ Filter find_filter(std::string_view name) {
       {"selectattr", &filter_select_or_reject},
       {"rejectattr", &filter_select_or_reject},
       {"map", &filter_map},
+      {"dictsort", &filter_dictsort},
   };
   const auto hit = filters.find(name);
   return hit == filters.end() ? nullptr : hit->second;

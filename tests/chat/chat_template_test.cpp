@@ -379,3 +379,24 @@ TEST(ChatTemplateSandbox, BuiltListsAndIntegersHaveBounds) {
 
 }  // namespace
 }  // namespace moe::chat
+
+namespace moe::chat {
+namespace {
+
+// Expected strings are jinja2 3.1's output for the same templates.
+TEST(ChatTemplate, DictsortAndMapWithAFilter) {
+  const Json ctx = {{"d", {{"b", 1}, {"B", 2}, {"a", 3}, {"c", 0}}}};
+  const std::string loop = "{% for k, v in d | dictsort";
+  const std::string body = " %}{{ k }}{{ v }}{% endfor %}";
+  EXPECT_EQ(render(loop + body, ctx), "a3b1B2c0");  // case-insensitive, stable
+  EXPECT_EQ(render(loop + "(true)" + body, ctx), "B2a3b1c0");
+  EXPECT_EQ(render(loop + "(reverse=true)" + body, ctx), "c0b1B2a3");
+  EXPECT_EQ(render(loop + "(by='value')" + body, ctx), "c0b1B2a3");
+  EXPECT_EQ(render("{{ ['a', 'b'] | map('upper') | list }}"), "['A', 'B']");
+  EXPECT_EQ(render("{{ ['a-b', 'c'] | map('replace', '-', '+') | join(',') }}"), "a+b,c");
+  EXPECT_THROW(render("{{ [1] | dictsort }}"), std::exception);
+  EXPECT_THROW(render("{{ [1] | map('no_such_filter') | list }}"), std::exception);
+}
+
+}  // namespace
+}  // namespace moe::chat

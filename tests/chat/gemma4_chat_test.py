@@ -1,0 +1,172 @@
+"""prepare-data --format sft on Gemma 4's chat format against transformers.
+
+chat_templates/gemma4.jinja is Gemma 4's chat template as llama.cpp's models/templates/gemma4.jinja
+carries it (12,133 bytes): <|turn>ROLE ... <turn|> turns, the assistant's role written "model", a
+system turn holding the system prompt and the tools as `declaration:NAME{...}` lines built by
+recursive macros (dictsort, namespaces, `map('upper')`), tool calls as
+<|tool_call>call:NAME{key:value,...}<tool_call|> with strings quoted by <|"|>, tool results from a
+message's `tool_responses`, thinking (<|channel>...<channel|>) stripped from the model's history, and
+a generation prompt that ends in an empty thought channel the history never repeats. That last part
+made prepare-data refuse every Gemma 4 conversation ("the generation prompt is not in the output"):
+an assistant turn now starts after the part of the prompt the history has ("<|turn>model\\n").
+
+A tokenizer directory is built here (nothing downloaded): a byte-level BPE trained on this file's
+sentences with Gemma 4's control tokens added as special. For 24 conversations (system prompts,
+tools with nested, enum, array and nullable parameters, tool calls with string / number / boolean /
+list / object arguments, tool results as objects and plain values, thinking in the model's content,
+list-of-parts user content, several rounds), the ids prepare-data writes equal
+apply_chat_template(messages, tools=..., tokenize=True), and the loss mask is 1 exactly on the model
+turns: from after each "<|turn>model\\n" through its "<turn|>", tool calls included (derived here
+from the text, independently of src/chat/sft.cpp).
+
+usage: gemma4_chat_test.py MOE_TRAIN_BINARY TESTS_DATA_DIR
+"""
+import json
+import pathlib
+import random
+import subprocess
+import sys
+import tempfile
+
+try:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer
+    from sft_reference import read_docs, reference
+except ImportError as e:
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+BIN, DATA = sys.argv[1], pathlib.Path(sys.argv[2])
+SPECIAL = ["<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>",
+           "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>",
+           '<|"|>', "<|image|>", "<|audio|>", "<|video|>"]
+WORDS = ("the a weather city flight time sky blue sea why how when Paris Tokyo 東京 météo Straße "
+         "sunny rain cold warm tomorrow today please thanks answer question route number").split()
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather for a city, by day",
+        "parameters": {"type": "object", "required": ["city"], "properties": {
+            "city": {"type": "string", "description": "The city's name, e.g. 東京"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "nullable": True},
+            "days": {"type": "integer", "description": "How many days"}}}}},
+    {"type": "function", "function": {
+        "name": "search_flights", "description": "Flights between two places",
+        "parameters": {"type": "object", "required": ["route"], "properties": {
+            "route": {"type": "object", "description": "From where to where", "required": ["from"],
+                      "properties": {"from": {"type": "string"}, "to": {"type": "string"}}},
+            "stops": {"type": "array", "items": {"type": "string"}},
+            "flexible": {"type": "boolean"}}}}},
+    {"type": "function", "function": {"name": "get_time", "description": "The current time",
+                                      "parameters": {"type": "object", "properties": {}}}},
+]
+
+
+def sentence(rnd, n):
+    return " ".join(rnd.choice(WORDS) for _ in range(n)) + rnd.choice([".", "?", "!", ""])
+
+
+def build(tmp):
+    rnd = random.Random(1)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([sentence(rnd, 30) for _ in range(2000)] + [json.dumps(TOOLS)] * 20,
+                            trainers.BpeTrainer(vocab_size=1500, show_progress=False,
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
+    d = tmp / "gemma-4"
+    d.mkdir()
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20, "bos_token": "<bos>",
+        "eos_token": "<eos>", "pad_token": "<pad>"}))
+    (d / "chat_template.jinja").write_bytes((DATA / "chat_templates" / "gemma4.jinja").read_bytes())
+    return d
+
+
+def arguments(rnd, name):
+    if name == "get_weather":
+        return {"city": rnd.choice(["Paris", "東京"]), "days": rnd.randint(1, 7), "unit": "celsius"}
+    if name == "search_flights":
+        return {"route": {"from": "Paris", "to": "Tokyo"}, "stops": ["Dubai"] * rnd.randint(0, 2),
+                "flexible": rnd.random() < 0.5}
+    return {}
+
+
+def conversation(rnd, i):
+    msgs, tools = [], TOOLS if i % 3 != 2 else None
+    if i % 2 == 0:
+        msgs.append({"role": "system", "content": " " + sentence(rnd, 6) + "\n"})
+    for r in range(1 + i % 3):
+        if i % 5 == 1 and r == 0:
+            msgs.append({"role": "user", "content": [{"type": "text", "text": sentence(rnd, 5)}]})
+        else:
+            msgs.append({"role": "user", "content": sentence(rnd, 4 + r)})
+        if tools and (i + r) % 2 == 0:
+            name = rnd.choice(["get_weather", "search_flights", "get_time"])
+            msgs.append({"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": name, "arguments": arguments(rnd, name)}}]})
+            result = {"temperature": rnd.randint(-5, 30), "sky": "clear"} if i % 2 else sentence(rnd, 3)
+            msgs.append({"role": "tool", "content": "", "tool_responses": [{"name": name, "response": result}]})
+        thought = f"<|channel>thought\n{sentence(rnd, 5)}<channel|>" if (i + r) % 4 == 1 else ""
+        msgs.append({"role": "assistant", "content": thought + sentence(rnd, 8)})
+    return msgs, tools
+
+
+def gemma_spans(text, msgs, first):
+    """Each model turn: from after "<|turn>model\\n" through its "<turn|>" (or the text's end)."""
+    spans, at, opener = [], 0, "<|turn>model\n"
+    while (at := text.find(opener, at)) != -1:
+        begin = at + len(opener)
+        end = text.find("<turn|>", begin)
+        end = len(text) if end == -1 else end + len("<turn|>")
+        spans.append((begin, end))
+        at = end
+    return spans
+
+
+def main():
+    n = 24
+    with tempfile.TemporaryDirectory() as d:
+        tmp = pathlib.Path(d)
+        tok_dir = build(tmp)
+        tok = AutoTokenizer.from_pretrained(str(tok_dir))
+        assert "<|turn>" in tok.chat_template
+        rnd = random.Random(7)
+        convs = [conversation(rnd, i) for i in range(n)]
+        lines = [json.dumps(dict({"messages": m}, **({"tools": t} if t else {})), ensure_ascii=False)
+                 for m, t in convs]
+        (tmp / "chat.jsonl").write_text("\n".join(lines) + "\n")
+        out = tmp / "ds"
+        r = subprocess.run([BIN, "prepare-data", tmp / "chat.jsonl", "--out", out, "--format", "sft",
+                            "--tokenizer-from", tok_dir], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        docs, manifest = read_docs(out)
+        assert len(docs) == n, len(docs)
+        targets = compared = 0
+        seen = {"tool calls": 0, "tool results": 0, "thinking stripped": 0, "system": 0, "list content": 0}
+        for i, ((msgs, tools), (ids, mask)) in enumerate(zip(convs, docs)):
+            want_ids, want_mask, text = reference(tok, msgs, tools, 0, gemma_spans)
+            assert list(ids) == want_ids, (i, tok.decode(list(ids)), text)
+            if list(mask) != want_mask:
+                bad = [j for j in range(len(mask)) if mask[j] != want_mask[j]]
+                raise SystemExit(f"FAIL conversation {i}: mask differs at tokens {bad[:10]} "
+                                 f"(prepare-data {[int(mask[j]) for j in bad[:10]]}): "
+                                 f"{[tok.decode([ids[j]]) for j in bad[:10]]}\n{text}")
+            assert sum(want_mask) > 0
+            targets += sum(want_mask)
+            compared += len(want_ids)
+            seen["tool calls"] += "<|tool_call>call:" in text
+            seen["tool results"] += "<|tool_response>response:" in text
+            seen["thinking stripped"] += any("<|channel>" in str(m["content"]) for m in msgs) and \
+                "<|channel>" not in text
+            seen["system"] += text.startswith("<bos><|turn>system\n")
+            seen["list content"] += any(isinstance(m["content"], list) for m in msgs)
+        assert manifest["target_tokens"] == targets, (manifest["target_tokens"], targets)
+        assert all(seen.values()), seen
+        print(f"Gemma 4: {n} conversations ({seen}): ids equal apply_chat_template ({compared} tokens), "
+              f"masks equal the model turns ({targets} target tokens)")
+    print("ok")
+
+
+main()
