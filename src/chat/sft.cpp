@@ -281,28 +281,30 @@ size_t SftEncoder::token_at(const std::string& text, size_t pos,
 
 // An assistant turn whose generation prompt the history does not repeat whole: Gemma 4's
 // prompt ends in an empty thought channel ("<|turn>model\n<|channel>thought\n<channel|>") that
-// its history leaves out. The turn starts after the part of the prompt that the history has at
-// the end of the messages before it ("<|turn>model\n") and ends where the rendering through this
-// message ends (white space after its end-of-turn token not included), its tool calls inside.
-std::pair<size_t, size_t> SftEncoder::turn_within_history(const Json& earlier, const Json& message,
-                                                          const std::string& rendered,
-                                                          const std::string& prompt,
-                                                          const Json& tools, size_t found) const {
-  Json through = earlier;
-  through.push_back(message);
-  const std::string head = render(earlier, false, tools), upto = render(through, false, tools);
+// its history leaves out, MiniMax-M2's in "<think>\n". When the conversation renders the messages
+// before the turn as they render alone and, where they end, has part of the prompt (not all of
+// it), the turn starts after that part ("<|turn>model\n") and ends where the rendering through
+// this message ends (white space after its end-of-turn token not included), its tool calls
+// inside. Else nullopt: the turn is found by its whole prompt.
+std::optional<std::pair<size_t, size_t>> SftEncoder::turn_within_history(
+    const Json& earlier, const Json& message, const std::string& rendered,
+    const std::string& prompt, const Json& tools) const {
+  const std::string head = render(earlier, false, tools);
+  if (rendered.compare(0, head.size(), head) != 0) return std::nullopt;
   size_t common = 0;
   while (common < prompt.size() && head.size() + common < rendered.size() &&
          prompt[common] == rendered[head.size() + common]) {
     ++common;
   }
+  if (common == 0 || common == prompt.size()) return std::nullopt;
+  Json through = earlier;
+  through.push_back(message);
+  const std::string upto = render(through, false, tools);
   const size_t end = upto.find_last_not_of(" \t\r\n") + 1;
-  if (common == 0 || rendered.compare(0, head.size(), head) != 0 ||
-      rendered.compare(0, upto.size(), upto) != 0 || end <= head.size() + common) {
-    throw UserError("the chat template's output has " + std::to_string(found) +
-                    " assistant turn(s) after its generation prompt where the example has more");
+  if (rendered.compare(0, upto.size(), upto) != 0 || end <= head.size() + common) {
+    return std::nullopt;
   }
-  return {head.size() + common, end};
+  return std::pair{head.size() + common, end};
 }
 
 // Where the assistant turns of the rendered conversation are, as byte ranges: the template's
@@ -354,15 +356,22 @@ std::vector<std::pair<size_t, size_t>> SftEncoder::assistant_spans(const Json& m
   for (size_t i = 0; i < messages.size(); ++i) {
     const Json& m = messages[i];
     if (m["role"] == "assistant") {
-      size_t begin = 0;
-      const size_t at = prompt.empty() ? std::string::npos : rendered.find(prompt, from);
-      if (at == std::string::npos && !prompt.empty()) {
-        spans.push_back(turn_within_history(earlier, m, rendered, prompt, tools, spans.size()));
-        from = spans.back().second;
+      if (const auto partial = prompt.empty()
+                                   ? std::nullopt
+                                   : turn_within_history(earlier, m, rendered, prompt, tools)) {
+        spans.push_back(*partial);
+        from = partial->second;
         earlier.push_back(m);
         continue;
       }
+      size_t begin = 0;
       if (!prompt.empty()) {
+        const size_t at = rendered.find(prompt, from);
+        if (at == std::string::npos) {
+          throw UserError("the chat template's output has " + std::to_string(spans.size()) +
+                          " assistant turn(s) after its generation prompt where the example has "
+                          "more");
+        }
         begin = at + prompt.size();
       } else {
         const std::string head = render(earlier, false, tools);
