@@ -285,26 +285,32 @@ size_t SftEncoder::token_at(const std::string& text, size_t pos,
 // before the turn as they render alone and, where they end, has part of the prompt (not all of
 // it), the turn starts after that part ("<|turn>model\n") and ends where the rendering through
 // this message ends (white space after its end-of-turn token not included), its tool calls
-// inside. Else nullopt: the turn is found by its whole prompt.
-std::optional<std::pair<size_t, size_t>> SftEncoder::turn_within_history(
-    const Json& earlier, const Json& message, const std::string& rendered,
-    const std::string& prompt, const Json& tools) const {
+// inside; where the rendering through this message is not the conversation's beginning
+// (MiniMax-M2 shows a last turn's reasoning, not an earlier one's), the end is npos: the caller
+// ends the turn at its first end-of-turn token. Else {npos, npos}: the turn is found by its whole
+// prompt.
+constexpr size_t kNone = std::string::npos;
+
+std::pair<size_t, size_t> SftEncoder::turn_within_history(const Json& earlier, const Json& message,
+                                                          const std::string& rendered,
+                                                          const std::string& prompt,
+                                                          const Json& tools) const {
   const std::string head = render(earlier, false, tools);
-  if (rendered.compare(0, head.size(), head) != 0) return std::nullopt;
+  if (rendered.compare(0, head.size(), head) != 0) return {kNone, kNone};
   size_t common = 0;
   while (common < prompt.size() && head.size() + common < rendered.size() &&
          prompt[common] == rendered[head.size() + common]) {
     ++common;
   }
-  if (common == 0 || common == prompt.size()) return std::nullopt;
+  if (common == 0 || common == prompt.size()) return {kNone, kNone};
   Json through = earlier;
   through.push_back(message);
   const std::string upto = render(through, false, tools);
   const size_t end = upto.find_last_not_of(" \t\r\n") + 1;
   if (rendered.compare(0, upto.size(), upto) != 0 || end <= head.size() + common) {
-    return std::nullopt;
+    return {head.size() + common, kNone};
   }
-  return std::pair{head.size() + common, end};
+  return {head.size() + common, end};
 }
 
 // Where the assistant turns of the rendered conversation are, as byte ranges: the template's
@@ -356,11 +362,15 @@ std::vector<std::pair<size_t, size_t>> SftEncoder::assistant_spans(const Json& m
   for (size_t i = 0; i < messages.size(); ++i) {
     const Json& m = messages[i];
     if (m["role"] == "assistant") {
-      if (const auto partial = prompt.empty()
-                                   ? std::nullopt
-                                   : turn_within_history(earlier, m, rendered, prompt, tools)) {
-        spans.push_back(*partial);
-        from = partial->second;
+      const auto [partial_begin, partial_end] =
+          prompt.empty() ? std::pair{kNone, kNone}
+                         : turn_within_history(earlier, m, rendered, prompt, tools);
+      const bool last_of_run = i + 1 == messages.size() || messages[i + 1]["role"] != "assistant";
+      if (partial_begin != kNone) {
+        const size_t end =
+            partial_end != kNone ? partial_end : turn_end(partial_begin, last_of_run);
+        spans.emplace_back(partial_begin, end);
+        from = end;
         earlier.push_back(m);
         continue;
       }
@@ -383,7 +393,6 @@ std::vector<std::pair<size_t, size_t>> SftEncoder::assistant_spans(const Json& m
         }
         begin = head.size();
       }
-      const bool last_of_run = i + 1 == messages.size() || messages[i + 1]["role"] != "assistant";
       spans.emplace_back(begin, turn_end(begin, last_of_run));
       from = spans.back().second;
     }

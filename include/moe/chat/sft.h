@@ -50,10 +50,11 @@ class SftEncoder {
   std::vector<std::pair<size_t, size_t>> assistant_spans(const nlohmann::ordered_json& messages,
                                                          const std::string& rendered,
                                                          const nlohmann::ordered_json& tools) const;
-  std::optional<std::pair<size_t, size_t>> turn_within_history(
-      const nlohmann::ordered_json& earlier, const nlohmann::ordered_json& message,
-      const std::string& rendered, const std::string& prompt,
-      const nlohmann::ordered_json& tools) const;
+  std::pair<size_t, size_t> turn_within_history(const nlohmann::ordered_json& earlier,
+                                                const nlohmann::ordered_json& message,
+                                                const std::string& rendered,
+                                                const std::string& prompt,
+                                                const nlohmann::ordered_json& tools) const;
   std::string render(const nlohmann::ordered_json& messages, bool generation_prompt,
                      const nlohmann::ordered_json& tools,
                      std::vector<std::pair<size_t, size_t>>* generation = nullptr) const;

@@ -1,26 +1,32 @@
-"""prepare-data --format sft on Gemma 4's chat format against transformers.
+"""prepare-data --format sft on the chat formats of 2026's releases against transformers.
 
-chat_templates/gemma4.jinja is Gemma 4's chat template as llama.cpp's models/templates/gemma4.jinja
-carries it (12,133 bytes): <|turn>ROLE ... <turn|> turns, the assistant's role written "model", a
-system turn holding the system prompt and the tools as `declaration:NAME{...}` lines built by
-recursive macros (dictsort, namespaces, `map('upper')`), tool calls as
-<|tool_call>call:NAME{key:value,...}<tool_call|> with strings quoted by <|"|>, tool results from a
-message's `tool_responses`, thinking (<|channel>...<channel|>) stripped from the model's history, and
-a generation prompt that ends in an empty thought channel the history never repeats. That last part
-made prepare-data refuse every Gemma 4 conversation ("the generation prompt is not in the output"):
-an assistant turn now starts after the part of the prompt the history has ("<|turn>model\\n").
+gemma4: chat_templates/gemma4.jinja is Gemma 4's chat template as llama.cpp's
+models/templates/gemma4.jinja carries it (12,133 bytes): <|turn>ROLE ... <turn|> turns, the
+assistant's role written "model", a system turn holding the system prompt and the tools as
+`declaration:NAME{...}` lines built by recursive macros (dictsort, namespaces, `map('upper')`),
+tool calls as <|tool_call>call:NAME{key:value,...}<tool_call|> with strings quoted by <|"|>, tool
+results from a message's `tool_responses`, thinking (<|channel>...<channel|>) stripped from the
+model's history, and a generation prompt that ends in an empty thought channel the history never
+repeats. That last part made prepare-data refuse every Gemma 4 conversation: a turn now starts
+after the part of the prompt the history has ("<|turn>model\n").
+
+minimax_m2: chat_templates/minimax_m2.jinja is MiniMax-M2's template as Unsloth fixed it (Apache
+2.0; llama.cpp's models/templates/unsloth-MiniMax-M2.jinja, 7,224 bytes): ]~!b[ ]~b]ROLE ... [e~[
+turns, tools as <tool>JSON</tool> lines, calls as <minimax:tool_call><invoke name=...><parameter
+name=...>, reasoning (`reasoning_content` or <think> in the content) kept only after the last user
+turn, and a generation prompt "]~b]ai\n<think>\n": a turn with kept reasoning starts after it, one
+without after "]~b]ai\n".
 
 A tokenizer directory is built here (nothing downloaded): a byte-level BPE trained on this file's
-sentences with Gemma 4's control tokens added as special. For 24 conversations (system prompts,
-tools with nested, enum, array and nullable parameters, tool calls with string / number / boolean /
-list / object arguments, tool results as objects and plain values, thinking in the model's content,
-list-of-parts user content, several rounds), the ids prepare-data writes equal
-apply_chat_template(messages, tools=..., tokenize=True), and the loss mask is 1 exactly on the model
-turns: from after each "<|turn>model\\n" through its "<turn|>", tool calls included (derived here
-from the text, independently of src/chat/sft.cpp).
+sentences with the family's control tokens added. For 24 conversations (system prompts, tools with
+nested, enum, array and nullable parameters, tool calls with string / number / boolean / list /
+object arguments, tool results, reasoning, list-of-parts user content, several rounds), the ids
+prepare-data writes equal apply_chat_template(messages, tools=..., tokenize=True), and the loss
+mask is 1 exactly on the assistant turns: from after the turn's opener (and MiniMax's "<think>\n")
+through its end-of-turn token, tool calls included (derived here from the text, independently of
+src/chat/sft.cpp).
 
-usage: gemma4_chat_test.py MOE_TRAIN_BINARY TESTS_DATA_DIR
-"""
+usage: release_chat_test.py MOE_TRAIN_BINARY TESTS_DATA_DIR FAMILY"""
 import json
 import pathlib
 import random
@@ -36,10 +42,18 @@ except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
 
-BIN, DATA = sys.argv[1], pathlib.Path(sys.argv[2])
-SPECIAL = ["<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>",
+BIN, DATA, FAMILY = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
+GEMMA_SPECIAL = ["<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>",
            "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>",
            '<|"|>', "<|image|>", "<|audio|>", "<|video|>"]
+# family: (template, special tokens, added tokens, bos, eos, turn opener, its optional tail, turn end)
+FAMILIES = {
+    "gemma4": ("gemma4.jinja", GEMMA_SPECIAL, [], "<bos>", "<eos>", "<|turn>model\n", "", "<turn|>"),
+    "minimax_m2": ("minimax_m2.jinja", ["]~!b[", "]~b]", "[e~["],
+                   ["<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"], "]~!b[", "[e~[",
+                   "]~b]ai\n", "<think>\n", "[e~["),
+}
+TEMPLATE, SPECIAL, ADDED, BOS, EOS, OPENER, OPENER_TAIL, TURN_END = FAMILIES[FAMILY]
 WORDS = ("the a weather city flight time sky blue sea why how when Paris Tokyo 東京 météo Straße "
          "sunny rain cold warm tomorrow today please thanks answer question route number").split()
 TOOLS = [
@@ -74,13 +88,14 @@ def build(tmp):
                             trainers.BpeTrainer(vocab_size=1500, show_progress=False,
                                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
-    d = tmp / "gemma-4"
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
+    d = tmp / FAMILY
     d.mkdir()
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20, "bos_token": "<bos>",
-        "eos_token": "<eos>", "pad_token": "<pad>"}))
-    (d / "chat_template.jinja").write_bytes((DATA / "chat_templates" / "gemma4.jinja").read_bytes())
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20, "bos_token": BOS,
+        "eos_token": EOS, "pad_token": EOS}))
+    (d / "chat_template.jinja").write_bytes((DATA / "chat_templates" / TEMPLATE).read_bytes())
     return d
 
 
@@ -107,19 +122,33 @@ def conversation(rnd, i):
             msgs.append({"role": "assistant", "content": "", "tool_calls": [
                 {"type": "function", "function": {"name": name, "arguments": arguments(rnd, name)}}]})
             result = {"temperature": rnd.randint(-5, 30), "sky": "clear"} if i % 2 else sentence(rnd, 3)
-            msgs.append({"role": "tool", "content": "", "tool_responses": [{"name": name, "response": result}]})
-        thought = f"<|channel>thought\n{sentence(rnd, 5)}<channel|>" if (i + r) % 4 == 1 else ""
-        msgs.append({"role": "assistant", "content": thought + sentence(rnd, 8)})
+            if FAMILY == "gemma4":
+                msgs.append({"role": "tool", "content": "",
+                             "tool_responses": [{"name": name, "response": result}]})
+            else:
+                msgs.append({"role": "tool", "content": json.dumps(result) if i % 2 else result})
+        answer = sentence(rnd, 8)
+        if (i + r) % 4 == 1 and FAMILY == "gemma4":
+            answer = f"<|channel>thought\n{sentence(rnd, 5)}<channel|>" + answer
+        elif (i + r) % 4 == 1:
+            answer = f"<think>\n{sentence(rnd, 5)}\n</think>\n\n" + answer
+        elif (i + r) % 4 == 3 and FAMILY == "minimax_m2":
+            msgs.append({"role": "assistant", "content": answer, "reasoning_content": sentence(rnd, 4)})
+            continue
+        msgs.append({"role": "assistant", "content": answer})
     return msgs, tools
 
 
-def gemma_spans(text, msgs, first):
-    """Each model turn: from after "<|turn>model\\n" through its "<turn|>" (or the text's end)."""
-    spans, at, opener = [], 0, "<|turn>model\n"
-    while (at := text.find(opener, at)) != -1:
-        begin = at + len(opener)
-        end = text.find("<turn|>", begin)
-        end = len(text) if end == -1 else end + len("<turn|>")
+def turn_spans(text, msgs, first):
+    """Each assistant turn: from after its opener (and the opener's tail where the history has it:
+    MiniMax's kept "<think>\\n") through its end-of-turn token (or the text's end)."""
+    spans, at = [], 0
+    while (at := text.find(OPENER, at)) != -1:
+        begin = at + len(OPENER)
+        if OPENER_TAIL and text.startswith(OPENER_TAIL, begin):
+            begin += len(OPENER_TAIL)
+        end = text.find(TURN_END, begin)
+        end = len(text) if end == -1 else end + len(TURN_END)
         spans.append((begin, end))
         at = end
     return spans
@@ -131,7 +160,7 @@ def main():
         tmp = pathlib.Path(d)
         tok_dir = build(tmp)
         tok = AutoTokenizer.from_pretrained(str(tok_dir))
-        assert "<|turn>" in tok.chat_template
+        assert tok.chat_template == (DATA / "chat_templates" / TEMPLATE).read_text()
         rnd = random.Random(7)
         convs = [conversation(rnd, i) for i in range(n)]
         lines = [json.dumps(dict({"messages": m}, **({"tools": t} if t else {})), ensure_ascii=False)
@@ -144,9 +173,10 @@ def main():
         docs, manifest = read_docs(out)
         assert len(docs) == n, len(docs)
         targets = compared = 0
-        seen = {"tool calls": 0, "tool results": 0, "thinking stripped": 0, "system": 0, "list content": 0}
+        seen = {"tool calls": 0, "tool results": 0, "thinking stripped": 0, "thinking kept": 0, "system": 0,
+                "list content": 0}
         for i, ((msgs, tools), (ids, mask)) in enumerate(zip(convs, docs)):
-            want_ids, want_mask, text = reference(tok, msgs, tools, 0, gemma_spans)
+            want_ids, want_mask, text = reference(tok, msgs, tools, 0, turn_spans)
             assert list(ids) == want_ids, (i, tok.decode(list(ids)), text)
             if list(mask) != want_mask:
                 bad = [j for j in range(len(mask)) if mask[j] != want_mask[j]]
@@ -156,16 +186,20 @@ def main():
             assert sum(want_mask) > 0
             targets += sum(want_mask)
             compared += len(want_ids)
-            seen["tool calls"] += "<|tool_call>call:" in text
-            seen["tool results"] += "<|tool_response>response:" in text
-            seen["thinking stripped"] += any("<|channel>" in str(m["content"]) for m in msgs) and \
-                "<|channel>" not in text
-            seen["system"] += text.startswith("<bos><|turn>system\n")
+            calls, results, thought = (("<|tool_call>call:", "<|tool_response>response:", "<|channel>")
+                                       if FAMILY == "gemma4" else ("<invoke name=", "<response>", "<think>"))
+            seen["tool calls"] += calls in text
+            seen["tool results"] += results in text
+            seen["thinking stripped"] += any(thought in str(m["content"]) or m.get("reasoning_content")
+                                             for m in msgs) and text.count(thought) < sum(
+                thought in str(m["content"]) or bool(m.get("reasoning_content")) for m in msgs)
+            seen["thinking kept"] += FAMILY == "gemma4" or "</think>" in text
+            seen["system"] += any(m["role"] == "system" for m in msgs)
             seen["list content"] += any(isinstance(m["content"], list) for m in msgs)
         assert manifest["target_tokens"] == targets, (manifest["target_tokens"], targets)
         assert all(seen.values()), seen
-        print(f"Gemma 4: {n} conversations ({seen}): ids equal apply_chat_template ({compared} tokens), "
-              f"masks equal the model turns ({targets} target tokens)")
+        print(f"{FAMILY}: {n} conversations ({seen}): ids equal apply_chat_template ({compared} tokens), "
+              f"masks equal the assistant turns ({targets} target tokens)")
     print("ok")
 
 
