@@ -313,6 +313,19 @@ std::pair<size_t, size_t> SftEncoder::turn_within_history(const Json& earlier, c
   return {head.size() + common, end};
 }
 
+// Where the conversation's rendering through `message` ends (white space after it left out), or 0
+// when the conversation does not begin with that rendering. A turn ends no earlier: special tokens
+// inside it (Kimi-K2's <think></think> before the answer, <|tool_calls_section_begin|>) are not its
+// end, which is what the template writes after the message (<|im_end|>).
+size_t SftEncoder::end_of_rendering_through(const Json& earlier, const Json& message,
+                                            const std::string& rendered, const Json& tools) const {
+  Json through = earlier;
+  through.push_back(message);
+  const std::string upto = render(through, false, tools);
+  if (rendered.compare(0, upto.size(), upto) != 0) return 0;
+  return upto.find_last_not_of(" \t\r\n") + 1;
+}
+
 // Where the assistant turns of the rendered conversation are, as byte ranges: the template's
 // {% generation %} blocks when it has them (as transformers' return_assistant_tokens_mask);
 // else each turn runs from its start to the end of the first special token after it (the turn's
@@ -393,7 +406,8 @@ std::vector<std::pair<size_t, size_t>> SftEncoder::assistant_spans(const Json& m
         }
         begin = head.size();
       }
-      spans.emplace_back(begin, turn_end(begin, last_of_run));
+      spans.emplace_back(begin, std::max(turn_end(begin, last_of_run),
+                                         end_of_rendering_through(earlier, m, rendered, tools)));
       from = spans.back().second;
     }
     earlier.push_back(m);

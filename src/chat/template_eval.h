@@ -59,6 +59,8 @@ class Renderer {
   Value slice(const Expr& e, int line);
   std::vector<Value> arguments(const Expr& e, int line, size_t first);
   Value call(const Expr& e, int line);
+  Json* mutable_list(const Expr& e);
+  Value mutate_list(Json& list, const std::string& method, const std::vector<Value>& a, int line);
   Value filter(const Expr& e, int line);
   bool test(const Expr& e, int line);
   Value binary(const Expr& e, int line);

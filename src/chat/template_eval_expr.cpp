@@ -170,7 +170,44 @@ Value Renderer::call(const Expr& e, int line) {
     fail(line, "unknown function " + callee.name + "()");
   }
   if (callee.kind != Expr::kAttr) fail(line, "a call of something that is not a function");
+  if (callee.name == "append" || callee.name == "pop") {
+    if (Json* list = mutable_list(*callee.args[0])) return mutate_list(*list, callee.name, a, line);
+  }
   return call_method(*this, eval(*callee.args[0], line), callee.name, a, line);
+}
+
+// The list a variable or a namespace attribute holds, to change in place (Kimi-K2's template
+// queues tool-call ids with `ns.ids.append(id)` and takes them with `ns.ids.pop(0)`); nullptr for
+// anything else.
+Json* Renderer::mutable_list(const Expr& e) {
+  Json* target = nullptr;
+  if (e.kind == Expr::kName) target = find_variable(e.name);
+  if (e.kind == Expr::kAttr && e.args[0]->kind == Expr::kName) {
+    Json* ns = find_variable(e.args[0]->name);
+    if (ns != nullptr && ns->is_object() && ns->contains(e.name)) target = &(*ns)[e.name];
+  }
+  return target != nullptr && target->is_array() ? target : nullptr;
+}
+
+// list.append(x) (None) and list.pop([i]) (the item), as Python does them.
+Value Renderer::mutate_list(Json& list, const std::string& method, const std::vector<Value>& a,
+                            int line) {
+  if (method == "append") {
+    if (a.size() != 1) fail(line, "append() takes one argument");
+    list.push_back(a[0].v);
+    charge_built(Json::array({a[0].v}), line);  // the item and its slot, not the list again
+    return {Json(), false};
+  }
+  if (a.size() > 1 || (a.size() == 1 && !a[0].v.is_number_integer())) {
+    fail(line, "pop() takes one integer index");
+  }
+  const int64_t n = static_cast<int64_t>(list.size());
+  int64_t i = a.empty() ? -1 : a[0].v.get<int64_t>();
+  if (i < 0) i += n;
+  if (i < 0 || i >= n) fail(line, "pop index out of range");
+  Json item = list[static_cast<size_t>(i)];
+  list.erase(list.begin() + i);
+  return {item, false};
 }
 
 Value Renderer::filter(const Expr& e, int line) {

@@ -398,5 +398,17 @@ TEST(ChatTemplate, DictsortAndMapWithAFilter) {
   EXPECT_THROW(render("{{ [1] | map('no_such_filter') | list }}"), std::exception);
 }
 
+// Kimi-K2's template queues tool-call ids in a namespace's list: append and pop change it in place
+// (transformers' immutable sandbox refuses both; Python and jinja2 outside it do this).
+TEST(ChatTemplate, ListAppendAndPopInPlace) {
+  EXPECT_EQ(render("{% set ns = namespace(ids=[]) %}{% set _ = ns.ids.append(1) %}"
+                   "{% set _ = ns.ids.append('a') %}{{ ns.ids.pop(0) }}{{ ns.ids }}"),
+            "1['a']");
+  EXPECT_EQ(render("{% set xs = [1, 2, 3] %}{{ xs.pop() }}{{ xs }}{{ xs.pop(-2) }}{{ xs }}"),
+            "3[1, 2]1[2]");
+  EXPECT_THROW(render("{% set xs = [] %}{{ xs.pop() }}"), std::exception);
+  EXPECT_THROW(render("{% set xs = [1] %}{{ xs.append() }}"), std::exception);
+}
+
 }  // namespace
 }  // namespace moe::chat

@@ -50,6 +50,10 @@ class SftEncoder {
   std::vector<std::pair<size_t, size_t>> assistant_spans(const nlohmann::ordered_json& messages,
                                                          const std::string& rendered,
                                                          const nlohmann::ordered_json& tools) const;
+  size_t end_of_rendering_through(const nlohmann::ordered_json& earlier,
+                                  const nlohmann::ordered_json& message,
+                                  const std::string& rendered,
+                                  const nlohmann::ordered_json& tools) const;
   std::pair<size_t, size_t> turn_within_history(const nlohmann::ordered_json& earlier,
                                                 const nlohmann::ordered_json& message,
                                                 const std::string& rendered,
