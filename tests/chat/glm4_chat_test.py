@@ -56,7 +56,7 @@ import tempfile
 try:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer
-    from sft_reference import read_docs, reference
+    from sft_reference import prepare_sft, reference
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
@@ -254,12 +254,7 @@ def main():
         rnd = random.Random(11)
         convs = [conversation(rnd, i) for i in range(n)]
         records = [record(msgs, tools, i) for i, (msgs, tools) in enumerate(convs)]
-        (tmp / "chat.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r, _ in records))
-        out = tmp / "ds"
-        r = subprocess.run([BIN, "prepare-data", tmp / "chat.jsonl", "--out", out, "--format", "sft",
-                            "--tokenizer-from", tok_dir], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        docs, manifest = read_docs(out)
+        docs, manifest = prepare_sft(BIN, [r for r, _ in records], tmp, tok_dir)
         assert manifest["loss_mask"] is True and len(docs) == n, (manifest, len(docs))
         targets = compared = 0
         seen = {"kept reasoning": 0, "dropped reasoning": 0, "tool calls": 0, "tool results": 0,

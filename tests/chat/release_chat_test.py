@@ -30,14 +30,13 @@ usage: release_chat_test.py MOE_TRAIN_BINARY TESTS_DATA_DIR FAMILY"""
 import json
 import pathlib
 import random
-import subprocess
 import sys
 import tempfile
 
 try:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer
-    from sft_reference import read_docs, reference
+    from sft_reference import prepare_sft, reference
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
@@ -172,14 +171,8 @@ def main():
         assert tok.chat_template == (DATA / "chat_templates" / TEMPLATE).read_text()
         rnd = random.Random(7)
         convs = [conversation(rnd, i) for i in range(n)]
-        lines = [json.dumps(dict({"messages": m}, **({"tools": t} if t else {})), ensure_ascii=False)
-                 for m, t in convs]
-        (tmp / "chat.jsonl").write_text("\n".join(lines) + "\n")
-        out = tmp / "ds"
-        r = subprocess.run([BIN, "prepare-data", tmp / "chat.jsonl", "--out", out, "--format", "sft",
-                            "--tokenizer-from", tok_dir], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        docs, manifest = read_docs(out)
+        records = [dict({"messages": m}, **({"tools": t} if t else {})) for m, t in convs]
+        docs, manifest = prepare_sft(BIN, records, tmp, tok_dir)
         assert len(docs) == n, len(docs)
         targets = compared = 0
         seen = {"tool calls": 0, "tool results": 0, "thinking stripped": 0, "thinking kept": 0, "system": 0,

@@ -2,6 +2,7 @@
 transformers side of a comparison (ids from apply_chat_template, the mask from the assistant
 spans a test derives from the rendered text)."""
 import json
+import subprocess
 
 import h5py
 import numpy as np
@@ -18,6 +19,17 @@ def read_docs(out):
             offs = list(np.asarray(f["doc_offsets"][:])) + [len(t)]
         docs += [(t[a:b], mk[a:b]) for a, b in zip(offs[:-1], offs[1:])]
     return docs, m
+
+
+def prepare_sft(binary, records, tmp, tok_dir):
+    """prepare-data --format sft over `records` (one JSON object a line) with the tokenizer directory
+    `tok_dir`, which must succeed: each document's (ids, loss mask), and the manifest."""
+    src, out = tmp / "chat.jsonl", tmp / "ds"
+    src.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    r = subprocess.run([binary, "prepare-data", src, "--out", out, "--format", "sft", "--tokenizer-from", tok_dir],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return read_docs(out)
 
 
 def rendered(tok, msgs, tools):
