@@ -56,7 +56,7 @@ import tempfile
 try:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer
-    from sft_reference import prepare_sft, reference
+    from sft_reference import check_mask, prepare_sft, reference
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
@@ -267,11 +267,7 @@ def main():
                 raise SystemExit(f"FAIL conversation {i}: ids differ from token {j}:\n"
                                  f"prepare-data: {tok.decode(list(ids)[j:j + 12])!r}\n"
                                  f"transformers: {tok.decode(want_ids[j:j + 12])!r}\n{text}")
-            if list(mask) != want_mask:
-                bad = [j for j in range(len(mask)) if mask[j] != want_mask[j]]
-                raise SystemExit(f"FAIL conversation {i}: mask differs at tokens {bad[:10]} "
-                                 f"(prepare-data {[int(mask[j]) for j in bad[:10]]}): "
-                                 f"{[tok.decode([ids[j]]) for j in bad[:10]]}\n{text}")
+            check_mask(i, tok, ids, mask, want_mask, text)
             assert sum(want_mask) > 0
             # Each trained stretch starts right after <|assistant|> and ends with <|user|>,
             # <|observation|> or the end of the conversation.

@@ -36,7 +36,7 @@ import tempfile
 try:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer
-    from sft_reference import prepare_sft, reference
+    from sft_reference import check_mask, prepare_sft, reference
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
@@ -180,11 +180,7 @@ def main():
         for i, ((msgs, tools), (ids, mask)) in enumerate(zip(convs, docs)):
             want_ids, want_mask, text = reference(tok, msgs, tools, 0, turn_spans)
             assert list(ids) == want_ids, (i, tok.decode(list(ids)), text)
-            if list(mask) != want_mask:
-                bad = [j for j in range(len(mask)) if mask[j] != want_mask[j]]
-                raise SystemExit(f"FAIL conversation {i}: mask differs at tokens {bad[:10]} "
-                                 f"(prepare-data {[int(mask[j]) for j in bad[:10]]}): "
-                                 f"{[tok.decode([ids[j]]) for j in bad[:10]]}\n{text}")
+            check_mask(i, tok, ids, mask, want_mask, text)
             assert sum(want_mask) > 0
             targets += sum(want_mask)
             compared += len(want_ids)

@@ -32,6 +32,16 @@ def prepare_sft(binary, records, tmp, tok_dir):
     return read_docs(out)
 
 
+def check_mask(i, tok, ids, mask, want_mask, text):
+    """Conversation i's mask from prepare-data equals the expected one; else stop naming the first
+    differing tokens (their positions, prepare-data's bits, their text) and the rendered text."""
+    if list(mask) != want_mask:
+        bad = [j for j in range(len(mask)) if mask[j] != want_mask[j]]
+        raise SystemExit(f"FAIL conversation {i}: mask differs at tokens {bad[:10]} "
+                         f"(prepare-data {[int(mask[j]) for j in bad[:10]]}): "
+                         f"{[tok.decode([ids[j]]) for j in bad[:10]]}\n{text}")
+
+
 def rendered(tok, msgs, tools):
     """apply_chat_template's text and ids, and the text's encoding with offsets (its ids the same)."""
     text = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
