@@ -303,14 +303,9 @@ std::pair<size_t, size_t> SftEncoder::turn_within_history(const Json& earlier, c
     ++common;
   }
   if (common == 0 || common == prompt.size()) return {kNone, kNone};
-  Json through = earlier;
-  through.push_back(message);
-  const std::string upto = render(through, false, tools);
-  const size_t end = upto.find_last_not_of(" \t\r\n") + 1;
-  if (rendered.compare(0, upto.size(), upto) != 0 || end <= head.size() + common) {
-    return {head.size() + common, kNone};
-  }
-  return {head.size() + common, end};
+  const size_t begin = head.size() + common;
+  const size_t end = end_of_rendering_through(earlier, message, rendered, tools);
+  return {begin, end > begin ? end : kNone};
 }
 
 // Where the conversation's rendering through `message` ends (white space after it left out), or 0
