@@ -163,6 +163,29 @@ bool linear_attention_layer(const Config& c, int64_t layer) {
   return !types.empty() && types.at(static_cast<size_t>(layer)) == "linear_attention";
 }
 
+bool global_attention_layer(const Config& c, int64_t layer) {
+  const auto& types = c.model.layer_types;
+  return !types.empty() && types.at(static_cast<size_t>(layer)) == "full_attention";
+}
+
+int64_t layer_head_dim(const Config& c, int64_t layer) {
+  if (c.model.global_head_dim > 0 && global_attention_layer(c, layer)) {
+    return c.model.global_head_dim;
+  }
+  return head_dim(c);
+}
+
+int64_t layer_key_value_heads(const Config& c, int64_t layer) {
+  if (c.model.global_num_key_value_heads > 0 && global_attention_layer(c, layer)) {
+    return c.model.global_num_key_value_heads;
+  }
+  return key_value_heads(c);
+}
+
+bool keys_are_values(const Config& c, int64_t layer) {
+  return c.model.attention_k_eq_v && global_attention_layer(c, layer);
+}
+
 int64_t moe_layer_count(const Config& c) {
   int64_t n = 0;
   for (int64_t l = 0; l < c.model.num_layers; ++l) n += is_moe_layer(c, l) ? 1 : 0;
@@ -188,12 +211,19 @@ int64_t latent_attention_weights(const Config& c) {
   return q + kv + H * m.v_head_dim * d;
 }
 
+// The q, k and v projections' rows of block `layer`: (H + 2 KV) hd, or (H + KV) hd where the
+// keys are the values.
+int64_t qkv_rows(const Config& c, int64_t layer) {
+  const int64_t kv = layer_key_value_heads(c, layer) * (keys_are_values(c, layer) ? 1 : 2);
+  return (c.model.num_heads + kv) * layer_head_dim(c, layer);
+}
+
 // q, k, v and output projections: d x (H + 2 KV) hd + H hd x d, their biases, the sinks.
-int64_t attention_weights(const Config& c) {
+int64_t attention_weights(const Config& c, int64_t layer) {
   if (latent_attention(c)) return latent_attention_weights(c);
-  const int64_t d = c.model.hidden_size, H = c.model.num_heads;
-  const int64_t qkv_width = (H + 2 * key_value_heads(c)) * head_dim(c);
-  return d * qkv_width + H * head_dim(c) * d + (c.model.attention_bias ? qkv_width + d : 0) +
+  const int64_t d = c.model.hidden_size, H = c.model.num_heads, hd = layer_head_dim(c, layer);
+  const int64_t qkv_width = qkv_rows(c, layer);
+  return d * qkv_width + H * hd * d + (c.model.attention_bias ? qkv_width + d : 0) +
          (c.model.attention_sinks ? H : 0);
 }
 
@@ -211,9 +241,10 @@ int64_t linear_attention_weights(const Config& c) {
 // The token mixer of block `layer`: Gated DeltaNet or attention (its output gate included).
 int64_t mixer_weights(const Config& c, int64_t layer) {
   if (linear_attention_layer(c, layer)) return linear_attention_weights(c);
-  const int64_t gate =
-      c.model.attention_output_gate ? c.model.hidden_size * c.model.num_heads * head_dim(c) : 0;
-  return attention_weights(c) + gate;
+  const int64_t gate = c.model.attention_output_gate
+                           ? c.model.hidden_size * c.model.num_heads * layer_head_dim(c, layer)
+                           : 0;
+  return attention_weights(c, layer) + gate;
 }
 
 int64_t linear_layer_count(const Config& c) {
@@ -222,9 +253,20 @@ int64_t linear_layer_count(const Config& c) {
   return n;
 }
 
-// The router's weight and bias.
+// The router's weight and bias, its input scale and per-expert scale.
 int64_t router_weights(const Config& c) {
-  return (c.model.hidden_size + (c.moe.router_bias ? 1 : 0)) * c.moe.num_experts;
+  return (c.model.hidden_size + (c.moe.router_bias ? 1 : 0)) * c.moe.num_experts +
+         (c.moe.router_input_norm ? c.model.hidden_size : 0) +
+         (c.moe.per_expert_scale ? c.moe.num_experts : 0);
+}
+
+// The block's RMSNorm weights (and its scalar): two, the sandwich's two output norms, the
+// parallel dense MLP's three beside the experts.
+int64_t block_norm_weights(const Config& c, int64_t layer) {
+  const auto& m = c.model;
+  const bool parallel = c.moe.parallel_dense && is_moe_layer(c, layer);
+  return m.hidden_size * (2 + (m.sandwich_norms ? 2 : 0) + (parallel ? 3 : 0)) +
+         (m.layer_scalar ? 1 : 0);
 }
 
 // One routed expert: gate, up, down and their biases.
@@ -240,21 +282,23 @@ static int64_t shared_expert_weights(const Config& c) {
          (c.moe.shared_expert_gate ? c.model.hidden_size : 0);
 }
 
-static int64_t qk_norm_weights(const Config& c) {
+static int64_t qk_norm_weights(const Config& c, int64_t layer) {
   if (!c.model.qk_norm) return 0;
   if (c.model.qk_norm_scope == QkNormScope::kFull) {
-    return (c.model.num_heads + key_value_heads(c)) * head_dim(c);
+    return (c.model.num_heads + layer_key_value_heads(c, layer)) * layer_head_dim(c, layer);
   }
-  return 2 * head_dim(c);
+  return 2 * layer_head_dim(c, layer);
 }
 
 int64_t layer_parameters(const Config& c, int64_t layer) {
   const int64_t d = c.model.hidden_size, E = c.moe.num_experts;
   const int64_t mixer = mixer_weights(c, layer) +
-                        (linear_attention_layer(c, layer) ? 0 : qk_norm_weights(c)) +
-                        2 * d;  // two RMSNorm weights
-  if (!is_moe_layer(c, layer)) return mixer + 3 * d * dense_hidden_size(c);
-  return mixer + router_weights(c) + E * expert_weights(c) + shared_expert_weights(c);
+                        (linear_attention_layer(c, layer) ? 0 : qk_norm_weights(c, layer)) +
+                        block_norm_weights(c, layer);
+  const int64_t dense = 3 * d * dense_hidden_size(c);
+  if (!is_moe_layer(c, layer)) return mixer + dense;
+  return mixer + router_weights(c) + E * expert_weights(c) + shared_expert_weights(c) +
+         (c.moe.parallel_dense ? dense : 0);
 }
 
 int64_t count_parameters(const Config& c) {
@@ -270,15 +314,15 @@ int64_t fp32_parameters_under_16bit_weights(const Config& c) {
   const int64_t d = c.model.hidden_size;
   int64_t n = d;  // the final norm
   for (int64_t l = 0; l < c.model.num_layers; ++l) {
-    n += 2 * d + (is_moe_layer(c, l) ? router_weights(c) : 0);
+    n += block_norm_weights(c, l) + (is_moe_layer(c, l) ? router_weights(c) : 0);
     if (linear_attention_layer(c, l)) {  // dt_bias, A_log and the gated norm are vectors
       n += 2 * c.model.linear_num_value_heads + c.model.linear_value_head_dim;
       continue;
     }
-    n += qk_norm_weights(c);
+    n += qk_norm_weights(c, l);
     // Vectors stay fp32 too: the attention biases and sinks (the experts' [E, n] biases are
     // matrices, held 16-bit).
-    const int64_t qkv_width = (c.model.num_heads + 2 * key_value_heads(c)) * head_dim(c);
+    const int64_t qkv_width = qkv_rows(c, l);
     n += (c.model.attention_bias ? qkv_width + d : 0) +
          (c.model.attention_sinks ? c.model.num_heads : 0) +
          (latent_attention(c) ? c.model.q_lora_rank + c.model.kv_lora_rank : 0);  // MLA's norms
@@ -293,17 +337,34 @@ std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
   const int64_t L = c.model.num_layers, M = moe_layer_count(c), fd = dense_hidden_size(c);
   const auto dbl = [](int64_t x) { return static_cast<double>(x); };
   const int64_t Lin = linear_layer_count(c);
-  int64_t full_layer = 0;  // the first attention layer: every one has its weights
-  while (full_layer < L - 1 && linear_attention_layer(c, full_layer)) ++full_layer;
-  const int64_t attn = mixer_weights(c, full_layer);
+  // Attention layers' weights (and their norms) and forward FLOPs: one row of L - Lin alike, or
+  // one summed row where full-attention layers have a shape of their own (Gemma 4).
+  int64_t attn_count = 0, attn_params = 0, first_params = -1;
+  double attn_flops = 0, first_flops = 0;
+  bool alike = true;
+  for (int64_t l = 0; l < L; ++l) {
+    if (linear_attention_layer(c, l)) continue;
+    const bool parallel = c.moe.parallel_dense && is_moe_layer(c, l);
+    // The block's other norms with it; the MoE norm is the router's row, the parallel dense
+    // MLP's pre-norm the dense row's.
+    const int64_t p = mixer_weights(c, l) + qk_norm_weights(c, l) + block_norm_weights(c, l) -
+                      d * (parallel ? 2 : 1);
+    const int64_t width = latent_attention(c) ? qk_head_dim(c) + value_head_dim(c)
+                                              : 2 * layer_head_dim(c, l);  // QK^T and AV
+    const double flops =
+        2 * dbl(mixer_weights(c, l)) + (causal_half ? 1 : 2) * dbl(S) * dbl(H * width);
+    if (first_params < 0) first_params = p, first_flops = flops;
+    alike = alike && p == first_params && flops == first_flops;
+    ++attn_count, attn_params += p, attn_flops += flops;
+  }
+  const ModuleCost attention =
+      alike ? ModuleCost{"attention", attn_count, std::max<int64_t>(first_params, 0), first_flops}
+            : ModuleCost{"attention", 1, attn_params, attn_flops};
   std::vector<ModuleCost> costs = {
       {"embedding", 1, V * d + (c.model.rope_theta > 0 ? 0 : S * d), 0.0},
-      {"attention", L - Lin, attn + qk_norm_weights(c) + d,  // + its RMSNorm
-       2 * dbl(attn) +
-           (causal_half ? 1 : 2) * dbl(S) *
-               dbl(H * (qk_head_dim(c) + value_head_dim(c)))},  // projections + QK^T, AV
-      {"router", M, router_weights(c) + d, 2 * dbl(d * E)},     // + the MoE RMSNorm
-      {"dispatch", M, 0, 0.0},                                  // a gather: no FLOPs
+      attention,
+      {"router", M, router_weights(c) + d, 2 * dbl(d * E)},  // + the MoE RMSNorm
+      {"dispatch", M, 0, 0.0},                               // a gather: no FLOPs
       {"experts", M, E * expert_weights(c) + 3 * d * fs, dbl(k) * 6 * dbl(d * f) + 6 * dbl(d * fs)},
       {"combine", M, 0, 2 * dbl(k * d)},  // weighted sum
   };
@@ -318,7 +379,11 @@ std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
                             (6 * dbl(m.linear_key_head_dim * m.linear_value_head_dim) +
                              2 * 64 * dbl(m.linear_key_head_dim + m.linear_value_head_dim))});
   }
-  if (L > M) costs.push_back({"dense_ffn", L - M, 3 * d * fd + d, 6 * dbl(d * fd)});  // + norm
+  // Dense layers, and the dense MLPs beside the experts (moe.parallel_dense).
+  const int64_t dense_layers = (L - M) + (c.moe.parallel_dense ? M : 0);
+  if (dense_layers > 0) {
+    costs.push_back({"dense_ffn", dense_layers, 3 * d * fd + d, 6 * dbl(d * fd)});  // + norm
+  }
   costs.push_back({"head", 1, d + (c.model.tie_embeddings ? 0 : V * d), 2 * dbl(d * V)});
   return costs;
 }

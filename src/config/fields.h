@@ -198,6 +198,19 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("linear_value_head_dim", m.linear_value_head_dim, at_least(0));
   v.field("linear_conv_kernel_dim", m.linear_conv_kernel_dim, in(1, 64));
   v.field("linear_fused_projections", m.linear_fused_projections);
+  v.field("global_head_dim", m.global_head_dim, at_least(0, "0 = head_dim"));
+  v.field("global_num_key_value_heads", m.global_num_key_value_heads,
+          at_least(0, "0 = num_key_value_heads"));
+  v.field("global_rope_theta", m.global_rope_theta, at_least(0, "0 = rope_theta"));
+  v.field("global_partial_rotary_factor", m.global_partial_rotary_factor,
+          Rule{.kind = Rule::Kind::kRange, .lo = 0.0, .hi = 1.0, .lo_open = true});
+  v.field("attention_k_eq_v", m.attention_k_eq_v);
+  v.field("value_norm", m.value_norm);
+  v.field("attention_scale", m.attention_scale, at_least(0, "0 = 1 / sqrt(head_dim)"));
+  v.field("scale_embeddings", m.scale_embeddings);
+  v.field("final_logit_softcapping", m.final_logit_softcapping, at_least(0, "0 = off"));
+  v.field("sandwich_norms", m.sandwich_norms);
+  v.field("layer_scalar", m.layer_scalar);
 }
 
 void visit_fields(auto& v, Section<MoeConfig> auto& m) {
@@ -231,6 +244,9 @@ void visit_fields(auto& v, Section<MoeConfig> auto& m) {
   v.field("activation", m.activation);
   v.field("swiglu_limit", m.swiglu_limit, above(0));
   v.field("swiglu_alpha", m.swiglu_alpha, above(0));
+  v.field("parallel_dense", m.parallel_dense);
+  v.field("router_input_norm", m.router_input_norm);
+  v.field("per_expert_scale", m.per_expert_scale);
 }
 
 void visit_fields(auto& v, Section<DistributedConfig> auto& d) {

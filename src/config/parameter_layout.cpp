@@ -20,18 +20,20 @@ void adapter(std::vector<ParameterShape>& out, const std::string& prefix, int64_
 }
 
 // The fused q/k/v attention's parameters, in its registration order.
-void attention_layout(std::vector<ParameterShape>& p, const config::Config& c,
-                      const std::string& b) {
+void attention_layout(std::vector<ParameterShape>& p, const config::Config& c, const std::string& b,
+                      int64_t layer) {
   const auto& m = c.model;
-  const int64_t d = m.hidden_size, H = m.num_heads, KV = config::key_value_heads(c);
-  const int64_t hd = config::head_dim(c), r = c.lora.r;
+  const int64_t d = m.hidden_size, H = m.num_heads, KV = config::layer_key_value_heads(c, layer);
+  const int64_t hd = config::layer_head_dim(c, layer), r = c.lora.r;
+  const int64_t v_rows = config::keys_are_values(c, layer) ? 0 : KV * hd;
   const bool lora = config::lora_enabled(c);
   const config::LoraTargets t = config::lora_targets(c.lora);
   // With an output gate, q_proj's rows hold a gate per head after its query (attention.h).
   const int64_t q_rows = (m.attention_output_gate ? 2 : 1) * H * hd;
   if (m.attention_sinks) p.push_back({b + "attn.sinks", {H}});  // the module's own: first
-  p.push_back({b + "attn.qkv.weight", {q_rows + 2 * KV * hd, d}});
-  if (m.attention_bias || m.qkv_bias) p.push_back({b + "attn.qkv.bias", {q_rows + 2 * KV * hd}});
+  p.push_back({b + "attn.qkv.weight", {q_rows + KV * hd + v_rows, d}});
+  if (m.attention_bias || m.qkv_bias)
+    p.push_back({b + "attn.qkv.bias", {q_rows + KV * hd + v_rows}});
   p.push_back({b + "attn.out.weight", {d, H * hd}});
   if (m.attention_bias) p.push_back({b + "attn.out.bias", {d}});
   if (m.qk_norm) {
@@ -42,7 +44,7 @@ void attention_layout(std::vector<ParameterShape>& p, const config::Config& c,
   if (lora) {
     if (t.q) adapter(p, b + "attn.lora_q", d, q_rows, r);
     if (t.k) adapter(p, b + "attn.lora_k", d, KV * hd, r);
-    if (t.v) adapter(p, b + "attn.lora_v", d, KV * hd, r);
+    if (t.v && v_rows > 0) adapter(p, b + "attn.lora_v", d, KV * hd, r);
     if (t.o) adapter(p, b + "attn.lora_o", H * hd, d, r);
   }
 }
@@ -100,42 +102,17 @@ void linear_attention_layout(std::vector<ParameterShape>& p, const config::Confi
   p.push_back({a + "out_proj.weight", {d, vd}});
 }
 
-}  // namespace
-
-std::vector<ParameterShape> parameter_layout(const config::Config& c) {
-  const auto& m = c.model;
-  const int64_t d = m.hidden_size, E = c.moe.num_experts;
-  const int64_t f = config::expert_hidden_size(c), fd = config::dense_hidden_size(c);
+// The MoE layer's (moe/moe_layer.h), in its registration order.
+void moe_layout(std::vector<ParameterShape>& p, const config::Config& c, const std::string& b) {
+  const int64_t d = c.model.hidden_size, E = c.moe.num_experts;
+  const int64_t f = config::expert_hidden_size(c), r = c.lora.r;
   const bool lora = config::lora_enabled(c);
   const config::LoraTargets t = config::lora_targets(c.lora);
-  const int64_t r = c.lora.r;
-  std::vector<ParameterShape> p;
-  p.push_back({"embed.weight", {m.vocab_size, d}});
-  if (m.rope_theta <= 0) p.push_back({"pos_embed.weight", {m.seq_len, d}});
-  for (int64_t i = 0; i < m.num_layers; ++i) {
-    const std::string b = "blocks." + std::to_string(i) + ".";
-    p.push_back({b + "attn_norm.weight", {d}});
-    if (config::linear_attention_layer(c, i)) {
-      linear_attention_layout(p, c, b);
-    } else if (config::latent_attention(c)) {
-      latent_attention_layout(p, c, b);
-    } else {
-      attention_layout(p, c, b);
-    }
-    p.push_back({b + "moe_norm.weight", {d}});
-    if (!config::is_moe_layer(c, i)) {
-      p.push_back({b + "mlp.gate_proj.weight", {fd, d}});
-      p.push_back({b + "mlp.up_proj.weight", {fd, d}});
-      p.push_back({b + "mlp.down_proj.weight", {d, fd}});
-      if (lora && t.dense_mlp) {
-        adapter(p, b + "mlp.lora_gate", d, fd, r);
-        adapter(p, b + "mlp.lora_up", d, fd, r);
-        adapter(p, b + "mlp.lora_down", fd, d, r);
-      }
-      continue;
-    }
+  {
     p.push_back({b + "moe.router.weight", {E, d}});
     if (c.moe.router_bias) p.push_back({b + "moe.router.bias", {E}});
+    if (c.moe.router_input_norm) p.push_back({b + "moe.router.input_scale", {d}});
+    if (c.moe.per_expert_scale) p.push_back({b + "moe.router.expert_scale", {E}});
     p.push_back({b + "moe.experts.w_gate", {E, d, f}});
     p.push_back({b + "moe.experts.w_up", {E, d, f}});
     p.push_back({b + "moe.experts.w_down", {E, f, d}});
@@ -154,6 +131,49 @@ std::vector<ParameterShape> parameter_layout(const config::Config& c) {
       p.push_back({b + "moe.shared_expert.w_down", {1, fs, d}});
       if (c.moe.shared_expert_gate) p.push_back({b + "moe.shared_expert_gate.weight", {1, d}});
     }
+  }
+}
+
+}  // namespace
+
+std::vector<ParameterShape> parameter_layout(const config::Config& c) {
+  const auto& m = c.model;
+  const int64_t d = m.hidden_size, fd = config::dense_hidden_size(c);
+  const bool lora = config::lora_enabled(c);
+  const config::LoraTargets t = config::lora_targets(c.lora);
+  const int64_t r = c.lora.r;
+  std::vector<ParameterShape> p;
+  p.push_back({"embed.weight", {m.vocab_size, d}});
+  if (m.rope_theta <= 0) p.push_back({"pos_embed.weight", {m.seq_len, d}});
+  for (int64_t i = 0; i < m.num_layers; ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    if (m.layer_scalar) p.push_back({b + "layer_scalar", {1}});  // the block's own: first
+    p.push_back({b + "attn_norm.weight", {d}});
+    if (config::linear_attention_layer(c, i)) {
+      linear_attention_layout(p, c, b);
+    } else if (config::latent_attention(c)) {
+      latent_attention_layout(p, c, b);
+    } else {
+      attention_layout(p, c, b, i);
+    }
+    if (m.sandwich_norms) p.push_back({b + "attn_post_norm.weight", {d}});
+    p.push_back({b + "moe_norm.weight", {d}});
+    const bool moe = config::is_moe_layer(c, i), parallel = moe && c.moe.parallel_dense;
+    if (parallel) p.push_back({b + "mlp_norm.weight", {d}});
+    if (!moe || parallel) {
+      p.push_back({b + "mlp.gate_proj.weight", {fd, d}});
+      p.push_back({b + "mlp.up_proj.weight", {fd, d}});
+      p.push_back({b + "mlp.down_proj.weight", {d, fd}});
+      if (lora && t.dense_mlp) {
+        adapter(p, b + "mlp.lora_gate", d, fd, r);
+        adapter(p, b + "mlp.lora_up", d, fd, r);
+        adapter(p, b + "mlp.lora_down", fd, d, r);
+      }
+    }
+    if (parallel) p.push_back({b + "mlp_post_norm.weight", {d}});
+    if (moe) moe_layout(p, c, b);
+    if (parallel) p.push_back({b + "moe_post_norm.weight", {d}});
+    if (m.sandwich_norms) p.push_back({b + "ffn_post_norm.weight", {d}});
   }
   p.push_back({"final_norm.weight", {d}});
   if (!m.tie_embeddings) p.push_back({"lm_head.weight", {m.vocab_size, d}});

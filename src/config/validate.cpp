@@ -505,6 +505,41 @@ void check_layer_types(const Config& c, const Rules& rules) {
   }
 }
 
+// Gemma 4's full-attention layers and block: settings that need the layers they apply to.
+void check_global_attention(const Config& c, const Rules& rules) {
+  const auto& m = c.model;
+  bool any_global = false;
+  for (int64_t l = 0; l < m.num_layers && !m.layer_types.empty(); ++l) {
+    any_global = any_global || global_attention_layer(c, l);
+  }
+  const std::string why = "needs full_attention layers in model.layer_types";
+  rules.check(any_global || m.global_head_dim == 0, "model.global_head_dim", m.global_head_dim,
+              why);
+  rules.check(any_global || m.global_num_key_value_heads == 0, "model.global_num_key_value_heads",
+              m.global_num_key_value_heads, why);
+  rules.check(any_global || !m.attention_k_eq_v, "model.attention_k_eq_v", "true", why);
+  rules.check(any_global || m.global_rope_theta == 0, "model.global_rope_theta",
+              m.global_rope_theta, why);
+  rules.check(any_global || m.global_partial_rotary_factor == 1.0,
+              "model.global_partial_rotary_factor", m.global_partial_rotary_factor, why);
+  const int64_t kv = m.global_num_key_value_heads;
+  rules.check(kv == 0 || m.num_heads % kv == 0, "model.global_num_key_value_heads", kv,
+              "must divide model.num_heads (" + std::to_string(m.num_heads) + ")");
+  const int64_t hd = m.global_head_dim > 0 ? m.global_head_dim : head_dim(c);
+  rules.check(hd % 2 == 0 && static_cast<int64_t>(hd * m.global_partial_rotary_factor) >= 2,
+              "model.global_partial_rotary_factor", m.global_partial_rotary_factor,
+              "the full-attention head (" + std::to_string(hd) +
+                  ") needs an even width and at least one rotating pair");
+  const bool plain_mixer = !latent_attention(c) && !m.attention_output_gate && !m.attention_sinks;
+  rules.check(plain_mixer || !(any_global && (m.attention_k_eq_v || m.global_head_dim > 0)),
+              "model.global_head_dim", m.global_head_dim,
+              "needs grouped-query attention without latent attention, sinks or output gates");
+  rules.check(!c.moe.parallel_dense || m.sandwich_norms, "moe.parallel_dense", "true",
+              "needs model.sandwich_norms (each branch has its own output norm)");
+  rules.check(!m.attention_k_eq_v || !(m.attention_bias || m.qkv_bias), "model.attention_k_eq_v",
+              "true", "cannot be combined with attention biases");
+}
+
 // Gated DeltaNet: every width set, value heads in whole groups per key head.
 void check_linear_attention(const Config& c, const Rules& rules) {
   const auto& m = c.model;
@@ -572,6 +607,7 @@ void check_relations(Config& c, const Rules& rules) {
   check_moe_layers(c, rules);
   check_layer_types(c, rules);
   check_linear_attention(c, rules);
+  check_global_attention(c, rules);
   rules.check(c.moe.shared_expert_hidden_size > 0 || !c.moe.shared_expert_gate,
               "moe.shared_expert_gate", "true", "needs moe.shared_expert_hidden_size > 0");
   rules.check(!c.moe.softmax_after_topk || c.moe.score_function == ScoreFunction::kSoftmax,

@@ -140,7 +140,9 @@ void write_carried_tensors(const HfWeights& w, const families::ModelFamily& fami
     const SafeTensorEntry& e = *ref.entry;
     views.push_back({name, e.dtype, e.shape, ref.file->data(e), e.end - e.begin});
   }
-  if (views.empty()) return;
+  // A release without a tower (Gemma 4's text-only config: vision_config null) still gets the
+  // file, empty: export-hf then knows nothing is missing.
+  if (views.empty() && family.text_config_key() == nullptr) return;
   SafetensorsWriter out((fs::path(dir) / train::kCarriedTensorsFile).string(), views,
                         {{"format", "pt"}, {"producer", "moe-train"}});
   for (const auto& v : views) out.append(v.data, v.nbytes);

@@ -30,7 +30,11 @@ const std::vector<FeatureUse>& feature_uses() {
        [](const Config& c) { return c.moe.softmax_after_topk; }},
       {Feature::kExpertBias, "moe.expert_bias", [](const Config& c) { return c.moe.expert_bias; }},
       {Feature::kClampedSwiglu, "moe.activation",
-       [](const Config& c) { return c.moe.activation != config::ExpertActivation::kSwiglu; }},
+       [](const Config& c) {
+         return c.moe.activation == config::ExpertActivation::kClampedSwiglu;
+       }},
+      {Feature::kGeglu, "moe.activation",
+       [](const Config& c) { return c.moe.activation == config::ExpertActivation::kGeglu; }},
       {Feature::kLatentAttention, "model.kv_lora_rank",
        [](const Config& c) { return config::latent_attention(c); }},
       {Feature::kRopeInterleave, "model.rope_interleave",
@@ -61,6 +65,27 @@ const std::vector<FeatureUse>& feature_uses() {
        [](const Config& c) { return c.moe.shared_expert_gate; }},
       {Feature::kQueryPositionScale, "model.rope_scaling.llama_4_scaling_beta",
        [](const Config& c) { return c.model.rope_scaling.llama_4_scaling_beta > 0; }},
+      {Feature::kGlobalAttention, "model.global_head_dim",
+       [](const Config& c) {
+         const auto& m = c.model;
+         return m.global_head_dim > 0 || m.global_num_key_value_heads > 0 || m.attention_k_eq_v ||
+                m.global_rope_theta > 0 || m.global_partial_rotary_factor != 1.0;
+       }},
+      {Feature::kValueNorm, "model.value_norm", [](const Config& c) { return c.model.value_norm; }},
+      {Feature::kAttentionScale, "model.attention_scale",
+       [](const Config& c) { return c.model.attention_scale > 0; }},
+      {Feature::kScaledEmbeddings, "model.scale_embeddings",
+       [](const Config& c) { return c.model.scale_embeddings; }},
+      {Feature::kLogitSoftcap, "model.final_logit_softcapping",
+       [](const Config& c) { return c.model.final_logit_softcapping > 0; }},
+      {Feature::kSandwichNorms, "model.sandwich_norms",
+       [](const Config& c) { return c.model.sandwich_norms; }},
+      {Feature::kLayerScalar, "model.layer_scalar",
+       [](const Config& c) { return c.model.layer_scalar; }},
+      {Feature::kParallelDense, "moe.parallel_dense",
+       [](const Config& c) { return c.moe.parallel_dense; }},
+      {Feature::kRouterInputNorm, "moe.router_input_norm",
+       [](const Config& c) { return c.moe.router_input_norm || c.moe.per_expert_scale; }},
       {Feature::kDenseLayers, "moe.mlp_only_layers",
        [](const Config& c) { return config::moe_layer_count(c) != c.model.num_layers; }},
   };

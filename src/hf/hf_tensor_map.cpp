@@ -13,14 +13,19 @@ namespace {
 
 // The fused q/k/v attention: q_proj, k_proj and v_proj are row ranges of our qkv.
 void attention_pieces(std::vector<TensorPiece>& p, const config::Config& cfg, const std::string& hf,
-                      const std::string& ours) {
+                      const std::string& ours, int64_t layer) {
   const auto& m = cfg.model;
-  const int64_t H = m.num_heads, KV = config::key_value_heads(cfg), hd = config::head_dim(cfg);
+  const int64_t H = m.num_heads, KV = config::layer_key_value_heads(cfg, layer);
+  const int64_t hd = config::layer_head_dim(cfg, layer);
+  const bool v_proj = !config::keys_are_values(cfg, layer);  // Gemma 4's K=V layers have none
   // Gated attention: q_proj's rows are per head the query and its gate, ours in the same order.
   const int64_t q = (m.attention_output_gate ? 2 : 1) * H * hd;
   p.push_back({hf + "self_attn.q_proj.weight", ours + "attn.qkv.weight", -1, 0, q});
   p.push_back({hf + "self_attn.k_proj.weight", ours + "attn.qkv.weight", -1, q, KV * hd});
-  p.push_back({hf + "self_attn.v_proj.weight", ours + "attn.qkv.weight", -1, q + KV * hd, KV * hd});
+  if (v_proj) {
+    p.push_back(
+        {hf + "self_attn.v_proj.weight", ours + "attn.qkv.weight", -1, q + KV * hd, KV * hd});
+  }
   if (m.attention_bias || m.qkv_bias) {
     p.push_back({hf + "self_attn.q_proj.bias", ours + "attn.qkv.bias", -1, 0, q});
     p.push_back({hf + "self_attn.k_proj.bias", ours + "attn.qkv.bias", -1, q, KV * hd});
@@ -68,6 +73,32 @@ void linear_attention_pieces(std::vector<TensorPiece>& p, const config::Config& 
   }
 }
 
+// The block's norms after the attention's input norm (and its scalar): the feed-forward's norm,
+// or with sandwich norms transformers' Gemma names: post_attention_layernorm is the attention
+// output's, pre_/post_feedforward_layernorm the feed-forward's, and beside the experts' _2 the
+// dense branch's pre_feedforward_layernorm and post_feedforward_layernorm_1.
+void block_norm_pieces(std::vector<TensorPiece>& p, const config::Config& cfg,
+                       const std::string& hf, const std::string& ours, bool parallel) {
+  const auto norm = [&](const std::string& theirs, const std::string& mine) {
+    p.push_back({hf + theirs + ".weight", ours + mine + ".weight"});
+  };
+  if (cfg.model.layer_scalar) p.push_back({hf + "layer_scalar", ours + "layer_scalar"});
+  if (!cfg.model.sandwich_norms) {
+    norm("post_attention_layernorm", "moe_norm");
+    return;
+  }
+  norm("post_attention_layernorm", "attn_post_norm");
+  norm("post_feedforward_layernorm", "ffn_post_norm");
+  if (!parallel) {
+    norm("pre_feedforward_layernorm", "moe_norm");
+    return;
+  }
+  norm("pre_feedforward_layernorm", "mlp_norm");
+  norm("post_feedforward_layernorm_1", "mlp_post_norm");
+  norm("pre_feedforward_layernorm_2", "moe_norm");
+  norm("post_feedforward_layernorm_2", "moe_post_norm");
+}
+
 }  // namespace
 
 std::vector<TensorPiece> tensor_pieces(const config::Config& cfg,
@@ -85,16 +116,16 @@ std::vector<TensorPiece> tensor_pieces(const config::Config& cfg,
     } else if (config::latent_attention(cfg)) {
       latent_attention_pieces(p, hf, ours, cfg.model.q_lora_rank > 0);
     } else {
-      attention_pieces(p, cfg, hf, ours);
+      attention_pieces(p, cfg, hf, ours, i);
     }
-    p.push_back({hf + "post_attention_layernorm.weight", ours + "moe_norm.weight"});
-    if (!config::is_moe_layer(cfg, i)) {
+    const bool moe = config::is_moe_layer(cfg, i), parallel = moe && cfg.moe.parallel_dense;
+    block_norm_pieces(p, cfg, hf, ours, parallel);
+    if (!moe || parallel) {
       for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
         p.push_back({hf + "mlp." + proj + ".weight", ours + "mlp." + proj + ".weight"});
       }
-      continue;
     }
-    family.moe_tensors(cfg, hf, ours, p);
+    if (moe) family.moe_tensors(cfg, hf, ours, p);
   }
   p.push_back({model + "norm.weight", "final_norm.weight"});
   if (!m.tie_embeddings) p.push_back({family.hf_head_name(), "lm_head.weight"});

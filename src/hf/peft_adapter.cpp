@@ -62,17 +62,18 @@ std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg,
     // Gated DeltaNet layer (Qwen3-Next / Qwen3.5) has no attention projections to adapt.
     const bool mla = config::latent_attention(cfg), q_lora = cfg.model.q_lora_rank > 0;
     const bool attention = !config::linear_attention_layer(cfg, i);
-    for (auto [on, proj, mine] :
-         {std::tuple{t.q && !(mla && q_lora), "q_proj", "lora_q"},
-          std::tuple{t.k && !mla, "k_proj", "lora_k"}, std::tuple{t.v && !mla, "v_proj", "lora_v"},
-          std::tuple{t.q_a && mla && q_lora, "q_a_proj", "lora_q_a"},
-          std::tuple{t.q_b && mla && q_lora, "q_b_proj", "lora_q_b"},
-          std::tuple{t.kv_a && mla, "kv_a_proj_with_mqa", "lora_kv_a"},
-          std::tuple{t.kv_b && mla, "kv_b_proj", "lora_kv_b"},
-          std::tuple{t.o, "o_proj", "lora_o"}}) {
+    const bool v_proj = !config::keys_are_values(cfg, i);  // Gemma 4's K = V layers have none
+    for (auto [on, proj, mine] : {std::tuple{t.q && !(mla && q_lora), "q_proj", "lora_q"},
+                                  std::tuple{t.k && !mla, "k_proj", "lora_k"},
+                                  std::tuple{t.v && !mla && v_proj, "v_proj", "lora_v"},
+                                  std::tuple{t.q_a && mla && q_lora, "q_a_proj", "lora_q_a"},
+                                  std::tuple{t.q_b && mla && q_lora, "q_b_proj", "lora_q_b"},
+                                  std::tuple{t.kv_a && mla, "kv_a_proj_with_mqa", "lora_kv_a"},
+                                  std::tuple{t.kv_b && mla, "kv_b_proj", "lora_kv_b"},
+                                  std::tuple{t.o, "o_proj", "lora_o"}}) {
       if (on && attention) pair(hf + "self_attn." + proj + ".", ours + "attn." + mine + ".", false);
     }
-    if (!config::is_moe_layer(cfg, i)) {
+    if (!config::is_moe_layer(cfg, i) || cfg.moe.parallel_dense) {
       if (t.dense_mlp) {
         throw UserError(
             "export-hf --adapter: layer " + std::to_string(i) +
@@ -80,13 +81,14 @@ std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg,
             "target dense MLPs of this family under transformers >= 5 (it maps gate_proj / "
             "up_proj / down_proj to the experts); use export-hf --merge");
       }
-      continue;
+      if (!config::is_moe_layer(cfg, i)) continue;
     }
+    const std::string experts = hf + family.experts_module();
     if (t.experts_gate_up_rank > 0) {
-      pair(hf + (t.experts_down ? "mlp.experts.base_layer." : "mlp.experts."),
-           ours + "moe.experts.lora_gate_up.", true, family.interleaved_gate_up());
+      pair(experts + (t.experts_down ? "base_layer." : ""), ours + "moe.experts.lora_gate_up.",
+           true, family.interleaved_gate_up());
     }
-    if (t.experts_down) pair(hf + "mlp.experts.", ours + "moe.experts.lora_down.", true);
+    if (t.experts_down) pair(experts, ours + "moe.experts.lora_down.", true);
   }
   for (const TensorPiece& piece : tensor_pieces(cfg, family)) {  // lora.modules_to_save
     if (!config::saved_in_full(cfg.lora, piece.ours, cfg.model.tie_embeddings)) continue;
@@ -135,7 +137,8 @@ torch::Tensor from_peft(const torch::Tensor& t, Layout l, const torch::Tensor& l
   return t;
 }
 
-json adapter_config(const config::Config& cfg, const std::string& base) {
+json adapter_config(const config::Config& cfg, const families::ModelFamily& family,
+                    const std::string& base) {
   const config::LoraConfig& l = cfg.lora;
   const config::LoraTargets t = config::lora_targets(l);
   json modules = json::array(), params = json::array();
@@ -149,14 +152,15 @@ json adapter_config(const config::Config& cfg, const std::string& base) {
     if (on) modules.push_back(name);
   }
   json rank_pattern = json::object(), alpha_pattern = json::object();
+  const std::string experts = family.experts_module();
   if (t.experts_gate_up_rank > 0) {
-    params.push_back("mlp.experts.gate_up_proj");
+    params.push_back(experts + "gate_up_proj");
     if (t.experts_gate_up_rank != l.r) {  // gate_proj + up_proj: rank 2r, alpha 2 alpha
       rank_pattern[".*\\.gate_up_proj"] = t.experts_gate_up_rank;
       alpha_pattern[".*\\.gate_up_proj"] = t.experts_gate_up_alpha;
     }
   }
-  if (t.experts_down) params.push_back("mlp.experts.down_proj");
+  if (t.experts_down) params.push_back(experts + "down_proj");
   json j = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},
@@ -208,7 +212,7 @@ int64_t write_peft_adapter(model::TransformerLM& model, const config::Config& cf
   write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), views,
                     {{"format", "pt"}, {"producer", "moe-train"}});
   std::ofstream out(fs::path(dir) / "adapter_config.json");
-  out << adapter_config(cfg, base).dump(2) << "\n";
+  out << adapter_config(cfg, family, base).dump(2) << "\n";
   out.flush();
   if (!out) throw TrainingError(dir + "/adapter_config.json: write failed (disk full?)");
   return static_cast<int64_t>(views.size());

@@ -91,6 +91,10 @@ at::Tensor swiglu_activation(const at::Tensor& gate, const at::Tensor& up, bool 
   return fused && swiglu_supported(gate, up) ? swiglu(gate, up) : swiglu_reference(gate, up);
 }
 
+at::Tensor geglu_activation(const at::Tensor& gate, const at::Tensor& up) {
+  return torch::gelu(gate, "tanh") * up;
+}
+
 bool swiglu_packed_supported(const at::Tensor& gate_up) {
   const auto dt = gate_up.scalar_type();
   return cuda_kernels_compiled() && gate_up.is_cuda() && gate_up.dim() >= 1 &&

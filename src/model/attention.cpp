@@ -22,7 +22,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
     build_latent();
     return;
   }
-  const int64_t width = q_rows() + 2 * opt.kv_heads * opt.head_dim;
+  const int64_t width = q_rows() + kv_rows() + v_rows();
   qkv = register_module(
       "qkv", torch::nn::Linear(
                  torch::nn::LinearOptions(opt.hidden, width).bias(opt.bias || opt.qkv_bias)));
@@ -50,7 +50,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
                 kv_out = opt.kv_heads * opt.head_dim;
   if (t.q) lora_q = register_module("lora_q", LoraAdapter(d, q_rows(), opt.lora));
   if (t.k) lora_k = register_module("lora_k", LoraAdapter(d, kv_out, opt.lora));
-  if (t.v) lora_v = register_module("lora_v", LoraAdapter(d, kv_out, opt.lora));
+  if (t.v && v_rows() > 0) lora_v = register_module("lora_v", LoraAdapter(d, kv_out, opt.lora));
   if (t.o) lora_o = register_module("lora_o", LoraAdapter(q_out, d, opt.lora));
 }
 
@@ -68,7 +68,7 @@ void CausalSelfAttentionImpl::merge_lora() {
   };
   fold(lora_q, qkv->weight.narrow(0, 0, q_out));
   fold(lora_k, qkv->weight.narrow(0, q_out, kv_out));
-  fold(lora_v, qkv->weight.narrow(0, q_out + kv_out, kv_out));
+  if (v_rows() > 0) fold(lora_v, qkv->weight.narrow(0, q_out + kv_out, v_rows()));
   fold(lora_o, out->weight);
 }
 
@@ -80,6 +80,12 @@ torch::Tensor rotary_inv_freq(int64_t hd, double theta, const config::RopeScalin
   const auto exponents =
       torch::arange(0, hd, 2, f32.dtype(torch::kLong)).to(torch::kFloat) / static_cast<double>(hd);
   const auto pos_freqs = torch::pow(theta, exponents);
+  if (scaling.rotating_pairs > 0 && scaling.rotating_pairs < hd / 2) {
+    // Proportional rotary (transformers' _compute_proportional_rope_parameters): the leading
+    // pairs' frequencies over the whole head width, then zeros (cos 1, sin 0: no rotation).
+    const auto turning = 1.0 / pos_freqs.narrow(0, 0, scaling.rotating_pairs);
+    return torch::cat({turning, torch::zeros({hd / 2 - scaling.rotating_pairs}, f32)});
+  }
   switch (scaling.type) {
     case RopeScalingType::kNone:
       return 1.0 / pos_freqs;
@@ -177,6 +183,7 @@ torch::Tensor apply_rotary(const torch::Tensor& x, double theta, const torch::Te
 torch::Tensor CausalSelfAttentionImpl::project_qkv(const torch::Tensor& x) {
   const int64_t B = x.size(0), S = x.size(1), KV = opt_.kv_heads, hd = opt_.head_dim;
   const int64_t q_out = q_rows();  // H hd, or 2 H hd with the output gate
+  const int64_t v_out = v_rows();  // 0 where the keys are the values
   auto proj =
       qkv_4bit ? linear_4bit(x, qkv_4bit, qkv->bias) : qkv->forward(x);  // [B, S, q_out + 2 KV hd]
   if (lora_q || lora_k || lora_v) {  // each adapter's update on its rows of the fused output
@@ -184,7 +191,7 @@ torch::Tensor CausalSelfAttentionImpl::project_qkv(const torch::Tensor& x) {
       return a ? a->forward(x) : torch::zeros({B, S, width}, proj.options());
     };
     proj = proj +
-           torch::cat({update(lora_q, q_out), update(lora_k, KV * hd), update(lora_v, KV * hd)}, -1)
+           torch::cat({update(lora_q, q_out), update(lora_k, KV * hd), update(lora_v, v_out)}, -1)
                .to(proj.scalar_type());
   }
   return proj;
@@ -197,8 +204,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   // Views of [B, S, n, hd] as [B, n, S, hd] (the strides of a plain multi-head split). One
   // split, not three narrows: split's backward is one cat of the three gradients; each narrow's
   // backward zero-fills a whole projection-sized gradient and the engine adds the three.
-  const auto parts = project_qkv(x).split_with_sizes({q_rows(), KV * hd, KV * hd}, -1);
-  auto q = parts[0], k = parts[1], v = parts[2];
+  const auto parts = project_qkv(x).split_with_sizes({q_rows(), KV * hd, v_rows()}, -1);
+  // Gemma 4's full-attention layers: the values are the keys' projection, before norm and rotary.
+  auto q = parts[0], k = parts[1], v = opt_.keys_are_values ? parts[1] : parts[2];
   torch::Tensor gate;  // gated attention: per head, the query's hd rows and then the gate's
   if (opt_.output_gate) {
     const auto halves = q.view({B, S, H, 2 * hd}).chunk(2, -1);
@@ -209,7 +217,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
     k = k_norm->forward(k);
   }
   q = q.reshape({B, S, H, hd}), k = k.reshape({B, S, KV, hd}), v = v.reshape({B, S, KV, hd});
-  if (opt_.qk_norm && !opt_.qk_norm_full) {  // Qwen3-MoE: per head
+  if (opt_.value_norm) v = at::rms_norm(v, {hd}, {}, opt_.norm_eps);  // Gemma 4's v_norm
+  if (opt_.qk_norm && !opt_.qk_norm_full) {                           // Qwen3-MoE: per head
     q = q_norm->forward(q);
     k = k_norm->forward(k);
   }
@@ -251,6 +260,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   }
   const double p = is_training() ? opt_.dropout : 0.0;
   AttentionMasking masking{doc_mask_, opt_.window, sinks};
+  masking.scale = opt_.softmax_scale;  // 0: 1 / sqrt(hd); Gemma 4: 1
   masking.cached = keys.mask;
   // Sinks on the CPU (or moe.kernels = reference): transformers' eager attention, exactly;
   // elsewhere SDPA, which never forms the [B, H, S, S] scores (attention_core.h).
@@ -328,10 +338,18 @@ std::shared_ptr<TokenMixer> attention_mixer(BlockImpl& block, const BlockContext
   AttentionOptions a;
   a.hidden = m.hidden_size;
   a.heads = m.num_heads;
-  a.kv_heads = config::key_value_heads(cfg);
-  a.head_dim = config::head_dim(cfg);
-  a.rope_theta = m.rope_theta;
+  // Full-attention layers may have their own shape and rotary (Gemma 4: model.global_*).
+  const bool global = config::global_attention_layer(cfg, ctx.layer);
+  a.kv_heads = config::layer_key_value_heads(cfg, ctx.layer);
+  a.head_dim = config::layer_head_dim(cfg, ctx.layer);
+  a.rope_theta = global && m.global_rope_theta > 0 ? m.global_rope_theta : m.rope_theta;
   a.rope_scaling = m.rope_scaling;
+  if (global && m.global_partial_rotary_factor < 1.0) {  // transformers' int(factor * hd // 2)
+    a.rope_scaling.rotating_pairs = static_cast<int64_t>(
+        std::floor(m.global_partial_rotary_factor * static_cast<double>(a.head_dim) / 2.0));
+  }
+  a.keys_are_values = config::keys_are_values(cfg, ctx.layer);
+  a.value_norm = m.value_norm;
   a.qk_norm = m.qk_norm;
   a.qk_norm_full = m.qk_norm_scope == config::QkNormScope::kFull;
   a.clip_qkv = m.clip_qkv;
@@ -358,7 +376,7 @@ std::shared_ptr<TokenMixer> attention_mixer(BlockImpl& block, const BlockContext
   a.qk_rope_head_dim = m.qk_rope_head_dim;
   a.v_head_dim = m.v_head_dim;
   a.rope_interleave = m.rope_interleave;
-  a.softmax_scale = latent_softmax_scale(cfg);
+  a.softmax_scale = m.attention_scale > 0 ? m.attention_scale : latent_softmax_scale(cfg);
   block.attn = block.register_module("attn", CausalSelfAttention(a));
   return std::make_shared<AttentionMixer>(block.attn);
 }

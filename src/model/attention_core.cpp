@@ -1,7 +1,12 @@
 #include "moe/model/attention_core.h"
 
+#include <ATen/SDPBackend.h>
+#include <spdlog/spdlog.h>
+
 #include <cmath>
+#include <mutex>
 #include <optional>
+#include <set>
 
 #include <torch/torch.h>
 
@@ -40,6 +45,43 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
   return torch::matmul(probs.to(v.scalar_type()), v);
 }
 
+namespace {
+
+const char* sdpa_kernel_name(int64_t choice) {
+  switch (static_cast<at::SDPBackend>(choice)) {
+    case at::SDPBackend::flash_attention:
+      return "flash";
+    case at::SDPBackend::efficient_attention:
+      return "efficient (memory-efficient)";
+    case at::SDPBackend::cudnn_attention:
+      return "cudnn";
+    case at::SDPBackend::math:
+      return "math";
+    default:
+      return "another";
+  }
+}
+
+// The kernel torch's SDPA picks for a head width, logged the first time that width runs on a
+// GPU: flash and cuDNN take head_dim <= 256, so Gemma 4's 512-wide full-attention heads fall
+// back to another kernel, and the log says which.
+void log_sdpa_kernel_once(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const torch::Tensor& mask, double p, std::optional<double> scale) {
+  static std::mutex mu;
+  static std::set<int64_t> logged;
+  const int64_t hd = q.size(3);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!logged.insert(hd).second) return;
+  }
+  const int64_t choice = at::_fused_sdp_choice(
+      q, k, v, mask.defined() ? std::optional(mask) : std::nullopt, p, !mask.defined(), scale);
+  spdlog::info("attention: head_dim {} runs on torch's {} SDPA kernel{}", hd,
+               sdpa_kernel_name(choice), hd > 256 ? " (flash and cuDNN take head_dim <= 256)" : "");
+}
+
+}  // namespace
+
 torch::Tensor attention_sdpa(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const AttentionMasking& m, double p) {
   const int64_t S = q.size(2), hd = q.size(3);
@@ -54,6 +96,7 @@ torch::Tensor attention_sdpa(const torch::Tensor& q, const torch::Tensor& k, con
     const auto mask = attention_mask(S, m, q.device());
     // The default scale unless one is given (latent attention's YaRN mscale).
     const std::optional<double> given = m.scale > 0 ? std::optional<double>(m.scale) : std::nullopt;
+    if (q.is_cuda()) log_sdpa_kernel_once(q, k, v, mask, p, given);
     return mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, p, false, given)
                           : at::scaled_dot_product_attention(q, k, v, {}, p, true, given);
   }

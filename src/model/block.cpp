@@ -13,12 +13,16 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
     : spec_(layer_spec(cfg, layer)), dropout_(cfg.model.dropout) {
   const auto& m = cfg.model;
   const BlockContext ctx{cfg, device, layer, parallel};
-  // Registration order is parameter order (checkpoints, the base fingerprint).
-  attn_norm =
-      register_module("attn_norm", RMSNorm(m.hidden_size, m.norm_eps, m.zero_centered_norm));
+  const auto norm = [&] { return RMSNorm(m.hidden_size, m.norm_eps, m.zero_centered_norm); };
+  // Registration order is parameter order (checkpoints, the base fingerprint); the block's own
+  // tensor comes first whatever the order.
+  if (m.layer_scalar) layer_scalar = register_parameter("layer_scalar", torch::ones({1}), false);
+  attn_norm = register_module("attn_norm", norm());
   mixer_ = make_token_mixer(*this, ctx, spec_);
-  moe_norm = register_module("moe_norm", RMSNorm(m.hidden_size, m.norm_eps, m.zero_centered_norm));
+  if (m.sandwich_norms) attn_post_norm = register_module("attn_post_norm", norm());
+  moe_norm = register_module("moe_norm", norm());
   feed_forward_ = make_feed_forward(*this, ctx, spec_);
+  if (m.sandwich_norms) ffn_post_norm = register_module("ffn_post_norm", norm());
 }
 
 BlockOutput BlockImpl::forward(const torch::Tensor& x) {
@@ -26,13 +30,18 @@ BlockOutput BlockImpl::forward(const torch::Tensor& x) {
   torch::Tensor h;
   {
     profile::Scope scope("attention");
-    h = x + F::dropout(mixer_->forward(attn_norm->forward(x)),
-                       F::DropoutFuncOptions().p(dropout_).training(is_training()));
+    auto a = mixer_->forward(attn_norm->forward(x));
+    if (attn_post_norm) a = attn_post_norm->forward(a);
+    h = x + F::dropout(a, F::DropoutFuncOptions().p(dropout_).training(is_training()));
   }
   const auto shape = h.sizes().vec();
-  o.moe = feed_forward_->forward(moe_norm->forward(h).reshape({-1, shape.back()}));
-  o.x = h + F::dropout(o.moe.y.view(shape),
-                       F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  o.moe = feed_forward_->forward(feed_forward_->takes_residual()
+                                     ? h.reshape({-1, shape.back()})
+                                     : moe_norm->forward(h).reshape({-1, shape.back()}));
+  auto y = o.moe.y.view(shape);
+  if (ffn_post_norm) y = ffn_post_norm->forward(y);
+  o.x = h + F::dropout(y, F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  if (layer_scalar.defined()) o.x = o.x * layer_scalar;
   return o;
 }
 

@@ -41,6 +41,8 @@ std::shared_ptr<FeedForward> make_feed_forward(BlockImpl& block, const BlockCont
       return dense_feed_forward(block, ctx);
     case FeedForwardKind::kMoe:
       return moe_feed_forward(block, ctx);
+    case FeedForwardKind::kParallelDenseMoe:
+      return parallel_feed_forward(block, ctx);
   }
   throw std::logic_error("model: no feed-forward of this kind");
 }

@@ -36,8 +36,10 @@ torch::Tensor DenseMlpImpl::forward(const torch::Tensor& x) {
     const auto y = q ? linear_4bit(in, q) : base->forward(in);
     return a ? y + a->forward(in) : y;
   };
-  const auto h = kernels::swiglu_activation(project(gate_proj, gate_4bit, lora_gate, x),
-                                            project(up_proj, up_4bit, lora_up, x), fused_swiglu);
+  const auto gate = project(gate_proj, gate_4bit, lora_gate, x);
+  const auto up = project(up_proj, up_4bit, lora_up, x);
+  const auto h = geglu ? kernels::geglu_activation(gate, up)
+                       : kernels::swiglu_activation(gate, up, fused_swiglu);
   return project(down_proj, down_4bit, lora_down, h);
 }
 
@@ -80,6 +82,7 @@ std::shared_ptr<FeedForward> dense_feed_forward(BlockImpl& block, const BlockCon
       "mlp", DenseMlp(cfg.model.hidden_size, config::dense_hidden_size(cfg), cfg.model.init_std,
                       output_init_std(cfg), lora_spec(cfg), config::lora_targets(cfg.lora)));
   block.mlp->fused_swiglu = fused_block_kernels(ctx);
+  block.mlp->geglu = cfg.moe.activation == config::ExpertActivation::kGeglu;
   return std::make_shared<DenseFeedForward>(block.mlp);
 }
 

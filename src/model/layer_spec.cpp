@@ -7,8 +7,9 @@ LayerSpec layer_spec(const config::Config& cfg, int64_t layer) {
   s.mixer = config::linear_attention_layer(cfg, layer) ? MixerKind::kGatedDeltaNet
             : config::latent_attention(cfg)            ? MixerKind::kLatentAttention
                                                        : MixerKind::kAttention;
-  s.feed_forward =
-      config::is_moe_layer(cfg, layer) ? FeedForwardKind::kMoe : FeedForwardKind::kDense;
+  s.feed_forward = !config::is_moe_layer(cfg, layer) ? FeedForwardKind::kDense
+                   : cfg.moe.parallel_dense          ? FeedForwardKind::kParallelDenseMoe
+                                                     : FeedForwardKind::kMoe;
   s.attention_window = config::attention_window(cfg, layer);
   return s;
 }
@@ -31,6 +32,8 @@ const char* name(FeedForwardKind kind) {
       return "dense";
     case FeedForwardKind::kMoe:
       return "moe";
+    case FeedForwardKind::kParallelDenseMoe:
+      return "parallel_dense_moe";
   }
   return "?";
 }

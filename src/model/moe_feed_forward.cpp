@@ -24,6 +24,9 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.router.topk_group = cfg.moe.topk_group;
   o.router.group_score_experts = cfg.moe.group_score_experts;
   o.router.routed_scaling_factor = cfg.moe.routed_scaling_factor;
+  o.router.input_norm = cfg.moe.router_input_norm;
+  o.router.per_expert_scale = cfg.moe.per_expert_scale;
+  o.router.norm_eps = m.norm_eps;
   o.experts.bias = cfg.moe.expert_bias;
   o.experts.activation = cfg.moe.activation;
   o.experts.swiglu_limit = cfg.moe.swiglu_limit;

@@ -138,9 +138,9 @@ void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
     }
   }
   if (!a.latent()) {
-    const int64_t width = a.qkv->weight.size(0), q_rows = a.q_rows();
-    const int64_t kv_rows = (width - q_rows) / 2;
-    quantize("attn.qkv.weight", a.qkv->weight, a.qkv_4bit, false, {q_rows, kv_rows, kv_rows});
+    std::vector<int64_t> rows = {a.q_rows(), a.kv_rows()};  // q, k and v as three matrices
+    if (a.v_rows() > 0) rows.push_back(a.v_rows());
+    quantize("attn.qkv.weight", a.qkv->weight, a.qkv_4bit, false, rows);
     quantize("attn.out.weight", a.out->weight, a.out_4bit, false);
   }
   if (block->mlp) {
@@ -224,6 +224,22 @@ torch::Tensor TransformerLMImpl::head_weight() const {
   return lm_head ? lm_head->weight : embed->weight;
 }
 
+torch::Tensor TransformerLMImpl::head(const torch::Tensor& hidden) {
+  auto logits = lm_head ? lm_head->forward(hidden) : F::linear(hidden, embed->weight);
+  const double c = mcfg_.final_logit_softcapping;
+  if (c > 0) logits = torch::tanh(logits / c) * c;  // Gemma's final_logit_softcapping
+  return logits;
+}
+
+namespace {
+// Gemma's scaled word embedding: times sqrt(hidden_size) rounded to the weights' dtype.
+torch::Tensor scaled_embedding(const torch::Tensor& x, const config::ModelConfig& m) {
+  if (!m.scale_embeddings) return x;
+  const double scale = std::sqrt(static_cast<double>(m.hidden_size));
+  return x * torch::scalar_tensor(scale, x.options());
+}
+}  // namespace
+
 LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens, bool logits) {
   LmOutput out;
   const int64_t S = tokens.size(1);
@@ -233,7 +249,7 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens, bool logits) {
     DocumentLayout docs;
     if (eod_id_ >= 0) docs = document_layout(tokens, eod_id_);
     for (auto& b : blocks) b->set_documents(docs.mask, docs.positions);
-    x = embed->forward(tokens);
+    x = scaled_embedding(embed->forward(tokens), mcfg_);
     if (pos_embed) {
       x = x + (docs.positions.defined()
                    ? pos_embed->forward(docs.positions)
@@ -266,7 +282,7 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens, bool logits) {
   profile::Scope scope("head");
   x = final_norm->forward(x);
   out.hidden = x;
-  if (logits) out.logits = lm_head ? lm_head->forward(x) : F::linear(x, embed->weight);
+  if (logits) out.logits = head(x);
   return out;
 }
 
@@ -281,14 +297,13 @@ torch::Tensor TransformerLMImpl::decode(const torch::Tensor& tokens, const Decod
     }
   } detach{blocks};
   for (size_t i = 0; i < blocks.size(); ++i) blocks[i]->set_decode(&step, &caches[i]);
-  auto x = embed->forward(tokens);
+  auto x = scaled_embedding(embed->forward(tokens), mcfg_);
   if (pos_embed) x = x + pos_embed->forward(step.positions);
   if (x.scalar_type() != torch::kFloat) x = x.to(torch::kFloat);
   for (auto& b : blocks) x = b->forward(x).x;
   // Only the last position is sampled from: the head runs on it alone.
   x = final_norm->forward(x.narrow(1, x.size(1) - 1, 1));
-  const auto logits = lm_head ? lm_head->forward(x) : F::linear(x, embed->weight);
-  return logits.squeeze(1).to(torch::kFloat);
+  return head(x).squeeze(1).to(torch::kFloat);
 }
 
 void TransformerLMImpl::after_optimizer_step(const std::vector<torch::Tensor>& tokens_per_expert) {

@@ -124,6 +124,8 @@ torch::Tensor ExpertsImpl::activation(const torch::Tensor& gate, const torch::Te
     return kernels::clamped_swiglu_activation(gate, up, opt_.swiglu_limit, opt_.swiglu_alpha,
                                               opt_.fused_swiglu);
   }
+  if (opt_.activation == config::ExpertActivation::kGeglu)
+    return kernels::geglu_activation(gate, up);
   return kernels::swiglu_activation(gate, up, opt_.fused_swiglu);
 }
 

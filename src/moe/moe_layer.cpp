@@ -37,7 +37,9 @@ MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt)
     // The routed experts' biases and activation are gpt-oss's; shared experts (DeepSeekMoE)
     // are plain SwiGLU MLPs.
     shared.bias = false;
-    shared.activation = config::ExpertActivation::kSwiglu;
+    shared.activation = opt.experts.activation == config::ExpertActivation::kGeglu
+                            ? config::ExpertActivation::kGeglu
+                            : config::ExpertActivation::kSwiglu;
     shared_expert = register_module("shared_expert", Experts(shared));
     if (opt.shared_expert_gate) {
       shared_expert_gate = register_module(
@@ -58,13 +60,13 @@ torch::Tensor MoeLayerImpl::dispatch_rows(const torch::Tensor& x) const {
   return x.to(at::autocast::get_autocast_dtype(device));
 }
 
-MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x) {
+MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& router_input) {
   const int64_t T = x.size(0);
   // Scopes: the flops profiler's module kinds (moe/layers/profile_scope.h; off otherwise).
   Routing r;
   {
     profile::Scope scope("router");
-    r = router->forward(x);
+    r = router->forward(router_input);
   }
   DispatchPlan plan;
   torch::Tensor permuted, y;

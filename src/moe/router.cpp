@@ -18,6 +18,11 @@ RouterImpl::RouterImpl(const RouterOptions& opt) : opt_(opt) {
   weight = register_parameter("weight", torch::empty({opt.num_experts, opt.hidden_size}));
   torch::nn::init::xavier_uniform_(weight);
   if (opt.bias) bias = register_parameter("bias", torch::zeros({opt.num_experts}));
+  if (opt.input_norm)
+    input_scale = register_parameter("input_scale", torch::ones({opt.hidden_size}));
+  if (opt.per_expert_scale) {
+    expert_scale = register_parameter("expert_scale", torch::ones({opt.num_experts}));
+  }
   expert_bias = register_buffer("expert_bias", torch::zeros({opt.num_experts}));
 }
 
@@ -159,7 +164,12 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
   {
     // Router math in fp32 whatever the surrounding autocast dtype.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    r.logits = torch::nn::functional::linear(x.to(torch::kFloat), weight.to(torch::kFloat),
+    auto in = x.to(torch::kFloat);
+    if (opt_.input_norm) {  // transformers' Gemma4TextRouter: norm, times scale, times d^-0.5
+      in = at::rms_norm(in, {in.size(-1)}, {}, opt_.norm_eps) * input_scale.to(torch::kFloat) *
+           std::pow(static_cast<double>(opt_.hidden_size), -0.5);
+    }
+    r.logits = torch::nn::functional::linear(in, weight.to(torch::kFloat),
                                              bias.defined() ? bias.to(torch::kFloat) : bias);
   }
   // The selection bias always takes part: updated (aux-loss-free balancing) or imported
@@ -181,6 +191,8 @@ Routing RouterImpl::forward(const torch::Tensor& x) {
   const torch::Tensor &scores = s.probs, &top_idx = s.topk_idx, &lse = s.lse;
   torch::Tensor w = s.topk_weight, counts = s.tokens_per_expert;
   if (opt_.routed_scaling_factor != 1.0) w = w * opt_.routed_scaling_factor;
+  if (expert_scale.defined())
+    w = w * expert_scale.to(torch::kFloat).index_select(0, top_idx.flatten()).view_as(w);
   r.topk_idx = top_idx;
   // A limit that binds for the micro-batch it covers (every rank's in training: see above).
   const int64_t W = capacity_ranks();

@@ -19,7 +19,7 @@ class ChunkedLmLoss : public torch::autograd::Function<ChunkedLmLoss> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& targets,
                                const torch::Tensor& keep, const torch::Tensor& count, int64_t chunk,
-                               int64_t compute_dtype, int64_t grads) {
+                               int64_t compute_dtype, int64_t grads, double softcap) {
     const auto compute = static_cast<torch::ScalarType>(compute_dtype);
     const bool hidden_grad = (grads & kHiddenGrad) != 0, weight_grad = (grads & kWeightGrad) != 0;
     const int64_t N = hidden.size(0);
@@ -38,6 +38,11 @@ class ChunkedLmLoss : public torch::autograd::Function<ChunkedLmLoss> {
       const int64_t n = std::min(chunk, N - s);
       const auto h = hidden.narrow(0, s, n).to(compute);
       auto logits = torch::matmul(h, w.t()).to(torch::kFloat);  // [n, V]
+      torch::Tensor capped;  // tanh(z / c): d(c tanh(z / c)) / dz = 1 - tanh^2
+      if (softcap > 0) {
+        capped = torch::tanh(logits / softcap);
+        logits = capped * softcap;
+      }
       const auto keep_c = kept.narrow(0, s, n);
       // Ignored positions (kIgnoredTarget) read class 0; their rows are masked out below.
       const auto target = targets.narrow(0, s, n).clamp_min(0).unsqueeze(1);
@@ -46,6 +51,7 @@ class ChunkedLmLoss : public torch::autograd::Function<ChunkedLmLoss> {
       auto& g = logits.sub_(lse).exp_();  // softmax, in place
       g.scatter_add_(1, target, torch::full({n, 1}, -1.0f, f32));
       g.mul_(keep_c.unsqueeze(1));
+      if (softcap > 0) g.mul_(1 - capped.square());
       const auto g16 = g.to(compute);
       if (hidden_grad) grad_hidden.narrow(0, s, n).copy_(torch::matmul(g16, w));
       if (weight_grad) {
@@ -79,6 +85,7 @@ class ChunkedLmLoss : public torch::autograd::Function<ChunkedLmLoss> {
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
 };
@@ -86,7 +93,7 @@ class ChunkedLmLoss : public torch::autograd::Function<ChunkedLmLoss> {
 }  // namespace
 
 torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
-                              const LossTargets& t, int64_t chunk_tokens) {
+                              const LossTargets& t, int64_t chunk_tokens, double softcap) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "chunked_lm_loss: hidden ", hidden.sizes(), " and weight ", weight.sizes(),
               " do not multiply");
@@ -102,7 +109,7 @@ torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& 
   const int64_t grads = (grad && hidden.requires_grad() ? ChunkedLmLoss::kHiddenGrad : 0) |
                         (grad && weight.requires_grad() ? ChunkedLmLoss::kWeightGrad : 0);
   return ChunkedLmLoss::apply(hidden, weight, t.targets, t.keep, t.count, chunk_tokens,
-                              static_cast<int64_t>(compute), grads);
+                              static_cast<int64_t>(compute), grads, softcap);
 }
 
 }  // namespace moe::train

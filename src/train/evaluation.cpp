@@ -50,9 +50,7 @@ EvalResult evaluate(model::TransformerLM& model, const std::vector<data::ShardIn
     for (int64_t s = 0; s < n; s += step) {
       const int64_t m = std::min(step, n - s);
       const auto part = rows.narrow(0, s, m);
-      const auto logits =
-          (chunk == 0 ? part : torch::nn::functional::linear(part, model->head_weight()))
-              .to(torch::kFloat);
+      const auto logits = (chunk == 0 ? part : model->head(part)).to(torch::kFloat);
       const auto tc = targets.narrow(0, s, m);
       batch_loss += torch::nn::functional::cross_entropy(
           logits, tc, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));

@@ -37,7 +37,7 @@ MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& bat
       // (forward passes only) then also holds the head's backward matmuls.
       profile::Scope scope("head");
       const auto hidden = out.hidden.reshape({-1, out.hidden.size(-1)});
-      l.lm = chunked_lm_loss(hidden, model->head_weight(), targets, chunk);
+      l.lm = chunked_lm_loss(hidden, model->head_weight(), targets, chunk, model->logit_softcap());
     }
   }
   if (chunk == 0) {

@@ -82,6 +82,54 @@ TEST(ParameterLayout, GatedDeltaNetHybrid) {
   }
 }
 
+// Gemma 4: a layer scalar (the block's own tensor, first), sandwich norms, the dense MLP beside
+// the experts with its own norms (and a plain dense layer), the router's input and expert scales;
+// the full-attention layer with its own head width and kv heads and no v projection (K = V),
+// with and without LoRA; count_parameters and module_costs agree with the layout.
+TEST(ParameterLayout, Gemma4ParallelDenseSandwichKeysAsValues) {
+  const nlohmann::json model = {
+      {"rope_theta", 10000.0},
+      {"num_key_value_heads", 2},
+      {"head_dim", 4},
+      {"qk_norm", true},
+      {"value_norm", true},
+      {"attention_scale", 1.0},
+      {"global_head_dim", 8},
+      {"global_num_key_value_heads", 1},
+      {"global_rope_theta", 1e6},
+      {"global_partial_rotary_factor", 0.25},
+      {"attention_k_eq_v", true},
+      {"sliding_window", 4},
+      {"layer_types", {"sliding_attention", "sliding_attention", "full_attention"}},
+      {"sandwich_norms", true},
+      {"layer_scalar", true},
+      {"scale_embeddings", true},
+      {"final_logit_softcapping", 30.0},
+      {"dense_hidden_size", 20}};
+  const nlohmann::json moe = {{"parallel_dense", true},
+                              {"router_input_norm", true},
+                              {"per_expert_scale", true},
+                              {"activation", "geglu"},
+                              {"mlp_only_layers", {1}}};
+  const config::Config plain = make(model, moe, {{"r", 0}});
+  expect_layout_is_the_models(plain);
+  int64_t numel = 0;
+  for (const auto& p : parameter_layout(plain)) {
+    int64_t n = 1;
+    for (const int64_t s : p.shape) n *= s;
+    numel += n;
+  }
+  EXPECT_EQ(config::count_parameters(plain), numel);
+  int64_t costed = 0;
+  for (const auto& m : config::module_costs(plain)) costed += m.params * m.count;
+  EXPECT_EQ(costed, numel);
+  expect_layout_is_the_models(
+      make(model, moe,
+           {{"r", 2},
+            {"target_modules",
+             {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}}}));
+}
+
 TEST(ParameterLayout, GptOssBiasesSinksWindows) {
   const nlohmann::json model = {
       {"rope_theta", 150000.0},

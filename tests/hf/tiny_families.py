@@ -119,3 +119,35 @@ VISION = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hi
 VL_FAMILIES = {
     "qwen3_5_moe": (transformers.Qwen3_5MoeConfig, dict(vision_config=VISION)),
 }
+
+# Gemma 4 MoE (tests/hf/gemma4_test.py has its import/export checks): 6 layers, five sliding
+# (window 8) then one full-attention layer of head_dim 32 on 1 key/value head with K reused as V
+# and proportional rotary (0.25: 4 of its 16 pairs turn, theta 1e6); q/k/v norms, a softmax scale
+# of 1, sandwich norms, a dense GeGLU MLP beside 8 GeGLU experts top-2 with Gemma's router, layer
+# scalars, embeddings times sqrt(48) (6.93, 6.9375 in bf16), logits soft-capped at 30, tied
+# embeddings; hidden_size_per_layer_input 0 (per-layer embeddings off, as the 26B release). No pad
+# id: with pad 0 (the release's) that embedding row is zero and never trained, so a window starting
+# with token 0 carries an all-zero stream through every layer, whose RMSNorms' backward at zero
+# input (eps^-0.5 = 1000 each, ~19 in series) sends its gradients past fp32 and fp64 alike.
+GEMMA4 = dict({k: v for k, v in COMMON.items() if k != "num_experts_per_tok"}, hidden_size=48,
+              pad_token_id=None,
+              num_hidden_layers=6, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+              attention_k_eq_v=True, sliding_window=8, hidden_size_per_layer_input=0,
+              enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+              intermediate_size=96, final_logit_softcapping=30.0, rms_norm_eps=1e-6,
+              max_position_embeddings=256, tie_word_embeddings=True)
+GEMMA4_FAMILIES = {
+    "gemma4_text": (transformers.Gemma4TextConfig, dict(GEMMA4)),
+}
+# The LoRA-vs-PEFT test's Gemma 4: two layers (one sliding, one full with K = V). At six layers
+# transformers' own float32 LoRA training of this random model leaves its float64 training by
+# 3e-5 at step 3 and 5e-4 at step 4 (the post-norms and layer scalars in series amplify rounding;
+# Qwen3-MoE's stays within 2e-7 for 20 steps); at two it stays within 2e-7 too (docs/hf.md).
+GEMMA4_LORA = dict(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
+
+# Gemma 4 as released: Gemma4ForConditionalGeneration, the text model above under text_config
+# (model.language_model.*), no vision or audio tower; pad id 0 as released (its forward needs one).
+GEMMA4_RELEASE_FAMILIES = {
+    "gemma4": (transformers.Gemma4Config, dict(text_config=dict(GEMMA4, pad_token_id=0),
+                                               vision_config=None, audio_config=None)),
+}

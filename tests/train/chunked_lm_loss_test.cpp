@@ -67,6 +67,32 @@ TEST(ChunkedLmLoss, MatchesTheFullHeadAndLossForEveryChunkSize) {
   }
 }
 
+// Gemma's final_logit_softcapping: the chunked loss caps its logits (c tanh(z / c)) and takes
+// the cap's derivative into both gradients, as autograd does through the capped head.
+TEST(ChunkedLmLoss, SoftCappedLogitsMatchAutograd) {
+  torch::manual_seed(5);
+  const auto h0 = torch::randn({kN, kD});
+  const auto w0 = torch::randn({kV, kD}) * 2.0;  // logits of several units: the cap bends them
+  const auto t = targets_with_ignored(kN, kV, 4);
+  const double cap = 3.0;
+  auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  const auto z = torch::nn::functional::linear(h, w);
+  const auto full = masked_lm_loss(torch::tanh(z / cap) * cap, t);
+  full.backward();
+  for (int64_t chunk : {1, 7, 100}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    auto hc = h0.clone().requires_grad_(true), wc = w0.clone().requires_grad_(true);
+    const auto loss = chunked_lm_loss(hc, wc, t, chunk, cap);
+    loss.backward();
+    EXPECT_LT(rel(loss.detach(), full.detach()), 1e-6);
+    EXPECT_LT(rel(hc.grad(), h.grad()), 1e-5);
+    EXPECT_LT(rel(wc.grad(), w.grad()), 1e-5);
+  }
+  // Uncapped, the same logits give another loss: the cap is really applied.
+  auto hu = h0.clone(), wu = w0.clone();
+  EXPECT_GT(rel(chunked_lm_loss(hu, wu, t, 7), full.detach()), 1e-3);
+}
+
 TEST(ChunkedLmLoss, UpstreamScaleFrozenHeadAndNothingKept) {
   torch::manual_seed(4);
   const auto h = torch::randn({kN, kD});

@@ -25,12 +25,14 @@ With family names (e.g. qwen3_next qwen3_5_moe_text, the Gated DeltaNet hybrids:
 the attention layers' q/k/v/o and the routed experts, none on the linear-attention layers yet;
 deepseek_v3 deepseek_v2, the latent-attention families: adapters on
 q_a_proj / q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj and the routed experts;
-glm4_moe, GLM-4.5 with q/k/v biases, q/k norms, partial rotary and group routing), only those
-families' checks run.
+glm4_moe, GLM-4.5 with q/k/v biases, q/k norms, partial rotary and group routing; gemma4_text,
+Gemma 4 with its experts beside a dense MLP (PEFT's target_parameters experts.gate_up_proj /
+experts.down_proj) and no v_proj on its K = V layer), only those families' checks run.
 
 usage: lora_test.py MOE_TRAIN_BINARY [FAMILY...]
 """
 import json
+import math
 import pathlib
 import sys
 import tempfile
@@ -41,9 +43,9 @@ import transformers
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "hf"))
-from tiny_families import (COMMON, FAMILIES, GLM_FAMILIES, HYBRID,  # noqa: E402
-                           HYBRID_FAMILIES, MISTRAL4_FAMILIES, MLA_FAMILIES, SIGMOID_FAMILIES,
-                           SOFTMAX_BIAS_FAMILIES)
+from tiny_families import (COMMON, FAMILIES, GEMMA4_FAMILIES, GEMMA4_LORA,  # noqa: E402
+                           GLM_FAMILIES, HYBRID, HYBRID_FAMILIES, MISTRAL4_FAMILIES, MLA_FAMILIES,
+                           SIGMOID_FAMILIES, SOFTMAX_BIAS_FAMILIES)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from lora_common import checkpoint, peft_steps, runner  # noqa: E402
@@ -109,12 +111,14 @@ def logits_of(model, tokens):
 
 def family_test(tmp, family):
     cls, extra = {**FAMILIES, **MLA_FAMILIES, **GLM_FAMILIES, **HYBRID_FAMILIES, **SIGMOID_FAMILIES,
-                  **SOFTMAX_BIAS_FAMILIES, **MISTRAL4_FAMILIES}[family]
-    common = HYBRID if family in HYBRID_FAMILIES else COMMON
+                  **SOFTMAX_BIAS_FAMILIES, **MISTRAL4_FAMILIES, **GEMMA4_FAMILIES}[family]
+    # Gemma 4's dict is whole (its width and layers differ from COMMON's)
+    common = HYBRID if family in HYBRID_FAMILIES else {} if family in GEMMA4_FAMILIES else COMMON
     print(f"{family}:")
     torch.manual_seed(11)
     src = tmp / f"hf-{family}"
-    transformers.AutoModelForCausalLM.from_config(cls(**{**common, **extra})).save_pretrained(src)
+    shape = GEMMA4_LORA if family in GEMMA4_FAMILIES else {}  # tiny_families.py says why
+    transformers.AutoModelForCausalLM.from_config(cls(**{**common, **extra, **shape})).save_pretrained(src)
     base = tmp / f"base-{family}"
     run("import-hf", src, "--out", base)
     out = tmp / f"run-{family}"
@@ -134,7 +138,22 @@ def family_test(tmp, family):
     assert mine.keys() == theirs.keys(), f"adapter names: {sorted(mine)[:4]} vs {sorted(theirs)[:4]}"
     worst = max((mine[k].double() - theirs[k].detach()).abs().max().item() for k in mine)
     print(f"  final adapter: {len(mine)} tensors, max |diff| vs PEFT {worst:.1e}")
-    assert worst <= TENSOR_TOL, f"adapter tensors differ from PEFT's by {worst}"
+    bar = TENSOR_TOL
+    if worst > TENSOR_TOL:
+        # float32 training cannot be closer to the float64 peer than float32 rounding allows
+        # (Adam divides near-zero gradients, such as an expert's lora_A's while its lora_B is
+        # still small, by their own size). Where we pass 1e-5, transformers + PEFT's own float32
+        # training on the same batches says how far float32 lands; ours is held to that
+        # (x 1.25: two float32 runs each land about that far, neither nearer by rule), as
+        # hf_parity.full_fine_tuning_peer holds full fine-tuning's weights. Gemma 4: PEFT's own
+        # float32 1.9e-5, ours 1.94e-5 (2026-12-07).
+        peer32 = peft_model(src, adapter0, trainable=True, dtype=torch.float32)
+        theirs32 = peft_steps(peer32, tmp / "data/train.h5", ours, STEPS, BATCH, SEQ, math.inf,
+                              fused=True)
+        noise = max((theirs32[k].double() - theirs[k].detach()).abs().max().item() for k in mine)
+        bar = max(TENSOR_TOL, 1.25 * noise)
+        print(f"  transformers + PEFT's own float32 training: {noise:.1e} from the float64 peer")
+    assert worst <= bar, f"adapter tensors differ from PEFT's by {worst} (bar {bar:.1e})"
 
     dump = tmp / f"logits-{family}.safetensors"
     r = json.loads(run("eval", "--config", cfg, "--checkpoint", checkpoint(out, STEPS),

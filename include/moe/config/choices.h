@@ -50,7 +50,8 @@ enum class QuantComputeDtype { kFloat32, kBfloat16, kFloat16 };
 enum class QuantMethod { kBitsandbytes, kMxfp4 };
 // moe.activation: the experts' gated activation: silu(gate) * up, or gpt-oss's clamped form
 // (up + 1) * gate * sigmoid(alpha * gate) with gate <= limit and |up| <= limit.
-enum class ExpertActivation { kSwiglu, kClampedSwiglu };
+// geglu (Gemma 4): gelu_tanh(gate) * up, in the experts, the shared expert and the dense MLPs.
+enum class ExpertActivation { kSwiglu, kClampedSwiglu, kGeglu };
 
 template <class E>
 struct ChoiceNames;  // kNames[i] is the JSON name of the enumerator with value i
@@ -72,7 +73,7 @@ struct ChoiceNames<QuantComputeDtype> {
 };
 template <>
 struct ChoiceNames<ExpertActivation> {
-  static constexpr std::array<std::string_view, 2> kNames = {"swiglu", "clamped_swiglu"};
+  static constexpr std::array<std::string_view, 3> kNames = {"swiglu", "clamped_swiglu", "geglu"};
 };
 template <>
 struct ChoiceNames<QuantMethod> {

@@ -119,6 +119,9 @@ struct RopeScalingConfig {
   // > 0: each query times 1 + beta ln(1 + floor(position / original_max_position_embeddings))
   // (Mistral Small 4's llama_4_scaling_beta: attention sharper past the pretraining window).
   double llama_4_scaling_beta = 0.0;
+  // Not a config key: > 0 on a layer with proportional rotary (model.global_partial_rotary_factor)
+  // only these many leading frequencies turn, the others are 0.
+  int64_t rotating_pairs = 0;
   bool operator==(const RopeScalingConfig&) const = default;
 };
 
@@ -187,6 +190,21 @@ struct ModelConfig {
   // The input projections fused per key-head group as Qwen3-Next saves them (in_proj_qkvz,
   // in_proj_ba); false: split as Qwen3.5 saves them (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a).
   bool linear_fused_projections = false;
+  // Gemma 4's attention and block. Full-attention layers (model.layer_types "full_attention")
+  // may have their own head width, key/value heads and rotary; 0 = the sliding layers' value.
+  int64_t global_head_dim = 0;
+  int64_t global_num_key_value_heads = 0;
+  double global_rope_theta = 0.0;
+  // Proportional rotary on full-attention layers: the first factor x head_dim / 2 frequencies
+  // theta^(-2i / head_dim) turn, the rest are 0 (transformers' rope_type "proportional").
+  double global_partial_rotary_factor = 1.0;
+  bool attention_k_eq_v = false;  // full-attention layers: no v projection, V = k's projection
+  bool value_norm = false;        // a weightless RMSNorm over each value head
+  double attention_scale = 0.0;   // > 0: the softmax scale in place of 1 / sqrt(head_dim)
+  bool scale_embeddings = false;  // embeddings times sqrt(hidden_size), in the weights' dtype
+  double final_logit_softcapping = 0.0;  // > 0: logits = c tanh(logits / c)
+  bool sandwich_norms = false;  // RMSNorms on the attention's and feed-forward's outputs too
+  bool layer_scalar = false;    // each block's output times a frozen per-layer scalar
 };
 
 struct MoeConfig {
@@ -237,6 +255,14 @@ struct MoeConfig {
   ExpertActivation activation = ExpertActivation::kSwiglu;  // the routed experts' activation
   double swiglu_limit = 7.0;                                // clamped_swiglu's clamp
   double swiglu_alpha = 1.702;                              // clamped_swiglu's sigmoid slope
+  // Gemma 4: every MoE layer also runs a dense MLP (model.dense_hidden_size) on the same input,
+  // each with its own pre- and post-norms, and adds the two.
+  bool parallel_dense = false;
+  // Gemma 4's router: it reads the residual through a weightless RMSNorm times a learned
+  // per-channel scale times hidden_size^-0.5, and scales the renormalised top-k weights by a
+  // learned per-expert scale.
+  bool router_input_norm = false;
+  bool per_expert_scale = false;
 };
 
 // One source of a weighted blend (data.blend; docs/data-format.md "Blends").
@@ -451,6 +477,14 @@ int64_t attention_window(const Config& cfg, int64_t layer);
 // Whether decoder block `layer` mixes tokens by Gated DeltaNet (model.layer_types
 // "linear_attention") instead of attention.
 bool linear_attention_layer(const Config& cfg, int64_t layer);
+// Whether decoder block `layer` is a full-attention layer of a model whose layer_types name
+// some ("full_attention"): where model.global_* apply.
+bool global_attention_layer(const Config& cfg, int64_t layer);
+// The head width and key/value heads of block `layer` (model.global_* on full-attention layers).
+int64_t layer_head_dim(const Config& cfg, int64_t layer);
+int64_t layer_key_value_heads(const Config& cfg, int64_t layer);
+// Whether block `layer`'s attention has no v projection (model.attention_k_eq_v).
+bool keys_are_values(const Config& cfg, int64_t layer);
 int64_t dense_hidden_size(const Config& cfg);  // model.dense_hidden_size, or the SwiGLU rule
 int64_t count_parameters(const Config& cfg);
 // The parameters that stay fp32 under 16-bit working weights (training.param_dtype): the RMSNorm

@@ -45,6 +45,17 @@ enum class Feature {
   kZeroCenteredNorm,     // RMSNorm weights stored zero-centred (x (1 + w))
   kSharedExpertGate,     // the shared expert's output times a sigmoid gate
   kQueryPositionScale,   // queries scaled past the pretraining window (llama_4_scaling_beta)
+  // Gemma 4's attention and block, each a setting of its own:
+  kGlobalAttention,   // full-attention layers' own head width, kv heads, rotary, K=V
+  kValueNorm,         // a weightless RMSNorm on each value head
+  kAttentionScale,    // a softmax scale other than 1 / sqrt(head_dim)
+  kScaledEmbeddings,  // embeddings times sqrt(hidden_size)
+  kLogitSoftcap,      // final logit soft-capping
+  kSandwichNorms,     // norms on the attention's and feed-forward's outputs
+  kLayerScalar,       // a per-layer output scalar
+  kParallelDense,     // a dense MLP beside the experts in every MoE layer
+  kRouterInputNorm,   // the router's own input norm and scale, per-expert output scales
+  kGeglu,             // gelu_tanh(gate) * up in the MLPs and experts
 };
 
 class ModelFamily {
@@ -87,6 +98,9 @@ class ModelFamily {
                            const std::string& our_layer, std::vector<TensorPiece>& out) const;
   // PEFT's gate_up_proj adapter columns interleave gate and up (gpt-oss's fused layout).
   virtual bool interleaved_gate_up() const { return false; }
+  // Where transformers 5 holds a layer's routed experts, as PEFT's target_parameters name them:
+  // "mlp.experts." (most), "experts." (Gemma 4: beside the dense mlp).
+  virtual const char* experts_module() const { return "mlp.experts."; }
   // transformers keeps the router (and its correction bias) fp32 in any dtype
   // (_keep_in_fp32_modules_strict), and so does an export.
   virtual bool router_kept_fp32() const { return false; }

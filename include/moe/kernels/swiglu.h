@@ -27,6 +27,10 @@ at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up);
 // device, settled when the model is built) and swiglu_supported(gate, up), else the reference.
 at::Tensor swiglu_activation(const at::Tensor& gate, const at::Tensor& up, bool fused);
 
+// GeGLU (Gemma 4's experts and MLPs, moe.activation geglu): gelu_tanh(gate) * up, as
+// transformers' gelu_pytorch_tanh. ATen only, on every device (no fused kernel yet).
+at::Tensor geglu_activation(const at::Tensor& gate, const at::Tensor& up);
+
 // Whether swiglu() takes these operands (else the caller uses the ATen reference): CUDA, one
 // dtype and shape, fp32/fp16/bf16.
 bool swiglu_supported(const at::Tensor& gate, const at::Tensor& up);

@@ -54,6 +54,10 @@ struct AttentionOptions {
   int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   bool rope_interleave = false;  // rotary pairs (x0, x1), (x2, x3)... (DeepSeek, ERNIE 4.5)
   double softmax_scale = 0;      // > 0: in place of 1 / sqrt(q/k head width) (YaRN's mscale)
+  // Gemma 4: no v projection, the values are k's projection before its norm and rotation
+  // (model.attention_k_eq_v on a full-attention layer); a weightless RMSNorm on each value head.
+  bool keys_are_values = false;
+  bool value_norm = false;
 };
 
 // The rotary cos/sin tables of one forward, shared by every layer of a model (and by their
@@ -121,6 +125,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   bool latent() const { return opt_.kv_lora_rank > 0; }
   // The q part of qkv: H hd rows, 2 H hd with the output gate (query and gate per head).
   int64_t q_rows() const { return (opt_.output_gate ? 2 : 1) * opt_.heads * opt_.head_dim; }
+  // The k rows of qkv, and its v rows (none where the keys are the values).
+  int64_t kv_rows() const { return opt_.kv_heads * opt_.head_dim; }
+  int64_t v_rows() const { return opt_.keys_are_values ? 0 : kv_rows(); }
 
  private:
   // x -> [B, S, q_rows() + 2 kv_heads head_dim]: the fused projection (4-bit or not) plus the

@@ -1,6 +1,8 @@
 // One decoder block, assembled from its layer's spec (model/layer_spec.h): [RMSNorm -> token
-// mixer] and [RMSNorm -> feed-forward], each with a residual. The kinds sit behind the two
-// interfaces of model/block_parts.h; the block never asks which family it belongs to.
+// mixer] and [RMSNorm -> feed-forward], each with a residual; with model.sandwich_norms an
+// RMSNorm on each output too, with model.layer_scalar the block's output times a scalar. The kinds
+// sit behind the two interfaces of model/block_parts.h; the block never asks which family it
+// belongs to.
 #pragma once
 
 #include <memory>
@@ -48,6 +50,12 @@ class BlockImpl : public torch::nn::Module {
   // .moe., .mlp.):
   // each is set by the kind that registers it (block_parts.h), the others stay null.
   RMSNorm attn_norm{nullptr}, moe_norm{nullptr};  // moe_norm: the feed-forward's norm
+  // model.sandwich_norms: on the attention's and the feed-forward's outputs.
+  RMSNorm attn_post_norm{nullptr}, ffn_post_norm{nullptr};
+  // The parallel dense + MoE kind: the dense branch's pre- and post-norm, the experts' post-norm
+  // (moe_norm is the experts' pre-norm).
+  RMSNorm mlp_norm{nullptr}, mlp_post_norm{nullptr}, moe_post_norm{nullptr};
+  torch::Tensor layer_scalar;  // [1], frozen (model.layer_scalar only)
   CausalSelfAttention attn{nullptr};
   GatedDeltaNet linear_attn{nullptr};  // Gated DeltaNet layers (blocks.N.linear_attn.)
   moe::MoeLayer moe{nullptr};          // MoE layers

@@ -42,6 +42,9 @@ class FeedForward {
   // reports zero aux and z losses and an empty tokens_per_expert).
   virtual moe::MoeLayerOutput forward(const torch::Tensor& x) = 0;
   virtual void merge_lora() = 0;
+  // true: forward() takes the residual itself [T, d], un-normed, and applies its own norms (the
+  // parallel dense + MoE kind, whose router reads the residual).
+  virtual bool takes_residual() const { return false; }
 };
 
 // What the kinds build from.
@@ -71,6 +74,8 @@ std::shared_ptr<FeedForward> dense_feed_forward(BlockImpl& block,
                                                 const BlockContext& ctx);  // model/dense_mlp.cpp
 std::shared_ptr<FeedForward> moe_feed_forward(BlockImpl& block,
                                               const BlockContext& ctx);  // moe_feed_forward.cpp
+std::shared_ptr<FeedForward> parallel_feed_forward(
+    BlockImpl& block, const BlockContext& ctx);  // model/parallel_feed_forward.cpp
 
 // The spec's kinds, built into `block`.
 std::shared_ptr<TokenMixer> make_token_mixer(BlockImpl& block, const BlockContext& ctx,

@@ -11,7 +11,8 @@
 
 namespace moe::model {
 
-// A dense SwiGLU FFN (the non-MoE layers of Qwen3-MoE): down(silu(gate(x)) * up(x)), weights in
+// A dense SwiGLU FFN (the non-MoE layers of Qwen3-MoE): down(silu(gate(x)) * up(x)), or GeGLU
+// (Gemma 4) with gelu_tanh in place of silu; weights in
 // nn.Linear's [out, in] layout.
 class DenseMlpImpl : public torch::nn::Module {
  public:
@@ -23,6 +24,7 @@ class DenseMlpImpl : public torch::nn::Module {
   LoraAdapter lora_gate{nullptr}, lora_up{nullptr}, lora_down{nullptr};
   QuantizedWeightPtr gate_4bit, up_4bit, down_4bit;  // a 4-bit frozen base
   bool fused_swiglu = false;  // kernels/swiglu.h's fused op where the operands allow
+  bool geglu = false;         // gelu_tanh(gate) * up (moe.activation geglu) instead of SwiGLU
 };
 TORCH_MODULE(DenseMlp);
 

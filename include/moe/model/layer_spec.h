@@ -13,9 +13,10 @@ namespace moe::model {
 // multi-head latent attention (model/latent_attention.cpp) or Gated DeltaNet linear attention
 // (model/gated_deltanet.cpp).
 enum class MixerKind { kAttention, kLatentAttention, kGatedDeltaNet };
-// The feed-forward: a dense SwiGLU MLP (model/dense_mlp.cpp) or the MoE layer
-// (model/moe_feed_forward.cpp).
-enum class FeedForwardKind { kDense, kMoe };
+// The feed-forward: a dense SwiGLU MLP (model/dense_mlp.cpp), the MoE layer
+// (model/moe_feed_forward.cpp), or both side by side on the same residual (moe.parallel_dense,
+// Gemma 4; model/parallel_feed_forward.cpp).
+enum class FeedForwardKind { kDense, kMoe, kParallelDenseMoe };
 
 struct LayerSpec {
   MixerKind mixer = MixerKind::kAttention;

@@ -48,6 +48,10 @@ class TransformerLMImpl : public torch::nn::Module {
                        std::vector<LayerCache>& caches);
   // The head's weight [V, d]: lm_head's, or the embedding's when tied.
   torch::Tensor head_weight() const;
+  // model.final_logit_softcapping (0: none): what a loss over head_weight() applies itself.
+  double logit_softcap() const { return mcfg_.final_logit_softcapping; }
+  // The logits of `hidden` [..., d] (the final norm's output): the head, then the soft cap.
+  torch::Tensor head(const torch::Tensor& hidden);
 
   torch::nn::Embedding embed{nullptr}, pos_embed{nullptr};  // pos_embed: learned positions only
   std::vector<Block> blocks;

@@ -48,7 +48,10 @@ struct MoeLayerOutput {
 class MoeLayerImpl : public torch::nn::Module {
  public:
   explicit MoeLayerImpl(const MoeLayerOptions& opt);
-  MoeLayerOutput forward(const torch::Tensor& x);  // x [T, d]
+  MoeLayerOutput forward(const torch::Tensor& x) { return forward(x, x); }  // x [T, d]
+  // The router reading `router_input` [T, d] (Gemma 4: the residual, with its own norm), the
+  // experts and the shared expert `x`.
+  MoeLayerOutput forward(const torch::Tensor& x, const torch::Tensor& router_input);
   // After an optimizer step that updated the weights: the router's expert bias follows the
   // step's load (tokens per expert [E], all micro-batches).
   void after_optimizer_step(const torch::Tensor& tokens_per_expert) {

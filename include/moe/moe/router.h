@@ -27,6 +27,12 @@ struct RouterOptions {
   int64_t n_group = 1, topk_group = 1;
   int64_t group_score_experts = 2;  // a group's key: the sum of its this many best keys
   double routed_scaling_factor = 1.0;
+  // Gemma 4 (moe.router_input_norm): the input through a weightless RMSNorm (eps norm_eps) times
+  // a learned [hidden] input_scale times hidden^-0.5 before the gate; (moe.per_expert_scale) the
+  // final weights times a learned [E] expert_scale at the chosen ids.
+  bool input_norm = false;
+  bool per_expert_scale = false;
+  double norm_eps = 1e-6;
   // Scores and selection in our fused CUDA kernel (moe/kernels/router.h) instead of the ATen
   // reference; settled when the layer is built (resolve_kernel_path in dispatcher.h).
   bool fused_kernel = false;
@@ -86,9 +92,11 @@ class RouterImpl : public torch::nn::Module {
   // Aux-loss-free balancing: bias_e += rate * sign(mean load - load_e), tokens_per_expert [E]
   // counted over the whole optimizer step. A no-op when router_bias_update_rate is 0.
   void update_expert_bias(const torch::Tensor& tokens_per_expert);
-  torch::Tensor weight;       // [E, hidden], xavier_uniform
-  torch::Tensor bias;         // [E] zeros (moe.router_bias only)
-  torch::Tensor expert_bias;  // [E] fp32 buffer (zeros; not a parameter, never decayed)
+  torch::Tensor weight;        // [E, hidden], xavier_uniform
+  torch::Tensor bias;          // [E] zeros (moe.router_bias only)
+  torch::Tensor input_scale;   // [hidden] ones (moe.router_input_norm only)
+  torch::Tensor expert_scale;  // [E] ones (moe.per_expert_scale only)
+  torch::Tensor expert_bias;   // [E] fp32 buffer (zeros; not a parameter, never decayed)
 
  private:
   // How many ranks' micro-batches a capacity limit covers: every rank's in training with data

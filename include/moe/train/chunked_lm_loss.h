@@ -15,8 +15,9 @@ namespace moe::train {
 // Mean next-token cross entropy over t's kept positions (0 when none is kept) of
 // hidden [B * S, d] @ weight [V, d]^T, chunk_tokens rows at a time. The matrices are multiplied
 // in the autocast dtype of hidden's device when autocast is on there (as the head's linear
-// would be), else in weight's dtype; the softmax and the sums are fp32.
+// would be), else in weight's dtype; the softmax and the sums are fp32. softcap > 0: the logits
+// are softcap tanh(logits / softcap) (Gemma's final_logit_softcapping), in fp32.
 torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
-                              const LossTargets& t, int64_t chunk_tokens);
+                              const LossTargets& t, int64_t chunk_tokens, double softcap = 0);
 
 }  // namespace moe::train
