@@ -31,8 +31,8 @@ SRC = Path(__file__).resolve().parent.parent
 SCRIPT = SRC / "scripts" / "gpu-check"
 
 # name, budget (s), who runs it ("sh": a function of scripts/gpu-check), in run order. The default
-# steps' budgets plus SUMMARY_S make PLAN_S: one run stays within 8 minutes of the GPU machine's
-# time, and its command's timeout (DEVICE_MARGIN_S more) within 9. bench gives way first: its
+# steps' budgets plus SUMMARY_S make PLAN_S: one run stays within 8 min 35 s of the GPU machine's
+# time, and its command's timeout (DEVICE_MARGIN_S more) within 10. bench gives way first: its
 # budget (None) is what the other steps leave of PLAN_S, and at run time it gets whatever the steps
 # before it left unused (skipped under FLEX_MIN_S). full-ctest is opt-in, not counted.
 # Why these figures: configure took ~11 s and the build of the three GPU targets 74-97 s on the
@@ -52,13 +52,15 @@ SCRIPT = SRC / "scripts" / "gpu-check"
 # lora-mla (2026-12-05, not yet run on a device): 35 s like lora-bf16, and gpu-tests 70 -> 80 s
 # for the latent-attention and router-group suites, both from bench's leftovers (56 -> 11 s:
 # bench is skipped in the default call and runs in its own follow-up, `--only deps,bench`).
+# lora-gemma4 (2026-12-07, not yet run on a device): 35 s like lora-mla; nothing was left to take
+# it from, so the plan grows 480 -> 515 s (the command's timeout 575 s, within one call's 600).
 STEP_TABLE = [("env", 15, "sh"), ("deps", 15, "sh"), ("configure", 19, "sh"), ("build", 150, "sh"),
               ("gpu-tests", 80, "py"), ("memcheck", 20, "py"), ("racecheck", 20, "py"),
               ("lora-bf16", 35, "py"), ("qlora-nf4", 35, "py"), ("lora-mla", 35, "py"),
-              ("offload-1b", 40, "py"),
+              ("lora-gemma4", 35, "py"), ("offload-1b", 40, "py"),
               ("bench", None, "sh"),
               ("full-ctest", 300, "sh")]
-PLAN_S = 480          # the default steps and the summary: 8 minutes
+PLAN_S = 515          # the default steps and the summary: 8 min 35 s
 SUMMARY_S = 5         # summary.md and --pack, after the last step
 FLEX_MIN_S = 30       # bench is not started with less (bench/run's first round needs about that)
 DEVICE_MAX_S = 600    # the longest one command may run on the GPU machine
@@ -174,6 +176,14 @@ TRAIN_RUNS = {
                          ("lora.r=16", "lora.lora_alpha=32", "lora.lora_dropout=0.0",
                           f"lora.target_modules={MLA_LORA_MODULES}"), 30, 3,
                          "LoRA r 16 on a Moonlight-shaped latent-attention model"),
+    # Gemma-4-26B-A4B's layers (issue 66): five sliding layers and one full-attention layer of
+    # head_dim 512 (K = V, 2 kv heads), which flash and cuDNN SDPA cannot take: the log must name
+    # the kernel that ran it. A dense GeGLU MLP beside 128 GeGLU experts top-8; LoRA on q/k/v/o
+    # and the routed experts.
+    "lora-gemma4": TrainRun("configs/bench-gpu-gemma4.json",
+                            ("lora.r=16", "lora.lora_alpha=32", "lora.lora_dropout=0.0",
+                             f"lora.target_modules={LORA_MODULES}"), 30, 3,
+                            "LoRA r 16 on a Gemma-4-26B-A4B-shaped model"),
     "offload-1b": TrainRun("configs/bench-gpu-1b.json",
                            ("zero_optimization.offload_optimizer.device=cpu",
                             "zero_optimization.offload_optimizer.pin_memory=true"), 8, 2,
@@ -923,6 +933,11 @@ def train_verdict(name: str, run: TrainRun, rc: int, plan: dict, fig: dict,
                 problems.append(f"plan off by {err:+.1%} (bar {PLAN_BAR:.0%})")
         else:
             problems.append("no planned peak" if not planned else "no measured peak")
+    if name == "lora-gemma4":  # the 512-wide heads' SDPA kernel, as the trainer logs it
+        m = re.search(r"attention: head_dim 512 runs on torch's (.+?) SDPA kernel", log_text)
+        parts.append(f"head_dim 512 on {m.group(1) if m else '?'}")
+        if not m:
+            problems.append("no log line naming the head_dim 512 attention kernel")
     if name == "lora-bf16":
         m = LORA_BASE_RE.search(log_text)
         base = m.group(1) if m else "?"
@@ -979,7 +994,7 @@ def step_train_run(s: Step) -> bool:
 
 PY_STEPS = {"gpu-tests": step_gpu_tests, "memcheck": step_memcheck, "racecheck": step_racecheck,
             "lora-bf16": step_train_run, "qlora-nf4": step_train_run, "lora-mla": step_train_run,
-            "offload-1b": step_train_run}
+            "lora-gemma4": step_train_run, "offload-1b": step_train_run}
 
 
 # --- the run -------------------------------------------------------------------------------------
