@@ -110,15 +110,28 @@ double linear_attention_saved(const Config& c, const Shape& s) {
   return b;
 }
 
-double attention_saved(const Config& c, const Shape& s, int64_t layer) {
-  if (config::linear_attention_layer(c, layer)) return linear_attention_saved(c, s);
-  if (latent_attention(c)) return latent_attention_saved(c, s);
+// The block's shape at layer `layer`: full-attention layers may have their own head width and
+// key/value heads (Gemma 4's model.global_*).
+Shape layer_shape(const Config& c, const Shape& s, int64_t layer) {
+  Shape l = s;
+  l.hd = static_cast<double>(config::layer_head_dim(c, layer));
+  l.KV = static_cast<double>(config::layer_key_value_heads(c, layer));
+  return l;
+}
+
+double attention_saved(const Config& c, const Shape& shape, int64_t layer) {
+  if (config::linear_attention_layer(c, layer)) return linear_attention_saved(c, shape);
+  if (latent_attention(c)) return latent_attention_saved(c, shape);
+  const Shape s = layer_shape(c, shape, layer);
   const double T = s.T, a = s.a;
   const bool gqa = s.KV != s.H, rope = c.model.rope_theta > 0;
+  const double v_heads = config::keys_are_values(c, layer) ? 0 : s.KV;  // K = V: no v rows
   double b = 0;
-  b += T * s.d * a + T * 4;              // block input (RMSNorm input) + rstd
-  b += T * s.d * a;                      // normalised input (qkv projection's input)
-  b += T * (s.H + 2 * s.KV) * s.hd * a;  // fused q|k|v projection (q, k, v are views)
+  b += T * s.d * a + T * 4;                    // block input (RMSNorm input) + rstd
+  b += T * s.d * a;                            // normalised input (qkv projection's input)
+  b += T * (s.H + s.KV + v_heads) * s.hd * a;  // fused q|k|v projection (q, k, v are views)
+  if (c.model.value_norm) b += T * s.KV * s.hd * a + T * s.KV * 4;  // normed v, its rstd
+  if (c.model.sandwich_norms) b += T * s.d * a + T * 4;            // the output's norm: input, rstd
   if (c.model.attention_output_gate) b += 3 * T * s.H * s.hd * a;  // gate rows, sigmoid, product
   if (c.model.qk_norm) b += T * (s.H + s.KV) * s.hd * a + T * (s.H + s.KV) * 4;  // normed q, k
   if (rope) b += 2 * T * (s.H + s.KV) * s.hd * a;  // rotate_half(q|k) and the rotated q|k
@@ -128,10 +141,27 @@ double attention_saved(const Config& c, const Shape& s, int64_t layer) {
   return b + lora_attention_saved(c, s);
 }
 
+// Gemma 4's block beyond the feed-forward (moe.parallel_dense, model.sandwich_norms): the dense
+// MLP beside the experts with its norms (its input is the residual the experts' norm keeps),
+// the router's own norm of the residual in fp32, the branches' and the sum's output norms.
+double parallel_block_saved(const Config& c, const Shape& s, bool moe_layer) {
+  const double T = s.T, a = s.a;
+  double b = 0;
+  if (c.model.sandwich_norms) b += T * s.d * a + T * 4;  // the feed-forward output's norm
+  if (!(moe_layer && c.moe.parallel_dense)) return b;
+  const bool lora = lora_enabled(c);
+  const config::LoraTargets t = lora ? config::lora_targets(c.lora) : config::LoraTargets{};
+  b += T * 4 + T * s.d * a;  // the dense MLP's rstd and normed input
+  b += (s.swiglu_kept - (!lora || t.dense_mlp ? 0 : 1)) * T * s.fd * a;  // its GLU
+  b += 2 * (T * s.d * a + T * 4);  // the two branches' output norms: inputs, rstd
+  if (c.moe.router_input_norm) b += 3 * T * s.d * 4;  // the residual normed, scaled (fp32)
+  return b;
+}
+
 double ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
   const double T = s.T, a = s.a;
   double b = T * s.d * a + T * 4 + T * s.d * a;  // residual (RMSNorm input), rstd, normalised
-  b += lora_ffn_saved(c, s, moe_layer);
+  b += lora_ffn_saved(c, s, moe_layer) + parallel_block_saved(c, s, moe_layer);
   // LoRA: a frozen projection keeps nothing of its own (lora_attention_saved), so the rows
   // dispatched to the experts (gate and up's input) stay only for an adapter on gate/up, and the
   // SwiGLU product (down's input) only for one on down.
@@ -151,13 +181,17 @@ double ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
 }
 
 // The head: final norm input and output, logits and their fp32 log-softmax.
-double head_saved(const Shape& s) {
-  return 2 * s.T * s.d * s.a + s.T * 4 + s.T * s.V * s.a + s.T * s.V * 4 * (s.a < 4 ? 2 : 1);
+double head_saved(const Config& c, const Shape& s) {
+  // Soft-capped logits (model.final_logit_softcapping): tanh's output too.
+  const double capped = c.model.final_logit_softcapping > 0 ? s.T * s.V * s.a : 0;
+  return 2 * s.T * s.d * s.a + s.T * 4 + s.T * s.V * s.a + s.T * s.V * 4 * (s.a < 4 ? 2 : 1) +
+         capped;
 }
 
 // The largest buffers alive only during one block's backward: the gradients flowing through
 // the widest intermediate (expert rows x f, twice) or the attention's inputs.
-double block_transient(const Config& c, const Shape& s, int64_t layer) {
+double block_transient(const Config& c, const Shape& shape, int64_t layer) {
+  const Shape s = layer_shape(c, shape, layer);
   const bool moe_layer = is_moe_layer(c, layer);
   const double ffn =
       moe_layer ? 2 * s.T * s.k * s.f * s.a + 2 * s.T * s.k * s.d * s.a : 2 * s.T * s.fd * s.a;
@@ -203,7 +237,7 @@ Walk walk_backward(const Config& c, const Shape& s, bool checkpoint_all,
   const bool tied = c.model.tie_embeddings;
   const bool frozen_head =
       lora_enabled(c) && !saved_in_full(c.lora, tied ? "embed.weight" : "lm_head.weight", tied);
-  double head = head_saved(s) - (frozen_head ? s.T * s.d * s.a : 0);
+  double head = head_saved(c, s) - (frozen_head ? s.T * s.d * s.a : 0);
   // Head backward: the gradient of the fp32 log-softmax and of the logits.
   double head_transient = 2 * s.T * s.V * 4;
   if (c.training.head_chunk_tokens > 0) {

@@ -33,6 +33,19 @@ CASES = {
     "checkpointed-dense-layers": ("bench-cpu-small.json", ["activation_checkpointing.number_checkpoints=4",
                                                            "moe.mlp_only_layers=[0]", "model.rope_theta=10000",
                                                            "model.dense_hidden_size=1024"]),
+    # Gemma 4's block (issue 66): sandwich norms, a dense GeGLU MLP beside the experts with their
+    # own norms, layer scalars, three sliding layers and a full one of its own head width (128)
+    # and kv heads with K = V, v norms, soft-capped logits
+    "gemma4-block": ("bench-cpu-small.json", [
+        "model.rope_theta=10000", "model.num_heads=4", "model.head_dim=64", "model.num_key_value_heads=2",
+        "model.qk_norm=true", "model.value_norm=true", "model.attention_scale=1.0",
+        "model.sliding_window=64",
+        "model.layer_types=[\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"full_attention\"]",
+        "model.global_head_dim=128", "model.global_num_key_value_heads=1", "model.attention_k_eq_v=true",
+        "model.global_partial_rotary_factor=0.25", "model.sandwich_norms=true", "model.layer_scalar=true",
+        "model.scale_embeddings=true", "model.final_logit_softcapping=30.0", "model.dense_hidden_size=640",
+        "moe.parallel_dense=true", "moe.router_input_norm=true", "moe.per_expert_scale=true",
+        "moe.activation=geglu"]),
     # LoRA over a frozen base (fp32 on a CPU): adapters, their Adam state and their activations
     "lora-r8-all-targets": ("bench-cpu-small.json", ["lora.r=8"]),
     "lora-r16-checkpointed": ("bench-cpu-small.json", ["lora.r=16", "lora.target_modules=[\"q_proj\",\"v_proj\",\"gate_up_proj\",\"down_proj\"]",
