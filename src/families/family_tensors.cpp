@@ -38,4 +38,19 @@ void ModelFamily::split_expert_tensors(const config::Config& cfg, const std::str
   }
 }
 
+void ModelFamily::fused_expert_tensors(const config::Config& cfg, const std::string& experts,
+                                       const std::string& our_layer,
+                                       std::vector<TensorPiece>& out) {
+  const std::string mine = our_layer + "moe.experts.";
+  const int64_t f = config::expert_hidden_size(cfg);
+  TensorPiece gate{experts + "gate_up_proj", mine + "w_gate"};
+  gate.transpose = true;  // ours [E, d, f], theirs [E, f, d] (gate rows, then up rows)
+  gate.hf_rows = f, gate.hf_rows_total = 2 * f;
+  TensorPiece up = gate;
+  up.ours = mine + "w_up", up.hf_row_begin = f;
+  TensorPiece down{experts + "down_proj", mine + "w_down"};
+  down.transpose = true;
+  out.push_back(gate), out.push_back(up), out.push_back(down);
+}
+
 }  // namespace moe::families

@@ -203,15 +203,7 @@ class Gemma4Text final : public ModelFamily {
     out.push_back({router + "proj.weight", mine + "router.weight"});
     out.push_back({router + "scale", mine + "router.input_scale"});
     out.push_back({router + "per_expert_scale", mine + "router.expert_scale"});
-    const int64_t f = config::expert_hidden_size(cfg);
-    TensorPiece gate{hf_layer + "experts.gate_up_proj", mine + "experts.w_gate"};
-    gate.transpose = true;  // ours [E, d, f], theirs [E, f, d] (gate rows, then up rows)
-    gate.hf_rows = f, gate.hf_rows_total = 2 * f;
-    TensorPiece up = gate;
-    up.ours = mine + "experts.w_up", up.hf_row_begin = f;
-    TensorPiece down{hf_layer + "experts.down_proj", mine + "experts.w_down"};
-    down.transpose = true;
-    out.push_back(gate), out.push_back(up), out.push_back(down);
+    fused_expert_tensors(cfg, hf_layer + experts_module(), our_layer, out);
   }
 
  private:

@@ -167,15 +167,7 @@ class Mistral4 final : public ModelFamily {
     out.push_back({sh + "gate_proj.weight", mine + "shared_expert.w_gate", 0, 0, -1, true});
     out.push_back({sh + "up_proj.weight", mine + "shared_expert.w_up", 0, 0, -1, true});
     out.push_back({sh + "down_proj.weight", mine + "shared_expert.w_down", 0, 0, -1, true});
-    const int64_t f = config::expert_hidden_size(cfg);
-    TensorPiece gate{block + "experts.gate_up_proj", mine + "experts.w_gate"};
-    gate.transpose = true;  // ours [E, d, f], theirs [E, f, d] (gate rows, then up rows)
-    gate.hf_rows = f, gate.hf_rows_total = 2 * f;
-    TensorPiece up = gate;
-    up.ours = mine + "experts.w_up", up.hf_row_begin = f;
-    TensorPiece down{block + "experts.down_proj", mine + "experts.w_down"};
-    down.transpose = true;
-    out.push_back(gate), out.push_back(up), out.push_back(down);
+    fused_expert_tensors(cfg, block + "experts.", our_layer, out);
   }
   bool router_kept_fp32() const override { return false; }
 };

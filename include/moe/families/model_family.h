@@ -132,6 +132,10 @@ class ModelFamily {
     const char* down = "down_proj";
     const char* shared = "shared_experts.";  // Qwen2-MoE's family: "shared_expert."
   };
+  // The routed experts saved fused, as transformers 5 holds them (Mistral Small 4, Gemma 4):
+  // `experts` + "gate_up_proj" [E, 2f, d] (gate rows, then up), + "down_proj" [E, d, f].
+  static void fused_expert_tensors(const config::Config& cfg, const std::string& experts,
+                                   const std::string& our_layer, std::vector<TensorPiece>& out);
   void split_expert_tensors(const config::Config& cfg, const std::string& hf_layer,
                             const std::string& our_layer, const ExpertNames& names,
                             std::vector<TensorPiece>& out) const;
