@@ -13,16 +13,15 @@ BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int
     : spec_(layer_spec(cfg, layer)), dropout_(cfg.model.dropout) {
   const auto& m = cfg.model;
   const BlockContext ctx{cfg, device, layer, parallel};
-  const auto norm = [&] { return RMSNorm(m.hidden_size, m.norm_eps, m.zero_centered_norm); };
   // Registration order is parameter order (checkpoints, the base fingerprint); the block's own
   // tensor comes first whatever the order.
   if (m.layer_scalar) layer_scalar = register_parameter("layer_scalar", torch::ones({1}), false);
-  attn_norm = register_module("attn_norm", norm());
+  attn_norm = register_module("attn_norm", hidden_norm(cfg));
   mixer_ = make_token_mixer(*this, ctx, spec_);
-  if (m.sandwich_norms) attn_post_norm = register_module("attn_post_norm", norm());
-  moe_norm = register_module("moe_norm", norm());
+  if (m.sandwich_norms) attn_post_norm = register_module("attn_post_norm", hidden_norm(cfg));
+  moe_norm = register_module("moe_norm", hidden_norm(cfg));
   feed_forward_ = make_feed_forward(*this, ctx, spec_);
-  if (m.sandwich_norms) ffn_post_norm = register_module("ffn_post_norm", norm());
+  if (m.sandwich_norms) ffn_post_norm = register_module("ffn_post_norm", hidden_norm(cfg));
 }
 
 BlockOutput BlockImpl::forward(const torch::Tensor& x) {

@@ -18,6 +18,11 @@ bool fused_block_kernels(const BlockContext& ctx) {
          kernels::cuda_kernels_compiled();
 }
 
+RMSNorm hidden_norm(const config::Config& cfg) {
+  const auto& m = cfg.model;
+  return RMSNorm(m.hidden_size, m.norm_eps, m.zero_centered_norm);
+}
+
 double output_init_std(const config::Config& cfg) {
   return cfg.model.init_std / std::sqrt(2.0 * static_cast<double>(cfg.model.num_layers));
 }

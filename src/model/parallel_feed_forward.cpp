@@ -41,14 +41,12 @@ class ParallelFeedForward final : public FeedForward {
 }  // namespace
 
 std::shared_ptr<FeedForward> parallel_feed_forward(BlockImpl& block, const BlockContext& ctx) {
-  const auto& m = ctx.cfg.model;
-  const auto norm = [&] { return RMSNorm(m.hidden_size, m.norm_eps, m.zero_centered_norm); };
   // Registration order is parameter order: the dense branch, then the experts.
-  block.mlp_norm = block.register_module("mlp_norm", norm());
+  block.mlp_norm = block.register_module("mlp_norm", hidden_norm(ctx.cfg));
   auto dense = dense_feed_forward(block, ctx);
-  block.mlp_post_norm = block.register_module("mlp_post_norm", norm());
+  block.mlp_post_norm = block.register_module("mlp_post_norm", hidden_norm(ctx.cfg));
   moe_feed_forward(block, ctx);  // registers block.moe
-  block.moe_post_norm = block.register_module("moe_post_norm", norm());
+  block.moe_post_norm = block.register_module("moe_post_norm", hidden_norm(ctx.cfg));
   return std::make_shared<ParallelFeedForward>(block, std::move(dense));
 }
 

@@ -14,6 +14,7 @@
 #include "moe/layers/lora.h"
 #include "moe/model/decode_cache.h"
 #include "moe/model/layer_spec.h"
+#include "moe/model/rms_norm.h"
 #include "moe/moe/moe_layer.h"
 
 namespace moe::model {
@@ -62,6 +63,8 @@ LoraSpec lora_spec(const config::Config& cfg);
 // about the MoE layers' kernels (a dense model asking for "cuda" on the CPU is not refused for
 // want of a rotary kernel).
 bool fused_block_kernels(const BlockContext& ctx);
+// One of the block's RMSNorms over the hidden width (model.norm_eps, model.zero_centered_norm).
+RMSNorm hidden_norm(const config::Config& cfg);
 // Residual-output projections' init std: init_std / sqrt(2 L) (GPT-2, Megatron).
 double output_init_std(const config::Config& cfg);
 
