@@ -24,10 +24,11 @@ bool is_training_setting(const std::string& key, const json& sections) {
                                               "moe.expert_parallel_size",
                                               "model.rope_scaling"};
   if (kFree.count(key) != 0) return true;
-  // With rotary positions the window length is no weight's shape: any seq_len evaluates.
+  // With rotary positions, or none, the window length is no weight's shape: any seq_len
+  // evaluates.
   if (key == "model.seq_len") {
     const json& m = sections.contains("model") ? sections["model"] : json::object();
-    return m.value("rope_theta", 0.0) > 0;
+    return m.value("rope_theta", 0.0) > 0 || m.value("no_position_encoding", false);
   }
   return false;
 }

@@ -50,6 +50,39 @@ json parse_json_text(const std::string& text, const std::string& file, const std
   }
 }
 
+namespace {
+// Python's json writes inf and nan as bare Infinity, -Infinity and NaN (not JSON); Hugging Face
+// config.json files hold them (Nemotron-H's time_step_limit [0.0, Infinity]). Outside strings they
+// become the strings "Infinity", "-Infinity", "NaN", which the readers of such keys accept.
+std::string quote_python_non_finite(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      out += c;
+      if (c == '\\' && i + 1 < text.size()) out += text[++i];
+      if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    bool replaced = false;
+    for (const char* word : {"-Infinity", "Infinity", "NaN"}) {
+      const size_t n = std::char_traits<char>::length(word);
+      if (text.compare(i, n, word) == 0) {
+        out += std::string("\"") + word + "\"";
+        i += n - 1;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += c;
+  }
+  return out;
+}
+}  // namespace
+
 json load_json_file(const std::string& path, const std::string& label) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError(label + ": " + path + ": cannot open file for reading");
@@ -59,6 +92,7 @@ json load_json_file(const std::string& path, const std::string& label) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
     throw UserError(label + ": " + path + ": file is empty; expected a JSON object");
   }
+  if (label == "hf") text = quote_python_non_finite(text);  // Hugging Face's files only
   json root = parse_json_text(text, path, label);
   if (!root.is_object()) {
     throw UserError(label + ": " + path + ": top level is " + std::string(root.type_name()) +
@@ -138,6 +172,7 @@ int64_t key_value_heads(const Config& c) {
 }
 
 bool is_moe_layer(const Config& c, int64_t layer) {
+  if (c.model.sublayer_blocks) return c.model.layer_types.at(static_cast<size_t>(layer)) == "moe";
   for (int64_t l : c.moe.mlp_only_layers) {
     if (l == layer) return false;
   }
@@ -161,6 +196,35 @@ int64_t attention_window(const Config& c, int64_t layer) {
 bool linear_attention_layer(const Config& c, int64_t layer) {
   const auto& types = c.model.layer_types;
   return !types.empty() && types.at(static_cast<size_t>(layer)) == "linear_attention";
+}
+
+bool mamba_layer(const Config& c, int64_t layer) {
+  const auto& types = c.model.layer_types;
+  return !types.empty() && types.at(static_cast<size_t>(layer)) == "mamba";
+}
+
+bool has_feed_forward(const Config& c, int64_t layer) {
+  if (!c.model.sublayer_blocks) return true;
+  const std::string& t = c.model.layer_types.at(static_cast<size_t>(layer));
+  return t == "moe" || t == "mlp";
+}
+
+bool has_mixer(const Config& c, int64_t layer) {
+  return !c.model.sublayer_blocks || !has_feed_forward(c, layer);
+}
+
+bool gated_mlp(const Config& c) { return c.moe.activation != ExpertActivation::kRelu2; }
+
+bool learned_positions(const Config& c) {
+  return c.model.rope_theta <= 0 && !c.model.no_position_encoding;
+}
+
+int64_t mamba_inner_size(const Config& c) {
+  return c.model.mamba_num_heads * c.model.mamba_head_dim;
+}
+
+int64_t mamba_conv_channels(const Config& c) {
+  return mamba_inner_size(c) + 2 * c.model.mamba_n_groups * c.model.ssm_state_size;
 }
 
 bool global_attention_layer(const Config& c, int64_t layer) {
@@ -238,13 +302,32 @@ int64_t linear_attention_weights(const Config& c) {
          m.linear_value_head_dim + vd * d;
 }
 
-// The token mixer of block `layer`: Gated DeltaNet or attention (its output gate included).
+// Mamba-2: in_proj to z, x, B, C and dt, the conv over x, B, C (and its bias), dt_bias, A_log
+// and D, the gated norm, out_proj (and the projections' biases).
+int64_t mamba_weights(const Config& c) {
+  const auto& m = c.model;
+  const int64_t d = m.hidden_size, inner = mamba_inner_size(c), conv = mamba_conv_channels(c);
+  const int64_t in = inner + conv + m.mamba_num_heads;
+  return d * in + conv * m.mamba_conv_kernel + (m.mamba_conv_bias ? conv : 0) +
+         3 * m.mamba_num_heads + inner + inner * d + (m.mamba_proj_bias ? in + d : 0);
+}
+
+// The token mixer of block `layer`: none (a feed-forward-only block), Gated DeltaNet, Mamba-2
+// or attention (its output gate included).
 int64_t mixer_weights(const Config& c, int64_t layer) {
+  if (!has_mixer(c, layer)) return 0;
   if (linear_attention_layer(c, layer)) return linear_attention_weights(c);
+  if (mamba_layer(c, layer)) return mamba_weights(c);
   const int64_t gate = c.model.attention_output_gate
                            ? c.model.hidden_size * c.model.num_heads * layer_head_dim(c, layer)
                            : 0;
   return attention_weights(c, layer) + gate;
+}
+
+int64_t mamba_layer_count(const Config& c) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < c.model.num_layers; ++l) n += mamba_layer(c, l) ? 1 : 0;
+  return n;
 }
 
 int64_t linear_layer_count(const Config& c) {
@@ -265,20 +348,34 @@ int64_t router_weights(const Config& c) {
 int64_t block_norm_weights(const Config& c, int64_t layer) {
   const auto& m = c.model;
   const bool parallel = c.moe.parallel_dense && is_moe_layer(c, layer);
+  if (m.sublayer_blocks) return m.hidden_size;  // the sublayer's one norm
   return m.hidden_size * (2 + (m.sandwich_norms ? 2 : 0) + (parallel ? 3 : 0)) +
          (m.layer_scalar ? 1 : 0);
 }
 
+// The matrices of an MLP or expert: gate, up and down, or up and down (relu2).
+int64_t mlp_matrices(const Config& c) { return gated_mlp(c) ? 3 : 2; }
+
 // One routed expert: gate, up, down and their biases.
 int64_t expert_weights(const Config& c) {
   const int64_t d = c.model.hidden_size, f = expert_hidden_size(c);
-  return 3 * d * f + (c.moe.expert_bias ? 2 * f + d : 0);
+  return mlp_matrices(c) * d * f + (c.moe.expert_bias ? 2 * f + d : 0);
+}
+
+// The blocks with a dense MLP: dense layers, and MoE layers with moe.parallel_dense.
+int64_t dense_mlp_count(const Config& c) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < c.model.num_layers; ++l) {
+    const bool moe = is_moe_layer(c, l);
+    n += has_feed_forward(c, l) && (!moe || c.moe.parallel_dense) ? 1 : 0;
+  }
+  return n;
 }
 }  // namespace
 
 // The shared expert and its sigmoid gate.
 static int64_t shared_expert_weights(const Config& c) {
-  return 3 * c.model.hidden_size * c.moe.shared_expert_hidden_size +
+  return mlp_matrices(c) * c.model.hidden_size * c.moe.shared_expert_hidden_size +
          (c.moe.shared_expert_gate ? c.model.hidden_size : 0);
 }
 
@@ -292,10 +389,12 @@ static int64_t qk_norm_weights(const Config& c, int64_t layer) {
 
 int64_t layer_parameters(const Config& c, int64_t layer) {
   const int64_t d = c.model.hidden_size, E = c.moe.num_experts;
-  const int64_t mixer = mixer_weights(c, layer) +
-                        (linear_attention_layer(c, layer) ? 0 : qk_norm_weights(c, layer)) +
+  const bool attends =
+      has_mixer(c, layer) && !linear_attention_layer(c, layer) && !mamba_layer(c, layer);
+  const int64_t mixer = mixer_weights(c, layer) + (attends ? qk_norm_weights(c, layer) : 0) +
                         block_norm_weights(c, layer);
-  const int64_t dense = 3 * d * dense_hidden_size(c);
+  const int64_t dense = mlp_matrices(c) * d * dense_hidden_size(c);
+  if (!has_feed_forward(c, layer)) return mixer;
   if (!is_moe_layer(c, layer)) return mixer + dense;
   return mixer + router_weights(c) + E * expert_weights(c) + shared_expert_weights(c) +
          (c.moe.parallel_dense ? dense : 0);
@@ -305,7 +404,7 @@ int64_t count_parameters(const Config& c) {
   const int64_t d = c.model.hidden_size, V = c.model.vocab_size;
   int64_t blocks = 0;
   for (int64_t l = 0; l < c.model.num_layers; ++l) blocks += layer_parameters(c, l);
-  int64_t embed = V * d + (c.model.rope_theta > 0 ? 0 : c.model.seq_len * d);
+  int64_t embed = V * d + (learned_positions(c) ? c.model.seq_len * d : 0);
   int64_t head = c.model.tie_embeddings ? 0 : V * d;
   return blocks + embed + head + d;  // + final norm
 }
@@ -319,6 +418,14 @@ int64_t fp32_parameters_under_16bit_weights(const Config& c) {
       n += 2 * c.model.linear_num_value_heads + c.model.linear_value_head_dim;
       continue;
     }
+    if (mamba_layer(c, l)) {  // dt_bias, A_log, D, the gated norm and the biases
+      const auto& m = c.model;
+      const int64_t conv = mamba_conv_channels(c), inner = mamba_inner_size(c);
+      n += 3 * m.mamba_num_heads + inner + (m.mamba_conv_bias ? conv : 0) +
+           (m.mamba_proj_bias ? inner + conv + m.mamba_num_heads + d : 0);
+      continue;
+    }
+    if (!has_mixer(c, l)) continue;
     n += qk_norm_weights(c, l);
     // Vectors stay fp32 too: the attention biases and sinks (the experts' [E, n] biases are
     // matrices, held 16-bit).
@@ -343,12 +450,12 @@ std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
   double attn_flops = 0, first_flops = 0;
   bool alike = true;
   for (int64_t l = 0; l < L; ++l) {
-    if (linear_attention_layer(c, l)) continue;
+    if (!has_mixer(c, l) || linear_attention_layer(c, l) || mamba_layer(c, l)) continue;
     const bool parallel = c.moe.parallel_dense && is_moe_layer(c, l);
     // The block's other norms with it; the MoE norm is the router's row, the parallel dense
     // MLP's pre-norm the dense row's.
     const int64_t p = mixer_weights(c, l) + qk_norm_weights(c, l) + block_norm_weights(c, l) -
-                      d * (parallel ? 2 : 1);
+                      (c.model.sublayer_blocks ? 0 : d * (parallel ? 2 : 1));
     const int64_t width = latent_attention(c) ? qk_head_dim(c) + value_head_dim(c)
                                               : 2 * layer_head_dim(c, l);  // QK^T and AV
     const double flops =
@@ -361,11 +468,12 @@ std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
       alike ? ModuleCost{"attention", attn_count, std::max<int64_t>(first_params, 0), first_flops}
             : ModuleCost{"attention", 1, attn_params, attn_flops};
   std::vector<ModuleCost> costs = {
-      {"embedding", 1, V * d + (c.model.rope_theta > 0 ? 0 : S * d), 0.0},
+      {"embedding", 1, V * d + (learned_positions(c) ? S * d : 0), 0.0},
       attention,
       {"router", M, router_weights(c) + d, 2 * dbl(d * E)},  // + the MoE RMSNorm
       {"dispatch", M, 0, 0.0},                               // a gather: no FLOPs
-      {"experts", M, E * expert_weights(c) + 3 * d * fs, dbl(k) * 6 * dbl(d * f) + 6 * dbl(d * fs)},
+      {"experts", M, E * expert_weights(c) + mlp_matrices(c) * d * fs,
+       2 * dbl(mlp_matrices(c)) * (dbl(k) * dbl(d * f) + dbl(d * fs))},
       {"combine", M, 0, 2 * dbl(k * d)},  // weighted sum
   };
   if (Lin > 0) {
@@ -379,10 +487,19 @@ std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
                             (6 * dbl(m.linear_key_head_dim * m.linear_value_head_dim) +
                              2 * 64 * dbl(m.linear_key_head_dim + m.linear_value_head_dim))});
   }
+  if (const int64_t Lm = mamba_layer_count(c); Lm > 0) {
+    // Projections, plus per head the chunked scan: the chunk's C B^T and its product with x
+    // (Q wide, the full square), the chunk's state and its readout (N x P each).
+    const auto& m = c.model;
+    const int64_t w = mamba_weights(c), Q = m.mamba_chunk_size;
+    const double N = dbl(m.ssm_state_size), P = dbl(m.mamba_head_dim);
+    costs.push_back({"mamba", Lm, w + d,
+                     2 * dbl(w) + dbl(m.mamba_num_heads) * (2 * dbl(Q) * (N + P) + 4 * N * P)});
+  }
   // Dense layers, and the dense MLPs beside the experts (moe.parallel_dense).
-  const int64_t dense_layers = (L - M) + (c.moe.parallel_dense ? M : 0);
-  if (dense_layers > 0) {
-    costs.push_back({"dense_ffn", dense_layers, 3 * d * fd + d, 6 * dbl(d * fd)});  // + norm
+  const int64_t mats = mlp_matrices(c);
+  if (const int64_t dense_layers = dense_mlp_count(c); dense_layers > 0) {
+    costs.push_back({"dense_ffn", dense_layers, mats * d * fd + d, 2 * dbl(mats * d * fd)});
   }
   costs.push_back({"head", 1, d + (c.model.tie_embeddings ? 0 : V * d), 2 * dbl(d * V)});
   return costs;
@@ -403,7 +520,7 @@ int64_t active_parameters_per_token(const Config& c) {
   for (int64_t l = 0; l < L; ++l) mixers += mixer_weights(c, l);
   return mixers +
          M * (router_weights(c) + c.moe.top_k * expert_weights(c) + shared_expert_weights(c)) +
-         (L - M) * 3 * d * dense_hidden_size(c) + c.model.vocab_size * d;
+         dense_mlp_count(c) * mlp_matrices(c) * d * dense_hidden_size(c) + c.model.vocab_size * d;
 }
 
 DataParallelMode data_parallel_mode(const Config& c, int64_t world_size) {

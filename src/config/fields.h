@@ -211,6 +211,18 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("final_logit_softcapping", m.final_logit_softcapping, at_least(0, "0 = off"));
   v.field("sandwich_norms", m.sandwich_norms);
   v.field("layer_scalar", m.layer_scalar);
+  v.field("mamba_num_heads", m.mamba_num_heads, at_least(0, "0 = no Mamba-2 layers"));
+  v.field("mamba_head_dim", m.mamba_head_dim, at_least(0));
+  v.field("ssm_state_size", m.ssm_state_size, at_least(0));
+  v.field("mamba_n_groups", m.mamba_n_groups, at_least(1));
+  v.field("mamba_conv_kernel", m.mamba_conv_kernel, in(1, 64));
+  v.field("mamba_chunk_size", m.mamba_chunk_size, in(1, 4096));
+  v.field("mamba_conv_bias", m.mamba_conv_bias);
+  v.field("mamba_proj_bias", m.mamba_proj_bias);
+  v.field("mamba_dt_min", m.mamba_dt_min, at_least(0));
+  v.field("mamba_dt_max", m.mamba_dt_max, at_least(0, "0 = unbounded"));
+  v.field("sublayer_blocks", m.sublayer_blocks);
+  v.field("no_position_encoding", m.no_position_encoding);
 }
 
 void visit_fields(auto& v, Section<MoeConfig> auto& m) {

@@ -41,6 +41,9 @@ LoraTargets lora_targets(const LoraConfig& l) {
     t.experts_gate_up_alpha = l.lora_alpha;
   }
   t.experts_down = on("down_proj") || on("w2");
+  t.experts_up = on("up_proj");
+  t.in_proj = on("in_proj");
+  t.out_proj = on("out_proj");
   return t;
 }
 
@@ -111,14 +114,25 @@ int64_t adapter_parameters(const Config& c, const LoraTargets& t) {
   const int64_t r = c.lora.r, d = c.model.hidden_size, E = c.moe.num_experts;
   const int64_t f = expert_hidden_size(c), fd = dense_hidden_size(c);
   const int64_t per_attention = attention_adapter(c, t);
+  const int64_t inner = mamba_inner_size(c), conv = mamba_conv_channels(c);
+  const int64_t per_mamba = (t.in_proj ? r * (d + inner + conv + c.model.mamba_num_heads) : 0) +
+                            (t.out_proj ? r * (inner + d) : 0);
+  // Gated experts: gate and up in one adapter of rank experts_gate_up_rank; relu2: up alone.
+  const int64_t up_rank = gated_mlp(c) ? t.experts_gate_up_rank : (t.experts_up ? r : 0);
+  const int64_t up_width = gated_mlp(c) ? 2 * f : f;
   int64_t n = 0;
   for (int64_t layer = 0; layer < c.model.num_layers; ++layer) {
-    n += per_attention;
+    if (has_mixer(c, layer) && mamba_layer(c, layer)) {
+      n += per_mamba;
+    } else if (has_mixer(c, layer) && !linear_attention_layer(c, layer)) {
+      n += per_attention;
+    }
+    if (!has_feed_forward(c, layer)) continue;
     if (is_moe_layer(c, layer)) {
-      n += E * t.experts_gate_up_rank * (d + 2 * f);
+      n += E * up_rank * (d + up_width);
       if (t.experts_down) n += E * r * (f + d);
     } else if (t.dense_mlp) {
-      n += 3 * r * (d + fd);
+      n += (gated_mlp(c) ? 3 : 2) * r * (d + fd);
     }
   }
   return n;

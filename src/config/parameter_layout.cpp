@@ -102,6 +102,28 @@ void linear_attention_layout(std::vector<ParameterShape>& p, const config::Confi
   p.push_back({a + "out_proj.weight", {d, vd}});
 }
 
+// Mamba-2's (model/mamba2_mixer.cpp), in its registration order.
+void mamba_layout(std::vector<ParameterShape>& p, const config::Config& c, const std::string& b) {
+  const auto& m = c.model;
+  const int64_t d = m.hidden_size, H = m.mamba_num_heads, inner = config::mamba_inner_size(c);
+  const int64_t conv = config::mamba_conv_channels(c), in = inner + conv + H;
+  const std::string a = b + "mamba.";
+  p.push_back({a + "dt_bias", {H}});  // the module's own tensors first
+  p.push_back({a + "A_log", {H}});
+  p.push_back({a + "D", {H}});
+  p.push_back({a + "in_proj.weight", {in, d}});
+  if (m.mamba_proj_bias) p.push_back({a + "in_proj.bias", {in}});
+  p.push_back({a + "conv1d.weight", {conv, 1, m.mamba_conv_kernel}});
+  if (m.mamba_conv_bias) p.push_back({a + "conv1d.bias", {conv}});
+  p.push_back({a + "norm.weight", {inner}});
+  p.push_back({a + "out_proj.weight", {d, inner}});
+  if (m.mamba_proj_bias) p.push_back({a + "out_proj.bias", {d}});
+  if (!config::lora_enabled(c)) return;
+  const config::LoraTargets t = config::lora_targets(c.lora);
+  if (t.in_proj) adapter(p, a + "lora_in", d, in, c.lora.r);
+  if (t.out_proj) adapter(p, a + "lora_out", inner, d, c.lora.r);
+}
+
 // The MoE layer's (moe/moe_layer.h), in its registration order.
 void moe_layout(std::vector<ParameterShape>& p, const config::Config& c, const std::string& b) {
   const int64_t d = c.model.hidden_size, E = c.moe.num_experts;
@@ -113,7 +135,8 @@ void moe_layout(std::vector<ParameterShape>& p, const config::Config& c, const s
     if (c.moe.router_bias) p.push_back({b + "moe.router.bias", {E}});
     if (c.moe.router_input_norm) p.push_back({b + "moe.router.input_scale", {d}});
     if (c.moe.per_expert_scale) p.push_back({b + "moe.router.expert_scale", {E}});
-    p.push_back({b + "moe.experts.w_gate", {E, d, f}});
+    const bool gated = config::gated_mlp(c);
+    if (gated) p.push_back({b + "moe.experts.w_gate", {E, d, f}});
     p.push_back({b + "moe.experts.w_up", {E, d, f}});
     p.push_back({b + "moe.experts.w_down", {E, f, d}});
     if (c.moe.expert_bias) {
@@ -121,12 +144,13 @@ void moe_layout(std::vector<ParameterShape>& p, const config::Config& c, const s
       p.push_back({b + "moe.experts.b_up", {E, f}});
       p.push_back({b + "moe.experts.b_down", {E, d}});
     }
-    if (lora && t.experts_gate_up_rank > 0) {
-      adapter(p, b + "moe.experts.lora_gate_up", d, 2 * f, t.experts_gate_up_rank, E);
+    const int64_t up_rank = gated ? t.experts_gate_up_rank : (t.experts_up ? r : 0);
+    if (lora && up_rank > 0) {
+      adapter(p, b + "moe.experts.lora_gate_up", d, (gated ? 2 : 1) * f, up_rank, E);
     }
     if (lora && t.experts_down) adapter(p, b + "moe.experts.lora_down", f, d, r, E);
     if (const int64_t fs = c.moe.shared_expert_hidden_size; fs > 0) {
-      p.push_back({b + "moe.shared_expert.w_gate", {1, d, fs}});
+      if (gated) p.push_back({b + "moe.shared_expert.w_gate", {1, d, fs}});
       p.push_back({b + "moe.shared_expert.w_up", {1, d, fs}});
       p.push_back({b + "moe.shared_expert.w_down", {1, fs, d}});
       if (c.moe.shared_expert_gate) p.push_back({b + "moe.shared_expert_gate.weight", {1, d}});
@@ -144,28 +168,33 @@ std::vector<ParameterShape> parameter_layout(const config::Config& c) {
   const int64_t r = c.lora.r;
   std::vector<ParameterShape> p;
   p.push_back({"embed.weight", {m.vocab_size, d}});
-  if (m.rope_theta <= 0) p.push_back({"pos_embed.weight", {m.seq_len, d}});
+  if (config::learned_positions(c)) p.push_back({"pos_embed.weight", {m.seq_len, d}});
   for (int64_t i = 0; i < m.num_layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     if (m.layer_scalar) p.push_back({b + "layer_scalar", {1}});  // the block's own: first
-    p.push_back({b + "attn_norm.weight", {d}});
-    if (config::linear_attention_layer(c, i)) {
-      linear_attention_layout(p, c, b);
-    } else if (config::latent_attention(c)) {
-      latent_attention_layout(p, c, b);
-    } else {
-      attention_layout(p, c, b, i);
+    if (config::has_mixer(c, i)) {
+      p.push_back({b + "attn_norm.weight", {d}});
+      if (config::linear_attention_layer(c, i)) {
+        linear_attention_layout(p, c, b);
+      } else if (config::mamba_layer(c, i)) {
+        mamba_layout(p, c, b);
+      } else if (config::latent_attention(c)) {
+        latent_attention_layout(p, c, b);
+      } else {
+        attention_layout(p, c, b, i);
+      }
+      if (m.sandwich_norms) p.push_back({b + "attn_post_norm.weight", {d}});
     }
-    if (m.sandwich_norms) p.push_back({b + "attn_post_norm.weight", {d}});
+    if (!config::has_feed_forward(c, i)) continue;
     p.push_back({b + "moe_norm.weight", {d}});
     const bool moe = config::is_moe_layer(c, i), parallel = moe && c.moe.parallel_dense;
     if (parallel) p.push_back({b + "mlp_norm.weight", {d}});
     if (!moe || parallel) {
-      p.push_back({b + "mlp.gate_proj.weight", {fd, d}});
+      if (config::gated_mlp(c)) p.push_back({b + "mlp.gate_proj.weight", {fd, d}});
       p.push_back({b + "mlp.up_proj.weight", {fd, d}});
       p.push_back({b + "mlp.down_proj.weight", {d, fd}});
       if (lora && t.dense_mlp) {
-        adapter(p, b + "mlp.lora_gate", d, fd, r);
+        if (config::gated_mlp(c)) adapter(p, b + "mlp.lora_gate", d, fd, r);
         adapter(p, b + "mlp.lora_up", d, fd, r);
         adapter(p, b + "mlp.lora_down", fd, d, r);
       }

@@ -160,7 +160,12 @@ void check_lora(const Config& c, const Rules& rules) {
   rules.check(!l.target_modules.empty(), "lora.target_modules", std::string("[]"),
               "name at least one projection to adapt (e.g. [\"q_proj\", \"v_proj\"])");
   // The experts' gate and up are one stacked parameter: PEFT refuses one without the other.
+  // Non-gated (relu2) experts have up alone, and no gate to name.
+  const bool gated = c.moe.activation != ExpertActivation::kRelu2;
+  rules.check(gated || !one_of(l.target_modules, "gate_proj"), "lora.target_modules",
+              std::string("gate_proj"), "the relu2 experts have no gate (up_proj and down_proj)");
   for (auto [a, b] : {std::pair{"gate_proj", "up_proj"}, std::pair{"w1", "w3"}}) {
+    if (!gated) break;
     const bool has_a = one_of(l.target_modules, a), has_b = one_of(l.target_modules, b);
     rules.check(has_a == has_b, "lora.target_modules", std::string(has_a ? a : b),
                 std::string("the experts hold ") + a + " and " + b +
@@ -496,8 +501,16 @@ void check_layer_types(const Config& c, const Rules& rules) {
   for (size_t i = 0; i < m.layer_types.size(); ++i) {
     const std::string& t = m.layer_types[i];
     const std::string key = "model.layer_types[" + std::to_string(i) + "]";
-    rules.check(t == "full_attention" || t == "sliding_attention" || t == "linear_attention", key,
-                t, "expected full_attention, sliding_attention or linear_attention");
+    if (m.sublayer_blocks) {  // one sublayer per block
+      rules.check(t == "mamba" || t == "full_attention" || t == "moe" || t == "mlp", key, t,
+                  "expected mamba, full_attention, moe or mlp (model.sublayer_blocks)");
+    } else {
+      rules.check(t == "full_attention" || t == "sliding_attention" || t == "linear_attention" ||
+                      t == "mamba",
+                  key, t, "expected full_attention, sliding_attention, linear_attention or mamba");
+    }
+    rules.check(t != "mamba" || m.mamba_num_heads > 0, key, t,
+                "needs model.mamba_num_heads > 0 (the Mamba-2 mixer's shape)");
     rules.check(t != "sliding_attention" || m.sliding_window > 0, key, t,
                 "needs model.sliding_window > 0");
     rules.check(t != "linear_attention" || m.linear_num_key_heads > 0, key, t,
@@ -538,6 +551,29 @@ void check_global_attention(const Config& c, const Rules& rules) {
               "needs model.sandwich_norms (each branch has its own output norm)");
   rules.check(!m.attention_k_eq_v || !(m.attention_bias || m.qkv_bias), "model.attention_k_eq_v",
               "true", "cannot be combined with attention biases");
+}
+
+// Mamba-2: every width set, heads in whole groups; one-sublayer blocks need their list; no
+// positions means no rotary either; relu2's MLPs have no gate (nothing to bias or adapt there).
+void check_mamba_and_blocks(const Config& c, const Rules& rules) {
+  const auto& m = c.model;
+  rules.check(!m.sublayer_blocks || !m.layer_types.empty(), "model.sublayer_blocks", "true",
+              "needs model.layer_types (what each block holds)");
+  rules.check(!m.no_position_encoding || m.rope_theta == 0, "model.no_position_encoding", "true",
+              "needs model.rope_theta = 0 (no rotary positions)");
+  rules.check(c.moe.activation != ExpertActivation::kRelu2 || !c.moe.expert_bias, "moe.activation",
+              "relu2", "cannot be combined with moe.expert_bias");
+  if (m.mamba_num_heads == 0) return;
+  const auto positive = [&](int64_t v, const char* key) {
+    rules.check(v > 0, std::string("model.") + key, v,
+                "must be > 0 with model.mamba_num_heads set");
+  };
+  positive(m.mamba_head_dim, "mamba_head_dim");
+  positive(m.ssm_state_size, "ssm_state_size");
+  rules.check(m.mamba_num_heads % m.mamba_n_groups == 0, "model.mamba_n_groups", m.mamba_n_groups,
+              "must divide model.mamba_num_heads (" + std::to_string(m.mamba_num_heads) + ")");
+  rules.check(m.mamba_dt_max == 0 || m.mamba_dt_max >= m.mamba_dt_min, "model.mamba_dt_max",
+              m.mamba_dt_max, "must be 0 (unbounded) or >= model.mamba_dt_min");
 }
 
 // Gated DeltaNet: every width set, value heads in whole groups per key head.
@@ -604,9 +640,10 @@ void check_relations(Config& c, const Rules& rules) {
   check_latent_attention(c, rules);
   if (!latent_attention(c)) check_attention_heads(c, rules);
   check_rope_scaling(c, rules);
+  check_layer_types(c, rules);  // before the rules that read the layers' kinds
   check_moe_layers(c, rules);
-  check_layer_types(c, rules);
   check_linear_attention(c, rules);
+  check_mamba_and_blocks(c, rules);
   check_global_attention(c, rules);
   rules.check(c.moe.shared_expert_hidden_size > 0 || !c.moe.shared_expert_gate,
               "moe.shared_expert_gate", "true", "needs moe.shared_expert_hidden_size > 0");

@@ -87,7 +87,20 @@ const std::vector<FeatureUse>& feature_uses() {
       {Feature::kRouterInputNorm, "moe.router_input_norm",
        [](const Config& c) { return c.moe.router_input_norm || c.moe.per_expert_scale; }},
       {Feature::kDenseLayers, "moe.mlp_only_layers",
-       [](const Config& c) { return config::moe_layer_count(c) != c.model.num_layers; }},
+       [](const Config& c) {
+         for (int64_t l = 0; l < c.model.num_layers; ++l) {
+           if (config::has_feed_forward(c, l) && !config::is_moe_layer(c, l)) return true;
+         }
+         return false;
+       }},
+      {Feature::kMamba, "model.mamba_num_heads",
+       [](const Config& c) { return c.model.mamba_num_heads > 0; }},
+      {Feature::kSublayerBlocks, "model.sublayer_blocks",
+       [](const Config& c) { return c.model.sublayer_blocks; }},
+      {Feature::kNoPositions, "model.no_position_encoding",
+       [](const Config& c) { return c.model.no_position_encoding; }},
+      {Feature::kRelu2, "moe.activation",
+       [](const Config& c) { return c.moe.activation == config::ExpertActivation::kRelu2; }},
   };
   return kUses;
 }

@@ -14,6 +14,7 @@ void ModelFamily::split_expert_tensors(const config::Config& cfg, const std::str
                                        const std::string& our_layer, const ExpertNames& names,
                                        std::vector<TensorPiece>& out) const {
   const std::string block = hf_layer + names.block;
+  const bool gated = config::gated_mlp(cfg);  // relu2 experts: up and down only
   out.push_back({block + "gate.weight", our_layer + "moe.router.weight"});
   if (has(Feature::kSelectionBias)) {
     // The selection bias is a buffer of ours (moe.router.expert_bias), carried by state.json.
@@ -21,7 +22,7 @@ void ModelFamily::split_expert_tensors(const config::Config& cfg, const std::str
   }
   if (has(Feature::kSharedExperts) && cfg.moe.shared_expert_hidden_size > 0) {
     const std::string sh = block + names.shared, mine = our_layer + "moe.shared_expert.";
-    out.push_back({sh + "gate_proj.weight", mine + "w_gate", 0, 0, -1, true});
+    if (gated) out.push_back({sh + "gate_proj.weight", mine + "w_gate", 0, 0, -1, true});
     out.push_back({sh + "up_proj.weight", mine + "w_up", 0, 0, -1, true});
     out.push_back({sh + "down_proj.weight", mine + "w_down", 0, 0, -1, true});
     if (cfg.moe.shared_expert_gate) {
@@ -32,7 +33,7 @@ void ModelFamily::split_expert_tensors(const config::Config& cfg, const std::str
   const std::string mine = our_layer + "moe.experts.";
   for (int64_t e = 0; e < cfg.moe.num_experts; ++e) {
     const std::string ex = block + "experts." + std::to_string(e) + ".";
-    out.push_back({ex + names.gate + ".weight", mine + "w_gate", e, 0, -1, true});
+    if (gated) out.push_back({ex + names.gate + ".weight", mine + "w_gate", e, 0, -1, true});
     out.push_back({ex + names.down + ".weight", mine + "w_down", e, 0, -1, true});
     out.push_back({ex + names.up + ".weight", mine + "w_up", e, 0, -1, true});
   }

@@ -54,7 +54,8 @@ json attention_and_embedding_keys(const HfKeys& k) {
   json m;
   m["vocab_size"] = k.integer("vocab_size");
   m["hidden_size"] = hidden;
-  m["num_layers"] = k.integer("num_hidden_layers");
+  // Nemotron-H derives its depth from layers_block_type (its read_config sets it).
+  m["num_layers"] = k.integer("num_hidden_layers", 0);
   m["num_heads"] = heads;
   m["num_key_value_heads"] = k.integer("num_key_value_heads", heads);
   m["head_dim"] = k.integer("head_dim", hidden / std::max<int64_t>(heads, 1));
@@ -124,6 +125,7 @@ json architecture_from_hf(const json& c, const std::string& file, const ModelFam
   e["aux_loss_coeff"] = k.number("router_aux_loss_coef", 0.01);
   e["z_loss_coeff"] = 0.0;
   family.read_config(k, m, e, warnings);
+  if (m["num_layers"].get<int64_t>() == 0) k.integer("num_hidden_layers");  // fails: missing
   if (!e.contains("top_k")) e["top_k"] = k.integer("num_experts_per_tok");  // fails: missing
   if (e["top_k"].get<int64_t>() == 1 && e["normalize_topk"].get<bool>()) {
     k.fail("num_experts_per_tok",
@@ -133,7 +135,7 @@ json architecture_from_hf(const json& c, const std::string& file, const ModelFam
 }
 
 const ModelFamily& export_family(const config::Config& cfg, const std::string& requested) {
-  if (cfg.model.rope_theta <= 0) {
+  if (config::learned_positions(cfg)) {
     throw UserError(
         "model.rope_theta: 0 (learned positions); the Hugging Face MoE families use rotary");
   }

@@ -12,31 +12,33 @@ namespace moe::hf {
 namespace {
 
 // The fused q/k/v attention: q_proj, k_proj and v_proj are row ranges of our qkv.
-void attention_pieces(std::vector<TensorPiece>& p, const config::Config& cfg, const std::string& hf,
-                      const std::string& ours, int64_t layer) {
+void attention_pieces(std::vector<TensorPiece>& p, const config::Config& cfg,
+                      const std::string& layer_hf, const std::string& ours, int64_t layer,
+                      const families::ModelFamily& family) {
+  // "self_attn.q_proj..." below under the family's attention module ("mixer." for Nemotron-H).
+  const std::string hf = layer_hf + family.attention_module();
   const auto& m = cfg.model;
   const int64_t H = m.num_heads, KV = config::layer_key_value_heads(cfg, layer);
   const int64_t hd = config::layer_head_dim(cfg, layer);
   const bool v_proj = !config::keys_are_values(cfg, layer);  // Gemma 4's K=V layers have none
   // Gated attention: q_proj's rows are per head the query and its gate, ours in the same order.
   const int64_t q = (m.attention_output_gate ? 2 : 1) * H * hd;
-  p.push_back({hf + "self_attn.q_proj.weight", ours + "attn.qkv.weight", -1, 0, q});
-  p.push_back({hf + "self_attn.k_proj.weight", ours + "attn.qkv.weight", -1, q, KV * hd});
+  p.push_back({hf + "q_proj.weight", ours + "attn.qkv.weight", -1, 0, q});
+  p.push_back({hf + "k_proj.weight", ours + "attn.qkv.weight", -1, q, KV * hd});
   if (v_proj) {
-    p.push_back(
-        {hf + "self_attn.v_proj.weight", ours + "attn.qkv.weight", -1, q + KV * hd, KV * hd});
+    p.push_back({hf + "v_proj.weight", ours + "attn.qkv.weight", -1, q + KV * hd, KV * hd});
   }
   if (m.attention_bias || m.qkv_bias) {
-    p.push_back({hf + "self_attn.q_proj.bias", ours + "attn.qkv.bias", -1, 0, q});
-    p.push_back({hf + "self_attn.k_proj.bias", ours + "attn.qkv.bias", -1, q, KV * hd});
-    p.push_back({hf + "self_attn.v_proj.bias", ours + "attn.qkv.bias", -1, q + KV * hd, KV * hd});
+    p.push_back({hf + "q_proj.bias", ours + "attn.qkv.bias", -1, 0, q});
+    p.push_back({hf + "k_proj.bias", ours + "attn.qkv.bias", -1, q, KV * hd});
+    p.push_back({hf + "v_proj.bias", ours + "attn.qkv.bias", -1, q + KV * hd, KV * hd});
   }
-  p.push_back({hf + "self_attn.o_proj.weight", ours + "attn.out.weight"});
-  if (m.attention_bias) p.push_back({hf + "self_attn.o_proj.bias", ours + "attn.out.bias"});
-  if (m.attention_sinks) p.push_back({hf + "self_attn.sinks", ours + "attn.sinks"});
+  p.push_back({hf + "o_proj.weight", ours + "attn.out.weight"});
+  if (m.attention_bias) p.push_back({hf + "o_proj.bias", ours + "attn.out.bias"});
+  if (m.attention_sinks) p.push_back({hf + "sinks", ours + "attn.sinks"});
   if (m.qk_norm) {
-    p.push_back({hf + "self_attn.q_norm.weight", ours + "attn.q_norm.weight"});
-    p.push_back({hf + "self_attn.k_norm.weight", ours + "attn.k_norm.weight"});
+    p.push_back({hf + "q_norm.weight", ours + "attn.q_norm.weight"});
+    p.push_back({hf + "k_norm.weight", ours + "attn.k_norm.weight"});
   }
 }
 
@@ -55,6 +57,17 @@ void latent_attention_pieces(std::vector<TensorPiece>& p, const std::string& hf,
   p.push_back({a + "kv_a_layernorm.weight", mine + "kv_a_norm.weight"});
   p.push_back({a + "kv_b_proj.weight", mine + "kv_b_proj.weight"});
   p.push_back({a + "o_proj.weight", mine + "out.weight"});
+}
+
+// Mamba-2: transformers' names are ours (model/mamba2_mixer.h), one tensor each.
+void mamba_pieces(std::vector<TensorPiece>& p, const config::Config& cfg, const std::string& hf,
+                  const std::string& ours) {
+  const auto& m = cfg.model;
+  std::vector<const char*> names = {"in_proj.weight", "conv1d.weight",  "dt_bias", "A_log", "D",
+                                    "norm.weight",    "out_proj.weight"};
+  if (m.mamba_conv_bias) names.push_back("conv1d.bias");
+  if (m.mamba_proj_bias) names.insert(names.end(), {"in_proj.bias", "out_proj.bias"});
+  for (const char* n : names) p.push_back({hf + n, ours + "mamba." + n});
 }
 
 // Gated DeltaNet: transformers' names are ours (model/gated_deltanet.h), one tensor each.
@@ -106,28 +119,40 @@ std::vector<TensorPiece> tensor_pieces(const config::Config& cfg,
   const auto& m = cfg.model;
   std::vector<TensorPiece> p;
   const std::string model = family.hf_model_prefix();  // "model." or "model.language_model."
-  p.push_back({model + "embed_tokens.weight", "embed.weight"});
+  p.push_back({model + family.embedding_tensor(), "embed.weight"});
   for (int64_t i = 0; i < m.num_layers; ++i) {
     const std::string hf = model + "layers." + std::to_string(i) + ".";
     const std::string ours = "blocks." + std::to_string(i) + ".";
-    p.push_back({hf + "input_layernorm.weight", ours + "attn_norm.weight"});
-    if (config::linear_attention_layer(cfg, i)) {
-      linear_attention_pieces(p, cfg, hf, ours);
-    } else if (config::latent_attention(cfg)) {
-      latent_attention_pieces(p, hf, ours, cfg.model.q_lora_rank > 0);
-    } else {
-      attention_pieces(p, cfg, hf, ours, i);
+    const std::string input_norm = hf + family.input_norm() + ".weight";
+    if (config::has_mixer(cfg, i)) {
+      p.push_back({input_norm, ours + "attn_norm.weight"});
+      if (config::linear_attention_layer(cfg, i)) {
+        linear_attention_pieces(p, cfg, hf, ours);
+      } else if (config::mamba_layer(cfg, i)) {
+        mamba_pieces(p, cfg, hf + family.mamba_module(), ours);
+      } else if (config::latent_attention(cfg)) {
+        latent_attention_pieces(p, hf, ours, cfg.model.q_lora_rank > 0);
+      } else {
+        attention_pieces(p, cfg, hf, ours, i, family);
+      }
     }
+    if (!config::has_feed_forward(cfg, i)) continue;
     const bool moe = config::is_moe_layer(cfg, i), parallel = moe && cfg.moe.parallel_dense;
-    block_norm_pieces(p, cfg, hf, ours, parallel);
+    if (m.sublayer_blocks) {
+      p.push_back({input_norm, ours + "moe_norm.weight"});  // the sublayer's one norm
+    } else {
+      block_norm_pieces(p, cfg, hf, ours, parallel);
+    }
     if (!moe || parallel) {
       for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
-        p.push_back({hf + "mlp." + proj + ".weight", ours + "mlp." + proj + ".weight"});
+        if (!config::gated_mlp(cfg) && std::string(proj) == "gate_proj") continue;
+        p.push_back(
+            {hf + family.dense_mlp_module() + proj + ".weight", ours + "mlp." + proj + ".weight"});
       }
     }
     if (moe) family.moe_tensors(cfg, hf, ours, p);
   }
-  p.push_back({model + "norm.weight", "final_norm.weight"});
+  p.push_back({model + family.final_norm_tensor(), "final_norm.weight"});
   if (!m.tie_embeddings) p.push_back({family.hf_head_name(), "lm_head.weight"});
   return p;
 }

@@ -38,63 +38,111 @@ struct AdapterPiece {
 
 const char* kPrefix = "base_model.model.";
 
+// The adapter's tensors of one layer, in PEFT's names (`peft`: the layer's prefix) and ours.
+class LayerAdapters {
+ public:
+  LayerAdapters(const config::Config& cfg, const families::ModelFamily& family,
+                std::vector<AdapterPiece>& out)
+      : cfg_(cfg), family_(family), t_(config::lora_targets(cfg.lora)), out_(out) {}
+
+  void add(int64_t i, const std::string& peft, const std::string& ours) {
+    attention(i, peft, ours);
+    if (config::mamba_layer(cfg_, i)) mamba(peft + family_.mamba_module(), ours);
+    if (config::has_feed_forward(cfg_, i)) feed_forward(i, peft, ours);
+  }
+
+ private:
+  void pair(const std::string& peft, const std::string& ours, bool experts,
+            bool interleaved = false) {
+    out_.push_back(
+        {peft + "lora_A.weight", ours + "lora_A", experts ? Layout::kExpertA : Layout::kSame});
+    out_.push_back({peft + "lora_B.weight", ours + "lora_B",
+                    !experts      ? Layout::kSame
+                    : interleaved ? Layout::kExpertBInterleaved
+                                  : Layout::kExpertB});
+  }
+
+  // Latent attention (DeepSeek-V2/V3) has q_proj or q_a/q_b, and kv_a/kv_b, no k/v_proj; a
+  // Gated DeltaNet or Mamba-2 layer, or a feed-forward-only block (Nemotron-H), has no attention
+  // projections to adapt.
+  void attention(int64_t i, const std::string& peft, const std::string& ours) {
+    if (!config::has_mixer(cfg_, i) || config::linear_attention_layer(cfg_, i) ||
+        config::mamba_layer(cfg_, i)) {
+      return;
+    }
+    const bool mla = config::latent_attention(cfg_), q_lora = cfg_.model.q_lora_rank > 0;
+    const bool v_proj = !config::keys_are_values(cfg_, i);  // Gemma 4's K = V layers have none
+    for (auto [on, proj, mine] : {std::tuple{t_.q && !(mla && q_lora), "q_proj", "lora_q"},
+                                  std::tuple{t_.k && !mla, "k_proj", "lora_k"},
+                                  std::tuple{t_.v && !mla && v_proj, "v_proj", "lora_v"},
+                                  std::tuple{t_.q_a && mla && q_lora, "q_a_proj", "lora_q_a"},
+                                  std::tuple{t_.q_b && mla && q_lora, "q_b_proj", "lora_q_b"},
+                                  std::tuple{t_.kv_a && mla, "kv_a_proj_with_mqa", "lora_kv_a"},
+                                  std::tuple{t_.kv_b && mla, "kv_b_proj", "lora_kv_b"},
+                                  std::tuple{t_.o, "o_proj", "lora_o"}}) {
+      if (on)
+        pair(peft + family_.attention_module() + proj + ".", ours + "attn." + mine + ".", false);
+    }
+  }
+
+  // Nemotron-H's mixer.in_proj (PEFT refuses out_proj on Mamba models: mamba-ssm's fused path
+  // reads its weight, bypassing adapters).
+  void mamba(const std::string& peft, const std::string& ours) {
+    if (t_.in_proj) pair(peft + "in_proj.", ours + "mamba.lora_in.", false);
+    if (t_.out_proj) {
+      throw UserError(
+          "export-hf --adapter: lora.target_modules has out_proj on a Mamba model: PEFT refuses "
+          "adapters on a Mamba mixer's out_proj (\"incompatible with Mamba-based models\"); use "
+          "export-hf --merge, or adapt in_proj");
+    }
+  }
+
+  // The routed experts (gate_up_proj, or relu2's up_proj, wrapped first: the inner "base_layer"
+  // when down_proj is adapted too); dense MLPs have no PEFT names.
+  void feed_forward(int64_t i, const std::string& peft, const std::string& ours) {
+    const bool moe = config::is_moe_layer(cfg_, i);
+    if ((!moe || cfg_.moe.parallel_dense) && t_.dense_mlp) {
+      throw UserError(
+          "export-hf --adapter: layer " + std::to_string(i) +
+          " is a dense layer with adapters (lora.target_modules has dense_mlp): PEFT cannot "
+          "target dense MLPs of this family under transformers >= 5 (it maps gate_proj / "
+          "up_proj / down_proj to the experts); use export-hf --merge");
+    }
+    if (!moe) return;
+    const std::string experts = peft + family_.experts_module();
+    const std::string inner = experts + (t_.experts_down ? "base_layer." : "");
+    if (!config::gated_mlp(cfg_)) {
+      if (t_.experts_up) pair(inner, ours + "moe.experts.lora_gate_up.", true);
+    } else if (t_.experts_gate_up_rank > 0) {
+      pair(inner, ours + "moe.experts.lora_gate_up.", true, family_.interleaved_gate_up());
+    }
+    if (t_.experts_down) pair(experts, ours + "moe.experts.lora_down.", true);
+  }
+
+  const config::Config& cfg_;
+  const families::ModelFamily& family_;
+  const config::LoraTargets t_;
+  std::vector<AdapterPiece>& out_;
+};
+
 // Every tensor of the adapter, in PEFT's names for transformers >= 5 (experts under "mlp.",
-// Mixtral included; gate_up_proj wrapped first, so it is the inner "base_layer" when down_proj is
-// also adapted).
+// Mixtral included), then the modules trained in full.
 std::vector<AdapterPiece> adapter_pieces(const config::Config& cfg,
                                          const families::ModelFamily& family) {
-  const config::LoraTargets t = config::lora_targets(cfg.lora);
   std::vector<AdapterPiece> p;
-  auto pair = [&](const std::string& peft, const std::string& ours, bool experts,
-                  bool interleaved = false) {
-    p.push_back(
-        {peft + "lora_A.weight", ours + "lora_A", experts ? Layout::kExpertA : Layout::kSame});
-    p.push_back({peft + "lora_B.weight", ours + "lora_B",
-                 !experts      ? Layout::kSame
-                 : interleaved ? Layout::kExpertBInterleaved
-                               : Layout::kExpertB});
-  };
+  LayerAdapters layers(cfg, family, p);
   for (int64_t i = 0; i < cfg.model.num_layers; ++i) {
-    const std::string hf =
-        std::string(kPrefix) + family.hf_model_prefix() + "layers." + std::to_string(i) + ".";
-    const std::string ours = "blocks." + std::to_string(i) + ".";
-    // Latent attention (DeepSeek-V2/V3) has q_proj or q_a/q_b, and kv_a/kv_b, no k/v_proj; a
-    // Gated DeltaNet layer (Qwen3-Next / Qwen3.5) has no attention projections to adapt.
-    const bool mla = config::latent_attention(cfg), q_lora = cfg.model.q_lora_rank > 0;
-    const bool attention = !config::linear_attention_layer(cfg, i);
-    const bool v_proj = !config::keys_are_values(cfg, i);  // Gemma 4's K = V layers have none
-    for (auto [on, proj, mine] : {std::tuple{t.q && !(mla && q_lora), "q_proj", "lora_q"},
-                                  std::tuple{t.k && !mla, "k_proj", "lora_k"},
-                                  std::tuple{t.v && !mla && v_proj, "v_proj", "lora_v"},
-                                  std::tuple{t.q_a && mla && q_lora, "q_a_proj", "lora_q_a"},
-                                  std::tuple{t.q_b && mla && q_lora, "q_b_proj", "lora_q_b"},
-                                  std::tuple{t.kv_a && mla, "kv_a_proj_with_mqa", "lora_kv_a"},
-                                  std::tuple{t.kv_b && mla, "kv_b_proj", "lora_kv_b"},
-                                  std::tuple{t.o, "o_proj", "lora_o"}}) {
-      if (on && attention) pair(hf + "self_attn." + proj + ".", ours + "attn." + mine + ".", false);
-    }
-    if (!config::is_moe_layer(cfg, i) || cfg.moe.parallel_dense) {
-      if (t.dense_mlp) {
-        throw UserError(
-            "export-hf --adapter: layer " + std::to_string(i) +
-            " is a dense layer with adapters (lora.target_modules has dense_mlp): PEFT cannot "
-            "target dense MLPs of this family under transformers >= 5 (it maps gate_proj / "
-            "up_proj / down_proj to the experts); use export-hf --merge");
-      }
-      if (!config::is_moe_layer(cfg, i)) continue;
-    }
-    const std::string experts = hf + family.experts_module();
-    if (t.experts_gate_up_rank > 0) {
-      pair(experts + (t.experts_down ? "base_layer." : ""), ours + "moe.experts.lora_gate_up.",
-           true, family.interleaved_gate_up());
-    }
-    if (t.experts_down) pair(experts, ours + "moe.experts.lora_down.", true);
+    layers.add(
+        i, std::string(kPrefix) + family.peft_model_prefix() + "layers." + std::to_string(i) + ".",
+        "blocks." + std::to_string(i) + ".");
   }
+  const std::string saved = family.hf_model_prefix(), in_memory = family.peft_model_prefix();
   for (const TensorPiece& piece : tensor_pieces(cfg, family)) {  // lora.modules_to_save
     if (!config::saved_in_full(cfg.lora, piece.ours, cfg.model.tie_embeddings)) continue;
     std::string name = piece.hf;
     const std::string v4 = "block_sparse_moe.";  // Mixtral's router lives under mlp. in v5
     if (auto at = name.find(v4); at != std::string::npos) name.replace(at, v4.size(), "mlp.");
+    if (name.rfind(saved, 0) == 0) name = in_memory + name.substr(saved.size());
     p.push_back({kPrefix + name, piece.ours, Layout::kSame});
   }
   return p;
@@ -151,9 +199,15 @@ json adapter_config(const config::Config& cfg, const families::ModelFamily& fami
         std::pair{t.o, "o_proj"}}) {
     if (on) modules.push_back(name);
   }
+  if (cfg.model.mamba_num_heads > 0) {  // the Mamba-2 mixers' projections
+    if (t.in_proj) modules.push_back("in_proj");
+    if (t.out_proj) modules.push_back("out_proj");
+  }
   json rank_pattern = json::object(), alpha_pattern = json::object();
   const std::string experts = family.experts_module();
-  if (t.experts_gate_up_rank > 0) {
+  if (!config::gated_mlp(cfg)) {
+    if (t.experts_up) params.push_back(experts + "up_proj");
+  } else if (t.experts_gate_up_rank > 0) {
     params.push_back(experts + "gate_up_proj");
     if (t.experts_gate_up_rank != l.r) {  // gate_proj + up_proj: rank 2r, alpha 2 alpha
       rank_pattern[".*\\.gate_up_proj"] = t.experts_gate_up_rank;
@@ -191,7 +245,8 @@ int64_t write_peft_adapter(model::TransformerLM& model, const config::Config& cf
                            const families::ModelFamily& family, const std::string& dir,
                            const std::string& base) {
   const config::LoraTargets t = config::lora_targets(cfg.lora);
-  if (cfg.lora.lora_dropout > 0 && (t.experts_gate_up_rank > 0 || t.experts_down)) {
+  if (cfg.lora.lora_dropout > 0 &&
+      (t.experts_gate_up_rank > 0 || t.experts_down || (t.experts_up && !config::gated_mlp(cfg)))) {
     throw UserError(
         "export-hf --adapter: lora.lora_dropout = " + std::to_string(cfg.lora.lora_dropout) +
         " with adapters on the experts: PEFT's adapters on stacked parameters take no dropout "

@@ -42,14 +42,14 @@ config::LoraConfig lora_config_from_peft(const std::string& dir) {
     if (!modules.is_array()) throw fail("target_modules", "expected a list of module names");
     for (const auto& m : modules) {
       const std::string name = m.get<std::string>();
-      static const std::set<std::string> kAttention = {
-          "q_proj",   "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
-          "kv_b_proj"};
-      if (!kAttention.contains(name)) {
+      static const std::set<std::string> kModules = {
+          "q_proj",    "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+          "kv_b_proj", "in_proj"};  // in_proj: a Mamba mixer's
+      if (!kModules.contains(name)) {
         throw fail("target_modules", "\"" + name +
                                          "\": expected q_proj, k_proj, v_proj, o_proj, "
-                                         "q_a_proj, q_b_proj, kv_a_proj_with_mqa or kv_b_proj "
-                                         "(experts: target_parameters)");
+                                         "q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj or "
+                                         "in_proj (experts: target_parameters)");
       }
       l.target_modules.push_back(name);
     }
@@ -66,10 +66,12 @@ config::LoraConfig lora_config_from_peft(const std::string& dir) {
         }
       } else if (name.ends_with("experts.down_proj")) {
         l.target_modules.push_back("down_proj");
+      } else if (name.ends_with("experts.up_proj")) {  // Nemotron-H's non-gated experts
+        l.target_modules.push_back("up_proj");
       } else {
         throw fail("target_parameters", "\"" + name +
-                                            "\": expected mlp.experts.gate_up_proj or "
-                                            "mlp.experts.down_proj");
+                                            "\": expected mlp.experts.gate_up_proj, "
+                                            "mlp.experts.down_proj or mixer.experts.up_proj");
       }
     }
     if (j.contains("modules_to_save") && !j["modules_to_save"].is_null()) {

@@ -18,6 +18,15 @@ bool fused_block_kernels(const BlockContext& ctx) {
          kernels::cuda_kernels_compiled();
 }
 
+moe::MoeLayerOutput no_routing(const torch::Tensor& y) {
+  moe::MoeLayerOutput o;
+  o.y = y;
+  o.aux_loss = torch::zeros({}, y.options().dtype(torch::kFloat));
+  o.z_loss = torch::zeros({}, y.options().dtype(torch::kFloat));
+  o.tokens_per_expert = torch::zeros({0}, y.options().dtype(torch::kLong));
+  return o;
+}
+
 RMSNorm hidden_norm(const config::Config& cfg) {
   const auto& m = cfg.model;
   return RMSNorm(m.hidden_size, m.norm_eps, m.zero_centered_norm);
@@ -35,6 +44,10 @@ std::shared_ptr<TokenMixer> make_token_mixer(BlockImpl& block, const BlockContex
       return attention_mixer(block, ctx, spec);
     case MixerKind::kGatedDeltaNet:
       return gated_deltanet_mixer(block, ctx);
+    case MixerKind::kMamba2:
+      return mamba2_mixer(block, ctx);
+    case MixerKind::kNone:
+      return nullptr;
   }
   throw std::logic_error("model: no token mixer of this kind");
 }
@@ -48,6 +61,8 @@ std::shared_ptr<FeedForward> make_feed_forward(BlockImpl& block, const BlockCont
       return moe_feed_forward(block, ctx);
     case FeedForwardKind::kParallelDenseMoe:
       return parallel_feed_forward(block, ctx);
+    case FeedForwardKind::kNone:
+      return nullptr;
   }
   throw std::logic_error("model: no feed-forward of this kind");
 }

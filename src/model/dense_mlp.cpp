@@ -10,22 +10,23 @@
 namespace moe::model {
 
 DenseMlpImpl::DenseMlpImpl(int64_t hidden, int64_t ffn, double init_std, double out_init_std,
-                           const LoraSpec& lora, const config::LoraTargets& targets) {
+                           const LoraSpec& lora, const config::LoraTargets& targets, bool gated)
+    : relu2(!gated) {
   auto linear = [](int64_t in, int64_t out) {
     return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
   };
-  gate_proj = register_module("gate_proj", linear(hidden, ffn));
+  if (gated) gate_proj = register_module("gate_proj", linear(hidden, ffn));
   up_proj = register_module("up_proj", linear(hidden, ffn));
   down_proj = register_module("down_proj", linear(ffn, hidden));
   {
     torch::NoGradGuard g;
-    gate_proj->weight.normal_(0.0, init_std);
+    if (gated) gate_proj->weight.normal_(0.0, init_std);
     up_proj->weight.normal_(0.0, init_std);
     down_proj->weight.normal_(0.0, out_init_std);
   }
   if (lora.r == 0) return;
   if (!targets.dense_mlp) return;
-  lora_gate = register_module("lora_gate", LoraAdapter(hidden, ffn, lora));
+  if (gated) lora_gate = register_module("lora_gate", LoraAdapter(hidden, ffn, lora));
   lora_up = register_module("lora_up", LoraAdapter(hidden, ffn, lora));
   lora_down = register_module("lora_down", LoraAdapter(ffn, hidden, lora));
 }
@@ -36,8 +37,9 @@ torch::Tensor DenseMlpImpl::forward(const torch::Tensor& x) {
     const auto y = q ? linear_4bit(in, q) : base->forward(in);
     return a ? y + a->forward(in) : y;
   };
-  const auto gate = project(gate_proj, gate_4bit, lora_gate, x);
   const auto up = project(up_proj, up_4bit, lora_up, x);
+  if (relu2) return project(down_proj, down_4bit, lora_down, torch::relu(up).square());
+  const auto gate = project(gate_proj, gate_4bit, lora_gate, x);
   const auto h = geglu ? kernels::geglu_activation(gate, up)
                        : kernels::swiglu_activation(gate, up, fused_swiglu);
   return project(down_proj, down_4bit, lora_down, h);
@@ -47,7 +49,7 @@ void DenseMlpImpl::merge_lora() {
   torch::NoGradGuard g;
   for (auto [a, base] : {std::pair{lora_gate, gate_proj}, std::pair{lora_up, up_proj},
                          std::pair{lora_down, down_proj}}) {
-    if (!a) continue;
+    if (!a || !base) continue;
     base->weight.add_(a->delta_weight().to(base->weight.scalar_type()));
     a->zero_update();
   }
@@ -61,12 +63,7 @@ class DenseFeedForward final : public FeedForward {
   explicit DenseFeedForward(DenseMlp mlp) : mlp_(std::move(mlp)) {}
   moe::MoeLayerOutput forward(const torch::Tensor& x) override {
     profile::Scope scope("dense_ffn");
-    moe::MoeLayerOutput o;
-    o.y = mlp_->forward(x);
-    o.aux_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
-    o.z_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
-    o.tokens_per_expert = torch::zeros({0}, x.options().dtype(torch::kLong));
-    return o;
+    return no_routing(mlp_->forward(x));
   }
   void merge_lora() override { mlp_->merge_lora(); }
 
@@ -80,7 +77,8 @@ std::shared_ptr<FeedForward> dense_feed_forward(BlockImpl& block, const BlockCon
   const auto& cfg = ctx.cfg;
   block.mlp = block.register_module(
       "mlp", DenseMlp(cfg.model.hidden_size, config::dense_hidden_size(cfg), cfg.model.init_std,
-                      output_init_std(cfg), lora_spec(cfg), config::lora_targets(cfg.lora)));
+                      output_init_std(cfg), lora_spec(cfg), config::lora_targets(cfg.lora),
+                      config::gated_mlp(cfg)));
   block.mlp->fused_swiglu = fused_block_kernels(ctx);
   block.mlp->geglu = cfg.moe.activation == config::ExpertActivation::kGeglu;
   return std::make_shared<DenseFeedForward>(block.mlp);

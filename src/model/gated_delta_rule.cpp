@@ -144,7 +144,7 @@ DeltaRuleOutput recurrent_gated_delta_rule(const DeltaRuleInputs& in,
 }
 
 torch::Tensor causal_conv1d_silu(const torch::Tensor& x, const torch::Tensor& weight,
-                                 const torch::Tensor& positions) {
+                                 const torch::Tensor& positions, const torch::Tensor& bias) {
   const int64_t S = x.size(1), K = weight.size(2);
   const auto w = weight.squeeze(1).to(x.scalar_type());  // [C, K]
   // y_t = sum_i w[K - 1 - i] x_{t - i}, in nn.Conv1d's order (oldest tap first); a tap before
@@ -158,6 +158,7 @@ torch::Tensor causal_conv1d_silu(const torch::Tensor& x, const torch::Tensor& we
     const auto tap = shifted * w.select(1, K - 1 - i);
     y = y.defined() ? y + tap : tap;
   }
+  if (bias.defined()) y = y + bias.to(x.scalar_type());
   return torch::silu(y);
 }
 

@@ -4,12 +4,15 @@ namespace moe::model {
 
 LayerSpec layer_spec(const config::Config& cfg, int64_t layer) {
   LayerSpec s;
-  s.mixer = config::linear_attention_layer(cfg, layer) ? MixerKind::kGatedDeltaNet
-            : config::latent_attention(cfg)            ? MixerKind::kLatentAttention
-                                                       : MixerKind::kAttention;
-  s.feed_forward = !config::is_moe_layer(cfg, layer) ? FeedForwardKind::kDense
-                   : cfg.moe.parallel_dense          ? FeedForwardKind::kParallelDenseMoe
-                                                     : FeedForwardKind::kMoe;
+  s.mixer = !config::has_mixer(cfg, layer)               ? MixerKind::kNone
+            : config::linear_attention_layer(cfg, layer) ? MixerKind::kGatedDeltaNet
+            : config::mamba_layer(cfg, layer)            ? MixerKind::kMamba2
+            : config::latent_attention(cfg)              ? MixerKind::kLatentAttention
+                                                         : MixerKind::kAttention;
+  s.feed_forward = !config::has_feed_forward(cfg, layer) ? FeedForwardKind::kNone
+                   : !config::is_moe_layer(cfg, layer)   ? FeedForwardKind::kDense
+                   : cfg.moe.parallel_dense              ? FeedForwardKind::kParallelDenseMoe
+                                                         : FeedForwardKind::kMoe;
   s.attention_window = config::attention_window(cfg, layer);
   return s;
 }
@@ -22,6 +25,10 @@ const char* name(MixerKind kind) {
       return "latent_attention";
     case MixerKind::kGatedDeltaNet:
       return "gated_deltanet";
+    case MixerKind::kMamba2:
+      return "mamba2";
+    case MixerKind::kNone:
+      return "none";
   }
   return "?";
 }
@@ -34,6 +41,8 @@ const char* name(FeedForwardKind kind) {
       return "moe";
     case FeedForwardKind::kParallelDenseMoe:
       return "parallel_dense_moe";
+    case FeedForwardKind::kNone:
+      return "none";
   }
   return "?";
 }

@@ -47,7 +47,9 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.experts.fused_gate_up = cfg.moe.fused_gate_up;
   if (config::lora_enabled(cfg)) {
     const config::LoraTargets t = config::lora_targets(cfg.lora);
-    if (t.experts_gate_up_rank > 0) {  // its own rank and alpha (config/lora.h)
+    if (!config::gated_mlp(cfg)) {  // relu2 experts: an adapter on up alone, rank r
+      if (t.experts_up) o.experts.lora_gate_up = lora_spec(cfg);
+    } else if (t.experts_gate_up_rank > 0) {  // its own rank and alpha (config/lora.h)
       o.experts.lora_gate_up = {t.experts_gate_up_rank,
                                 config::lora_scaling(t.experts_gate_up_alpha,
                                                      t.experts_gate_up_rank, cfg.lora.use_rslora),

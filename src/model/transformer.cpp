@@ -32,7 +32,7 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
   auto embedding = torch::nn::EmbeddingOptions(m.vocab_size, m.hidden_size);
   if (m.padding_idx >= 0) embedding.padding_idx(m.padding_idx);  // that row gets no gradient
   embed = register_module("embed", torch::nn::Embedding(embedding));
-  if (m.rope_theta <= 0) {  // learned absolute positions; rotary ones live in the attention
+  if (config::learned_positions(cfg)) {  // rotary ones live in the attention
     pos_embed = register_module("pos_embed", torch::nn::Embedding(m.seq_len, m.hidden_size));
   }
   {
@@ -119,11 +119,22 @@ void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
   };
   if (!block->moe.is_empty()) {
     auto& e = *block->moe->experts;
-    quantize("moe.experts.w_gate", e.w_gate, e.gate_4bit, true);
+    if (e.w_gate.defined()) quantize("moe.experts.w_gate", e.w_gate, e.gate_4bit, true);
     quantize("moe.experts.w_up", e.w_up, e.up_4bit, true);
     quantize("moe.experts.w_down", e.w_down, e.down_4bit, true);
   }
   if (opt.mxfp4) return;  // MXFP4: the experts only (transformers' Mxfp4Config)
+  if (block->mlp) {
+    auto& m = *block->mlp;
+    if (m.gate_proj) quantize("mlp.gate_proj.weight", m.gate_proj->weight, m.gate_4bit, false);
+    quantize("mlp.up_proj.weight", m.up_proj->weight, m.up_4bit, false);
+    quantize("mlp.down_proj.weight", m.down_proj->weight, m.down_4bit, false);
+  }
+  if (block->mamba && !block->mamba->options().proj_bias) {  // Nemotron-H's projections
+    auto& mb = *block->mamba;
+    quantize("mamba.in_proj.weight", mb.in_proj->weight, mb.in_proj_4bit, false);
+    quantize("mamba.out_proj.weight", mb.out_proj->weight, mb.out_proj_4bit, false);
+  }
   // Gated DeltaNet layers keep their projections in 16 bits for now (docs/hf.md).
   if (block->attn.is_empty()) return;
   auto& a = *block->attn;
@@ -142,12 +153,6 @@ void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
     if (a.v_rows() > 0) rows.push_back(a.v_rows());
     quantize("attn.qkv.weight", a.qkv->weight, a.qkv_4bit, false, rows);
     quantize("attn.out.weight", a.out->weight, a.out_4bit, false);
-  }
-  if (block->mlp) {
-    auto& m = *block->mlp;
-    quantize("mlp.gate_proj.weight", m.gate_proj->weight, m.gate_4bit, false);
-    quantize("mlp.up_proj.weight", m.up_proj->weight, m.up_4bit, false);
-    quantize("mlp.down_proj.weight", m.down_proj->weight, m.down_4bit, false);
   }
 }
 

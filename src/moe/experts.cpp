@@ -59,7 +59,8 @@ ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
     auto t = torch::randn(shape) * std;
     return held == E ? t : t.narrow(0, opt.first_expert, held).clone();
   };
-  w_gate = register_parameter("w_gate", stack({E, d, f}, opt.init_std));
+  const bool gated = opt.activation != config::ExpertActivation::kRelu2;
+  if (gated) w_gate = register_parameter("w_gate", stack({E, d, f}, opt.init_std));
   w_up = register_parameter("w_up", stack({E, d, f}, opt.init_std));
   w_down = register_parameter("w_down", stack({E, f, d}, opt.output_init_std));
   if (opt.bias) {  // zeros, as transformers initialises gpt-oss's expert biases
@@ -69,8 +70,8 @@ ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
   }
   opt_.num_experts = held;  // forward() runs the experts held here
   if (opt.lora_gate_up.r > 0) {
-    lora_gate_up =
-        register_module("lora_gate_up", model::ExpertLora(E, d, 2 * f, opt.lora_gate_up));
+    lora_gate_up = register_module("lora_gate_up",
+                                   model::ExpertLora(E, d, (gated ? 2 : 1) * f, opt.lora_gate_up));
   }
   if (opt.lora_down.r > 0) {
     lora_down = register_module("lora_down", model::ExpertLora(E, f, d, opt.lora_down));
@@ -83,8 +84,12 @@ void ExpertsImpl::merge_lora() {
   const int64_t f = opt_.ffn_size;
   if (lora_gate_up) {
     const auto delta = lora_gate_up->delta_weight();
-    w_gate.add_(delta.narrow(2, 0, f).to(w_gate.scalar_type()));
-    w_up.add_(delta.narrow(2, f, f).to(w_up.scalar_type()));
+    if (w_gate.defined()) {
+      w_gate.add_(delta.narrow(2, 0, f).to(w_gate.scalar_type()));
+      w_up.add_(delta.narrow(2, f, f).to(w_up.scalar_type()));
+    } else {  // relu2: the adapter is up's alone
+      w_up.add_(delta.to(w_up.scalar_type()));
+    }
     lora_gate_up->zero_update();
   }
   if (lora_down) {
@@ -107,7 +112,7 @@ bool ExpertsImpl::uses_grouped_mm(const torch::Tensor& x) const {
 bool ExpertsImpl::fuses_gate_up() const {
   if (gate_4bit) return false;  // each 4-bit stack is dequantized and multiplied on its own
   // The packed activation is plain SwiGLU's, without biases.
-  if (opt_.bias || opt_.activation != config::ExpertActivation::kSwiglu) return false;
+  if (opt_.bias || opt_.activation != config::ExpertActivation::kSwiglu) return false;  // relu2 too
   // bf16 weights (training.param_dtype bf16, a frozen 16-bit base under LoRA) are read in place
   // by two GEMMs; one GEMM would need a concatenated copy kept for the backward: E d 2f bf16
   // per layer (38 GB over Qwen3-30B-A3B's 48 layers).
@@ -119,7 +124,19 @@ bool experts_grouped_mm_supported(const torch::Device& device) {
          at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->major == 9;
 }
 
+void ExpertsImpl::add_gate_up_update(torch::Tensor& gate, torch::Tensor& up,
+                                     const torch::Tensor& delta) const {
+  if (!gate.defined()) {  // relu2: the adapter is up's alone
+    up = up + delta;
+    return;
+  }
+  const auto halves = delta.chunk(2, 1);
+  gate = gate + halves[0];
+  up = up + halves[1];
+}
+
 torch::Tensor ExpertsImpl::activation(const torch::Tensor& gate, const torch::Tensor& up) const {
+  if (opt_.activation == config::ExpertActivation::kRelu2) return torch::relu(up).square();
   if (opt_.activation == config::ExpertActivation::kClampedSwiglu) {
     return kernels::clamped_swiglu_activation(gate, up, opt_.swiglu_limit, opt_.swiglu_alpha,
                                               opt_.fused_swiglu);
@@ -160,13 +177,10 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
         return q ? model::grouped_linear_4bit(xb, q, offs)
                  : at::_grouped_mm(xb, w.to(torch::kBFloat16), offs);
       };
-      auto gate = plus_bias(project(w_gate, gate_4bit), b_gate);
+      const bool gated = w_gate.defined() || gate_4bit;
+      auto gate = gated ? plus_bias(project(w_gate, gate_4bit), b_gate) : torch::Tensor();
       auto up = plus_bias(project(w_up, up_4bit), b_up);
-      if (lora_gate_up) {
-        const auto delta = lora_gate_up->forward_grouped(xb, offs).chunk(2, 1);
-        gate = gate + delta[0];
-        up = up + delta[1];
-      }
+      if (lora_gate_up) add_gate_up_update(gate, up, lora_gate_up->forward_grouped(xb, offs));
       h = activation(gate, up);
     }
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
@@ -202,16 +216,14 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   for (int64_t e = 0; e < opt_.num_experts; ++e) {
     if (c[e] == 0) continue;  // experts without tokens are normal
     const auto& seg = segments[static_cast<size_t>(e)];
-    auto g =
-        plus_bias(gate_4bit ? model::expert_linear_4bit(seg, gate_4bit, e) : seg.matmul(gate[e]),
-                  bias_gate, e);
+    const bool gated = !gate.empty() || gate_4bit;  // relu2 experts have up and down only
+    auto g = !gated ? torch::Tensor()
+                    : plus_bias(gate_4bit ? model::expert_linear_4bit(seg, gate_4bit, e)
+                                          : seg.matmul(gate[e]),
+                                bias_gate, e);
     auto u = plus_bias(up_4bit ? model::expert_linear_4bit(seg, up_4bit, e) : seg.matmul(up[e]),
                        bias_up, e);
-    if (lora_gate_up) {
-      const auto delta = lora_gate_up->forward_expert(seg, gate_up_lora, e).chunk(2, 1);
-      g = g + delta[0];
-      u = u + delta[1];
-    }
+    if (lora_gate_up) add_gate_up_update(g, u, lora_gate_up->forward_expert(seg, gate_up_lora, e));
     auto h = activation(g, u);
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
     auto y = plus_bias(down_4bit ? model::expert_linear_4bit(h, down_4bit, e) : h.matmul(down[e]),

@@ -37,8 +37,10 @@ MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt)
     // The routed experts' biases and activation are gpt-oss's; shared experts (DeepSeekMoE)
     // are plain SwiGLU MLPs.
     shared.bias = false;
-    shared.activation = opt.experts.activation == config::ExpertActivation::kGeglu
-                            ? config::ExpertActivation::kGeglu
+    const auto routed_act = opt.experts.activation;
+    shared.activation = routed_act == config::ExpertActivation::kGeglu ||
+                                routed_act == config::ExpertActivation::kRelu2
+                            ? routed_act  // Gemma 4's GeGLU, Nemotron-H's relu2 MLPs everywhere
                             : config::ExpertActivation::kSwiglu;
     shared_expert = register_module("shared_expert", Experts(shared));
     if (opt.shared_expert_gate) {

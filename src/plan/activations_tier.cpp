@@ -45,7 +45,9 @@ Shape shape_of(const Config& c, int64_t micro_batch, const PlanOptions& opt) {
       ((!cpu && (c.bf16.enabled || c.fp16.enabled)) || c.training.param_dtype != ParamDtype::kFp32)
           ? 2.0
           : 4.0;
-  s.swiglu_kept = fused_kernels(c, opt) ? 3.0 : 4.0;
+  // relu2 MLPs keep relu(up) (relu's backward reads its output, the square's its input) and the
+  // square (down's input).
+  s.swiglu_kept = !config::gated_mlp(c) ? 2.0 : fused_kernels(c, opt) ? 3.0 : 4.0;
   s.checkpoints_on_host = !cpu && c.activation_checkpointing.cpu_checkpointing;
   return s;
 }
@@ -110,6 +112,29 @@ double linear_attention_saved(const Config& c, const Shape& s) {
   return b;
 }
 
+// Mamba-2 (model/mamba2_mixer.cpp) as its ATen reference runs (mamba2_scan.cpp): the in_proj
+// output, the conv's taps and SiLU, the scan's fp32 copies (B and C repeated to every head), its
+// per-chunk [Q, Q] matrices and states, the gated norm, out_proj's input.
+double mamba_saved(const Config& c, const Shape& s) {
+  const auto& m = c.model;
+  const double T = s.T, a = s.a, Q = static_cast<double>(m.mamba_chunk_size);
+  const double H = static_cast<double>(m.mamba_num_heads),
+               N = static_cast<double>(m.ssm_state_size);
+  const double P = static_cast<double>(m.mamba_head_dim), inner = H * P;
+  const double conv = static_cast<double>(config::mamba_conv_channels(c));
+  const double K = static_cast<double>(m.mamba_conv_kernel);
+  double b = 0;
+  b += 2 * T * s.d * a + T * 4;          // block input + rstd, normalised input
+  b += T * (inner + conv + H) * a;       // z | x, B, C | dt
+  b += K * T * conv * a;                 // the conv's K - 1 shifted taps, its sum (SiLU's input)
+  b += 4 * T * (2 * inner + 3 * H * N);  // fp32 x, x dt; B, C and the decayed C per head
+  b += 4 * T * H * 4;                    // dt (softplus input and output), dt A, its cumsum
+  b += 3 * T * Q * H * 4;                // per chunk C B^T, its decay, their product
+  b += 2 * (T / Q) * H * P * N * 4;      // each chunk's state, twice
+  b += 6 * T * inner * 4;                // y, silu(z)'s in and out, gated, normed, x weight
+  return b;
+}
+
 // The block's shape at layer `layer`: full-attention layers may have their own head width and
 // key/value heads (Gemma 4's model.global_*).
 Shape layer_shape(const Config& c, const Shape& s, int64_t layer) {
@@ -120,7 +145,9 @@ Shape layer_shape(const Config& c, const Shape& s, int64_t layer) {
 }
 
 double attention_saved(const Config& c, const Shape& shape, int64_t layer) {
+  if (!config::has_mixer(c, layer)) return 0;  // a feed-forward-only block
   if (config::linear_attention_layer(c, layer)) return linear_attention_saved(c, shape);
+  if (config::mamba_layer(c, layer)) return mamba_saved(c, shape);
   if (latent_attention(c)) return latent_attention_saved(c, shape);
   const Shape s = layer_shape(c, shape, layer);
   const double T = s.T, a = s.a;
@@ -170,7 +197,8 @@ double ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
   if (!moe_layer) {  // gate, (silu,) up, product
     return b + (s.swiglu_kept - (!lora || t.dense_mlp ? 0 : 1)) * T * s.fd * a;
   }
-  const bool rows_kept = !lora || t.experts_gate_up_rank > 0;
+  const bool up_adapter = config::gated_mlp(c) ? t.experts_gate_up_rank > 0 : t.experts_up;
+  const bool rows_kept = !lora || up_adapter;
   const double product = !lora || t.experts_down ? 0 : 1;  // 1: the product is not kept
   b += 3 * T * s.E * 4;                                // router logits, probabilities, z-loss terms
   b += T * s.k * ((rows_kept ? s.d * a : 0) + 3 * 8);  // dispatched rows + plan indices
@@ -193,8 +221,15 @@ double head_saved(const Config& c, const Shape& s) {
 double block_transient(const Config& c, const Shape& shape, int64_t layer) {
   const Shape s = layer_shape(c, shape, layer);
   const bool moe_layer = is_moe_layer(c, layer);
-  const double ffn =
-      moe_layer ? 2 * s.T * s.k * s.f * s.a + 2 * s.T * s.k * s.d * s.a : 2 * s.T * s.fd * s.a;
+  const double ffn = !config::has_feed_forward(c, layer) ? 0
+                     : moe_layer ? 2 * s.T * s.k * s.f * s.a + 2 * s.T * s.k * s.d * s.a
+                                 : 2 * s.T * s.fd * s.a;
+  if (!config::has_mixer(c, layer)) return ffn;
+  if (config::mamba_layer(c, layer)) {  // the fp32 gradients of the scan's inputs and output
+    const double inner = static_cast<double>(config::mamba_inner_size(c));
+    return std::max(ffn, 3 * s.T * inner * 4 +
+                             2 * s.T * static_cast<double>(config::mamba_conv_channels(c)) * s.a);
+  }
   if (config::linear_attention_layer(c, layer)) {  // the fp32 gradients of the rule's inputs
     const LinearShape l = linear_shape(c);
     return std::max(ffn, 3 * s.T * l.nv * (l.dk + l.dv) * 4 + 2 * s.T * l.conv * s.a);
@@ -225,7 +260,8 @@ Walk walk_backward(const Config& c, const Shape& s, bool checkpoint_all,
   std::vector<double> kept(static_cast<size_t>(L)), full(static_cast<size_t>(L));
   double acts = 0, host = 0;
   for (int64_t l = 0; l < L; ++l) {
-    full[l] = attention_saved(c, s, l) + ffn_saved(c, s, is_moe_layer(c, l));
+    full[l] = attention_saved(c, s, l) +
+              (config::has_feed_forward(c, l) ? ffn_saved(c, s, is_moe_layer(c, l)) : 0);
     const bool checkpointed = static_cast<double>(l) < ckpt_layers;
     // A checkpointed block keeps its input only: on the device, or in host memory until its
     // backward copies it back (counted in full[l], the recomputed block's own input).

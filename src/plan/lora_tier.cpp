@@ -43,7 +43,9 @@ double lora_ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
   const double r = static_cast<double>(c.lora.r);
   if (!moe_layer) return t.dense_mlp ? 3 * s.T * r * s.a : 0;
   const double rows = s.T * s.k;
-  return rows * (static_cast<double>(t.experts_gate_up_rank) + (t.experts_down ? r : 0)) * s.a;
+  const double up_rank =
+      config::gated_mlp(c) ? static_cast<double>(t.experts_gate_up_rank) : (t.experts_up ? r : 0);
+  return rows * (up_rank + (t.experts_down ? r : 0)) * s.a;
 }
 
 // The frozen base: the compute dtype (2 bytes) under bf16/fp16 on a GPU or 16-bit weights, fp32

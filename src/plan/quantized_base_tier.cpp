@@ -38,7 +38,8 @@ Held4bit held_in_4bit(const std::string& name, bool mxfp4) {
   static const char* const kMatrices[] = {
       ".attn.out.weight",      ".attn.q_proj.weight",    ".attn.q_a_proj.weight",
       ".attn.q_b_proj.weight", ".attn.kv_a_proj.weight", ".attn.kv_b_proj.weight",
-      ".mlp.gate_proj.weight", ".mlp.up_proj.weight",    ".mlp.down_proj.weight"};
+      ".mlp.gate_proj.weight", ".mlp.up_proj.weight",    ".mlp.down_proj.weight",
+      ".mamba.in_proj.weight", ".mamba.out_proj.weight"};
   for (const char* tail : kMatrices) {
     if (ends_with(name, tail)) return Held4bit::kMatrix;
   }

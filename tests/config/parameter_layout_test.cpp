@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/config/config.h"
+#include "moe/config/lora.h"
 #include "moe/config/parameter_layout.h"
 #include "moe/model/transformer.h"
 
@@ -128,6 +129,55 @@ TEST(ParameterLayout, Gemma4ParallelDenseSandwichKeysAsValues) {
            {{"r", 2},
             {"target_modules",
              {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}}}));
+}
+
+// Nemotron-H: one sublayer per block (Mamba-2 with conv bias, MoE, attention without positions,
+// a dense MLP), relu2 MLPs and experts without gate; plain (count_parameters and module_costs
+// agree with the layout), and with LoRA on attention, the Mamba projections and the experts
+// (lora_parameter_counts agrees with the adapters); the Mamba projections' biases too.
+TEST(ParameterLayout, NemotronHSublayerBlocksMambaRelu2) {
+  const nlohmann::json model = {{"num_key_value_heads", 2},
+                                {"no_position_encoding", true},
+                                {"sublayer_blocks", true},
+                                {"num_layers", 5},
+                                {"layer_types", {"mamba", "moe", "full_attention", "mlp", "mamba"}},
+                                {"mamba_num_heads", 4},
+                                {"mamba_head_dim", 4},
+                                {"ssm_state_size", 3},
+                                {"mamba_n_groups", 2},
+                                {"mamba_chunk_size", 4},
+                                {"dense_hidden_size", 20}};
+  const nlohmann::json moe = {
+      {"activation", "relu2"}, {"shared_expert_hidden_size", 8}, {"score_function", "sigmoid"}};
+  const config::Config plain = make(model, moe, {{"r", 0}});
+  expect_layout_is_the_models(plain);
+  const auto numel_of = [](const config::Config& c, bool adapters) {
+    int64_t numel = 0;
+    for (const auto& p : parameter_layout(c)) {
+      if (config::is_lora_parameter(p.name) != adapters) continue;
+      int64_t n = 1;
+      for (const int64_t s : p.shape) n *= s;
+      numel += n;
+    }
+    return numel;
+  };
+  EXPECT_EQ(config::count_parameters(plain), numel_of(plain, false));
+  int64_t costed = 0;
+  for (const auto& m : config::module_costs(plain)) costed += m.params * m.count;
+  EXPECT_EQ(costed, numel_of(plain, false));
+  const config::Config lora = make(
+      model, moe,
+      {{"r", 2},
+       {"target_modules",
+        {"q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "out_proj", "up_proj", "down_proj"}}});
+  expect_layout_is_the_models(lora);
+  EXPECT_EQ(config::lora_parameter_counts(lora).adapter, numel_of(lora, true));
+  nlohmann::json biased = model;
+  biased["mamba_proj_bias"] = true;
+  biased["mamba_conv_bias"] = false;
+  const config::Config with_biases = make(biased, moe, {{"r", 0}});
+  expect_layout_is_the_models(with_biases);
+  EXPECT_EQ(config::count_parameters(with_biases), numel_of(with_biases, false));
 }
 
 TEST(ParameterLayout, GptOssBiasesSinksWindows) {

@@ -47,7 +47,7 @@ BIN = sys.argv[1]
 ALL = {**tiny_families.FAMILIES, **tiny_families.MLA_FAMILIES, **tiny_families.GLM_FAMILIES,
        **tiny_families.HYBRID_FAMILIES, **tiny_families.VL_FAMILIES, **tiny_families.SIGMOID_FAMILIES,
        **tiny_families.SOFTMAX_BIAS_FAMILIES, **tiny_families.MISTRAL4_FAMILIES,
-       **tiny_families.GEMMA4_FAMILIES}
+       **tiny_families.GEMMA4_FAMILIES, **tiny_families.MAMBA_FAMILIES}
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -120,7 +120,7 @@ def tiny_model(family, src, tok_dir, **changes):
     base = tiny_families.HYBRID if family in tiny_families.HYBRID_FAMILIES else tiny_families.COMMON
     if family in tiny_families.MLA_FAMILIES or family in tiny_families.MISTRAL4_FAMILIES:
         base = tiny_families.COMMON
-    if family in tiny_families.GEMMA4_FAMILIES:
+    if family in tiny_families.GEMMA4_FAMILIES or family in tiny_families.MAMBA_FAMILIES:
         base = {}  # its dict is whole
     torch.manual_seed(5)
     model = transformers.AutoModelForCausalLM.from_config(cls(**{**base, **extra, **changes})).eval()

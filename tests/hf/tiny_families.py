@@ -112,6 +112,22 @@ HYBRID_FAMILIES = {
     "qwen3_5_moe_text": (transformers.Qwen3_5MoeTextConfig, {}),
 }
 
+# Nemotron-H / Nemotron 3 (tests/hf/nemotron_h_test.py has its import/export checks): one
+# sublayer per block, every kind: Mamba-2 (4 heads of 16, state 8 in 2 groups, chunks of 8),
+# MoE (4 relu2 experts top-2 with sigmoid scores, a correction bias and a shared expert), attention
+# without positions, a dense relu2 MLP, then Mamba and MoE again. No pad id (the release's pad 0
+# would zero a row whose window then carries nothing).
+NEMOTRON_H = dict({k: v for k, v in COMMON.items() if k != "num_hidden_layers"}, head_dim=16,
+                  layers_block_type=["linear_attention", "moe", "full_attention", "mlp",
+                                     "linear_attention", "moe"],
+                  intermediate_size=96, mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8,
+                  n_groups=2, chunk_size=8, n_routed_experts=4, moe_intermediate_size=32,
+                  moe_shared_expert_intermediate_size=48, layer_norm_epsilon=1e-5,
+                  pad_token_id=None, max_position_embeddings=4096)
+MAMBA_FAMILIES = {
+    "nemotron_h": (transformers.NemotronHConfig, dict(NEMOTRON_H)),
+}
+
 # Qwen3.5 as released: the vision-language class, the text model above under text_config and a
 # one-block vision tower (tests/hf/qwen3_next_test.py's vision_language check).
 VISION = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,

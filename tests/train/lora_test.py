@@ -27,7 +27,9 @@ deepseek_v3 deepseek_v2, the latent-attention families: adapters on
 q_a_proj / q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj and the routed experts;
 glm4_moe, GLM-4.5 with q/k/v biases, q/k norms, partial rotary and group routing; gemma4_text,
 Gemma 4 with its experts beside a dense MLP (PEFT's target_parameters experts.gate_up_proj /
-experts.down_proj) and no v_proj on its K = V layer), only those families' checks run.
+experts.down_proj) and no v_proj on its K = V layer; nemotron_h, Nemotron-H with adapters on its
+attention, Mamba in_proj and relu2 experts' up / down), only those families' checks
+run.
 
 usage: lora_test.py MOE_TRAIN_BINARY [FAMILY...]
 """
@@ -44,8 +46,8 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "hf"))
 from tiny_families import (COMMON, FAMILIES, GEMMA4_FAMILIES, GEMMA4_LORA,  # noqa: E402
-                           GLM_FAMILIES, HYBRID, HYBRID_FAMILIES, MISTRAL4_FAMILIES, MLA_FAMILIES,
-                           SIGMOID_FAMILIES, SOFTMAX_BIAS_FAMILIES)
+                           GLM_FAMILIES, HYBRID, HYBRID_FAMILIES, MAMBA_FAMILIES, MISTRAL4_FAMILIES,
+                           MLA_FAMILIES, SIGMOID_FAMILIES, SOFTMAX_BIAS_FAMILIES)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from lora_common import checkpoint, peft_steps, runner  # noqa: E402
@@ -62,6 +64,10 @@ MLA_TARGETS = {"deepseek_v3": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv
                "deepseek_v2": ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj",
                                "up_proj", "down_proj"]}
 MLA_TARGETS["glm4_moe_lite"] = MLA_TARGETS["mistral4"] = MLA_TARGETS["deepseek_v3"]
+# Nemotron-H: attention, the Mamba layers' in_proj (PEFT refuses out_proj on Mamba models), the
+# relu2 experts' up and down (PEFT: target_parameters mixer.experts.up_proj / down_proj).
+MLA_TARGETS["nemotron_h"] = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "up_proj",
+                             "down_proj"]
 
 run = runner(BIN)
 
@@ -111,9 +117,11 @@ def logits_of(model, tokens):
 
 def family_test(tmp, family):
     cls, extra = {**FAMILIES, **MLA_FAMILIES, **GLM_FAMILIES, **HYBRID_FAMILIES, **SIGMOID_FAMILIES,
-                  **SOFTMAX_BIAS_FAMILIES, **MISTRAL4_FAMILIES, **GEMMA4_FAMILIES}[family]
-    # Gemma 4's dict is whole (its width and layers differ from COMMON's)
-    common = HYBRID if family in HYBRID_FAMILIES else {} if family in GEMMA4_FAMILIES else COMMON
+                  **SOFTMAX_BIAS_FAMILIES, **MISTRAL4_FAMILIES, **GEMMA4_FAMILIES,
+                  **MAMBA_FAMILIES}[family]
+    # Gemma 4's and Nemotron-H's dicts are whole (their widths and layers differ from COMMON's)
+    whole = family in GEMMA4_FAMILIES or family in MAMBA_FAMILIES
+    common = HYBRID if family in HYBRID_FAMILIES else {} if whole else COMMON
     print(f"{family}:")
     torch.manual_seed(11)
     src = tmp / f"hf-{family}"

@@ -46,6 +46,15 @@ CASES = {
         "model.scale_embeddings=true", "model.final_logit_softcapping=30.0", "model.dense_hidden_size=640",
         "moe.parallel_dense=true", "moe.router_input_norm=true", "moe.per_expert_scale=true",
         "moe.activation=geglu"]),
+    # Nemotron-H's blocks (issue 67): one sublayer per block, Mamba-2 (8 heads of 80, state 64 in
+    # 2 groups, chunks of 64) twice, relu2 experts with a shared one, attention without
+    # positions, a dense relu2 MLP
+    "nemotron-block": ("bench-cpu-small.json", [
+        "model.num_layers=6", "model.sublayer_blocks=true", "model.no_position_encoding=true",
+        "model.layer_types=[\"mamba\",\"moe\",\"full_attention\",\"mlp\",\"mamba\",\"moe\"]",
+        "model.mamba_num_heads=8", "model.mamba_head_dim=80", "model.ssm_state_size=64",
+        "model.mamba_n_groups=2", "model.mamba_chunk_size=64", "model.dense_hidden_size=640",
+        "moe.activation=relu2", "moe.score_function=sigmoid", "moe.shared_expert_hidden_size=512"]),
     # LoRA over a frozen base (fp32 on a CPU): adapters, their Adam state and their activations
     "lora-r8-all-targets": ("bench-cpu-small.json", ["lora.r=8"]),
     "lora-r16-checkpointed": ("bench-cpu-small.json", ["lora.r=16", "lora.target_modules=[\"q_proj\",\"v_proj\",\"gate_up_proj\",\"down_proj\"]",

@@ -51,7 +51,7 @@ enum class QuantMethod { kBitsandbytes, kMxfp4 };
 // moe.activation: the experts' gated activation: silu(gate) * up, or gpt-oss's clamped form
 // (up + 1) * gate * sigmoid(alpha * gate) with gate <= limit and |up| <= limit.
 // geglu (Gemma 4): gelu_tanh(gate) * up, in the experts, the shared expert and the dense MLPs.
-enum class ExpertActivation { kSwiglu, kClampedSwiglu, kGeglu };
+enum class ExpertActivation { kSwiglu, kClampedSwiglu, kGeglu, kRelu2 };
 
 template <class E>
 struct ChoiceNames;  // kNames[i] is the JSON name of the enumerator with value i
@@ -73,7 +73,8 @@ struct ChoiceNames<QuantComputeDtype> {
 };
 template <>
 struct ChoiceNames<ExpertActivation> {
-  static constexpr std::array<std::string_view, 3> kNames = {"swiglu", "clamped_swiglu", "geglu"};
+  static constexpr std::array<std::string_view, 4> kNames = {"swiglu", "clamped_swiglu", "geglu",
+                                                             "relu2"};
 };
 template <>
 struct ChoiceNames<QuantMethod> {

@@ -205,6 +205,29 @@ struct ModelConfig {
   double final_logit_softcapping = 0.0;  // > 0: logits = c tanh(logits / c)
   bool sandwich_norms = false;  // RMSNorms on the attention's and feed-forward's outputs too
   bool layer_scalar = false;    // each block's output times a frozen per-layer scalar
+  // Mamba-2 (SSD) mixers (model/mamba2_mixer.cpp) on the layers model.layer_types marks "mamba"
+  // (Nemotron-H, Granite 4.0-H): mamba_num_heads heads of mamba_head_dim, B and C of
+  // ssm_state_size in mamba_n_groups groups, a causal depthwise conv of mamba_conv_kernel over
+  // x, B and C, the chunked scan in chunks of mamba_chunk_size.
+  int64_t mamba_num_heads = 0;
+  int64_t mamba_head_dim = 0;
+  int64_t ssm_state_size = 0;
+  int64_t mamba_n_groups = 1;
+  int64_t mamba_conv_kernel = 4;
+  int64_t mamba_chunk_size = 128;
+  bool mamba_conv_bias = true;   // a bias on the conv (HF's use_conv_bias)
+  bool mamba_proj_bias = false;  // biases on in_proj and out_proj (HF's use_bias)
+  // The time step after softplus clamped to [mamba_dt_min, mamba_dt_max] (HF's
+  // time_step_limit); mamba_dt_max 0 = unbounded.
+  double mamba_dt_min = 0.0;
+  double mamba_dt_max = 0.0;
+  // Each block holds one sublayer (Nemotron-H's layers_block_type): layer_types "mamba" and
+  // "full_attention" a token mixer only, "moe" and "mlp" a feed-forward only, each behind one
+  // RMSNorm and a residual.
+  bool sublayer_blocks = false;
+  // Attention sees no positions at all: neither rotary nor learned (Nemotron-H's attention, and
+  // Granite 4.0-H's position_embedding_type "nope"); needs rope_theta 0.
+  bool no_position_encoding = false;
 };
 
 struct MoeConfig {
@@ -477,6 +500,21 @@ int64_t attention_window(const Config& cfg, int64_t layer);
 // Whether decoder block `layer` mixes tokens by Gated DeltaNet (model.layer_types
 // "linear_attention") instead of attention.
 bool linear_attention_layer(const Config& cfg, int64_t layer);
+// Whether decoder block `layer` mixes tokens by a Mamba-2 mixer (model.layer_types "mamba").
+bool mamba_layer(const Config& cfg, int64_t layer);
+// Whether block `layer` has a token mixer / a feed-forward: both, except under
+// model.sublayer_blocks, where it has the one its layer_types entry names.
+bool has_mixer(const Config& cfg, int64_t layer);
+bool has_feed_forward(const Config& cfg, int64_t layer);
+// Whether the MLPs and experts are gated (gate, up and down; SwiGLU, GeGLU) rather than an
+// activation of up alone (moe.activation relu2: up and down only).
+bool gated_mlp(const Config& cfg);
+// Whether the model has learned absolute positions (model.rope_theta 0 without
+// model.no_position_encoding).
+bool learned_positions(const Config& cfg);
+// A Mamba-2 mixer's inner width (heads x head_dim) and its conv's channels (x, B and C).
+int64_t mamba_inner_size(const Config& cfg);
+int64_t mamba_conv_channels(const Config& cfg);
 // Whether decoder block `layer` is a full-attention layer of a model whose layer_types name
 // some ("full_attention"): where model.global_* apply.
 bool global_attention_layer(const Config& cfg, int64_t layer);

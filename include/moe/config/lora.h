@@ -25,6 +25,10 @@ struct LoraTargets {
   int64_t experts_gate_up_rank = 0;  // 0: no adapter on the experts' gate_up
   double experts_gate_up_alpha = 0;
   bool experts_down = false;
+  // up_proj named without gate_proj: the adapter on non-gated (relu2) experts' up, rank r
+  // (PEFT's target_parameters "experts.up_proj" on Nemotron-H).
+  bool experts_up = false;
+  bool in_proj = false, out_proj = false;  // the Mamba-2 mixers' projections
 };
 
 bool lora_enabled(const Config& c);
@@ -50,7 +54,7 @@ inline constexpr std::string_view kLoraTargetNames[] = {
     "gate_proj",  "up_proj",  "down_proj",    "w1",
     "w3",         "w2",       "gate_up_proj", "dense_mlp",
     "all-linear", "q_a_proj", "q_b_proj",     "kv_a_proj_with_mqa",
-    "kv_b_proj"};
+    "kv_b_proj",  "in_proj",  "out_proj"};
 inline constexpr std::string_view kLoraSaveableNames[] = {
     "gate",   "lm_head", "embed_tokens", "norm", "input_layernorm", "post_attention_layernorm",
     "q_norm", "k_norm"};

@@ -56,6 +56,11 @@ enum class Feature {
   kParallelDense,     // a dense MLP beside the experts in every MoE layer
   kRouterInputNorm,   // the router's own input norm and scale, per-expert output scales
   kGeglu,             // gelu_tanh(gate) * up in the MLPs and experts
+  // Nemotron-H's:
+  kMamba,           // Mamba-2 layers (model.layer_types "mamba")
+  kSublayerBlocks,  // one sublayer per block (model.sublayer_blocks)
+  kNoPositions,     // attention without position encoding
+  kRelu2,           // non-gated relu(up)^2 MLPs and experts
 };
 
 class ModelFamily {
@@ -96,6 +101,15 @@ class ModelFamily {
   // experts. The default is the per-expert layout transformers 5 saves (mlp.experts.E.*_proj).
   virtual void moe_tensors(const config::Config& cfg, const std::string& hf_layer,
                            const std::string& our_layer, std::vector<TensorPiece>& out) const;
+  // Where a layer's parts sit under "layers.i." (transformers' module paths): most families
+  // "self_attn.", "mlp.", "input_layernorm"; Nemotron-H holds every sublayer as "mixer." behind
+  // "norm". And the embedding and final norm under the model prefix.
+  virtual const char* attention_module() const { return "self_attn."; }
+  virtual const char* mamba_module() const { return "mamba."; }
+  virtual const char* dense_mlp_module() const { return "mlp."; }
+  virtual const char* input_norm() const { return "input_layernorm"; }
+  virtual const char* embedding_tensor() const { return "embed_tokens.weight"; }
+  virtual const char* final_norm_tensor() const { return "norm.weight"; }
   // PEFT's gate_up_proj adapter columns interleave gate and up (gpt-oss's fused layout).
   virtual bool interleaved_gate_up() const { return false; }
   // Where transformers 5 holds a layer's routed experts, as PEFT's target_parameters name them:
@@ -115,6 +129,9 @@ class ModelFamily {
   virtual const char* text_family() const { return nullptr; }
   // The prefix of the text model's tensors: "model." (a causal LM), "model.language_model.".
   virtual const char* hf_model_prefix() const { return "model."; }
+  // The text model's module path in memory, which PEFT's adapter names follow: the prefix above
+  // for most; Nemotron-H's checkpoints say "backbone." where transformers holds "model.".
+  virtual const char* peft_model_prefix() const { return hf_model_prefix(); }
   // The output head's tensor: "lm_head.weight"; Mistral 3's wrapper:
   // "language_model.lm_head.weight".
   virtual const char* hf_head_name() const { return "lm_head.weight"; }

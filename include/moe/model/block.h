@@ -1,8 +1,8 @@
 // One decoder block, assembled from its layer's spec (model/layer_spec.h): [RMSNorm -> token
-// mixer] and [RMSNorm -> feed-forward], each with a residual; with model.sandwich_norms an
-// RMSNorm on each output too, with model.layer_scalar the block's output times a scalar. The kinds
-// sit behind the two interfaces of model/block_parts.h; the block never asks which family it
-// belongs to.
+// mixer] and [RMSNorm -> feed-forward], each with a residual (model.sublayer_blocks: one of them);
+// with model.sandwich_norms an RMSNorm on each output too, with model.layer_scalar the block's
+// output times a scalar. The kinds sit behind the two interfaces of model/block_parts.h; the block
+// never asks which family it belongs to.
 #pragma once
 
 #include <memory>
@@ -16,6 +16,7 @@
 #include "moe/model/dense_mlp.h"
 #include "moe/model/gated_deltanet.h"
 #include "moe/model/layer_spec.h"
+#include "moe/model/mamba2_mixer.h"
 #include "moe/model/rms_norm.h"
 #include "moe/moe/moe_layer.h"
 
@@ -37,14 +38,16 @@ class BlockImpl : public torch::nn::Module {
   const LayerSpec& spec() const { return spec_; }
   // The documents of the following forwards (CausalSelfAttentionImpl::set_documents).
   void set_documents(const torch::Tensor& mask, const torch::Tensor& positions) {
-    mixer_->set_documents(mask, positions);
+    if (mixer_) mixer_->set_documents(mask, positions);
   }
   void share_rotary_tables(std::shared_ptr<RotaryTableCache> cache) {
-    mixer_->share_rotary_tables(std::move(cache));
+    if (mixer_) mixer_->share_rotary_tables(std::move(cache));
   }
   void merge_lora();  // every adapter of the block folded into its base weight
   // Generation: the following forwards run `step` against the layer's `cache` (null: ordinary).
-  void set_decode(const DecodeStep* step, LayerCache* cache) { mixer_->set_decode(step, cache); }
+  void set_decode(const DecodeStep* step, LayerCache* cache) {
+    if (mixer_) mixer_->set_decode(step, cache);
+  }
 
   // The kinds' modules, by the names their parameters carry (blocks.N.attn., .linear_attn.,
   // .moe., .mlp.):
@@ -58,6 +61,7 @@ class BlockImpl : public torch::nn::Module {
   torch::Tensor layer_scalar;  // [1], frozen (model.layer_scalar only)
   CausalSelfAttention attn{nullptr};
   GatedDeltaNet linear_attn{nullptr};  // Gated DeltaNet layers (blocks.N.linear_attn.)
+  Mamba2Mixer mamba{nullptr};          // Mamba-2 layers (blocks.N.mamba.)
   moe::MoeLayer moe{nullptr};          // MoE layers
   DenseMlp mlp{nullptr};               // dense layers
 

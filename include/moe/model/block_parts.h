@@ -63,6 +63,8 @@ LoraSpec lora_spec(const config::Config& cfg);
 // about the MoE layers' kernels (a dense model asking for "cuda" on the CPU is not refused for
 // want of a rotary kernel).
 bool fused_block_kernels(const BlockContext& ctx);
+// A feed-forward's output without routing: zero aux and z losses, no tokens per expert.
+moe::MoeLayerOutput no_routing(const torch::Tensor& y);
 // One of the block's RMSNorms over the hidden width (model.norm_eps, model.zero_centered_norm).
 RMSNorm hidden_norm(const config::Config& cfg);
 // Residual-output projections' init std: init_std / sqrt(2 L) (GPT-2, Megatron).
@@ -73,6 +75,8 @@ std::shared_ptr<TokenMixer> attention_mixer(BlockImpl& block, const BlockContext
                                             const LayerSpec& spec);  // model/attention.cpp
 std::shared_ptr<TokenMixer> gated_deltanet_mixer(BlockImpl& block,
                                                  const BlockContext& ctx);  // gated_deltanet.cpp
+std::shared_ptr<TokenMixer> mamba2_mixer(BlockImpl& block,
+                                         const BlockContext& ctx);  // model/mamba2_mixer.cpp
 std::shared_ptr<FeedForward> dense_feed_forward(BlockImpl& block,
                                                 const BlockContext& ctx);  // model/dense_mlp.cpp
 std::shared_ptr<FeedForward> moe_feed_forward(BlockImpl& block,
@@ -80,7 +84,7 @@ std::shared_ptr<FeedForward> moe_feed_forward(BlockImpl& block,
 std::shared_ptr<FeedForward> parallel_feed_forward(
     BlockImpl& block, const BlockContext& ctx);  // model/parallel_feed_forward.cpp
 
-// The spec's kinds, built into `block`.
+// The spec's kinds, built into `block` (null for a kind kNone).
 std::shared_ptr<TokenMixer> make_token_mixer(BlockImpl& block, const BlockContext& ctx,
                                              const LayerSpec& spec);
 std::shared_ptr<FeedForward> make_feed_forward(BlockImpl& block, const BlockContext& ctx,

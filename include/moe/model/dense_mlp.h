@@ -12,12 +12,13 @@
 namespace moe::model {
 
 // A dense SwiGLU FFN (the non-MoE layers of Qwen3-MoE): down(silu(gate(x)) * up(x)), or GeGLU
-// (Gemma 4) with gelu_tanh in place of silu; weights in
-// nn.Linear's [out, in] layout.
+// (Gemma 4) with gelu_tanh in place of silu, or non-gated down(relu(up(x))^2) (Nemotron-H; no
+// gate_proj); weights in nn.Linear's [out, in] layout.
 class DenseMlpImpl : public torch::nn::Module {
  public:
   DenseMlpImpl(int64_t hidden, int64_t ffn, double init_std, double out_init_std,
-               const LoraSpec& lora = {}, const config::LoraTargets& targets = {});
+               const LoraSpec& lora = {}, const config::LoraTargets& targets = {},
+               bool gated = true);
   torch::Tensor forward(const torch::Tensor& x);
   void merge_lora();
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
@@ -25,6 +26,7 @@ class DenseMlpImpl : public torch::nn::Module {
   QuantizedWeightPtr gate_4bit, up_4bit, down_4bit;  // a 4-bit frozen base
   bool fused_swiglu = false;  // kernels/swiglu.h's fused op where the operands allow
   bool geglu = false;         // gelu_tanh(gate) * up (moe.activation geglu) instead of SwiGLU
+  bool relu2 = false;         // relu(up)^2, no gate (moe.activation relu2)
 };
 TORCH_MODULE(DenseMlp);
 

@@ -38,9 +38,10 @@ DeltaRuleOutput recurrent_gated_delta_rule(const DeltaRuleInputs& in,
 torch::Tensor delta_rule_l2norm(const torch::Tensor& x);
 
 // Causal depthwise convolution over time, x [B, S, C], weight [C, 1, K] (nn.Conv1d's layout,
-// padding K - 1 on the left), no bias, then SiLU. A token sees only the earlier tokens of its own
-// document (`positions` as above; undefined: one sequence).
+// padding K - 1 on the left), plus `bias` [C] where defined (Mamba-2's), then SiLU. A token sees
+// only the earlier tokens of its own document (`positions` as above; undefined: one sequence).
 torch::Tensor causal_conv1d_silu(const torch::Tensor& x, const torch::Tensor& weight,
-                                 const torch::Tensor& positions = {});
+                                 const torch::Tensor& positions = {},
+                                 const torch::Tensor& bias = {});
 
 }  // namespace moe::model

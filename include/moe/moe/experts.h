@@ -1,5 +1,6 @@
 // Experts: E SwiGLU MLPs held as stacked weights, applied to expert-contiguous rows.
 //   y = (silu(x W_gate[e]) * (x W_up[e])) W_down[e]
+// or non-gated (moe.activation relu2, Nemotron-H): y = relu(x W_up[e])^2 W_down[e], no W_gate.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -52,7 +53,7 @@ class ExpertsImpl : public torch::nn::Module {
   // bf16 already (whose bf16 copies exist anyway; bf16 weights are read in place by two GEMMs).
   bool fuses_gate_up() const;
 
-  torch::Tensor w_gate;                     // [E, d, f] (E: the experts held here)
+  torch::Tensor w_gate;                     // [E, d, f] (E: the experts held here); relu2: none
   torch::Tensor w_up;                       // [E, d, f]
   torch::Tensor w_down;                     // [E, f, d]
   torch::Tensor b_gate, b_up, b_down;       // [E, f], [E, f], [E, d] (bias only)
@@ -65,6 +66,8 @@ class ExpertsImpl : public torch::nn::Module {
   void merge_lora();
 
  private:
+  // The gate_up adapter's update [n, 2f] added to gate and up (relu2: [n, f] to up alone).
+  void add_gate_up_update(torch::Tensor& gate, torch::Tensor& up, const torch::Tensor& delta) const;
   // The gated activation of moe.activation on gate and up [n, f].
   torch::Tensor activation(const torch::Tensor& gate, const torch::Tensor& up) const;
   ExpertsOptions opt_;
