@@ -223,6 +223,9 @@ void visit_fields(auto& v, Section<ModelConfig> auto& m) {
   v.field("mamba_dt_max", m.mamba_dt_max, at_least(0, "0 = unbounded"));
   v.field("sublayer_blocks", m.sublayer_blocks);
   v.field("no_position_encoding", m.no_position_encoding);
+  v.field("embedding_multiplier", m.embedding_multiplier, above(0));
+  v.field("residual_multiplier", m.residual_multiplier, above(0));
+  v.field("logits_scaling", m.logits_scaling, above(0));
 }
 
 void visit_fields(auto& v, Section<MoeConfig> auto& m) {

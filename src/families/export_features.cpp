@@ -99,6 +99,12 @@ const std::vector<FeatureUse>& feature_uses() {
        [](const Config& c) { return c.model.sublayer_blocks; }},
       {Feature::kNoPositions, "model.no_position_encoding",
        [](const Config& c) { return c.model.no_position_encoding; }},
+      {Feature::kMultipliers, "model.residual_multiplier",
+       [](const Config& c) {
+         const auto& m = c.model;
+         return m.embedding_multiplier != 1.0 || m.residual_multiplier != 1.0 ||
+                m.logits_scaling != 1.0;
+       }},
       {Feature::kRelu2, "moe.activation",
        [](const Config& c) { return c.moe.activation == config::ExpertActivation::kRelu2; }},
   };

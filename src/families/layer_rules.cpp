@@ -1,5 +1,6 @@
 #include "moe/families/layer_rules.h"
 
+#include <cmath>
 #include <vector>
 
 #include "moe/util/errors.h"
@@ -35,6 +36,30 @@ void require_all_moe(const config::Config& cfg, const std::string& who) {
   if (config::moe_layer_count(cfg) != cfg.model.num_layers) {
     throw UserError("moe.mlp_only_layers: " + who + " has no dense layers");
   }
+}
+
+void read_time_step_limit(const HfKeys& k, nlohmann::json& m) {
+  m["mamba_dt_min"] = 0.0;
+  m["mamba_dt_max"] = 0.0;
+  if (!k.present("time_step_limit")) return;
+  const nlohmann::json& v = k.raw("time_step_limit");
+  if (!v.is_array() || v.size() != 2) k.fail("time_step_limit", "expected [min, max]");
+  const auto bound = [&](const nlohmann::json& b) -> double {
+    if (b.is_number()) return std::isinf(b.get<double>()) ? 0.0 : b.get<double>();
+    if ((b.is_object() && b.value("__float__", "") == "Infinity") ||
+        (b.is_string() && b.get<std::string>() == "Infinity")) {
+      return 0.0;
+    }
+    k.fail("time_step_limit", "expected [min, max] numbers (max may be Infinity)");
+  };
+  m["mamba_dt_min"] = bound(v[0]);
+  m["mamba_dt_max"] = bound(v[1]);
+}
+
+nlohmann::json time_step_limit(const config::ModelConfig& m) {
+  return nlohmann::json::array({m.mamba_dt_min, m.mamba_dt_max > 0
+                                                    ? nlohmann::json(m.mamba_dt_max)
+                                                    : nlohmann::json({{"__float__", "Infinity"}})});
 }
 
 }  // namespace moe::families

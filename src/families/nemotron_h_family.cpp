@@ -3,8 +3,7 @@
 // attention without any position encoding, MoE layers (sigmoid scores with a correction bias,
 // group-limited choice, a shared expert, non-gated relu^2 experts with up and down only) and
 // dense relu^2 MLPs; each behind one RMSNorm ("norm") and held as "mixer.", under "backbone.".
-#include <cmath>
-
+#include "moe/families/layer_rules.h"
 #include "moe/families/model_family.h"
 #include "moe/util/errors.h"
 
@@ -58,24 +57,6 @@ std::vector<std::string> block_kinds(const HfKeys& k) {
   }
   if (out.empty()) k.fail("layers_block_type", "lists no layers");
   return out;
-}
-
-// time_step_limit [lo, hi]: hi may be inf (written as Infinity, or transformers 5's
-// {"__float__": "Infinity"}), which is our 0 (unbounded).
-void read_time_step_limit(const HfKeys& k, json& m) {
-  m["mamba_dt_min"] = 0.0;  // transformers' default (0, inf)
-  m["mamba_dt_max"] = 0.0;
-  if (!k.present("time_step_limit")) return;
-  const json& v = k.raw("time_step_limit");
-  const auto bound = [&](const json& b) -> double {
-    if (b.is_number()) return std::isinf(b.get<double>()) ? 0.0 : b.get<double>();
-    if (b.is_object() && b.value("__float__", "") == "Infinity") return 0.0;
-    if (b.is_string() && b.get<std::string>() == "Infinity") return 0.0;
-    k.fail("time_step_limit", "expected [min, max] numbers (max may be Infinity)");
-  };
-  if (!v.is_array() || v.size() != 2) k.fail("time_step_limit", "expected [min, max]");
-  m["mamba_dt_min"] = bound(v[0]);
-  m["mamba_dt_max"] = bound(v[1]);
 }
 
 class NemotronH final : public ModelFamily {
@@ -231,9 +212,7 @@ class NemotronH final : public ModelFamily {
     j["use_bias"] = m.mamba_proj_bias;
     j["expand"] = 2;  // read by no module (the inner width is heads x head_dim)
     // max 0 (unbounded) is transformers' inf, as its own save_pretrained writes it.
-    j["time_step_limit"] =
-        json::array({m.mamba_dt_min, m.mamba_dt_max > 0 ? json(m.mamba_dt_max)
-                                                        : json({{"__float__", "Infinity"}})});
+    j["time_step_limit"] = time_step_limit(m);
     const auto& e = cfg.moe;
     j["n_routed_experts"] = e.num_experts;
     j["moe_intermediate_size"] = config::expert_hidden_size(cfg);

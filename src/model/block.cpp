@@ -10,7 +10,9 @@ namespace F = torch::nn::functional;
 
 BlockImpl::BlockImpl(const config::Config& cfg, const torch::Device& device, int64_t layer,
                      const moe::MoeParallel& parallel)
-    : spec_(layer_spec(cfg, layer)), dropout_(cfg.model.dropout) {
+    : spec_(layer_spec(cfg, layer)),
+      dropout_(cfg.model.dropout),
+      residual_multiplier_(cfg.model.residual_multiplier) {
   const auto& m = cfg.model;
   const BlockContext ctx{cfg, device, layer, parallel};
   // Registration order is parameter order (checkpoints, the base fingerprint); the block's own
@@ -35,7 +37,7 @@ BlockOutput BlockImpl::forward(const torch::Tensor& x) {
     profile::Scope scope("attention");
     auto a = mixer_->forward(attn_norm->forward(x));
     if (attn_post_norm) a = attn_post_norm->forward(a);
-    h = x + F::dropout(a, F::DropoutFuncOptions().p(dropout_).training(is_training()));
+    h = x + scaled(F::dropout(a, F::DropoutFuncOptions().p(dropout_).training(is_training())));
   }
   const auto shape = h.sizes().vec();
   if (!feed_forward_) {  // a mixer-only block (model.sublayer_blocks)
@@ -48,7 +50,7 @@ BlockOutput BlockImpl::forward(const torch::Tensor& x) {
                                      : moe_norm->forward(h).reshape({-1, shape.back()}));
   auto y = o.moe.y.view(shape);
   if (ffn_post_norm) y = ffn_post_norm->forward(y);
-  o.x = h + F::dropout(y, F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  o.x = h + scaled(F::dropout(y, F::DropoutFuncOptions().p(dropout_).training(is_training())));
   if (layer_scalar.defined()) o.x = o.x * layer_scalar;
   return o;
 }

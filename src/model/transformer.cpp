@@ -237,11 +237,21 @@ torch::Tensor TransformerLMImpl::head(const torch::Tensor& hidden) {
 }
 
 namespace {
-// Gemma's scaled word embedding: times sqrt(hidden_size) rounded to the weights' dtype.
+// Gemma's scaled word embedding: times sqrt(hidden_size) rounded to the weights' dtype; Granite's
+// times embedding_multiplier.
 torch::Tensor scaled_embedding(const torch::Tensor& x, const config::ModelConfig& m) {
-  if (!m.scale_embeddings) return x;
-  const double scale = std::sqrt(static_cast<double>(m.hidden_size));
-  return x * torch::scalar_tensor(scale, x.options());
+  auto y = x;
+  if (m.scale_embeddings) {
+    const double scale = std::sqrt(static_cast<double>(m.hidden_size));
+    y = y * torch::scalar_tensor(scale, x.options());
+  }
+  return m.embedding_multiplier != 1.0 ? y * m.embedding_multiplier : y;
+}
+
+// The final norm's output as the head reads it: divided by Granite's logits_scaling, which is the
+// logits divided by it (the chunked loss reads this hidden state too).
+torch::Tensor head_input(const torch::Tensor& normed, const config::ModelConfig& m) {
+  return m.logits_scaling != 1.0 ? normed / m.logits_scaling : normed;
 }
 }  // namespace
 
@@ -285,7 +295,7 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens, bool logits) {
     out.dropped += bo.moe.dropped;
   }
   profile::Scope scope("head");
-  x = final_norm->forward(x);
+  x = head_input(final_norm->forward(x), mcfg_);
   out.hidden = x;
   if (logits) out.logits = head(x);
   return out;
@@ -307,7 +317,7 @@ torch::Tensor TransformerLMImpl::decode(const torch::Tensor& tokens, const Decod
   if (x.scalar_type() != torch::kFloat) x = x.to(torch::kFloat);
   for (auto& b : blocks) x = b->forward(x).x;
   // Only the last position is sampled from: the head runs on it alone.
-  x = final_norm->forward(x.narrow(1, x.size(1) - 1, 1));
+  x = head_input(final_norm->forward(x.narrow(1, x.size(1) - 1, 1)), mcfg_);
   return head(x).squeeze(1).to(torch::kFloat);
 }
 

@@ -124,8 +124,19 @@ NEMOTRON_H = dict({k: v for k, v in COMMON.items() if k != "num_hidden_layers"},
                   n_groups=2, chunk_size=8, n_routed_experts=4, moe_intermediate_size=32,
                   moe_shared_expert_intermediate_size=48, layer_norm_epsilon=1e-5,
                   pad_token_id=None, max_position_embeddings=4096)
+# Granite 4.0-H (tests/hf/granitemoehybrid_test.py): Mamba-2 (4 heads of 32 = 2 x 64, state 8,
+# chunks of 8), attention without positions, softmax-after-top-k experts beside a shared MLP in
+# every layer, Granite's multipliers away from 1 (the releases' embedding 12, residual 0.22,
+# logits 6 or so, attention 1/128).
+GRANITE_H = dict(COMMON, num_hidden_layers=4, layer_types=["mamba", "attention", "mamba", "mamba"],
+                 num_local_experts=4, intermediate_size=32, shared_intermediate_size=48,
+                 mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_n_groups=1,
+                 mamba_chunk_size=8, embedding_multiplier=12.0, residual_multiplier=0.22,
+                 logits_scaling=6.0, attention_multiplier=0.0078125, rms_norm_eps=1e-5,
+                 position_embedding_type=None, pad_token_id=None)
 MAMBA_FAMILIES = {
     "nemotron_h": (transformers.NemotronHConfig, dict(NEMOTRON_H)),
+    "granitemoehybrid": (transformers.GraniteMoeHybridConfig, dict(GRANITE_H)),
 }
 
 # Qwen3.5 as released: the vision-language class, the text model above under text_config and a

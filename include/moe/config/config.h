@@ -228,6 +228,12 @@ struct ModelConfig {
   // Attention sees no positions at all: neither rotary nor learned (Nemotron-H's attention, and
   // Granite 4.0-H's position_embedding_type "nope"); needs rope_theta 0.
   bool no_position_encoding = false;
+  // Granite's scales (GraniteMoeHybrid): the embeddings times embedding_multiplier, each block's
+  // mixer and feed-forward outputs times residual_multiplier before their residual adds, the
+  // logits divided by logits_scaling.
+  double embedding_multiplier = 1.0;
+  double residual_multiplier = 1.0;
+  double logits_scaling = 1.0;
 };
 
 struct MoeConfig {

@@ -1,5 +1,5 @@
 // Layer rules several families share: which layers are dense, read from config.json and checked
-// on export.
+// on export; the Mamba-2 families' time-step limits.
 #pragma once
 
 #include <cstdint>
@@ -24,5 +24,12 @@ void require_dense_layers_first(const config::Config& cfg, const std::string& wh
 
 // UserError("moe.mlp_only_layers: WHO has no dense layers") when a layer is dense.
 void require_all_moe(const config::Config& cfg, const std::string& who);
+
+// HF's time_step_limit [min, max] into model.mamba_dt_min / mamba_dt_max (max inf, as Python
+// writes it (Infinity) or transformers 5 does ({"__float__": "Infinity"}), is our 0); absent:
+// transformers' (0, inf).
+void read_time_step_limit(const HfKeys& k, nlohmann::json& model);
+// And back, inf as transformers 5 writes it.
+nlohmann::json time_step_limit(const config::ModelConfig& m);
 
 }  // namespace moe::families

@@ -61,6 +61,8 @@ enum class Feature {
   kSublayerBlocks,  // one sublayer per block (model.sublayer_blocks)
   kNoPositions,     // attention without position encoding
   kRelu2,           // non-gated relu(up)^2 MLPs and experts
+  // Granite's:
+  kMultipliers,  // embedding, residual and logits multipliers
 };
 
 class ModelFamily {

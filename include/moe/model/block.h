@@ -66,10 +66,15 @@ class BlockImpl : public torch::nn::Module {
   DenseMlp mlp{nullptr};               // dense layers
 
  private:
+  // A sublayer's output as its residual add takes it (times model.residual_multiplier).
+  torch::Tensor scaled(const torch::Tensor& y) const {
+    return residual_multiplier_ != 1.0 ? y * residual_multiplier_ : y;
+  }
   LayerSpec spec_;
   std::shared_ptr<TokenMixer> mixer_;
   std::shared_ptr<FeedForward> feed_forward_;
   double dropout_;
+  double residual_multiplier_;
 };
 TORCH_MODULE(Block);
 
