@@ -6,6 +6,7 @@
 
 #include "moe/model/block.h"
 #include "moe/model/block_parts.h"
+#include "moe/model/cached_conv1d.h"
 #include "moe/model/gated_delta_rule.h"
 
 namespace moe::model {
@@ -89,13 +90,7 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x) {
 
 torch::Tensor GatedDeltaNetImpl::convolve(const torch::Tensor& qkv) {
   if (cache_ == nullptr) return causal_conv1d_silu(qkv, conv1d->weight, positions_);
-  const int64_t S = qkv.size(1), K = opt_.conv_kernel;
-  const auto before = cache_->conv.defined()
-                          ? cache_->conv
-                          : torch::zeros({qkv.size(0), K - 1, qkv.size(2)}, qkv.options());
-  const auto joined = torch::cat({before, qkv}, 1);
-  cache_->conv = joined.narrow(1, joined.size(1) - (K - 1), K - 1);
-  return causal_conv1d_silu(joined, conv1d->weight).narrow(1, K - 1, S);
+  return cached_causal_conv1d_silu(qkv, conv1d->weight, {}, *cache_);
 }
 
 torch::Tensor GatedDeltaNetImpl::delta_rule(const DeltaRuleInputs& in) {

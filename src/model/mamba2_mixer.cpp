@@ -8,6 +8,7 @@
 #include "moe/config/lora.h"
 #include "moe/model/block.h"
 #include "moe/model/block_parts.h"
+#include "moe/model/cached_conv1d.h"
 #include "moe/model/gated_delta_rule.h"
 
 namespace moe::model {
@@ -106,13 +107,7 @@ void Mamba2MixerImpl::merge_lora() {
 
 torch::Tensor Mamba2MixerImpl::convolve(const torch::Tensor& xbc) {
   if (cache_ == nullptr) return causal_conv1d_silu(xbc, conv1d->weight, positions_, conv1d->bias);
-  const int64_t S = xbc.size(1), K = opt_.conv_kernel;
-  const auto before = cache_->conv.defined()
-                          ? cache_->conv
-                          : torch::zeros({xbc.size(0), K - 1, xbc.size(2)}, xbc.options());
-  const auto joined = torch::cat({before, xbc}, 1);
-  cache_->conv = joined.narrow(1, joined.size(1) - (K - 1), K - 1);
-  return causal_conv1d_silu(joined, conv1d->weight, {}, conv1d->bias).narrow(1, K - 1, S);
+  return cached_causal_conv1d_silu(xbc, conv1d->weight, conv1d->bias, *cache_);
 }
 
 SsdOutput Mamba2MixerImpl::scan(const SsdInputs& in) {
