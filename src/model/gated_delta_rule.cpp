@@ -1,4 +1,5 @@
 #include "moe/model/gated_delta_rule.h"
+#include "moe/model/packed_documents.h"
 
 #include <cmath>
 #include <limits>
@@ -11,21 +12,14 @@ namespace F = torch::nn::functional;
 
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// Document ids [B, S] int64: a new one at every position 0 (all 0 without documents).
-torch::Tensor document_ids(const torch::Tensor& positions, int64_t B, int64_t S,
-                           const torch::Device& device) {
-  if (!positions.defined()) return torch::zeros({B, S}, torch::dtype(torch::kLong).device(device));
-  return positions.eq(0).to(torch::kLong).cumsum(1);
-}
+constexpr double kDeltaRuleInfinity = std::numeric_limits<double>::infinity();
 
 // The inputs as the rule computes with them: [B, Hv, S, .] fp32, key heads repeated over their
 // value heads, q and k L2-normalised, q scaled by dk^-0.5.
-struct HeadMajor {
+struct DeltaRuleHeads {
   torch::Tensor q, k, v, g, beta;
 };
-HeadMajor head_major(const DeltaRuleInputs& in) {
+DeltaRuleHeads head_major(const DeltaRuleInputs& in) {
   const int64_t Hk = in.k.size(2), Hv = in.v.size(2);
   auto q = in.q, k = in.k;
   if (Hk != Hv) {
@@ -35,7 +29,7 @@ HeadMajor head_major(const DeltaRuleInputs& in) {
   const auto f32 = [](const torch::Tensor& x) {
     return x.transpose(1, 2).to(torch::kFloat).contiguous();
   };
-  HeadMajor h{f32(q), f32(k), f32(in.v), f32(in.g), f32(in.beta)};
+  DeltaRuleHeads h{f32(q), f32(k), f32(in.v), f32(in.g), f32(in.beta)};
   h.q = delta_rule_l2norm(h.q);
   h.k = delta_rule_l2norm(h.k);
   h.q = h.q * std::pow(static_cast<double>(h.q.size(-1)), -0.5);
@@ -81,15 +75,18 @@ DeltaRuleOutput chunk_gated_delta_rule(const DeltaRuleInputs& in, int64_t C) {
   const auto carried = docs.eq(before);            // [B, 1, N, C]
   const auto last_doc = docs.narrow(3, C - 1, 1);  // [B, 1, N, 1]
   const auto reaches_last = docs.eq(last_doc);     // [B, 1, N, C]
-  const auto pair_decay =
-      (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(keep.logical_not(), -kInf).exp();
-  const auto from_state = cum.masked_fill(carried.logical_not(), -kInf).exp();  // [B, H, N, C]
+  const auto pair_decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2))
+                              .masked_fill(keep.logical_not(), -kDeltaRuleInfinity)
+                              .exp();
+  const auto from_state =
+      cum.masked_fill(carried.logical_not(), -kDeltaRuleInfinity).exp();  // [B, H, N, C]
   const auto cum_last = cum.narrow(3, C - 1, 1);
-  const auto to_last =
-      (cum_last - cum).masked_fill(reaches_last.logical_not(), -kInf).exp();  // [B, H, N, C]
+  const auto to_last = (cum_last - cum)
+                           .masked_fill(reaches_last.logical_not(), -kDeltaRuleInfinity)
+                           .exp();  // [B, H, N, C]
   const auto chunk_decay =
       cum_last.squeeze(-1)
-          .masked_fill(carried.narrow(3, C - 1, 1).squeeze(-1).logical_not(), -kInf)
+          .masked_fill(carried.narrow(3, C - 1, 1).squeeze(-1).logical_not(), -kDeltaRuleInfinity)
           .exp();  // [B, H, N]
 
   // The WY form: (I + strictly lower part of beta K K^T decayed) solves for the chunk's values

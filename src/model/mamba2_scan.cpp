@@ -1,4 +1,5 @@
 #include "moe/model/mamba2_scan.h"
+#include "moe/model/packed_documents.h"
 
 #include <limits>
 #include <vector>
@@ -11,7 +12,7 @@ namespace F = torch::nn::functional;
 
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kSsdInfinity = std::numeric_limits<double>::infinity();
 
 // fp32, or fp64 for fp64 inputs (the tests' exact references).
 torch::ScalarType compute_dtype(const SsdInputs& in) {
@@ -20,10 +21,10 @@ torch::ScalarType compute_dtype(const SsdInputs& in) {
 
 // The inputs as the scan computes with them: [B, H, S, .] fp32, B and C repeated over their
 // groups' heads, x already times dt (the discretised input), a = dt A the log decay.
-struct HeadMajor {
+struct SsdHeads {
   torch::Tensor xdt, x, a, B, C;
 };
-HeadMajor head_major(const SsdInputs& in) {
+SsdHeads head_major(const SsdInputs& in) {
   const int64_t H = in.x.size(2), G = in.B.size(2);
   const auto dtype = compute_dtype(in);
   const auto f32 = [dtype](const torch::Tensor& t) {
@@ -34,7 +35,7 @@ HeadMajor head_major(const SsdInputs& in) {
     B = B.repeat_interleave(H / G, 2);
     C = C.repeat_interleave(H / G, 2);
   }
-  HeadMajor h;
+  SsdHeads h;
   h.x = f32(in.x);
   const auto dt = f32(in.dt);  // [B, H, S]
   h.xdt = h.x * dt.unsqueeze(-1);
@@ -44,15 +45,8 @@ HeadMajor head_major(const SsdInputs& in) {
   return h;
 }
 
-// Document ids [B, S] int64: a new one at every position 0 (all 0 without documents).
-torch::Tensor document_ids(const torch::Tensor& positions, int64_t B, int64_t S,
-                           const torch::Device& device) {
-  if (!positions.defined()) return torch::zeros({B, S}, torch::dtype(torch::kLong).device(device));
-  return positions.eq(0).to(torch::kLong).cumsum(1);
-}
-
 // y + D x, back to [B, S, H, P].
-torch::Tensor with_skip(const torch::Tensor& y, const HeadMajor& h, const torch::Tensor& D) {
+torch::Tensor with_skip(const torch::Tensor& y, const SsdHeads& h, const torch::Tensor& D) {
   const auto out = y + h.x * D.to(y.scalar_type()).view({1, -1, 1, 1});
   return out.transpose(1, 2).contiguous();
 }
@@ -84,13 +78,15 @@ SsdOutput chunk_ssd_scan(const SsdInputs& in, int64_t Q) {
   const auto carried = docs.eq(before);                         // [B, 1, NC, Q]
   const auto reaches_last = docs.eq(docs.narrow(3, Q - 1, 1));  // [B, 1, NC, Q]
   const auto pair_decay =
-      (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(keep.logical_not(), -kInf).exp();
-  const auto from_state = cum.masked_fill(carried.logical_not(), -kInf).exp();  // [B, H, NC, Q]
+      (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(keep.logical_not(), -kSsdInfinity).exp();
+  const auto from_state =
+      cum.masked_fill(carried.logical_not(), -kSsdInfinity).exp();  // [B, H, NC, Q]
   const auto cum_last = cum.narrow(3, Q - 1, 1);
-  const auto to_last = (cum_last - cum).masked_fill(reaches_last.logical_not(), -kInf).exp();
+  const auto to_last =
+      (cum_last - cum).masked_fill(reaches_last.logical_not(), -kSsdInfinity).exp();
   const auto chunk_decay =
       cum_last.squeeze(-1)
-          .masked_fill(carried.narrow(3, Q - 1, 1).squeeze(-1).logical_not(), -kInf)
+          .masked_fill(carried.narrow(3, Q - 1, 1).squeeze(-1).logical_not(), -kSsdInfinity)
           .exp();  // [B, H, NC]
 
   // Within the chunk: (C B^T, decayed and masked) x dt; its contribution to the end state.
