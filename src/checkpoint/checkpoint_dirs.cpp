@@ -13,7 +13,7 @@
 #include "moe/util/errors.h"
 #include "moe/util/remove_tree.h"
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 namespace fs = std::filesystem;
 
@@ -122,4 +122,4 @@ std::vector<std::string> CheckpointStore::candidates() const {
   return out;
 }
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

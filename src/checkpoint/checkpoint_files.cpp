@@ -20,7 +20,7 @@
 #include "moe/util/safetensors.h"
 #include "moe/util/safetensors_dtype.h"
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -123,15 +123,15 @@ void check_tensor_set(const SafetensorsFile& f,
 // goes through fp32: 8-bit codes are dequantised, then cast or quantised for this run. With
 // `check_only`, only checks (everything is checked before anything is copied). Adds the names it
 // reads to `read`.
-void load_moment(const SafetensorsFile& f, const std::string& name, AdamWState& st, int which,
-                 bool check_only, std::set<std::string>& read,
+void load_moment(const SafetensorsFile& f, const std::string& name, optim::AdamWState& st,
+                 int which, bool check_only, std::set<std::string>& read,
                  const std::optional<ExpertRows>& rows) {
   at::Tensor& dst = which == 0 ? st.exp_avg : st.exp_avg_sq;
   at::Tensor& dst_absmax = which == 0 ? st.exp_avg_absmax : st.exp_avg_sq_absmax;
   const SafeTensorEntry& e = f.entry(name);  // missing: an error naming it
   const bool codes = e.dtype == "U8";
   const bool floats = is_float_weight_dtype(e.dtype);
-  const std::vector<int64_t> blocks = {quant_blocks(dst.numel())};
+  const std::vector<int64_t> blocks = {quant::quant_blocks(dst.numel())};
   const std::string absmax_name = name + ".absmax";
   const std::vector<int64_t> shape = file_shape(dst, rows);
   bool ok = (codes || floats) && e.shape == shape && (!codes || !rows);
@@ -164,7 +164,7 @@ void load_moment(const SafetensorsFile& f, const std::string& name, AdamWState& 
     at::Tensor a = at::empty(blocks, at::kFloat);
     copy_into(f, name, c);
     copy_into(f, absmax_name, a);
-    value = dequantize_blockwise(c, a, dynamic_map(which == 0, c.device()));
+    value = quant::dequantize_blockwise(c, a, quant::dynamic_map(which == 0, c.device()));
   } else {
     at::Tensor t = at::empty(dst.sizes(), scalar_type_of(f, name));
     copy_into(f, name, t, rows);
@@ -211,7 +211,7 @@ void test_pause() {
 // adapters and lora.modules_to_save): the frozen base is referenced, not copied.
 std::vector<std::pair<std::string, at::Tensor>> checkpointed_parameters(
     model::TransformerLM& model) {
-  if (model->has_lora()) return model::trainable_parameters(*model);
+  if (model->has_lora()) return layers::trainable_parameters(*model);
   std::vector<std::pair<std::string, at::Tensor>> all;
   for (auto& item : model->named_parameters()) all.emplace_back(item.key(), item.value());
   return all;
@@ -308,9 +308,10 @@ void check_lora_base(const std::string& dir, const json& state, model::Transform
   for (auto t : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     if (held == c10::toString(t)) dtype = t;
   }
-  const std::string mine = dtype == model->base_dtype()
-                               ? model->base_fingerprint()
-                               : model::base_fingerprint(*model, dtype, model->quantized_weights());
+  const std::string mine =
+      dtype == model->base_dtype()
+          ? model->base_fingerprint()
+          : layers::base_fingerprint(*model, dtype, model->quantized_weights());
   if (mine == recorded) return;
   auto named = [](const std::string& init_from) {
     return init_from.empty() ? std::string("a random initialisation (no model.init_from)")
@@ -345,7 +346,7 @@ void check_lora_base(const std::string& dir, const json& state, model::Transform
 // them, the weight itself when the default tier did), the weights rounded from those.
 void load_master_weights(const SafetensorsFile& weights, const SafetensorsFile& opt,
                          const std::vector<std::pair<std::string, at::Tensor>>& params,
-                         FusedAdamW& optimizer) {
+                         optim::FusedAdamW& optimizer) {
   if (!optimizer.has_16bit_params()) return;
   auto read = [](const SafetensorsFile& f, const std::string& name, const at::Tensor& like) {
     at::Tensor t = at::empty(like.sizes(), scalar_type_of(f, name));
@@ -372,7 +373,7 @@ void write_weights_state(const std::string& dir, const TrainingState& state, con
   write_state_file(dir, nullptr, state, /*with_rng=*/false, extra);
 }
 
-OptimizerStream local_optimizer_stream(FusedAdamW& optimizer) {
+OptimizerStream local_optimizer_stream(optim::FusedAdamW& optimizer) {
   OptimizerStream s;
   std::vector<at::Tensor> tensors;
   auto add = [&](const std::string& name, const at::Tensor& t) {
@@ -455,7 +456,7 @@ namespace {
 // parameters as fp32 meta tensors of their shapes.
 std::vector<std::pair<std::string, at::Tensor>> with_4bit_shapes(
     std::vector<std::pair<std::string, at::Tensor>> params,
-    const std::map<std::string, model::QuantizedWeightPtr>& quantized) {
+    const std::map<std::string, layers::QuantizedWeightPtr>& quantized) {
   for (auto& [name, t] : params) {
     if (const auto q = quantized.find(name); q != quantized.end()) {
       t = at::empty(q->second->shape(), at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
@@ -468,7 +469,7 @@ std::vector<std::pair<std::string, at::Tensor>> with_4bit_shapes(
 // quantized (host memory: the 4-bit base plus one parameter).
 void copy_parameters(const SafetensorsFile& weights,
                      const std::vector<std::pair<std::string, at::Tensor>>& params,
-                     const std::map<std::string, model::QuantizedWeightPtr>& quantized,
+                     const std::map<std::string, layers::QuantizedWeightPtr>& quantized,
                      const RowsOf& rows_of) {
   for (auto [name, t] : params) {
     if (const auto q = quantized.find(name); q != quantized.end()) {
@@ -484,7 +485,8 @@ void copy_parameters(const SafetensorsFile& weights,
 }  // namespace
 
 TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& model,
-                              FusedAdamW* optimizer, bool restore_rng, bool optimizer_share) {
+                              optim::FusedAdamW* optimizer, bool restore_rng,
+                              bool optimizer_share) {
   // state.json has one reader (resume_policy.h); the tensors' parts of it are read here.
   CheckpointState cs = read_checkpoint_state(dir);
   const std::string& state_path = cs.path;
@@ -574,4 +576,4 @@ TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& mode
   return s;
 }
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

@@ -8,14 +8,14 @@
 #include "moe/util/errors.h"
 #include "moe/util/remove_tree.h"
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 Checkpointer::Checkpointer(const config::Config& cfg, CheckpointStore& store,
-                           model::TransformerLM& model, FusedAdamW& optimizer, LossScaler& scaler,
-                           TrainingState& state, spdlog::logger& log,
+                           model::TransformerLM& model, optim::FusedAdamW& optimizer,
+                           optim::LossScaler& scaler, TrainingState& state, spdlog::logger& log,
                            const std::string& resumed_dir)
     : cfg_(cfg),
       store_(store),
@@ -76,4 +76,4 @@ double Checkpointer::minutes_since_save() const {
   return std::chrono::duration<double>(Clock::now() - last_save_).count() / 60.0;
 }
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

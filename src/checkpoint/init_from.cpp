@@ -10,7 +10,7 @@
 #include "moe/hf/load_hf_weights.h"
 #include "moe/util/errors.h"
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 namespace fs = std::filesystem;
 
@@ -43,8 +43,8 @@ void load_lora_base(const config::Config& cfg, model::TransformerLM& model, bool
       if (!config::is_lora_parameter(item.key())) mine[item.key()].copy_(item.value());
     }
   }
-  model->set_base(model::base_fingerprint(*model, model->base_dtype(), model->quantized_weights()),
+  model->set_base(layers::base_fingerprint(*model, model->base_dtype(), model->quantized_weights()),
                   cfg.model.init_from);
 }
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

@@ -21,7 +21,7 @@
 #include "moe/util/fault_injection.h"
 #include "moe/util/remove_tree.h"
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -307,4 +307,4 @@ int64_t RemoteCheckpoints::last_uploaded() const {
 
 std::string RemoteCheckpoints::restore() { return impl_->restore(); }
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

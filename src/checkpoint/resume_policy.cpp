@@ -7,7 +7,7 @@
 #include "moe/util/errors.h"
 #include "moe/util/remove_tree.h"
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -159,4 +159,4 @@ void truncate_metrics(const fs::path& path, int64_t lines) {
   out << kept;
 }
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

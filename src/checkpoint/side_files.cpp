@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 namespace fs = std::filesystem;
 
@@ -56,4 +56,4 @@ void copy_hf_side_files(const std::string& from, const std::string& to) {
   copy_tokenizer_files(from, to);
 }
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

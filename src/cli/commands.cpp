@@ -435,7 +435,7 @@ struct ImportArgs {
 };
 
 int cmd_import_hf(const ImportArgs& a) {
-  const hf::ImportReport r = hf::import_hf(a.hf_dir, a.out, a.adapter);
+  const convert::ImportReport r = convert::import_hf(a.hf_dir, a.out, a.adapter);
   for (const auto& w : r.warnings) spdlog::warn("import-hf: {}", w);
   std::printf(
       "imported %s (%lld tensors) into %s; tokenizer files: %zu; config sections: "
@@ -447,12 +447,12 @@ int cmd_import_hf(const ImportArgs& a) {
 
 struct ExportArgs {
   std::string checkpoint, out, max_shard_size = "5GB";
-  hf::ExportOptions opt;
+  convert::ExportOptions opt;
 };
 
 int cmd_export_hf(ExportArgs a) {
   a.opt.max_shard_bytes = hf::parse_size(a.max_shard_size, "export-hf: --max-shard-size");
-  const hf::ExportReport r = hf::export_hf(a.checkpoint, a.out, a.opt);
+  const convert::ExportReport r = convert::export_hf(a.checkpoint, a.out, a.opt);
   for (const auto& w : r.warnings) spdlog::warn("export-hf: {}", w);
   std::printf("exported %s%s (%lld tensors, %lld file%s, %s) to %s; tokenizer files: %zu\n",
               r.family->architecture(),

@@ -2,7 +2,7 @@
 
 #include "moe/config/lora.h"
 
-namespace moe::model {
+namespace moe::config {
 
 namespace {
 
@@ -209,4 +209,4 @@ std::vector<ParameterShape> parameter_layout(const config::Config& c) {
   return p;
 }
 
-}  // namespace moe::model
+}  // namespace moe::config

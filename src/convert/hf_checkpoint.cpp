@@ -25,10 +25,30 @@
 #include "moe/util/safetensors_dtype.h"
 #include "moe/util/staged_dir.h"
 
-namespace moe::hf {
+namespace moe::convert {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+// The hf room's readers and writers that import and export are made of.
+using hf::HfModel;
+using hf::HfWeights;
+using hf::read_hf_model;
+using hf::StreamedHf;
+using hf::TensorPiece;
+using hf::copy_hf_weights;
+using hf::export_family;
+using hf::hf_config_from;
+using hf::hf_part;
+using hf::lora_config_from_peft;
+using hf::parameter_map;
+using hf::piece_view;
+using hf::read_peft_adapter;
+using hf::rope_parameters;
+using hf::rope_scaling_of;
+using hf::tensor_pieces;
+using hf::write_hf_weights;
+using hf::write_peft_adapter;
+using hf::yarn_window;
 
 namespace {
 
@@ -43,8 +63,8 @@ void write_json(const fs::path& path, const json& j) {
 // and every checkpoint descending from an import carry them), or the directory its run started
 // from (model.init_from, for checkpoints written before they were carried). "" when none.
 std::string hf_source_dir(const std::string& checkpoint_dir, const config::Config& cfg) {
-  const std::string own = train::hf_side_source(checkpoint_dir);
-  return own.empty() ? train::hf_side_source(cfg.model.init_from) : own;
+  const std::string own = checkpoint::hf_side_source(checkpoint_dir);
+  return own.empty() ? checkpoint::hf_side_source(cfg.model.init_from) : own;
 }
 
 ExportReport export_adapter(model::TransformerLM& model, const config::Config& cfg,
@@ -82,7 +102,7 @@ ExportReport export_adapter(model::TransformerLM& model, const config::Config& c
         rope_parameters(cfg.model).dump() + window + ") or export with --merge");
   }
   r.shards = 1;
-  r.tokenizer_files = train::copy_tokenizer_files(checkpoint_dir, out.path());
+  r.tokenizer_files = checkpoint::copy_tokenizer_files(checkpoint_dir, out.path());
   out.commit();
   return r;
 }
@@ -143,7 +163,7 @@ void write_carried_tensors(const HfWeights& w, const families::ModelFamily& fami
   // A release without a tower (Gemma 4's text-only config: vision_config null) still gets the
   // file, empty: export-hf then knows nothing is missing.
   if (views.empty() && family.text_config_key() == nullptr) return;
-  SafetensorsWriter out((fs::path(dir) / train::kCarriedTensorsFile).string(), views,
+  SafetensorsWriter out((fs::path(dir) / checkpoint::kCarriedTensorsFile).string(), views,
                         {{"format", "pt"}, {"producer", "moe-train"}});
   for (const auto& v : views) out.append(v.data, v.nbytes);
   out.finish();
@@ -155,7 +175,7 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
                        const std::string& adapter_dir) {
   HfModel hm = read_hf_model(hf_dir);
   HfWeights weights(hf_dir);
-  train::TrainingState state;
+  checkpoint::TrainingState state;
   state.config = config::to_json(hm.cfg);
   const json imported = {
       {"imported_from",
@@ -171,7 +191,7 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
     skipped_mtp = streamed.skipped_mtp_tensors;
     json extra = imported;
     if (!streamed.expert_biases.empty()) extra["expert_biases"] = streamed.expert_biases;
-    train::write_weights_state(out.path(), state, extra);
+    checkpoint::write_weights_state(out.path(), state, extra);
   } else {  // the adapter folded in: the checkpoint holds the merged weights
     config::Config adapted_cfg = hm.cfg;
     adapted_cfg.lora = lora_config_from_peft(adapter_dir);
@@ -188,7 +208,7 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
     for (auto& item : adapted->named_buffers()) {
       if (auto* b = my_buffers.find(item.key())) b->copy_(item.value());
     }
-    train::save_weights_checkpoint(out.path(), model, state, imported);
+    checkpoint::save_weights_checkpoint(out.path(), model, state, imported);
   }
   write_carried_tensors(weights, *hm.family, out.path());
   write_json(fs::path(out.path()) / "hf_config.json", hm.hf_config);
@@ -205,7 +225,7 @@ ImportReport import_hf(const std::string& hf_dir, const std::string& out_dir,
                          "mtp.*) are not imported, as transformers drops them; exports have "
                          "none");
   }
-  r.tokenizer_files = train::copy_tokenizer_files(hf_dir, out.path());
+  r.tokenizer_files = checkpoint::copy_tokenizer_files(hf_dir, out.path());
   out.commit();
   return r;
 }
@@ -222,7 +242,7 @@ struct CarriedSource {
 void add_carried_tensors(const families::ModelFamily& family, const std::string& source,
                          const std::string& init_from, CarriedSource& carried,
                          std::vector<SafeTensorView>& views) {
-  const fs::path file = fs::path(source) / train::kCarriedTensorsFile;
+  const fs::path file = fs::path(source) / checkpoint::kCarriedTensorsFile;
   if (!source.empty() && fs::is_regular_file(file)) {
     carried.kept.emplace(file.string());
     for (const auto& [name, e] : carried.kept->entries()) {
@@ -286,7 +306,7 @@ const families::ModelFamily& chosen_family(const config::Config& cfg, const std:
 
 ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
                        const ExportOptions& opt) {
-  const train::CheckpointState cs = train::read_checkpoint_state(checkpoint_dir);
+  const checkpoint::CheckpointState cs = checkpoint::read_checkpoint_state(checkpoint_dir);
   const config::Config cfg = config::from_json(cs.config, cs.path);
   const families::ModelFamily& family = [&]() -> const families::ModelFamily& {
     try {
@@ -325,7 +345,7 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   config::Config fp32_cfg = cfg;
   fp32_cfg.training.param_dtype = config::ParamDtype::kFp32;
   model::TransformerLM model(fp32_cfg, torch::Device(torch::kCPU));
-  train::load_checkpoint(checkpoint_dir, model, nullptr, /*restore_rng=*/false);
+  checkpoint::load_checkpoint(checkpoint_dir, model, nullptr, /*restore_rng=*/false);
 
   const std::string source = hf_source_dir(checkpoint_dir, cfg);
   if (opt.adapter) return export_adapter(model, cfg, family, out_dir, source, checkpoint_dir);
@@ -369,12 +389,12 @@ ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out
   r.warnings = std::move(warnings);
   r.tensors = static_cast<int64_t>(views.size());
   r.shards = shards;
-  r.tokenizer_files = train::copy_tokenizer_files(checkpoint_dir, out.path());
+  r.tokenizer_files = checkpoint::copy_tokenizer_files(checkpoint_dir, out.path());
   if (r.tokenizer_files.empty() && !source.empty()) {
-    r.tokenizer_files = train::copy_tokenizer_files(source, out.path());
+    r.tokenizer_files = checkpoint::copy_tokenizer_files(source, out.path());
   }
   out.commit();
   return r;
 }
 
-}  // namespace moe::hf
+}  // namespace moe::convert

@@ -23,10 +23,10 @@ namespace {
 // The checkpoint's config with what generation needs: no data, the device asked for, and no
 // capacity limit on the experts (every token reaches its chosen experts, as transformers).
 config::Config generation_config(const std::string& dir, const std::string& device) {
-  const train::StateFile state = train::read_state_file(dir);
-  if (state.status == train::StateFile::Status::kMissing)
+  const checkpoint::StateFile state = checkpoint::read_state_file(dir);
+  if (state.status == checkpoint::StateFile::Status::kMissing)
     throw UserError("generate: " + dir + ": no state.json (not a checkpoint or HF model dir)");
-  if (state.status != train::StateFile::Status::kOk || !state.json.contains("config"))
+  if (state.status != checkpoint::StateFile::Status::kOk || !state.json.contains("config"))
     throw UserError("generate: " + dir + "/state.json: damaged");
   config::Config cfg = config::from_json(state.json["config"], dir + "/state.json");
   if (cfg.data.path.empty() && cfg.data.train_path.empty() && cfg.data.blend.empty())
@@ -45,10 +45,10 @@ GenerationSession::GenerationSession(const DecodingFlags& flags, bool need_token
   const std::string& dir = flags.checkpoint;
   if (!fs::is_directory(dir))
     throw UserError("generate: --checkpoint " + dir + ": no such directory");
-  if (!train::hf_side_source(dir).empty() && !fs::exists(fs::path(dir) / "state.json")) {
+  if (!checkpoint::hf_side_source(dir).empty() && !fs::exists(fs::path(dir) / "state.json")) {
     imported_ =
         (fs::temp_directory_path() / ("moe-train-generate-" + std::to_string(::getpid()))).string();
-    hf::import_hf(dir, imported_);
+    convert::import_hf(dir, imported_);
     dir_ = imported_;
   }
   cfg = generation_config(dir_, flags.device);
@@ -63,7 +63,7 @@ GenerationSession::GenerationSession(const DecodingFlags& flags, bool need_token
   defaults = read_generation_defaults(dir_, tokenizer.get(), cfg.model.seq_len);
   const torch::Device dev = train::pick_device(cfg);
   model = model::TransformerLM(cfg, dev);
-  train::load_checkpoint(dir_, model, nullptr);
+  checkpoint::load_checkpoint(dir_, model, nullptr);
   model->to(dev);
   model->eval();
 }

@@ -278,7 +278,7 @@ void copy_hf_weights(const HfWeights& w, const std::string& dir, const config::C
 // one parameter and one source tensor, not the model.
 StreamedHf stream_hf_weights(const HfWeights& w, const std::string& dir, const config::Config& cfg,
                              const families::ModelFamily& family, const std::string& out_file) {
-  const auto layout = model::parameter_layout(cfg);
+  const auto layout = config::parameter_layout(cfg);
   std::map<std::string, torch::Tensor> shapes;
   for (const auto& l : layout) {
     shapes[l.name] = torch::empty(l.shape, torch::TensorOptions().device(torch::kMeta));

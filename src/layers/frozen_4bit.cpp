@@ -10,7 +10,7 @@
 #include "moe/kernels/dequant_mxfp4.h"
 #include "moe/quant/mxfp4.h"
 
-namespace moe::model {
+namespace moe::layers {
 
 namespace {
 
@@ -286,4 +286,4 @@ torch::Tensor grouped_linear_4bit(const torch::Tensor& x_bf16, const QuantizedWe
   return Grouped4bitFn::apply(x_bf16, w, offs);
 }
 
-}  // namespace moe::model
+}  // namespace moe::layers

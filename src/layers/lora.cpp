@@ -8,7 +8,7 @@
 #include "moe/layers/frozen_4bit.h"
 #include "moe/util/content_hash.h"
 
-namespace moe::model {
+namespace moe::layers {
 
 namespace {
 
@@ -126,4 +126,4 @@ std::vector<std::pair<std::string, torch::Tensor>> trainable_parameters(
   return out;
 }
 
-}  // namespace moe::model
+}  // namespace moe::layers

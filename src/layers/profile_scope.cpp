@@ -6,7 +6,7 @@
 #include <mutex>
 #include <string>
 
-namespace moe::profile {
+namespace moe::layers::profile {
 
 namespace {
 
@@ -67,4 +67,4 @@ Scope::~Scope() {
   g_timings.push_back({kind_, layer, s, 1});
 }
 
-}  // namespace moe::profile
+}  // namespace moe::layers::profile

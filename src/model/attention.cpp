@@ -48,10 +48,11 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const AttentionOptions& opt) : 
   if (opt.lora.r == 0) return;
   const int64_t d = opt.hidden, q_out = opt.heads * opt.head_dim,
                 kv_out = opt.kv_heads * opt.head_dim;
-  if (t.q) lora_q = register_module("lora_q", LoraAdapter(d, q_rows(), opt.lora));
-  if (t.k) lora_k = register_module("lora_k", LoraAdapter(d, kv_out, opt.lora));
-  if (t.v && v_rows() > 0) lora_v = register_module("lora_v", LoraAdapter(d, kv_out, opt.lora));
-  if (t.o) lora_o = register_module("lora_o", LoraAdapter(q_out, d, opt.lora));
+  if (t.q) lora_q = register_module("lora_q", layers::LoraAdapter(d, q_rows(), opt.lora));
+  if (t.k) lora_k = register_module("lora_k", layers::LoraAdapter(d, kv_out, opt.lora));
+  if (t.v && v_rows() > 0)
+    lora_v = register_module("lora_v", layers::LoraAdapter(d, kv_out, opt.lora));
+  if (t.o) lora_o = register_module("lora_o", layers::LoraAdapter(q_out, d, opt.lora));
 }
 
 void CausalSelfAttentionImpl::merge_lora() {
@@ -61,7 +62,7 @@ void CausalSelfAttentionImpl::merge_lora() {
   }
   torch::NoGradGuard g;
   const int64_t q_out = q_rows(), kv_out = opt_.kv_heads * opt_.head_dim;
-  auto fold = [](LoraAdapter& a, torch::Tensor w) {
+  auto fold = [](layers::LoraAdapter& a, torch::Tensor w) {
     if (!a) return;
     w.add_(a->delta_weight().to(w.scalar_type()));
     a->zero_update();
@@ -184,10 +185,10 @@ torch::Tensor CausalSelfAttentionImpl::project_qkv(const torch::Tensor& x) {
   const int64_t B = x.size(0), S = x.size(1), KV = opt_.kv_heads, hd = opt_.head_dim;
   const int64_t q_out = q_rows();  // H hd, or 2 H hd with the output gate
   const int64_t v_out = v_rows();  // 0 where the keys are the values
-  auto proj =
-      qkv_4bit ? linear_4bit(x, qkv_4bit, qkv->bias) : qkv->forward(x);  // [B, S, q_out + 2 KV hd]
-  if (lora_q || lora_k || lora_v) {  // each adapter's update on its rows of the fused output
-    auto update = [&](LoraAdapter& a, int64_t width) {
+  auto proj = qkv_4bit ? layers::linear_4bit(x, qkv_4bit, qkv->bias)
+                       : qkv->forward(x);  // [B, S, q_out + 2 KV hd]
+  if (lora_q || lora_k || lora_v) {        // each adapter's update on its rows of the fused output
+    auto update = [&](layers::LoraAdapter& a, int64_t width) {
       return a ? a->forward(x) : torch::zeros({B, S, width}, proj.options());
     };
     proj = proj +
@@ -269,7 +270,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
                : attention_sdpa(q, k, v, masking, p);
   auto heads = y.transpose(1, 2).reshape({B, S, H * hd});
   if (gate.defined()) heads = heads * torch::sigmoid(gate);
-  const auto base = out_4bit ? linear_4bit(heads, out_4bit, out->bias) : out->forward(heads);
+  const auto base =
+      out_4bit ? layers::linear_4bit(heads, out_4bit, out->bias) : out->forward(heads);
   return lora_o ? base + lora_o->forward(heads) : base;
 }
 

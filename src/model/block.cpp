@@ -34,7 +34,7 @@ BlockOutput BlockImpl::forward(const torch::Tensor& x) {
   BlockOutput o;
   torch::Tensor h = x;
   if (mixer_) {
-    profile::Scope scope("attention");
+    layers::profile::Scope scope("attention");
     auto a = mixer_->forward(attn_norm->forward(x));
     if (attn_post_norm) a = attn_post_norm->forward(a);
     h = x + scaled(F::dropout(a, F::DropoutFuncOptions().p(dropout_).training(is_training())));

@@ -8,7 +8,7 @@
 
 namespace moe::model {
 
-LoraSpec lora_spec(const config::Config& cfg) {
+layers::LoraSpec lora_spec(const config::Config& cfg) {
   if (!config::lora_enabled(cfg)) return {};
   return {cfg.lora.r, config::lora_scaling(cfg.lora), cfg.lora.lora_dropout};
 }

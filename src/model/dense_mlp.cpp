@@ -10,7 +10,8 @@
 namespace moe::model {
 
 DenseMlpImpl::DenseMlpImpl(int64_t hidden, int64_t ffn, double init_std, double out_init_std,
-                           const LoraSpec& lora, const config::LoraTargets& targets, bool gated)
+                           const layers::LoraSpec& lora, const config::LoraTargets& targets,
+                           bool gated)
     : relu2(!gated) {
   auto linear = [](int64_t in, int64_t out) {
     return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
@@ -26,15 +27,15 @@ DenseMlpImpl::DenseMlpImpl(int64_t hidden, int64_t ffn, double init_std, double 
   }
   if (lora.r == 0) return;
   if (!targets.dense_mlp) return;
-  if (gated) lora_gate = register_module("lora_gate", LoraAdapter(hidden, ffn, lora));
-  lora_up = register_module("lora_up", LoraAdapter(hidden, ffn, lora));
-  lora_down = register_module("lora_down", LoraAdapter(ffn, hidden, lora));
+  if (gated) lora_gate = register_module("lora_gate", layers::LoraAdapter(hidden, ffn, lora));
+  lora_up = register_module("lora_up", layers::LoraAdapter(hidden, ffn, lora));
+  lora_down = register_module("lora_down", layers::LoraAdapter(ffn, hidden, lora));
 }
 
 torch::Tensor DenseMlpImpl::forward(const torch::Tensor& x) {
-  auto project = [](torch::nn::Linear& base, const QuantizedWeightPtr& q, LoraAdapter& a,
-                    const torch::Tensor& in) {
-    const auto y = q ? linear_4bit(in, q) : base->forward(in);
+  auto project = [](torch::nn::Linear& base, const layers::QuantizedWeightPtr& q,
+                    layers::LoraAdapter& a, const torch::Tensor& in) {
+    const auto y = q ? layers::linear_4bit(in, q) : base->forward(in);
     return a ? y + a->forward(in) : y;
   };
   const auto up = project(up_proj, up_4bit, lora_up, x);
@@ -62,7 +63,7 @@ class DenseFeedForward final : public FeedForward {
  public:
   explicit DenseFeedForward(DenseMlp mlp) : mlp_(std::move(mlp)) {}
   moe::MoeLayerOutput forward(const torch::Tensor& x) override {
-    profile::Scope scope("dense_ffn");
+    layers::profile::Scope scope("dense_ffn");
     return no_routing(mlp_->forward(x));
   }
   void merge_lora() override { mlp_->merge_lora(); }

@@ -50,20 +50,21 @@ void CausalSelfAttentionImpl::build_latent() {
   }
   if (o.lora.r == 0) return;
   const auto& t = o.lora_targets;
-  if (t.q && o.q_lora_rank == 0) lora_q = register_module("lora_q", LoraAdapter(d, H * qk, o.lora));
+  if (t.q && o.q_lora_rank == 0)
+    lora_q = register_module("lora_q", layers::LoraAdapter(d, H * qk, o.lora));
   if (t.q_a && o.q_lora_rank > 0) {
-    lora_q_a = register_module("lora_q_a", LoraAdapter(d, o.q_lora_rank, o.lora));
+    lora_q_a = register_module("lora_q_a", layers::LoraAdapter(d, o.q_lora_rank, o.lora));
   }
   if (t.q_b && o.q_lora_rank > 0) {
-    lora_q_b = register_module("lora_q_b", LoraAdapter(o.q_lora_rank, H * qk, o.lora));
+    lora_q_b = register_module("lora_q_b", layers::LoraAdapter(o.q_lora_rank, H * qk, o.lora));
   }
   if (t.kv_a) {
-    lora_kv_a =
-        register_module("lora_kv_a", LoraAdapter(d, o.kv_lora_rank + o.qk_rope_head_dim, o.lora));
+    lora_kv_a = register_module(
+        "lora_kv_a", layers::LoraAdapter(d, o.kv_lora_rank + o.qk_rope_head_dim, o.lora));
   }
   if (t.kv_b)
-    lora_kv_b = register_module("lora_kv_b", LoraAdapter(o.kv_lora_rank, kv_b_out, o.lora));
-  if (t.o) lora_o = register_module("lora_o", LoraAdapter(H * o.v_head_dim, d, o.lora));
+    lora_kv_b = register_module("lora_kv_b", layers::LoraAdapter(o.kv_lora_rank, kv_b_out, o.lora));
+  if (t.o) lora_o = register_module("lora_o", layers::LoraAdapter(H * o.v_head_dim, d, o.lora));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward_latent(const torch::Tensor& x) {
@@ -71,9 +72,9 @@ torch::Tensor CausalSelfAttentionImpl::forward_latent(const torch::Tensor& x) {
   const int64_t nope = opt_.qk_nope_head_dim, rope = opt_.qk_rope_head_dim;
   const int64_t kvr = opt_.kv_lora_rank, vd = opt_.v_head_dim;
   // base(in) [+ adapter(in)], the base 4-bit where quantized.
-  auto project = [](torch::nn::Linear& base, const QuantizedWeightPtr& q4, LoraAdapter& a,
-                    const torch::Tensor& in) {
-    const auto y = q4 ? linear_4bit(in, q4) : base->forward(in);
+  auto project = [](torch::nn::Linear& base, const layers::QuantizedWeightPtr& q4,
+                    layers::LoraAdapter& a, const torch::Tensor& in) {
+    const auto y = q4 ? layers::linear_4bit(in, q4) : base->forward(in);
     return a ? y + a->forward(in).to(y.scalar_type()) : y;
   };
   const auto q_flat = opt_.q_lora_rank > 0
@@ -114,7 +115,7 @@ torch::Tensor CausalSelfAttentionImpl::forward_latent(const torch::Tensor& x) {
 
 void CausalSelfAttentionImpl::merge_latent_lora() {
   torch::NoGradGuard g;
-  auto fold = [](LoraAdapter& a, torch::nn::Linear& base) {
+  auto fold = [](layers::LoraAdapter& a, torch::nn::Linear& base) {
     if (!a || base.is_empty()) return;
     base->weight.add_(a->delta_weight().to(base->weight.scalar_type()));
     a->zero_update();

@@ -45,10 +45,11 @@ Mamba2MixerImpl::Mamba2MixerImpl(const Mamba2Options& opt) : opt_(opt) {
       "out_proj",
       torch::nn::Linear(torch::nn::LinearOptions(inner, opt.hidden).bias(opt.proj_bias)));
   if (opt.lora.r > 0 && opt.lora_in) {
-    lora_in = register_module("lora_in", LoraAdapter(opt.hidden, inner + conv + H, opt.lora));
+    lora_in =
+        register_module("lora_in", layers::LoraAdapter(opt.hidden, inner + conv + H, opt.lora));
   }
   if (opt.lora.r > 0 && opt.lora_out) {
-    lora_out = register_module("lora_out", LoraAdapter(inner, opt.hidden, opt.lora));
+    lora_out = register_module("lora_out", layers::LoraAdapter(inner, opt.hidden, opt.lora));
   }
   torch::NoGradGuard no_grad;
   in_proj->weight.normal_(0.0, opt.init_std);
@@ -90,9 +91,10 @@ torch::Tensor Mamba2MixerImpl::forward(const torch::Tensor& x) {
 }
 
 torch::Tensor Mamba2MixerImpl::project(const torch::Tensor& x, torch::nn::Linear& base,
-                                       const QuantizedWeightPtr& q, LoraAdapter& adapter) {
+                                       const layers::QuantizedWeightPtr& q,
+                                       layers::LoraAdapter& adapter) {
   // A 4-bit base exists only without biases (transformer.cpp quantizes no biased projection).
-  const auto y = q ? linear_4bit(x, q) : base->forward(x);
+  const auto y = q ? layers::linear_4bit(x, q) : base->forward(x);
   return adapter ? y + adapter->forward(x) : y;
 }
 

@@ -58,7 +58,7 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
     if (lora_) freeze_for_lora(*blocks.back(), cfg, prefix);
     if (!lora_) hold_matrices_in_16_bits(*blocks.back(), prefix);
     if (config::quantized_base(cfg)) {
-      quantize_frozen(blocks.back(), prefix, quant_4bit_options(cfg, device), device);
+      quantize_frozen(blocks.back(), prefix, layers::quant_4bit_options(cfg, device), device);
       return_free_host_memory();  // the fp32 block's matrices: not kept by the C heap
     }
     if (to_device) blocks.back()->to(device);
@@ -84,7 +84,7 @@ void TransformerLMImpl::hold_matrices_in_16_bits(torch::nn::Module& part,
   torch::NoGradGuard no_grad;
   for (auto& item : part.named_parameters()) {
     auto& p = item.value();
-    if (is_16bit_matrix(prefix + item.key(), p) && p.scalar_type() != base_dtype_) {
+    if (layers::is_16bit_matrix(prefix + item.key(), p) && p.scalar_type() != base_dtype_) {
       p.set_data(p.to(base_dtype_));
     }
   }
@@ -101,18 +101,21 @@ void TransformerLMImpl::freeze_for_lora(torch::nn::Module& part, const config::C
                         config::saved_in_full(cfg.lora, name, cfg.model.tie_embeddings);
     auto& p = item.value();
     p.requires_grad_(trains);
-    if (held_in_16_bits(name, p) && p.scalar_type() != base_dtype_) p.set_data(p.to(base_dtype_));
+    if (layers::held_in_16_bits(name, p) && p.scalar_type() != base_dtype_)
+      p.set_data(p.to(base_dtype_));
   }
 }
 
 void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
-                                        const Quant4bitOptions& opt, const torch::Device& device) {
+                                        const layers::Quant4bitOptions& opt,
+                                        const torch::Device& device) {
   torch::NoGradGuard no_grad;
   // Emptied, not removed: the parameter keeps its name (checkpoints, the fingerprint's order).
-  auto quantize = [&](const std::string& name, torch::Tensor& p, QuantizedWeightPtr& slot,
+  auto quantize = [&](const std::string& name, torch::Tensor& p, layers::QuantizedWeightPtr& slot,
                       bool experts, std::vector<int64_t> rows = {}) {
     if (p.requires_grad()) return;  // trains in full (lora.modules_to_save)
-    slot = experts ? QuantizedWeight::experts(p, opt) : QuantizedWeight::linear(p, rows, opt);
+    slot = experts ? layers::QuantizedWeight::experts(p, opt)
+                   : layers::QuantizedWeight::linear(p, rows, opt);
     slot->to(device);  // the block moves with Module::to(), which does not see the 4-bit state
     quantized_[prefix + name] = slot;
     p.set_data(torch::empty({0}, p.options()));
@@ -260,7 +263,7 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens, bool logits) {
   const int64_t S = tokens.size(1);
   torch::Tensor x;
   {
-    profile::Scope scope("embedding");
+    layers::profile::Scope scope("embedding");
     DocumentLayout docs;
     if (eod_id_ >= 0) docs = document_layout(tokens, eod_id_);
     for (auto& b : blocks) b->set_documents(docs.mask, docs.positions);
@@ -282,7 +285,7 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens, bool logits) {
   out.aux_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
   out.z_loss = torch::zeros({}, x.options().dtype(torch::kFloat));
   for (size_t i = 0; i < blocks.size(); ++i) {
-    profile::Layer layer(static_cast<int64_t>(i));
+    layers::profile::Layer layer(static_cast<int64_t>(i));
     // The first `checkpoint_blocks_` blocks keep only their input during training.
     BlockOutput bo = is_training() && static_cast<int64_t>(i) < checkpoint_blocks_ &&
                              torch::GradMode::is_enabled()
@@ -294,7 +297,7 @@ LmOutput TransformerLMImpl::forward(const torch::Tensor& tokens, bool logits) {
     if (blocks[i]->is_moe()) out.tokens_per_expert.push_back(bo.moe.tokens_per_expert);
     out.dropped += bo.moe.dropped;
   }
-  profile::Scope scope("head");
+  layers::profile::Scope scope("head");
   x = head_input(final_norm->forward(x), mcfg_);
   out.hidden = x;
   if (logits) out.logits = head(x);

@@ -71,10 +71,10 @@ ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
   opt_.num_experts = held;  // forward() runs the experts held here
   if (opt.lora_gate_up.r > 0) {
     lora_gate_up = register_module("lora_gate_up",
-                                   model::ExpertLora(E, d, (gated ? 2 : 1) * f, opt.lora_gate_up));
+                                   layers::ExpertLora(E, d, (gated ? 2 : 1) * f, opt.lora_gate_up));
   }
   if (opt.lora_down.r > 0) {
-    lora_down = register_module("lora_down", model::ExpertLora(E, f, d, opt.lora_down));
+    lora_down = register_module("lora_down", layers::ExpertLora(E, f, d, opt.lora_down));
   }
 }
 
@@ -173,8 +173,8 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
       if (lora_gate_up) gate_up = gate_up + lora_gate_up->forward_grouped(xb, offs);
       h = kernels::swiglu_packed_activation(gate_up, opt_.fused_swiglu);
     } else {
-      auto project = [&](const torch::Tensor& w, const model::QuantizedWeightPtr& q) {
-        return q ? model::grouped_linear_4bit(xb, q, offs)
+      auto project = [&](const torch::Tensor& w, const layers::QuantizedWeightPtr& q) {
+        return q ? layers::grouped_linear_4bit(xb, q, offs)
                  : at::_grouped_mm(xb, w.to(torch::kBFloat16), offs);
       };
       const bool gated = w_gate.defined() || gate_4bit;
@@ -184,7 +184,7 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
       h = activation(gate, up);
     }
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
-    auto y = down_4bit ? model::grouped_linear_4bit(h, down_4bit, offs)
+    auto y = down_4bit ? layers::grouped_linear_4bit(h, down_4bit, offs)
                        : at::_grouped_mm(h, w_down.to(torch::kBFloat16), offs);
     y = plus_bias(y, b_down);
     if (lora_down) y = y + lora_down->forward_grouped(h, offs);
@@ -208,8 +208,8 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
     return b.empty() ? y : y + b[static_cast<size_t>(e)].to(y.scalar_type());
   };
   const auto gate_up_lora =
-      lora_gate_up ? lora_gate_up->slices() : model::ExpertLora::Impl::Slices{};
-  const auto down_lora = lora_down ? lora_down->slices() : model::ExpertLora::Impl::Slices{};
+      lora_gate_up ? lora_gate_up->slices() : layers::ExpertLora::Impl::Slices{};
+  const auto down_lora = lora_down ? lora_down->slices() : layers::ExpertLora::Impl::Slices{};
   // One split into the experts' segments, not a narrow per expert: each narrow's backward would
   // zero-fill a gradient the size of all of x, E of them summed; split's is one cat.
   const auto segments = x.split_with_sizes(c10::IntArrayRef(c, opt_.num_experts), 0);
@@ -218,15 +218,15 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
     const auto& seg = segments[static_cast<size_t>(e)];
     const bool gated = !gate.empty() || gate_4bit;  // relu2 experts have up and down only
     auto g = !gated ? torch::Tensor()
-                    : plus_bias(gate_4bit ? model::expert_linear_4bit(seg, gate_4bit, e)
+                    : plus_bias(gate_4bit ? layers::expert_linear_4bit(seg, gate_4bit, e)
                                           : seg.matmul(gate[e]),
                                 bias_gate, e);
-    auto u = plus_bias(up_4bit ? model::expert_linear_4bit(seg, up_4bit, e) : seg.matmul(up[e]),
+    auto u = plus_bias(up_4bit ? layers::expert_linear_4bit(seg, up_4bit, e) : seg.matmul(up[e]),
                        bias_up, e);
     if (lora_gate_up) add_gate_up_update(g, u, lora_gate_up->forward_expert(seg, gate_up_lora, e));
     auto h = activation(g, u);
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
-    auto y = plus_bias(down_4bit ? model::expert_linear_4bit(h, down_4bit, e) : h.matmul(down[e]),
+    auto y = plus_bias(down_4bit ? layers::expert_linear_4bit(h, down_4bit, e) : h.matmul(down[e]),
                        bias_down, e);
     if (lora_down) y = y + lora_down->forward_expert(h, down_lora, e);
     outs.push_back(y);

@@ -67,18 +67,18 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x, const torch::Tensor
   // Scopes: the flops profiler's module kinds (moe/layers/profile_scope.h; off otherwise).
   Routing r;
   {
-    profile::Scope scope("router");
+    layers::profile::Scope scope("router");
     r = router->forward(router_input);
   }
   DispatchPlan plan;
   torch::Tensor permuted, y;
   {
-    profile::Scope scope("dispatch");
+    layers::profile::Scope scope("dispatch");
     plan = dispatcher_.plan(r.topk_idx, r.keep, r.all_kept, r.tokens_per_expert);
     permuted = dispatcher_.permute(dispatch_rows(x), plan);
   }
   {
-    profile::Scope scope("experts");
+    layers::profile::Scope scope("experts");
     if (opt_.ep.size > 1) {  // to the experts' ranks and back (expert_parallel.h)
       y = experts_across_ranks(permuted, plan.tokens_per_expert, opt_.ep,
                                [this](const torch::Tensor& rows, const torch::Tensor& counts) {
@@ -90,11 +90,11 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x, const torch::Tensor
   }
   MoeLayerOutput out;
   {
-    profile::Scope scope("combine");
+    layers::profile::Scope scope("combine");
     out.y = dispatcher_.combine(y, plan, r.topk_weight, T);
   }
   if (shared_expert) {
-    profile::Scope scope("experts");
+    layers::profile::Scope scope("experts");
     auto shared = shared_expert->forward(x, torch::full({1}, T, x.options().dtype(torch::kLong)));
     if (shared_expert_gate) {
       shared = torch::sigmoid(shared_expert_gate->forward(x)) * shared;

@@ -15,7 +15,7 @@
 #include "moe/optim/offload_gradient_stream.h"
 #include "moe/quant/blockwise_quant.h"
 
-namespace moe::train {
+namespace moe::optim {
 
 namespace {
 
@@ -34,7 +34,7 @@ at::Tensor moment_fp32(const AdamWState& st, int which) {
   const at::Tensor& t = moment(st, which);
   const at::Tensor& absmax = moment_absmax(st, which);
   if (absmax.defined()) {
-    return dequantize_blockwise(t, absmax, dynamic_map(which == 0, t.device()));
+    return quant::dequantize_blockwise(t, absmax, quant::dynamic_map(which == 0, t.device()));
   }
   return t.to(at::kFloat);  // an fp32 moment is returned as it is (updated in place)
 }
@@ -43,7 +43,7 @@ void set_moment(AdamWState& st, int which, const at::Tensor& value) {
   at::Tensor t = moment(st, which);
   at::Tensor absmax = moment_absmax(st, which);
   if (absmax.defined()) {
-    quantize_blockwise(value, dynamic_map(which == 0, t.device()), t, absmax);
+    quant::quantize_blockwise(value, quant::dynamic_map(which == 0, t.device()), t, absmax);
   } else if (!t.is_same(value)) {
     t.copy_(value);  // bf16: round to nearest even
   }
@@ -55,7 +55,7 @@ AdamWState FusedAdamW::make_state(const at::Tensor& like) const {
     if (d == config::StateDtype::k8Bit && like.numel() >= kMin8BitNumel) {
       // absmax 0 makes every code read as 0, as bitsandbytes starts its states.
       m = at::zeros(like.sizes(), like.options().dtype(at::kByte));
-      absmax = at::zeros({quant_blocks(like.numel())}, like.options().dtype(at::kFloat));
+      absmax = at::zeros({quant::quant_blocks(like.numel())}, like.options().dtype(at::kFloat));
     } else if (d == config::StateDtype::kBf16) {
       m = at::zeros(like.sizes(), like.options().dtype(at::kBFloat16));
     } else {  // fp32 moments, also of a 16-bit parameter
@@ -416,8 +416,8 @@ void FusedAdamW::update_reference(at::Tensor& param, const at::Tensor& grad, Ada
     s.grad_scale = static_cast<float>(grad_scale);
     const at::Tensor g = grad.to(at::kFloat).contiguous();
     kernels::detail::adam8bit_step(param, g, st.exp_avg, st.exp_avg_absmax, st.exp_avg_sq,
-                                   st.exp_avg_sq_absmax, dynamic_map(true, param.device()),
-                                   dynamic_map(false, param.device()), s);
+                                   st.exp_avg_sq_absmax, quant::dynamic_map(true, param.device()),
+                                   quant::dynamic_map(false, param.device()), s);
     return;
   }
   at::Tensor g = grad.to(at::kFloat);
@@ -632,4 +632,4 @@ int64_t FusedAdamW::host_bytes() const {
   return bytes;
 }
 
-}  // namespace moe::train
+}  // namespace moe::optim

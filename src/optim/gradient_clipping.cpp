@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-namespace moe::train {
+namespace moe::optim {
 
 namespace {
 constexpr double kNormEps = 1e-6;  // clip_grad_norm_'s: max_norm / (norm + 1e-6)
@@ -42,4 +42,4 @@ torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& grads, double max
   return norm;
 }
 
-}  // namespace moe::train
+}  // namespace moe::optim

@@ -11,7 +11,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace moe::train {
+namespace moe::optim {
 
 at::Tensor host_buffer(int64_t numel, at::ScalarType dtype, bool pinned) {
   const auto options = at::TensorOptions().dtype(dtype);
@@ -60,4 +60,4 @@ void HostArena::allocate() {
   allocated_ = true;
 }
 
-}  // namespace moe::train
+}  // namespace moe::optim

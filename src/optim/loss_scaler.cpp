@@ -5,7 +5,7 @@
 
 #include "moe/util/errors.h"
 
-namespace moe::train {
+namespace moe::optim {
 
 LossScaler::LossScaler(const config::Fp16Config& cfg)
     : dynamic_(cfg.loss_scale == 0.0),
@@ -54,4 +54,4 @@ bool LossScaler::update(bool overflow) {
   return overflow;
 }
 
-}  // namespace moe::train
+}  // namespace moe::optim

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numbers>
 
-namespace moe::train {
+namespace moe::optim {
 
 using enum config::SchedulerType;
 
@@ -58,4 +58,4 @@ double LrSchedule::lr_at(int64_t step) const {
          (base_lr_ - cfg_.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
-}  // namespace moe::train
+}  // namespace moe::optim

@@ -9,7 +9,7 @@
 
 #include <functional>
 
-namespace moe::train {
+namespace moe::optim {
 
 namespace {
 
@@ -147,4 +147,4 @@ void OffloadGradientStream::clear() {
   std::fill(summed_.begin(), summed_.end(), 0);
 }
 
-}  // namespace moe::train
+}  // namespace moe::optim

@@ -22,9 +22,10 @@
 
 namespace moe::parallel {
 
-using train::clip_divisor;
-using train::gradient_norm;
-using train::scale_by_clip_coefficient;
+using checkpoint::local_optimizer_stream;
+using optim::clip_divisor;
+using optim::gradient_norm;
+using optim::scale_by_clip_coefficient;
 
 namespace fs = std::filesystem;
 using config::GradientReduction;
@@ -65,7 +66,7 @@ void die_here_for_tests() {
 // The parameters whose gradients take part in the reduction (LoRA: the adapters only).
 std::vector<torch::Tensor> trainable(model::TransformerLM& model) {
   std::vector<torch::Tensor> out;
-  for (auto& [name, p] : model::trainable_parameters(*model)) out.push_back(p);
+  for (auto& [name, p] : layers::trainable_parameters(*model)) out.push_back(p);
   return out;
 }
 
@@ -96,7 +97,7 @@ class RankGroup final : public DataParallel {
   }
 
   void attach(model::TransformerLM& model) override {
-    for (auto& [name, p] : model::trainable_parameters(*model)) {
+    for (auto& [name, p] : layers::trainable_parameters(*model)) {
       if (model->expert_rows(name)) expert_params_.emplace_back(name, p);
     }
     if (!mode_.shards_optimizer()) return;
@@ -104,7 +105,7 @@ class RankGroup final : public DataParallel {
     // expert-data-parallel group), the rest over the world.
     std::vector<std::string> names, expert_names;
     std::vector<torch::Tensor> params, experts;
-    for (auto& [name, p] : model::trainable_parameters(*model)) {
+    for (auto& [name, p] : layers::trainable_parameters(*model)) {
       const bool expert = model->expert_rows(name).has_value();
       (expert ? expert_names : names).push_back(name);
       (expert ? experts : params).push_back(p);
@@ -218,7 +219,7 @@ class RankGroup final : public DataParallel {
       zero_->average_owned();  // summed onto the owners during the backwards
     } else if (mode_.reduction == GradientReduction::kAllReduceAfterBackward) {
       std::vector<torch::Tensor> grads, expert_grads;
-      for (auto& [name, p] : model::trainable_parameters(*model)) {
+      for (auto& [name, p] : layers::trainable_parameters(*model)) {
         // A parameter without a gradient on this rank still takes part: the buckets must match.
         if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
         (model->expert_rows(name) ? expert_grads : grads).push_back(p.grad());

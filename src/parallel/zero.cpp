@@ -14,8 +14,8 @@
 
 namespace moe::parallel {
 
-using train::AdamWState;
-using train::scale_by_clip_coefficient;
+using optim::AdamWState;
+using optim::scale_by_clip_coefficient;
 
 ZeroPartition::ZeroPartition(parallel::ProcessGroup& group, int64_t stage,
                              std::vector<std::string> names, std::vector<torch::Tensor> params,

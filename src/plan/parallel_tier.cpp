@@ -15,7 +15,7 @@ namespace {
 // Values of the routed experts' stacks (all MoE layers), which expert parallelism spreads.
 double routed_expert_parameters(const Config& c) {
   double n = 0;
-  for (const auto& p : model::parameter_layout(c)) {
+  for (const auto& p : config::parameter_layout(c)) {
     if (p.name.find(".moe.experts.") == std::string::npos) continue;
     double v = 1;
     for (int64_t d : p.shape) v *= static_cast<double>(d);

@@ -107,7 +107,7 @@ Quantized4bitBase quantized_4bit_base(const Config& c, const PlanOptions& opt) {
   const bool grouped = grouped_expert_gemm(c, opt);
   const int64_t q_rows = c.model.num_heads * config::head_dim(c),
                 kv_rows = config::key_value_heads(c) * config::head_dim(c);
-  for (const auto& p : model::parameter_layout(c)) {
+  for (const auto& p : config::parameter_layout(c)) {
     if (config::saved_in_full(c.lora, p.name, c.model.tie_embeddings)) continue;
     switch (held_in_4bit(p.name, mxfp4)) {
       case Held4bit::kNot:

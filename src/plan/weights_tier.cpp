@@ -17,7 +17,7 @@ namespace {
 // Values of the largest parameter the optimizer updates (a LoRA run: the largest adapter).
 double largest_trained_parameter(const Config& c) {
   double largest = 0;
-  for (const auto& p : model::parameter_layout(c)) {
+  for (const auto& p : config::parameter_layout(c)) {
     if (config::lora_enabled(c) && p.name.find("lora_") == std::string::npos) continue;
     double n = 1;
     for (int64_t d : p.shape) n *= static_cast<double>(d);

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-namespace moe::train {
+namespace moe::quant {
 
 namespace {
 
@@ -85,4 +85,4 @@ at::Tensor dequantize_blockwise(const at::Tensor& codes, const at::Tensor& absma
   return values.slice(0, 0, n).view(codes.sizes());
 }
 
-}  // namespace moe::train
+}  // namespace moe::quant

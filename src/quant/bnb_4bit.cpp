@@ -135,7 +135,7 @@ torch::Tensor code_4bit(Quant4bitType type) {
 
 torch::Tensor dynamic_map() {
   // The 8-bit optimizer's map (quant/blockwise_quant.h, checked against bitsandbytes there).
-  return train::dynamic_map(/*is_signed=*/true, torch::kCPU);
+  return dynamic_map(/*is_signed=*/true, torch::kCPU);
 }
 
 Quantized4bit quantize_4bit(const torch::Tensor& w, Quant4bitType type, bool double_quant,

@@ -46,7 +46,7 @@ struct CudaGraphStep::Graph {
   at::cuda::CUDAGraph graph;
 };
 
-CudaGraphStep::CudaGraphStep(std::vector<torch::Tensor> params, FusedAdamW& optimizer,
+CudaGraphStep::CudaGraphStep(std::vector<torch::Tensor> params, optim::FusedAdamW& optimizer,
                              MicroForward forward, int64_t micro_batches,
                              std::vector<int64_t> batch_shape, double max_norm,
                              const torch::Device& device)
@@ -85,9 +85,9 @@ void CudaGraphStep::body() {
   torch::NoGradGuard no_grad;
   // The eager runner's clipping (step_runner.h), on the device and folded into the update; a
   // non-finite norm or loss skips the update.
-  auto norm = gradient_norm(defined_grads(params_));
+  auto norm = optim::gradient_norm(defined_grads(params_));
   found_inf = (~(norm.isfinite() & lm.isfinite())).to(torch::kFloat);
-  const torch::Tensor divisor = clip_divisor(norm, max_norm_);
+  const torch::Tensor divisor = optim::clip_divisor(norm, max_norm_);
   optimizer_.step_capturable(lr_, found_inf,
                              divisor.defined() ? std::optional(divisor) : std::nullopt);
   lm_sum = lm;

@@ -27,7 +27,8 @@ using nlohmann::json;
 
 namespace {
 std::string newest_checkpoint(const std::string& output_dir) {
-  auto c = CheckpointStore((fs::path(output_dir) / "checkpoints").string()).candidates();
+  auto c =
+      checkpoint::CheckpointStore((fs::path(output_dir) / "checkpoints").string()).candidates();
   if (c.empty()) throw UserError("checkpoint: no checkpoint in " + output_dir + "/checkpoints");
   return c.front();
 }
@@ -57,7 +58,7 @@ json eval_checkpoint(const EvalRequest& req) {
     dir = newest_checkpoint(load_run_config(req.config_path, req.overrides).training.output_dir);
   // The architecture comes from the checkpoint: keys the config leaves out are taken from it, and
   // a --config/--set value that contradicts it is refused, naming the key.
-  const json saved = read_checkpoint_state(dir).config;
+  const json saved = checkpoint::read_checkpoint_state(dir).config;
   json root = config::load_json_file(req.config_path);
   for (const auto& o : req.overrides) config::apply_override(root, o);
   config::fill_architecture(root, saved);
@@ -70,7 +71,7 @@ json eval_checkpoint(const EvalRequest& req) {
   if (shards.valid.empty()) throw UserError("eval: the config names no validation data");
   const torch::Device device = pick_device(cfg);
   model::TransformerLM model(cfg, device);
-  TrainingState st = load_checkpoint(dir, model, nullptr);
+  checkpoint::TrainingState st = checkpoint::load_checkpoint(dir, model, nullptr);
   model->to(device);
   EvalDump dump;
   if (!req.dump_logits.empty() && !shards.sources.empty())

@@ -15,7 +15,7 @@ using nlohmann::json;
 
 json weights_architecture(const std::string& dir) {
   if (fs::exists(fs::path(dir) / "state.json")) {
-    const json saved = read_checkpoint_state(dir).config;
+    const json saved = checkpoint::read_checkpoint_state(dir).config;
     json out = json::object();
     for (const char* s : {"model", "moe"}) {
       if (saved.contains(s)) out[s] = saved[s];

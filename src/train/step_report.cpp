@@ -16,8 +16,10 @@
 
 #include "moe/monitor/device_peak.h"
 
-namespace moe::monitor {
+namespace moe::train {
 
+using monitor::model_flops_utilisation;
+using monitor::spec_peak;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -229,4 +231,4 @@ void StepReporter::progress(int64_t done, double loss) {
   if (done == total_steps_) std::fprintf(stderr, "\n");
 }
 
-}  // namespace moe::monitor
+}  // namespace moe::train

@@ -24,7 +24,7 @@ using parallel::Clipping;
 
 MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& batch,
                            const config::Config& cfg) {
-  profile::ForwardPhase phase;  // the flops profiler times forward passes only
+  layers::profile::ForwardPhase phase;  // the flops profiler times forward passes only
   const LossTargets targets = loss_targets(batch, cfg);
   const int64_t chunk = cfg.training.head_chunk_tokens;
   model::LmOutput out;
@@ -35,13 +35,13 @@ MicroLosses compute_losses(model::TransformerLM& model, const torch::Tensor& bat
     if (chunk > 0) {
       // The chunked head computes its gradients here too: the flops profiler's "head" scope
       // (forward passes only) then also holds the head's backward matmuls.
-      profile::Scope scope("head");
+      layers::profile::Scope scope("head");
       const auto hidden = out.hidden.reshape({-1, out.hidden.size(-1)});
       l.lm = chunked_lm_loss(hidden, model->head_weight(), targets, chunk, model->logit_softcap());
     }
   }
   if (chunk == 0) {
-    profile::Scope scope("head");  // the loss belongs to the head
+    layers::profile::Scope scope("head");  // the loss belongs to the head
     const auto logits = out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat);
     l.lm = masked_lm_loss(logits, targets);
   }
@@ -116,8 +116,9 @@ double seconds_since(Clock::time_point t) {
 
 class EagerStepRunner : public StepRunner {
  public:
-  EagerStepRunner(model::TransformerLM& model, const config::Config& cfg, FusedAdamW& optimizer,
-                  LossScaler& scaler, const StepRunnerOptions& opt)
+  EagerStepRunner(model::TransformerLM& model, const config::Config& cfg,
+                  optim::FusedAdamW& optimizer, optim::LossScaler& scaler,
+                  const StepRunnerOptions& opt)
       : model_(model), cfg_(cfg), optimizer_(optimizer), scaler_(scaler), opt_(opt) {}
 
   StepResult run(int64_t step, double /*lr*/, const NextBatch& next) override {
@@ -126,7 +127,8 @@ class EagerStepRunner : public StepRunner {
     DataParallel& dp = *opt_.dp;
     dp.begin_step(model_, optimizer_);
     // Offload with streaming: gradients reach the host during the backward, and unscaling,
-    // the norm and clipping run on those host copies (FusedAdamW::stream_gradients_in_backward).
+    // the norm and clipping run on those host copies
+    // (optim::FusedAdamW::stream_gradients_in_backward).
     const bool streamed = optimizer_.streams_gradients();
     std::vector<torch::Tensor> figures;  // per micro-batch, on the device until the step's end
     for (int64_t micro = 0; micro < opt_.micro_batches; ++micro) {
@@ -210,8 +212,8 @@ class EagerStepRunner : public StepRunner {
 
   model::TransformerLM& model_;
   const config::Config& cfg_;
-  FusedAdamW& optimizer_;
-  LossScaler& scaler_;
+  optim::FusedAdamW& optimizer_;
+  optim::LossScaler& scaler_;
   StepRunnerOptions opt_;
   torch::Tensor grad_divisor_;  // this step's clipping, for update()
 };
@@ -220,9 +222,10 @@ class EagerStepRunner : public StepRunner {
 // capture; every later step is a replay. A failed capture leaves the run eager.
 class GraphStepRunner : public StepRunner {
  public:
-  GraphStepRunner(model::TransformerLM& model, const config::Config& cfg, FusedAdamW& optimizer,
-                  LossScaler& scaler, const StepRunnerOptions& opt, const torch::Device& device,
-                  int64_t first_step, spdlog::logger& log)
+  GraphStepRunner(model::TransformerLM& model, const config::Config& cfg,
+                  optim::FusedAdamW& optimizer, optim::LossScaler& scaler,
+                  const StepRunnerOptions& opt, const torch::Device& device, int64_t first_step,
+                  spdlog::logger& log)
       : eager_(model, cfg, optimizer, scaler, opt), cfg_(cfg), first_step_(first_step), log_(log) {
     auto micro_forward = [&model, &cfg](const torch::Tensor& tokens) {
       struct Bf16Autocast {  // switched off again even when the forward throws mid-capture
@@ -334,7 +337,8 @@ bool NonFiniteGuard::skip(const StepResult& r, double loss, int64_t step,
 }
 
 std::unique_ptr<StepRunner> make_step_runner(model::TransformerLM& model, const config::Config& cfg,
-                                             FusedAdamW& optimizer, LossScaler& scaler,
+                                             optim::FusedAdamW& optimizer,
+                                             optim::LossScaler& scaler,
                                              const StepRunnerOptions& opt,
                                              const torch::Device& device, int64_t first_step,
                                              spdlog::logger& log) {

@@ -93,19 +93,20 @@ void install_signal_handlers() {
 }
 
 // The parameters this rank's optimizer updates (ZeRO: those it owns), decayed or not.
-std::vector<AdamWGroup> param_groups(model::TransformerLM& model, const config::Config& cfg,
-                                     const DataParallel& dp) {
-  AdamWGroup decay, no_decay;
+std::vector<optim::AdamWGroup> param_groups(model::TransformerLM& model, const config::Config& cfg,
+                                            const DataParallel& dp) {
+  optim::AdamWGroup decay, no_decay;
   decay.weight_decay =
       cfg.optimizer.type == config::OptimizerType::kAdam ? 0.0 : cfg.optimizer.weight_decay;
-  for (auto& [name, param] : model::trainable_parameters(*model)) {  // LoRA: no frozen base
+  for (auto& [name, param] : layers::trainable_parameters(*model)) {  // LoRA: no frozen base
     if (!dp.updates(name)) continue;
     // Norm weights and biases (1-D) are not decayed, as in Megatron and DeepSpeed's examples.
-    AdamWGroup& g = param.dim() >= 2 || cfg.optimizer.decay_norms_and_biases ? decay : no_decay;
+    optim::AdamWGroup& g =
+        param.dim() >= 2 || cfg.optimizer.decay_norms_and_biases ? decay : no_decay;
     g.names.push_back(name);
     g.params.push_back(param);
   }
-  std::vector<AdamWGroup> groups{decay};
+  std::vector<optim::AdamWGroup> groups{decay};
   if (!no_decay.params.empty()) groups.push_back(no_decay);
   return groups;
 }
@@ -154,8 +155,8 @@ std::string oom_report(const config::Config& cfg, const torch::Device& device, i
   return s;
 }
 
-OffloadOptions offload_options(const config::Config& cfg) {
-  OffloadOptions o;
+optim::OffloadOptions offload_options(const config::Config& cfg) {
+  optim::OffloadOptions o;
   o.enabled = cfg.zero_optimization.offload_optimizer.device == config::OffloadDevice::kCpu;
   o.pin_memory = cfg.zero_optimization.offload_optimizer.pin_memory;
   // As the step runner accumulates: 16-bit gradients summed in fp32 over micro-batches, or
@@ -270,7 +271,7 @@ class TrainingSession {
   // The checkpoint to continue from (resume_policy.h), or a fresh start.
   void resume() {
     if (model_->has_lora()) {  // the frozen base first: a LoRA checkpoint holds adapters only
-      load_lora_base(cfg_, model_, /*seeded=*/true);
+      checkpoint::load_lora_base(cfg_, model_, /*seeded=*/true);
       optimizer_.reload_master_weights();  // offload: modules_to_save start from the base
       log_->info("LoRA: base {} in {} (fingerprint {}); {}",
                  cfg_.model.init_from.empty() ? "randomly initialised" : cfg_.model.init_from,
@@ -288,26 +289,29 @@ class TrainingSession {
     }
     open_remote_checkpoints();
     const auto candidates = store_.candidates();
-    ResumeDecision d = decide_resume(opt_, candidates, in_.total_steps, store_.root());
-    while (d.action == ResumeDecision::Action::kLoad) {
+    checkpoint::ResumeDecision d =
+        checkpoint::decide_resume(opt_, candidates, in_.total_steps, store_.root());
+    while (d.action == checkpoint::ResumeDecision::Action::kLoad) {
       try {
-        state_ = load_checkpoint(d.dir, model_, &optimizer_, true, dp_->optimizer_is_share());
+        state_ = checkpoint::load_checkpoint(d.dir, model_, &optimizer_, true,
+                                             dp_->optimizer_is_share());
         summary_.resumed_from = state_.step;
         resumed_dir_ = d.dir;
         break;
-      } catch (const BaseMismatchError&) {
+      } catch (const checkpoint::BaseMismatchError&) {
         throw;  // every checkpoint here has the same base: an older one would not help
       } catch (const UserError& e) {
         if (!d.fallback) throw;
-        log_->error("{}", unusable_checkpoint_message(d.dir, e.what()));
-        d = decide_resume(opt_, candidates, in_.total_steps, store_.root(), d.next_index);
+        log_->error("{}", checkpoint::unusable_checkpoint_message(d.dir, e.what()));
+        d = checkpoint::decide_resume(opt_, candidates, in_.total_steps, store_.root(),
+                                      d.next_index);
       }
     }
-    if (d.action == ResumeDecision::Action::kFinished) log_->warn("{}", d.message);
-    if (d.action == ResumeDecision::Action::kNoneLoadable) throw UserError(d.message);
+    if (d.action == checkpoint::ResumeDecision::Action::kFinished) log_->warn("{}", d.message);
+    if (d.action == checkpoint::ResumeDecision::Action::kNoneLoadable) throw UserError(d.message);
     if (summary_.resumed_from < 0 && !cfg_.model.init_from.empty() && !model_->has_lora()) {
       // A fresh run from existing weights: the optimizer's fp32 masters follow them.
-      const std::string what = init_weights_from(cfg_, model_);
+      const std::string what = checkpoint::init_weights_from(cfg_, model_);
       optimizer_.reload_master_weights();
       log_->info("initial weights from {} ({})", cfg_.model.init_from, what);
     }
@@ -319,7 +323,7 @@ class TrainingSession {
   void open_remote_checkpoints() {
     if (cfg_.checkpoint.remote.empty()) return;
     if (dp_->writes()) {
-      remote_ = std::make_unique<RemoteCheckpoints>(
+      remote_ = std::make_unique<checkpoint::RemoteCheckpoints>(
           s3::client_from_environment(), s3::parse_url(cfg_.checkpoint.remote, "checkpoint.remote"),
           store_.root(), cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every, *log_);
       if (store_.candidates().empty() && opt_.resume_from.empty()) {
@@ -359,7 +363,7 @@ class TrainingSession {
   void check_base_unchanged() {
     if (!model_->has_lora()) return;
     const std::string now =
-        model::base_fingerprint(*model_, model_->base_dtype(), model_->quantized_weights());
+        layers::base_fingerprint(*model_, model_->base_dtype(), model_->quantized_weights());
     if (now != model_->base_fingerprint()) {
       throw TrainingError("LoRA: the frozen base weights changed during training (fingerprint " +
                           model_->base_fingerprint() + " -> " + now + "): a bug, please report it");
@@ -403,12 +407,12 @@ class TrainingSession {
     fs::create_directories(out_dir);
     const fs::path metrics_path = out_dir / "metrics.jsonl";
     if (summary_.resumed_from >= 0) {
-      truncate_metrics(metrics_path, state_.metrics_lines);
+      checkpoint::truncate_metrics(metrics_path, state_.metrics_lines);
       log_->info("resuming from step {} (tokens {}, epoch {}, window {})", state_.step,
                  state_.tokens, state_.loader.epoch, state_.loader.position);
     } else {
-      set_aside_previous_run(out_dir.string(), opt_.overwrite, run_time_stamp(std::time(nullptr)),
-                             *log_);
+      checkpoint::set_aside_previous_run(out_dir.string(), opt_.overwrite,
+                                         checkpoint::run_time_stamp(std::time(nullptr)), *log_);
     }
     store_.clean_partial();
     std::ofstream(out_dir / "config.json") << config::to_json(cfg_).dump(2) << "\n";
@@ -427,8 +431,8 @@ class TrainingSession {
 
   // Step-0 validation and checkpoint of a fresh run, the loader, the step runner, the reporter.
   void start() {
-    checkpointer_ = std::make_unique<Checkpointer>(cfg_, store_, model_, optimizer_, scaler_,
-                                                   state_, *log_, resumed_dir_);
+    checkpointer_ = std::make_unique<checkpoint::Checkpointer>(
+        cfg_, store_, model_, optimizer_, scaler_, state_, *log_, resumed_dir_);
     if (remote_) {
       checkpointer_->after_commit([this](const std::string& dir, int64_t step) {
         try {
@@ -450,8 +454,8 @@ class TrainingSession {
       summary_.majority_baseline = data::majority_baseline(in_.shards.valid, cfg_.model.seq_len);
     }
     first_step_ = state_.step;
-    reporter_ = std::make_unique<monitor::StepReporter>(cfg_, in_.device, in_.total_steps,
-                                                        first_step_, write, *log_);
+    reporter_ = std::make_unique<train::StepReporter>(cfg_, in_.device, in_.total_steps,
+                                                      first_step_, write, *log_);
     const Actions first = cadence_.before_first_step(summary_.resumed_from >= 0);
     if (first.evaluate) {
       summary_.initial_eval = validate();
@@ -517,7 +521,7 @@ class TrainingSession {
                      "out of memory (MOE_TEST_FAKE_OOM_AT_STEP)");
     const bool profiled =
         cfg_.flops_profiler.enabled && step + 1 == cfg_.flops_profiler.profile_step;
-    if (profiled) profile::start(in_.device.is_cuda());
+    if (profiled) layers::profile::start(in_.device.is_cuda());
     if (trace_) trace_->before_step(step + 1);
     const double lr = schedule_.lr_at(step);
     const double wait_before = loader_->wait_seconds();
@@ -553,7 +557,7 @@ class TrainingSession {
     if (step == first_step_) summary_.first_train_loss = loss;
     summary_.last_train_loss = loss;
 
-    monitor::StepFigures f;
+    train::StepFigures f;
     f.step = step + 1;
     f.skipped = skipped;
     f.graphed = r.graphed;
@@ -619,8 +623,8 @@ class TrainingSession {
   }
 
   // flops_profiler: the table of the profiled step, in the log and in output_file.
-  void report_flops(const monitor::StepFigures& f) {
-    const auto timings = profile::stop();
+  void report_flops(const train::StepFigures& f) {
+    const auto timings = layers::profile::stop();
     const std::string table = monitor::flops_report(
         cfg_, {f.step, f.step_s, f.forward_s, f.backward_s, f.optimizer_s}, timings);
     std::istringstream lines(table);
@@ -691,7 +695,7 @@ class TrainingSession {
 
   // Rank 0 writes (with ZeRO, every owner's state streamed to it); every rank returns after.
   void save(SaveReason why) {
-    dp_->checkpoint(optimizer_, [&](const OptimizerStream* state) {
+    dp_->checkpoint(optimizer_, [&](const checkpoint::OptimizerStream* state) {
       checkpointer_->save(to_string(why), metrics_->lines(), state);
     });
   }
@@ -703,23 +707,23 @@ class TrainingSession {
   std::unique_ptr<DataParallel> dp_;  // a world of one, or the ranks (data_parallel.h)
   RunInputs in_;
   model::TransformerLM model_;
-  FusedAdamW optimizer_;
-  LrSchedule schedule_;
-  LossScaler scaler_;
-  CheckpointStore store_;
-  std::unique_ptr<RemoteCheckpoints> remote_;  // checkpoint.remote, on rank 0
+  optim::FusedAdamW optimizer_;
+  optim::LrSchedule schedule_;
+  optim::LossScaler scaler_;
+  checkpoint::CheckpointStore store_;
+  std::unique_ptr<checkpoint::RemoteCheckpoints> remote_;  // checkpoint.remote, on rank 0
   int64_t last_enqueued_ = -1;
   Cadence cadence_;
   NonFiniteGuard guard_;
-  TrainingState state_;
+  checkpoint::TrainingState state_;
   TrainSummary summary_;
   std::unique_ptr<monitor::Monitor> sinks_;
   std::unique_ptr<MetricsLog> metrics_;
-  std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   std::unique_ptr<data::BatchStream> loader_;
   std::vector<int64_t> source_passes_;  // data.blend: last reported pass of each source
   std::unique_ptr<StepRunner> runner_;
-  std::unique_ptr<monitor::StepReporter> reporter_;
+  std::unique_ptr<train::StepReporter> reporter_;
   std::unique_ptr<monitor::StepTrace> trace_;  // training.profile_step_start, while it lasts
   int64_t first_step_ = 0, current_step_ = 0;
   Clock::time_point run_start_, lap_start_;

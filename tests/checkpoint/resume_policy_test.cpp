@@ -17,7 +17,7 @@
 #include "moe/util/errors.h"
 #include "moe/util/remove_tree.h"
 
-namespace moe::train {
+namespace moe::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -400,4 +400,4 @@ TEST_F(ResumePolicyTest, MetricsAreCutToTheCheckpointsLines) {
 }
 
 }  // namespace
-}  // namespace moe::train
+}  // namespace moe::checkpoint

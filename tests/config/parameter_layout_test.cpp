@@ -33,7 +33,7 @@ config::Config make(nlohmann::json model, nlohmann::json moe, nlohmann::json lor
 
 void expect_layout_is_the_models(const config::Config& c) {
   TransformerLM m(c);
-  const auto layout = parameter_layout(c);
+  const auto layout = config::parameter_layout(c);
   const auto params = m->named_parameters();
   ASSERT_EQ(layout.size(), params.size());
   size_t i = 0;
@@ -115,7 +115,7 @@ TEST(ParameterLayout, Gemma4ParallelDenseSandwichKeysAsValues) {
   const config::Config plain = make(model, moe, {{"r", 0}});
   expect_layout_is_the_models(plain);
   int64_t numel = 0;
-  for (const auto& p : parameter_layout(plain)) {
+  for (const auto& p : config::parameter_layout(plain)) {
     int64_t n = 1;
     for (const int64_t s : p.shape) n *= s;
     numel += n;
@@ -153,7 +153,7 @@ TEST(ParameterLayout, NemotronHSublayerBlocksMambaRelu2) {
   expect_layout_is_the_models(plain);
   const auto numel_of = [](const config::Config& c, bool adapters) {
     int64_t numel = 0;
-    for (const auto& p : parameter_layout(c)) {
+    for (const auto& p : config::parameter_layout(c)) {
       if (config::is_lora_parameter(p.name) != adapters) continue;
       int64_t n = 1;
       for (const int64_t s : p.shape) n *= s;

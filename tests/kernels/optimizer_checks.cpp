@@ -29,7 +29,7 @@ Adam8bitInputs make_adam8bit_inputs(const Adam8bitCase& c, const torch::Device& 
   torch::manual_seed(static_cast<uint64_t>(c.numel * 7 + c.step));
   Adam8bitInputs in;
   in.c = c;
-  const int64_t blocks = train::quant_blocks(c.numel);
+  const int64_t blocks = quant::quant_blocks(c.numel);
   const auto param = torch::randn({c.numel}) * 0.1;
   const auto grad = torch::randn({c.numel}) * 0.05 * c.grad_scale;
   // Moments of changing scale across blocks, with a block of zeros (absmax 0).
@@ -40,7 +40,7 @@ Adam8bitInputs make_adam8bit_inputs(const Adam8bitCase& c, const torch::Device& 
                       torch::Tensor& absmax) {
     codes = torch::empty({c.numel}, torch::kByte);
     absmax = torch::empty({blocks}, torch::kFloat);
-    train::quantize_blockwise(x, train::dynamic_map(is_signed, torch::kCPU), codes, absmax);
+    quant::quantize_blockwise(x, quant::dynamic_map(is_signed, torch::kCPU), codes, absmax);
   };
   quantise(m, true, in.m_codes, in.m_absmax);
   quantise(v, false, in.v_codes, in.v_absmax);
@@ -72,10 +72,10 @@ namespace {
 
 // FusedAdamW's reference update on the CPU (its kernel switched off) from the inputs' state.
 Adam8bitOutputs reference(const Adam8bitInputs& in) {
-  train::AdamWGroup g{{"p"}, {in.param.cpu().clone()}, in.c.weight_decay};
-  train::MomentPrecision eight{config::StateDtype::k8Bit, config::StateDtype::k8Bit, false};
-  train::FusedAdamW opt({g}, in.beta1, in.beta2, in.eps, {}, eight);
-  train::AdamWState* st = opt.named_state().at(0).second;
+  optim::AdamWGroup g{{"p"}, {in.param.cpu().clone()}, in.c.weight_decay};
+  optim::MomentPrecision eight{config::StateDtype::k8Bit, config::StateDtype::k8Bit, false};
+  optim::FusedAdamW opt({g}, in.beta1, in.beta2, in.eps, {}, eight);
+  optim::AdamWState* st = opt.named_state().at(0).second;
   st->exp_avg.copy_(in.m_codes.cpu());
   st->exp_avg_absmax.copy_(in.m_absmax.cpu());
   st->exp_avg_sq.copy_(in.v_codes.cpu());
@@ -130,17 +130,17 @@ device_bounds::StepBound step_bound(const Adam8bitInputs& in) {
   device_bounds::AdamW h = device_bounds::kEightBitAdamW;
   h.lr = in.lr, h.beta1 = in.beta1, h.beta2 = in.beta2, h.eps = in.eps;
   h.weight_decay = in.c.weight_decay;
-  const auto m = train::dequantize_blockwise(in.m_codes.cpu(), in.m_absmax.cpu(),
-                                             train::dynamic_map(true, torch::kCPU));
-  const auto v = train::dequantize_blockwise(in.v_codes.cpu(), in.v_absmax.cpu(),
-                                             train::dynamic_map(false, torch::kCPU));
+  const auto m = quant::dequantize_blockwise(in.m_codes.cpu(), in.m_absmax.cpu(),
+                                             quant::dynamic_map(true, torch::kCPU));
+  const auto v = quant::dequantize_blockwise(in.v_codes.cpu(), in.v_absmax.cpu(),
+                                             quant::dynamic_map(false, torch::kCPU));
   const auto g = in.grad.cpu().to(torch::kDouble) / in.c.grad_scale;
   return device_bounds::step_bound(h, static_cast<int>(in.c.step), in.param.cpu(), m, v, g);
 }
 
 // The largest value of `x` (double, one per parameter value) in each quantisation block.
 torch::Tensor block_max(const torch::Tensor& x) {
-  const int64_t n = x.numel(), blocks = train::quant_blocks(n);
+  const int64_t n = x.numel(), blocks = quant::quant_blocks(n);
   auto padded = torch::zeros({blocks * 256}, x.options());  // 256 values a block; the rest 0
   padded.narrow(0, 0, n).copy_(x.reshape(-1));
   return std::get<0>(padded.view({blocks, 256}).max(1));

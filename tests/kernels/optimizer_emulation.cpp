@@ -31,8 +31,8 @@ uint8_t nearest_code(float x, const std::array<float, kBlock - 1>& bounds) {
 
 kernel_checks::Adam8bitOutputs adam8bit_step(const kernel_checks::Adam8bitInputs& in) {
   const kernels::Adam8bitScalars s = kernel_checks::adam8bit_scalars(in);
-  const auto smap_t = train::dynamic_map(true, torch::kCPU);
-  const auto umap_t = train::dynamic_map(false, torch::kCPU);
+  const auto smap_t = quant::dynamic_map(true, torch::kCPU);
+  const auto umap_t = quant::dynamic_map(false, torch::kCPU);
   const float* smap = smap_t.data_ptr<float>();
   const float* umap = umap_t.data_ptr<float>();
   std::array<float, kBlock - 1> sbound{}, ubound{};
@@ -51,7 +51,7 @@ kernel_checks::Adam8bitOutputs adam8bit_step(const kernel_checks::Adam8bitInputs
   float* m_absmax = out.m_absmax.data_ptr<float>();
   float* v_absmax = out.v_absmax.data_ptr<float>();
   const int64_t n = in.param.numel();
-  const int64_t blocks = train::quant_blocks(n);
+  const int64_t blocks = quant::quant_blocks(n);
   for (int64_t b = 0; b < blocks; ++b) {
     std::array<float, kBlock> m{}, v{};  // out-of-range threads hold 0
     for (int tid = 0; tid < kBlock; ++tid) {

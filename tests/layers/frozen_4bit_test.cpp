@@ -15,8 +15,10 @@
 #include "moe/quant/bnb_4bit.h"
 #include "moe/util/errors.h"
 
-namespace moe::model {
+namespace moe::layers {
 namespace {
+
+using namespace model;  // the adapters and 4-bit weights inside whole models
 
 using config::Quant4bitType;
 
@@ -215,4 +217,4 @@ TEST(Frozen4bit, ConfigRefusesA4BitBaseWithoutLora) {
 }
 
 }  // namespace
-}  // namespace moe::model
+}  // namespace moe::layers

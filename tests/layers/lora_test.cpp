@@ -19,8 +19,10 @@
 #include "moe/util/errors.h"
 #include "moe/util/remove_tree.h"
 
-namespace moe::model {
+namespace moe::layers {
 namespace {
+
+using namespace model;  // the adapters and 4-bit weights inside whole models
 
 // 4 layers: MoE, dense (mlp_only_layers), MoE, MoE; GQA, rotary, per-head q/k norm.
 config::Config lora_config(nlohmann::json lora) {
@@ -173,7 +175,7 @@ TEST(Lora, SixteenBitBaseFingerprintAndLoad) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("moe-lora-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  train::TrainingState state;
+  checkpoint::TrainingState state;
   state.config = config::to_json(lora_config({{"r", 0}}));
   TransformerLM plain(lora_config({{"r", 0}}));
   {
@@ -181,12 +183,12 @@ TEST(Lora, SixteenBitBaseFingerprintAndLoad) {
     auto src = fp32->named_parameters();
     for (auto& item : plain->named_parameters()) item.value().copy_(src[item.key()]);
   }
-  train::save_weights_checkpoint(dir.string(), plain, state, nlohmann::json::object());
+  checkpoint::save_weights_checkpoint(dir.string(), plain, state, nlohmann::json::object());
   {
     torch::NoGradGuard g;
     bf16->blocks[1]->attn->qkv->weight.zero_();
   }
-  train::load_checkpoint(dir.string(), bf16, nullptr, false);
+  checkpoint::load_checkpoint(dir.string(), bf16, nullptr, false);
   EXPECT_TRUE(torch::equal(bf16->blocks[1]->attn->qkv->weight,
                            fp32->blocks[1]->attn->qkv->weight.to(torch::kBFloat16)));
   ::moe::remove_tree(dir);
@@ -213,4 +215,4 @@ TEST(Lora, ConfigRefusesWhatCannotBeExpressed) {
 }
 
 }  // namespace
-}  // namespace moe::model
+}  // namespace moe::layers

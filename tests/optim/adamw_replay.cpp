@@ -39,10 +39,10 @@ int main(int argc, char** argv) {
   using moe::config::StateDtype;
   const moe::SafetensorsFile in(argv[1]);
   auto meta = [&](const char* k) { return std::stod(in.metadata().at(k)); };
-  moe::train::MomentPrecision precision{*moe::config::parse_choice<StateDtype>(argv[3]),
+  moe::optim::MomentPrecision precision{*moe::config::parse_choice<StateDtype>(argv[3]),
                                         *moe::config::parse_choice<StateDtype>(argv[4])};
   torch::Tensor p = read_f32(in, "param").requires_grad_(true);
-  moe::train::FusedAdamW opt({{{"param"}, {p}, meta("weight_decay")}}, meta("beta1"), meta("beta2"),
+  moe::optim::FusedAdamW opt({{{"param"}, {p}, meta("weight_decay")}}, meta("beta1"), meta("beta2"),
                              meta("eps"), {}, precision);
   for (int k = 0; in.has("grad." + std::to_string(k)); ++k) {
     p.mutable_grad() = read_f32(in, "grad." + std::to_string(k));
@@ -51,12 +51,12 @@ int main(int argc, char** argv) {
   auto* st = opt.named_state().at(0).second;
   std::vector<std::pair<std::string, torch::Tensor>> out = {
       {"param", p.detach()},
-      {"exp_avg", moe::train::moment_fp32(*st, 0).clone()},
-      {"exp_avg_sq", moe::train::moment_fp32(*st, 1).clone()},
+      {"exp_avg", moe::optim::moment_fp32(*st, 0).clone()},
+      {"exp_avg_sq", moe::optim::moment_fp32(*st, 1).clone()},
       {"exp_avg.raw", st->exp_avg},
       {"exp_avg_sq.raw", st->exp_avg_sq},
-      {"map.signed", moe::train::dynamic_map(true, torch::kCPU)},
-      {"map.unsigned", moe::train::dynamic_map(false, torch::kCPU)}};
+      {"map.signed", moe::quant::dynamic_map(true, torch::kCPU)},
+      {"map.unsigned", moe::quant::dynamic_map(false, torch::kCPU)}};
   if (st->exp_avg_absmax.defined()) out.emplace_back("exp_avg.absmax", st->exp_avg_absmax);
   if (st->exp_avg_sq_absmax.defined()) out.emplace_back("exp_avg_sq.absmax", st->exp_avg_sq_absmax);
   std::vector<moe::SafeTensorView> views;

@@ -11,7 +11,7 @@
 #include "moe/quant/blockwise_quant.h"
 #include "moe/train/step_runner.h"
 
-namespace moe::train {
+namespace moe::optim {
 namespace {
 
 std::vector<AdamWGroup> make_groups(uint64_t seed) {
@@ -272,9 +272,9 @@ TEST(SixteenBitWeights, MicroBatchGradientsSumInFp32) {
 }
 
 }  // namespace
-}  // namespace moe::train
+}  // namespace moe::optim
 
-namespace moe::train {
+namespace moe::optim {
 namespace {
 
 // Groups with parameters above and below bitsandbytes' 4096-value floor for 8-bit moments.
@@ -320,7 +320,7 @@ TEST(MomentPrecision, EightBitStorageAboveTheFloorOnly) {
     EXPECT_EQ(st->exp_avg.scalar_type(), big ? torch::kByte : torch::kFloat) << name;
     EXPECT_EQ(st->exp_avg_absmax.defined(), big) << name;
     if (big) {
-      EXPECT_EQ(st->exp_avg_sq_absmax.numel(), quant_blocks(st->exp_avg_sq.numel())) << name;
+      EXPECT_EQ(st->exp_avg_sq_absmax.numel(), quant::quant_blocks(st->exp_avg_sq.numel())) << name;
     }
   }
 }
@@ -353,10 +353,10 @@ TEST(MomentPrecision, QuantisationRoundTrip) {
   torch::manual_seed(3);
   const auto x = torch::randn({3 * 256 + 11});
   auto codes = torch::empty(x.sizes(), torch::kByte);
-  auto absmax = torch::empty({quant_blocks(x.numel())});
-  const auto map = dynamic_map(true, torch::kCPU);
-  quantize_blockwise(x, map, codes, absmax);
-  const auto back = dequantize_blockwise(codes, absmax, map);
+  auto absmax = torch::empty({quant::quant_blocks(x.numel())});
+  const auto map = quant::dynamic_map(true, torch::kCPU);
+  quant::quantize_blockwise(x, map, codes, absmax);
+  const auto back = quant::dequantize_blockwise(codes, absmax, map);
   const auto rel = (back - x).abs() / absmax.repeat_interleave(256).slice(0, 0, x.numel());
   // Nearest code: within half the widest gap of the map, or below its lowest code (-1 maps to
   // -0.9925).
@@ -456,4 +456,4 @@ TEST(ClipFolding, AnInvertedDivisorIsCaught) {
 }
 
 }  // namespace
-}  // namespace moe::train
+}  // namespace moe::optim

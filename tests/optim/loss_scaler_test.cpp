@@ -5,7 +5,7 @@
 
 #include "moe/util/errors.h"
 
-namespace moe::train {
+namespace moe::optim {
 namespace {
 
 config::Fp16Config fp16(int64_t power, int64_t window, int64_t hysteresis, bool consecutive,
@@ -81,4 +81,4 @@ TEST(LossScaler, StaticScaleSkipsButNeverChanges) {
 }
 
 }  // namespace
-}  // namespace moe::train
+}  // namespace moe::optim

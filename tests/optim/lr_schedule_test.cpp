@@ -7,7 +7,7 @@
 #include <cmath>
 #include <numbers>
 
-namespace moe::train {
+namespace moe::optim {
 namespace {
 
 using enum config::SchedulerType;
@@ -110,4 +110,4 @@ TEST(LrSchedule, LinearWarmupCosineDecayAndConstant) {
 }
 
 }  // namespace
-}  // namespace moe::train
+}  // namespace moe::optim

@@ -10,7 +10,7 @@
 #include "moe/optim/adamw.h"
 #include "moe/optim/offload_gradient_stream.h"
 
-namespace moe::train {
+namespace moe::optim {
 namespace {
 
 struct Params {
@@ -117,4 +117,4 @@ TEST(OffloadGradientStream, StreamedUpdateBitwiseEqualsCopiedAfterBackward) {
 }
 
 }  // namespace
-}  // namespace moe::train
+}  // namespace moe::optim

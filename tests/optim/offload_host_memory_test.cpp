@@ -16,7 +16,7 @@
 #include "moe/train/trainer.h"
 #include "moe/util/remove_tree.h"
 
-namespace moe::train {
+namespace moe::optim {
 namespace {
 
 namespace fs = std::filesystem;
@@ -87,7 +87,7 @@ TEST_P(OffloadHostBytes, PlannedEqualsAllocated) {
   j.merge_patch(l.patch);
   config::Config cfg = config::from_json(j, l.name + ".json");
   config::validate(cfg);
-  const TrainSummary s = run_training(cfg, {});
+  const train::TrainSummary s = train::run_training(cfg, {});
   const plan::MemoryPlan plan = plan::plan_memory(cfg, plan::PlanOptions{.cpu = true});
   ASSERT_GT(plan.host_states, 0);
   EXPECT_EQ(static_cast<double>(s.offload_host_bytes), plan.host_states)
@@ -130,4 +130,4 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
 
 }  // namespace
-}  // namespace moe::train
+}  // namespace moe::optim

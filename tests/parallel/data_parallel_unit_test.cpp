@@ -72,15 +72,15 @@ Trace train(const config::Config& cfg, DataParallel& dp, const std::vector<torch
   }
   model->train();
   dp.attach(model);
-  AdamWGroup group;
+  optim::AdamWGroup group;
   group.weight_decay = 0.1;
   for (auto& item : model->named_parameters()) {
     if (!dp.updates(item.key())) continue;
     group.names.push_back(item.key());
     group.params.push_back(item.value());
   }
-  FusedAdamW optimizer({group}, 0.9, 0.95, 1e-8);
-  LossScaler scaler(cfg.fp16);
+  optim::FusedAdamW optimizer({group}, 0.9, 0.95, 1e-8);
+  optim::LossScaler scaler(cfg.fp16);
   StepRunnerOptions so;
   so.micro_batches = cfg.gradient_accumulation_steps;
   so.max_norm = cfg.gradient_clipping;

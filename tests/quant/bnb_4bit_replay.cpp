@@ -2,7 +2,7 @@
 // compare with bitsandbytes itself (the oracle) on the same inputs.
 //   bnb_4bit_replay IN.safetensors OUT.safetensors nf4|fp4 0|1
 // IN: 2-D tensors are [out, in] matrices (quant::quantize_4bit); 3-D tensors named "experts.*"
-// are our expert stacks [E, in, out] (model::QuantizedWeight::experts: each expert's [out, in]
+// are our expert stacks [E, in, out] (layers::QuantizedWeight::experts: each expert's [out, in]
 // matrix); any other shape is quantized flat. OUT per matrix NAME (experts: NAME.E per expert):
 // NAME.codes, NAME.absmax, and under double quant NAME.nested_absmax, NAME.offset; NAME.fp32,
 // NAME.bf16 (dequantized); for stacks NAME.stack.fp32 (our [E, in, out] layout).
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const moe::SafetensorsFile in(argv[1]);
-  moe::model::Quant4bitOptions opt;
+  moe::layers::Quant4bitOptions opt;
   opt.type = *moe::config::parse_choice<moe::config::Quant4bitType>(argv[3]);
   opt.double_quant = std::string(argv[4]) == "1";
   Named out;
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     auto t = torch::empty(e.shape, dtype);
     std::memcpy(t.data_ptr(), in.data(e), e.end - e.begin);
     if (t.dim() == 3 && name.rfind("experts.", 0) == 0) {
-      const auto stack = moe::model::QuantizedWeight::experts(t, opt);
+      const auto stack = moe::layers::QuantizedWeight::experts(t, opt);
       for (size_t i = 0; i < stack->parts().size(); ++i) {
         add_state(out, name + "." + std::to_string(i), stack->parts()[i]);
       }

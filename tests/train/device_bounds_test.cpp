@@ -66,7 +66,7 @@ std::vector<torch::Tensor> device_run(const TierInputs& in, bool contract_decay)
 torch::Tensor host_run(const TierInputs& in) {
   auto w = in.init.to(torch::kFloat).requires_grad_(true);
   const AdamW& h = kTierAdamW;
-  train::FusedAdamW opt({{{"w"}, {w}, h.weight_decay}}, h.beta1, h.beta2, h.eps);
+  optim::FusedAdamW opt({{{"w"}, {w}, h.weight_decay}}, h.beta1, h.beta2, h.eps);
   for (int t = 0; t < kTierSteps; ++t) {
     w.mutable_grad() = in.grads[t].to(torch::kFloat);
     opt.step(h.lr);
@@ -200,10 +200,10 @@ TEST(DeviceBounds, EightBitStepBoundAdmitsTheKernelArithmetic) {
   torch::manual_seed(5);
   const auto w0 = torch::randn({96, 80}) * 0.1;
   auto w = w0.clone().requires_grad_(true);
-  const train::MomentPrecision eight{config::StateDtype::k8Bit, config::StateDtype::k8Bit};
+  const optim::MomentPrecision eight{config::StateDtype::k8Bit, config::StateDtype::k8Bit};
   const AdamW& h = kEightBitAdamW;
-  train::FusedAdamW opt({{{"w"}, {w}, h.weight_decay}}, h.beta1, h.beta2, h.eps, {}, eight);
-  train::AdamWState* st = opt.named_state()[0].second;
+  optim::FusedAdamW opt({{{"w"}, {w}, h.weight_decay}}, h.beta1, h.beta2, h.eps, {}, eight);
+  optim::AdamWState* st = opt.named_state()[0].second;
   for (int t = 1; t <= kEightBitSteps; ++t) {
     kernel_checks::Adam8bitInputs in;
     in.c = {w.numel(), 1.0, h.weight_decay, t};

@@ -44,7 +44,7 @@ std::string figure(double x) {
   return s.str();
 }
 
-// The same 8-bit update on the GPU (FusedAdamW with the kernel) and on the CPU (its ATen
+// The same 8-bit update on the GPU (optim::FusedAdamW with the kernel) and on the CPU (its ATen
 // reference), five steps, each from the same state: the CPU's weights, codes and absmax are copied
 // into the GPU optimizer before every step. Without that, a code that flips where a moment sits
 // within rounding of a midpoint (one code: 1.6% to 50% of the moment) would move that weight by
@@ -59,11 +59,11 @@ TEST(MomentPrecisionGpu, EightBitUpdateMatchesTheCpu) {
   const auto w = torch::randn({96, 80}) * 0.1;
   auto cpu = w.clone().requires_grad_(true);
   auto gpu = w.clone().cuda().requires_grad_(true);
-  const MomentPrecision eight{config::StateDtype::k8Bit, config::StateDtype::k8Bit};
-  FusedAdamW on_cpu({{{"w"}, {cpu}, h.weight_decay}}, h.beta1, h.beta2, h.eps, {}, eight);
-  FusedAdamW on_gpu({{{"w"}, {gpu}, h.weight_decay}}, h.beta1, h.beta2, h.eps, {}, eight);
-  AdamWState* a = on_cpu.named_state()[0].second;
-  AdamWState* b = on_gpu.named_state()[0].second;
+  const optim::MomentPrecision eight{config::StateDtype::k8Bit, config::StateDtype::k8Bit};
+  optim::FusedAdamW on_cpu({{{"w"}, {cpu}, h.weight_decay}}, h.beta1, h.beta2, h.eps, {}, eight);
+  optim::FusedAdamW on_gpu({{{"w"}, {gpu}, h.weight_decay}}, h.beta1, h.beta2, h.eps, {}, eight);
+  optim::AdamWState* a = on_cpu.named_state()[0].second;
+  optim::AdamWState* b = on_gpu.named_state()[0].second;
   ASSERT_EQ(b->exp_avg.scalar_type(), torch::kByte);
   int64_t flips = 0;
   double worst = 0;  // the largest weight difference over its bound
@@ -85,7 +85,7 @@ TEST(MomentPrecisionGpu, EightBitUpdateMatchesTheCpu) {
     gpu.mutable_grad() = in.grad.view_as(w).cuda();
     on_cpu.step(h.lr);
     on_gpu.step(h.lr);
-    auto outputs = [](const torch::Tensor& p, const AdamWState* s) {
+    auto outputs = [](const torch::Tensor& p, const optim::AdamWState* s) {
       return kernel_checks::Adam8bitOutputs{
           p.detach().reshape(-1).cpu(), s->exp_avg.reshape(-1).cpu(), s->exp_avg_absmax.cpu(),
           s->exp_avg_sq.reshape(-1).cpu(), s->exp_avg_sq_absmax.cpu()};
@@ -244,12 +244,12 @@ TEST(SixteenBitWeightsGpu, MasterOnDeviceAndOffloadedStepAsFp32) {
   auto ref = init.to(torch::kFloat).requires_grad_(true);
   auto dev = init.clone().requires_grad_(true);
   auto host = init.clone().requires_grad_(true);
-  OffloadOptions off;
+  optim::OffloadOptions off;
   off.enabled = true;
   off.bucket_bytes = 64 * 1024;
-  FusedAdamW a({{{"w"}, {ref}, h.weight_decay}}, h.beta1, h.beta2, h.eps);
-  FusedAdamW b({{{"w"}, {dev}, h.weight_decay}}, h.beta1, h.beta2, h.eps);
-  FusedAdamW c({{{"w"}, {host}, h.weight_decay}}, h.beta1, h.beta2, h.eps, off);
+  optim::FusedAdamW a({{{"w"}, {ref}, h.weight_decay}}, h.beta1, h.beta2, h.eps);
+  optim::FusedAdamW b({{{"w"}, {dev}, h.weight_decay}}, h.beta1, h.beta2, h.eps);
+  optim::FusedAdamW c({{{"w"}, {host}, h.weight_decay}}, h.beta1, h.beta2, h.eps, off);
   for (int step = 0; step < db::kTierSteps; ++step) {
     const auto g = inputs.grads[static_cast<size_t>(step)].cuda();
     ref.mutable_grad() = g.to(torch::kFloat);
@@ -319,7 +319,7 @@ TEST(OffloadGradientStreamGpu, HostSumsEqualDeviceSums) {
   const auto b0 = torch::randn({256, 384}).to(torch::kBFloat16).cuda();
   auto ra = a0.clone().requires_grad_(true), rb = b0.clone().requires_grad_(true);
   auto sa = a0.clone().requires_grad_(true), sb = b0.clone().requires_grad_(true);
-  OffloadGradientStream stream({sa, sb}, /*pin_memory=*/true);
+  optim::OffloadGradientStream stream({sa, sb}, /*pin_memory=*/true);
   std::vector<torch::Tensor> sums(2);
   for (int m = 0; m < 3; ++m) {
     const auto x = torch::randn({64, 512}).to(torch::kBFloat16).cuda();
@@ -377,7 +377,8 @@ TEST_P(Adam8bitGpu, MatchesTheReference) {
   kernel_checks::Adam8bitOutputs out{in.param.clone(), in.m_codes.clone(), in.m_absmax.clone(),
                                      in.v_codes.clone(), in.v_absmax.clone()};
   kernels::detail::adam8bit_step(out.param, in.grad, out.m_codes, out.m_absmax, out.v_codes,
-                                 out.v_absmax, dynamic_map(true, cuda), dynamic_map(false, cuda),
+                                 out.v_absmax, quant::dynamic_map(true, cuda),
+                                 quant::dynamic_map(false, cuda),
                                  kernel_checks::adam8bit_scalars(in));
   const auto vs = kernel_checks::check_adam8bit(in, out);
   EXPECT_TRUE(kernel_checks::all_ok(vs, nullptr)) << kernel_checks::failures(vs);

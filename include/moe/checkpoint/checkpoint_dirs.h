@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 class CheckpointStore {
  public:
@@ -34,4 +34,4 @@ class CheckpointStore {
 // fsync a file or directory by path; throws TrainingError on failure.
 void fsync_path(const std::string& path);
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

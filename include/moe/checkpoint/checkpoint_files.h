@@ -22,7 +22,7 @@
 #include "moe/util/errors.h"
 #include "moe/util/safetensors.h"
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 // A LoRA checkpoint met a different base model than the one its adapters were trained on: not
 // a damaged checkpoint (an older one would not help), the run stops (exit 2).
@@ -37,7 +37,7 @@ struct TrainingState {
   int64_t step = 0;  // optimizer steps done
   int64_t tokens = 0;
   data::LoaderState loader;
-  LossScalerState scaler;
+  optim::LossScalerState scaler;
   int64_t metrics_lines = 0;  // lines of metrics.jsonl that belong to steps <= step
   nlohmann::json config;      // the resolved config of the run that wrote it
 };
@@ -58,7 +58,7 @@ struct OptimizerStream {
   // undefined (or no function): the parameter as it is.
   std::function<at::Tensor(const std::string&)> whole_parameter;
 };
-OptimizerStream local_optimizer_stream(FusedAdamW& optimizer);
+OptimizerStream local_optimizer_stream(optim::FusedAdamW& optimizer);
 
 // Writes the three files into `dir` (an empty directory). `optimizer.each` runs to the end even
 // when a write fails (its tensors may come from collectives every rank takes part in); the
@@ -83,7 +83,7 @@ void write_weights_state(const std::string& dir, const TrainingState& state,
 // `optimizer_share`: the optimizer holds a share of the parameters (ZeRO): the file's states of
 // the other parameters are not its own and are skipped, not an error.
 TrainingState load_checkpoint(const std::string& dir, model::TransformerLM& model,
-                              FusedAdamW* optimizer, bool restore_rng = true,
+                              optim::FusedAdamW* optimizer, bool restore_rng = true,
                               bool optimizer_share = false);
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

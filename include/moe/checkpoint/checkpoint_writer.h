@@ -18,13 +18,13 @@ namespace spdlog {
 class logger;
 }
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 class Checkpointer {
  public:
   Checkpointer(const config::Config& cfg, CheckpointStore& store, model::TransformerLM& model,
-               FusedAdamW& optimizer, LossScaler& scaler, TrainingState& state, spdlog::logger& log,
-               const std::string& resumed_dir = "");
+               optim::FusedAdamW& optimizer, optim::LossScaler& scaler, TrainingState& state,
+               spdlog::logger& log, const std::string& resumed_dir = "");
   // A checkpoint of the current state (state.step); `why` is logged. A failed write removes its
   // partial directory and rethrows, or with on_failure = continue logs and returns.
   // `optimizer` (optional) replaces the session's optimizer state (ZeRO: every owner's state,
@@ -41,8 +41,8 @@ class Checkpointer {
   const config::Config& cfg_;
   CheckpointStore& store_;
   model::TransformerLM& model_;
-  FusedAdamW& optimizer_;
-  LossScaler& scaler_;
+  optim::FusedAdamW& optimizer_;
+  optim::LossScaler& scaler_;
   TrainingState& state_;
   spdlog::logger& log_;
   std::chrono::steady_clock::time_point last_save_;
@@ -52,4 +52,4 @@ class Checkpointer {
   std::function<void(const std::string&, int64_t)> after_commit_;
 };
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

@@ -8,7 +8,7 @@
 #include "moe/config/config.h"
 #include "moe/model/transformer.h"
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 // Loads cfg.model.init_from into `model`; returns what it was ("moe-train checkpoint" or the
 // HF architecture name). UserError naming the key, directory or tensor when it does not fit.
@@ -19,4 +19,4 @@ std::string init_weights_from(const config::Config& cfg, model::TransformerLM& m
 // model was just built under torch::manual_seed(cfg.training.seed), so it already holds it).
 void load_lora_base(const config::Config& cfg, model::TransformerLM& model, bool seeded);
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

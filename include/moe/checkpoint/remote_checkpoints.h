@@ -20,7 +20,7 @@ namespace spdlog {
 class logger;
 }
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 class RemoteCheckpoints {
  public:
@@ -51,4 +51,4 @@ class RemoteCheckpoints {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

@@ -20,7 +20,7 @@ namespace spdlog {
 class logger;
 }
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 // What the command line asked about earlier runs' files (--overwrite, --no-resume, --resume DIR).
 struct ResumeRequest {
@@ -50,7 +50,7 @@ struct CheckpointState {
   int64_t step = 0;
   int64_t tokens = 0;
   data::LoaderState loader;
-  LossScalerState scaler;
+  optim::LossScalerState scaler;
   int64_t metrics_lines = 0;  // lines of metrics.jsonl that belong to steps <= step
   nlohmann::json config;      // the resolved config of the run that wrote it
   nlohmann::json document;
@@ -109,4 +109,4 @@ std::vector<std::string> set_aside_previous_run(const std::string& dir, bool ove
 // each kept line ends in a newline. A missing file is created empty.
 void truncate_metrics(const std::filesystem::path& path, int64_t lines);
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace moe::train {
+namespace moe::checkpoint {
 
 // The tokenizer files copied alongside a model when present.
 const std::vector<std::string>& tokenizer_file_names();
@@ -31,4 +31,4 @@ inline constexpr const char* kCarriedTensorsFile = "hf_carried.safetensors";
 // model's own settings and tokenizer.
 void copy_hf_side_files(const std::string& from, const std::string& to);
 
-}  // namespace moe::train
+}  // namespace moe::checkpoint

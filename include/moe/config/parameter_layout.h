@@ -9,7 +9,7 @@
 
 #include "moe/config/config.h"
 
-namespace moe::model {
+namespace moe::config {
 
 struct ParameterShape {
   std::string name;
@@ -18,4 +18,4 @@ struct ParameterShape {
 
 std::vector<ParameterShape> parameter_layout(const config::Config& cfg);
 
-}  // namespace moe::model
+}  // namespace moe::config

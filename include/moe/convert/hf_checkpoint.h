@@ -10,7 +10,7 @@
 #include "moe/config/config.h"
 #include "moe/hf/hf_config.h"
 
-namespace moe::hf {
+namespace moe::convert {
 
 struct ImportReport {
   const families::ModelFamily* family = nullptr;
@@ -49,4 +49,4 @@ struct ExportReport {
 ExportReport export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
                        const ExportOptions& opt);
 
-}  // namespace moe::hf
+}  // namespace moe::convert

@@ -15,7 +15,7 @@
 #include "moe/config/config.h"
 #include "moe/quant/bnb_4bit.h"
 
-namespace moe::model {
+namespace moe::layers {
 
 struct Quant4bitOptions {
   config::Quant4bitType type = config::Quant4bitType::kNf4;
@@ -98,4 +98,4 @@ torch::Tensor expert_linear_4bit(const torch::Tensor& x, const QuantizedWeightPt
 torch::Tensor grouped_linear_4bit(const torch::Tensor& x_bf16, const QuantizedWeightPtr& w,
                                   const torch::Tensor& offs);
 
-}  // namespace moe::model
+}  // namespace moe::layers

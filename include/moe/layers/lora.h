@@ -15,7 +15,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
-namespace moe::model {
+namespace moe::layers {
 
 class QuantizedWeight;
 using QuantizedWeightPtr = std::shared_ptr<QuantizedWeight>;
@@ -89,4 +89,4 @@ bool held_in_16_bits(const std::string& name, const torch::Tensor& param);
 std::vector<std::pair<std::string, torch::Tensor>> trainable_parameters(
     const torch::nn::Module& model);
 
-}  // namespace moe::model
+}  // namespace moe::layers

@@ -10,7 +10,7 @@
 
 #include "moe/monitor/flops_report.h"
 
-namespace moe::profile {
+namespace moe::layers::profile {
 
 void start(bool sync_cuda);                 // begin recording
 std::vector<monitor::ModuleTiming> stop();  // end recording; in first-seen order
@@ -50,4 +50,4 @@ class Scope {  // times one module kind ("attention", "router", ...)
   std::chrono::steady_clock::time_point t0_;
 };
 
-}  // namespace moe::profile
+}  // namespace moe::layers::profile

@@ -40,7 +40,7 @@ struct AttentionOptions {
   int64_t window = 0;               // > 0: sliding-window attention over this many positions
   double norm_eps = 1e-5;
   double dropout = 0, init_std = 0.02, out_init_std = 0.02;
-  LoraSpec lora;  // adapters on the projections lora_targets names
+  layers::LoraSpec lora;  // adapters on the projections lora_targets names
   config::LoraTargets lora_targets;
   // Rotary embedding by our fused CUDA kernel (moe/kernels/rotary.h) on CUDA tensors; else the
   // ATen reference `rotate`. The two are bitwise equal. Set from moe.kernels.
@@ -114,13 +114,13 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear q_proj{nullptr}, q_a_proj{nullptr}, q_b_proj{nullptr};
   torch::nn::Linear kv_a_proj{nullptr}, kv_b_proj{nullptr};
   RMSNorm q_a_norm{nullptr}, kv_a_norm{nullptr};
-  LoraAdapter lora_q_a{nullptr}, lora_q_b{nullptr}, lora_kv_a{nullptr}, lora_kv_b{nullptr};
-  QuantizedWeightPtr q_proj_4bit, q_a_4bit, q_b_4bit, kv_a_4bit, kv_b_4bit;
+  layers::LoraAdapter lora_q_a{nullptr}, lora_q_b{nullptr}, lora_kv_a{nullptr}, lora_kv_b{nullptr};
+  layers::QuantizedWeightPtr q_proj_4bit, q_a_4bit, q_b_4bit, kv_a_4bit, kv_b_4bit;
   torch::Tensor sinks;  // [H] (attention sinks only)
-  LoraAdapter lora_q{nullptr}, lora_k{nullptr}, lora_v{nullptr}, lora_o{nullptr};
+  layers::LoraAdapter lora_q{nullptr}, lora_k{nullptr}, lora_v{nullptr}, lora_o{nullptr};
   // A 4-bit frozen base (quantization.load_in_4bit): qkv's q, k and v and out, in place of the
   // emptied qkv / out weights.
-  QuantizedWeightPtr qkv_4bit, out_4bit;
+  layers::QuantizedWeightPtr qkv_4bit, out_4bit;
   void merge_lora();  // folds the adapters into qkv / out and zeroes them
   bool latent() const { return opt_.kv_lora_rank > 0; }
   // The q part of qkv: H hd rows, 2 H hd with the output gate (query and gate per head).

@@ -57,7 +57,7 @@ struct BlockContext {
 };
 
 // The adapters' rank, scaling and dropout (none without LoRA).
-LoraSpec lora_spec(const config::Config& cfg);
+layers::LoraSpec lora_spec(const config::Config& cfg);
 // Our fused CUDA kernels for the block's elementwise ops (rotary, sinks, SwiGLU): on CUDA, with
 // the kernels compiled and moe.kernels not `reference`. Not resolve_kernel_path: its errors are
 // about the MoE layers' kernels (a dense model asking for "cuda" on the CPU is not refused for

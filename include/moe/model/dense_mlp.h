@@ -17,13 +17,13 @@ namespace moe::model {
 class DenseMlpImpl : public torch::nn::Module {
  public:
   DenseMlpImpl(int64_t hidden, int64_t ffn, double init_std, double out_init_std,
-               const LoraSpec& lora = {}, const config::LoraTargets& targets = {},
+               const layers::LoraSpec& lora = {}, const config::LoraTargets& targets = {},
                bool gated = true);
   torch::Tensor forward(const torch::Tensor& x);
   void merge_lora();
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
-  LoraAdapter lora_gate{nullptr}, lora_up{nullptr}, lora_down{nullptr};
-  QuantizedWeightPtr gate_4bit, up_4bit, down_4bit;  // a 4-bit frozen base
+  layers::LoraAdapter lora_gate{nullptr}, lora_up{nullptr}, lora_down{nullptr};
+  layers::QuantizedWeightPtr gate_4bit, up_4bit, down_4bit;  // a 4-bit frozen base
   bool fused_swiglu = false;  // kernels/swiglu.h's fused op where the operands allow
   bool geglu = false;         // gelu_tanh(gate) * up (moe.activation geglu) instead of SwiGLU
   bool relu2 = false;         // relu(up)^2, no gate (moe.activation relu2)

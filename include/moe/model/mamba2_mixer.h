@@ -43,7 +43,7 @@ struct Mamba2Options {
   double dt_min = 0.0, dt_max = 0.0;  // the time step's limits; dt_max 0 = unbounded
   double norm_eps = 1e-5;
   double init_std = 0.02, out_init_std = 0.02;
-  LoraSpec lora;                           // r = 0: no adapters
+  layers::LoraSpec lora;                   // r = 0: no adapters
   bool lora_in = false, lora_out = false;  // lora.target_modules in_proj / out_proj
 };
 
@@ -68,14 +68,14 @@ class Mamba2MixerImpl : public torch::nn::Module {
   torch::nn::Linear out_proj{nullptr};
   // A 4-bit frozen base (quantization.load_in_4bit, projections without biases): in_proj and
   // out_proj emptied, their matrices held here.
-  QuantizedWeightPtr in_proj_4bit, out_proj_4bit;
-  LoraAdapter lora_in{nullptr}, lora_out{nullptr};  // on in_proj / out_proj
+  layers::QuantizedWeightPtr in_proj_4bit, out_proj_4bit;
+  layers::LoraAdapter lora_in{nullptr}, lora_out{nullptr};  // on in_proj / out_proj
   void merge_lora();  // the adapters folded into in_proj / out_proj and zeroed
 
  private:
   // A projection: its base (16- or 4-bit, bias included), plus its adapter's update.
   torch::Tensor project(const torch::Tensor& x, torch::nn::Linear& base,
-                        const QuantizedWeightPtr& q, LoraAdapter& adapter);
+                        const layers::QuantizedWeightPtr& q, layers::LoraAdapter& adapter);
   torch::Tensor convolve(const torch::Tensor& xbc);
   SsdOutput scan(const SsdInputs& in);
   Mamba2Options opt_;

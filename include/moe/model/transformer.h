@@ -81,7 +81,9 @@ class TransformerLMImpl : public torch::nn::Module {
   void merge_lora();
   // quantization.load_in_4bit: the frozen matrices held 4-bit, by parameter name (the
   // parameters themselves are empty). Empty without a 4-bit base.
-  const std::map<std::string, QuantizedWeightPtr>& quantized_weights() const { return quantized_; }
+  const std::map<std::string, layers::QuantizedWeightPtr>& quantized_weights() const {
+    return quantized_;
+  }
   // Bytes of the 4-bit base (codes and statistics).
   int64_t quantized_bytes() const;
   // Puts the dequantized values back into the parameters (fp32) and drops the 4-bit states:
@@ -103,7 +105,7 @@ class TransformerLMImpl : public torch::nn::Module {
   // training.param_dtype: casts the matrices of `part` (trained) to base_dtype_.
   void hold_matrices_in_16_bits(torch::nn::Module& part, const std::string& prefix);
   // quantization.load_in_4bit: quantizes the frozen matrices of `block` and empties them.
-  void quantize_frozen(Block& block, const std::string& prefix, const Quant4bitOptions& opt,
+  void quantize_frozen(Block& block, const std::string& prefix, const layers::Quant4bitOptions& opt,
                        const torch::Device& device);
 
   config::ModelConfig mcfg_;
@@ -114,7 +116,7 @@ class TransformerLMImpl : public torch::nn::Module {
   ExpertRows expert_rows_;  // count < total: expert parallel
   std::string base_fingerprint_, base_source_;
   torch::ScalarType base_dtype_ = torch::kFloat;
-  std::map<std::string, QuantizedWeightPtr> quantized_;
+  std::map<std::string, layers::QuantizedWeightPtr> quantized_;
 };
 TORCH_MODULE(TransformerLM);
 

@@ -35,7 +35,7 @@ struct ExpertsOptions {
   // expert starts with the values it has without expert parallelism.
   int64_t first_expert = 0, local_experts = -1;
   // LoRA (config/lora.h): one adapter per expert over [gate | up] and/or over down; r = 0: none.
-  model::LoraSpec lora_gate_up, lora_down;
+  layers::LoraSpec lora_gate_up, lora_down;
   bool bias = false;  // b_gate, b_up, b_down (gpt-oss's gate_up_proj_bias and down_proj_bias)
   // moe.activation: silu(gate) * up, or gpt-oss's clamped form (kernels/clamped_swiglu.h).
   config::ExpertActivation activation = config::ExpertActivation::kSwiglu;
@@ -53,15 +53,15 @@ class ExpertsImpl : public torch::nn::Module {
   // bf16 already (whose bf16 copies exist anyway; bf16 weights are read in place by two GEMMs).
   bool fuses_gate_up() const;
 
-  torch::Tensor w_gate;                     // [E, d, f] (E: the experts held here); relu2: none
-  torch::Tensor w_up;                       // [E, d, f]
-  torch::Tensor w_down;                     // [E, f, d]
-  torch::Tensor b_gate, b_up, b_down;       // [E, f], [E, f], [E, d] (bias only)
-  model::ExpertLora lora_gate_up{nullptr};  // [E, d, r] x [E, r, 2f]: gate's and up's update
-  model::ExpertLora lora_down{nullptr};     // [E, f, r] x [E, r, d]
+  torch::Tensor w_gate;                      // [E, d, f] (E: the experts held here); relu2: none
+  torch::Tensor w_up;                        // [E, d, f]
+  torch::Tensor w_down;                      // [E, f, d]
+  torch::Tensor b_gate, b_up, b_down;        // [E, f], [E, f], [E, d] (bias only)
+  layers::ExpertLora lora_gate_up{nullptr};  // [E, d, r] x [E, r, 2f]: gate's and up's update
+  layers::ExpertLora lora_down{nullptr};     // [E, f, r] x [E, r, d]
   // A 4-bit frozen base (quantization.load_in_4bit): the stacks above are emptied and each
   // expert's matrices live here, dequantized per projection right before its GEMM.
-  model::QuantizedWeightPtr gate_4bit, up_4bit, down_4bit;
+  layers::QuantizedWeightPtr gate_4bit, up_4bit, down_4bit;
   // Folds the adapters into w_gate / w_up / w_down and zeroes them (export-hf --merge).
   void merge_lora();
 

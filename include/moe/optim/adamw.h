@@ -39,7 +39,7 @@
 #include "moe/config/choices.h"
 #include "moe/optim/host_arena.h"
 
-namespace moe::train {
+namespace moe::optim {
 
 class OffloadGradientStream;
 
@@ -192,4 +192,4 @@ class FusedAdamW {
   std::unordered_map<const void*, size_t> slot_of_;  // a parameter's index in stream_
 };
 
-}  // namespace moe::train
+}  // namespace moe::optim

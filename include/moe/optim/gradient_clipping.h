@@ -8,7 +8,7 @@
 
 #include <torch/types.h>
 
-namespace moe::train {
+namespace moe::optim {
 
 // The global L2 norm of `grads` on their device, no host sync (16-bit ones summed in fp32).
 torch::Tensor gradient_norm(const std::vector<torch::Tensor>& grads);
@@ -25,4 +25,4 @@ void scale_by_clip_coefficient(const std::vector<torch::Tensor>& grads, const to
 // gradient_norm, then scale_by_clip_coefficient: clip_grad_norm_ itself. Returns the norm.
 torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& grads, double max_norm);
 
-}  // namespace moe::train
+}  // namespace moe::optim

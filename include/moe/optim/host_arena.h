@@ -16,7 +16,7 @@
 
 #include <torch/types.h>
 
-namespace moe::train {
+namespace moe::optim {
 
 class HostArena {
  public:
@@ -51,4 +51,4 @@ class HostArena {
 // caching host allocator; without CUDA support in the build, that allocator).
 at::Tensor host_buffer(int64_t numel, at::ScalarType dtype, bool pinned);
 
-}  // namespace moe::train
+}  // namespace moe::optim

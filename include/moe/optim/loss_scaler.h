@@ -13,7 +13,7 @@
 
 #include "moe/config/config.h"
 
-namespace moe::train {
+namespace moe::optim {
 
 struct LossScalerState {
   double scale = 1.0;
@@ -43,4 +43,4 @@ class LossScaler {
   LossScalerState state_;
 };
 
-}  // namespace moe::train
+}  // namespace moe::optim

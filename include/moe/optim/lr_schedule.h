@@ -7,7 +7,7 @@
 
 #include "moe/config/config.h"
 
-namespace moe::train {
+namespace moe::optim {
 
 class LrSchedule {
  public:
@@ -25,4 +25,4 @@ class LrSchedule {
   int64_t total_steps_;
 };
 
-}  // namespace moe::train
+}  // namespace moe::optim

@@ -22,7 +22,7 @@
 
 #include "moe/optim/host_arena.h"
 
-namespace moe::train {
+namespace moe::optim {
 
 class OffloadGradientStream {
  public:
@@ -64,4 +64,4 @@ class OffloadGradientStream {
   bool last_ = true;
 };
 
-}  // namespace moe::train
+}  // namespace moe::optim

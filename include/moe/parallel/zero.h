@@ -22,8 +22,8 @@ namespace moe::parallel {
 
 class ProcessGroup;
 // Optimizer and checkpoint types still live in moe::train (docs/architecture.md).
-using train::FusedAdamW;
-using train::OptimizerStream;
+using checkpoint::OptimizerStream;
+using optim::FusedAdamW;
 
 class ZeroPartition {
  public:

@@ -7,7 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace moe::train {
+namespace moe::quant {
 
 inline constexpr int64_t kQuantBlock = 256;
 
@@ -25,4 +25,4 @@ void quantize_blockwise(const at::Tensor& x, const at::Tensor& map, at::Tensor& 
 at::Tensor dequantize_blockwise(const at::Tensor& codes, const at::Tensor& absmax,
                                 const at::Tensor& map);
 
-}  // namespace moe::train
+}  // namespace moe::quant

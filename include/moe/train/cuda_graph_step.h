@@ -38,9 +38,9 @@ std::string cuda_graph_ineligible_reason(const config::Config& cfg, const torch:
 
 class CudaGraphStep {
  public:
-  CudaGraphStep(std::vector<torch::Tensor> params, FusedAdamW& optimizer, MicroForward forward,
-                int64_t micro_batches, std::vector<int64_t> batch_shape, double max_norm,
-                const torch::Device& device);
+  CudaGraphStep(std::vector<torch::Tensor> params, optim::FusedAdamW& optimizer,
+                MicroForward forward, int64_t micro_batches, std::vector<int64_t> batch_shape,
+                double max_norm, const torch::Device& device);
   ~CudaGraphStep();
   // Copies micro-batch `micro` (host, pinned when possible) into its device buffer.
   void set_input(int64_t micro, const torch::Tensor& tokens);
@@ -58,7 +58,7 @@ class CudaGraphStep {
   struct Graph;
   std::unique_ptr<Graph> graph_;
   std::vector<torch::Tensor> params_;
-  FusedAdamW& optimizer_;
+  optim::FusedAdamW& optimizer_;
   MicroForward forward_;
   std::vector<torch::Tensor> inputs_;
   torch::Tensor lr_;

@@ -21,7 +21,7 @@ namespace spdlog {
 class logger;
 }
 
-namespace moe::monitor {
+namespace moe::train {
 
 // The figures of one optimizer step, as the trainer measured them.
 struct StepFigures {
@@ -68,4 +68,4 @@ class StepReporter {
   std::chrono::steady_clock::time_point start_;
 };
 
-}  // namespace moe::monitor
+}  // namespace moe::train

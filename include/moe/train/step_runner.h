@@ -62,7 +62,8 @@ struct StepRunnerOptions {
 
 // The eager runner, or (training.cuda_graph and an eligible run) the CUDA-graph runner.
 std::unique_ptr<StepRunner> make_step_runner(model::TransformerLM& model, const config::Config& cfg,
-                                             FusedAdamW& optimizer, LossScaler& scaler,
+                                             optim::FusedAdamW& optimizer,
+                                             optim::LossScaler& scaler,
                                              const StepRunnerOptions& opt,
                                              const torch::Device& device, int64_t first_step,
                                              spdlog::logger& log);

@@ -26,13 +26,13 @@ struct TrainSummary {
   double majority_baseline = 0.0;  // accuracy of always predicting the most frequent token
   std::string output_dir;
   // Optimizer offload: host bytes of master weights, gradient staging and moments at the end
-  // (FusedAdamW::host_bytes); 0 without offload.
+  // (optim::FusedAdamW::host_bytes); 0 without offload.
   int64_t offload_host_bytes = 0;
 };
 
-// The command line's run options: what to do with earlier runs' files (ResumeRequest) and where
-// the launcher put this process.
-struct TrainOptions : ResumeRequest {
+// The command line's run options: what to do with earlier runs' files (checkpoint::ResumeRequest)
+// and where the launcher put this process.
+struct TrainOptions : checkpoint::ResumeRequest {
   parallel::LaunchEnv launch;  // rank and world size from torchrun / Slurm (world size 1: alone)
 };
 
