@@ -153,6 +153,10 @@ int64_t expert_hidden_size(const Config& c) {
   return ((h + 63) / 64) * 64;
 }
 
+int64_t expert_model_size(const Config& c) {
+  return c.moe.latent_size > 0 ? c.moe.latent_size : c.model.hidden_size;
+}
+
 int64_t head_dim(const Config& c) {
   return c.model.head_dim > 0 ? c.model.head_dim : c.model.hidden_size / c.model.num_heads;
 }
@@ -356,9 +360,9 @@ int64_t block_norm_weights(const Config& c, int64_t layer) {
 // The matrices of an MLP or expert: gate, up and down, or up and down (relu2).
 int64_t mlp_matrices(const Config& c) { return gated_mlp(c) ? 3 : 2; }
 
-// One routed expert: gate, up, down and their biases.
+// One routed expert: gate, up, down and their biases (at the latent width under moe.latent_size).
 int64_t expert_weights(const Config& c) {
-  const int64_t d = c.model.hidden_size, f = expert_hidden_size(c);
+  const int64_t d = expert_model_size(c), f = expert_hidden_size(c);
   return mlp_matrices(c) * d * f + (c.moe.expert_bias ? 2 * f + d : 0);
 }
 
@@ -373,10 +377,12 @@ int64_t dense_mlp_count(const Config& c) {
 }
 }  // namespace
 
-// The shared expert and its sigmoid gate.
-static int64_t shared_expert_weights(const Config& c) {
+// The shared expert and its sigmoid gate, and the latent projections in and out of the routed
+// experts' width (moe.latent_size): what an MoE layer holds beside its router and experts.
+static int64_t shared_and_latent_weights(const Config& c) {
+  const int64_t latent = c.moe.latent_size > 0 ? 2 * c.model.hidden_size * c.moe.latent_size : 0;
   return mlp_matrices(c) * c.model.hidden_size * c.moe.shared_expert_hidden_size +
-         (c.moe.shared_expert_gate ? c.model.hidden_size : 0);
+         (c.moe.shared_expert_gate ? c.model.hidden_size : 0) + latent;
 }
 
 static int64_t qk_norm_weights(const Config& c, int64_t layer) {
@@ -396,7 +402,7 @@ int64_t layer_parameters(const Config& c, int64_t layer) {
   const int64_t dense = mlp_matrices(c) * d * dense_hidden_size(c);
   if (!has_feed_forward(c, layer)) return mixer;
   if (!is_moe_layer(c, layer)) return mixer + dense;
-  return mixer + router_weights(c) + E * expert_weights(c) + shared_expert_weights(c) +
+  return mixer + router_weights(c) + E * expert_weights(c) + shared_and_latent_weights(c) +
          (c.moe.parallel_dense ? dense : 0);
 }
 
@@ -442,6 +448,8 @@ std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
   const int64_t E = c.moe.num_experts, k = c.moe.top_k, f = expert_hidden_size(c);
   const int64_t fs = c.moe.shared_expert_hidden_size, H = c.model.num_heads;
   const int64_t L = c.model.num_layers, M = moe_layer_count(c), fd = dense_hidden_size(c);
+  // The routed experts' width, and the latent projections' weights (moe.latent_size).
+  const int64_t de = expert_model_size(c), latent = c.moe.latent_size > 0 ? 2 * d * de : 0;
   const auto dbl = [](int64_t x) { return static_cast<double>(x); };
   const int64_t Lin = linear_layer_count(c);
   // Attention layers' weights (and their norms) and forward FLOPs: one row of L - Lin alike, or
@@ -472,9 +480,9 @@ std::vector<ModuleCost> module_costs(const Config& c, bool causal_half) {
       attention,
       {"router", M, router_weights(c) + d, 2 * dbl(d * E)},  // + the MoE RMSNorm
       {"dispatch", M, 0, 0.0},                               // a gather: no FLOPs
-      {"experts", M, E * expert_weights(c) + mlp_matrices(c) * d * fs,
-       2 * dbl(mlp_matrices(c)) * (dbl(k) * dbl(d * f) + dbl(d * fs))},
-      {"combine", M, 0, 2 * dbl(k * d)},  // weighted sum
+      {"experts", M, E * expert_weights(c) + mlp_matrices(c) * d * fs + latent,
+       2 * dbl(mlp_matrices(c)) * (dbl(k) * dbl(de * f) + dbl(d * fs)) + 2 * dbl(latent)},
+      {"combine", M, 0, 2 * dbl(k * de)},  // weighted sum
   };
   if (Lin > 0) {
     // Projections, plus per value head the chunked delta rule: the state's three dk x dv
@@ -519,7 +527,7 @@ int64_t active_parameters_per_token(const Config& c) {
   int64_t mixers = 0;
   for (int64_t l = 0; l < L; ++l) mixers += mixer_weights(c, l);
   return mixers +
-         M * (router_weights(c) + c.moe.top_k * expert_weights(c) + shared_expert_weights(c)) +
+         M * (router_weights(c) + c.moe.top_k * expert_weights(c) + shared_and_latent_weights(c)) +
          dense_mlp_count(c) * mlp_matrices(c) * d * dense_hidden_size(c) + c.model.vocab_size * d;
 }
 

@@ -128,9 +128,10 @@ int64_t adapter_parameters(const Config& c, const LoraTargets& t) {
       n += per_attention;
     }
     if (!has_feed_forward(c, layer)) continue;
-    if (is_moe_layer(c, layer)) {
-      n += E * up_rank * (d + up_width);
-      if (t.experts_down) n += E * r * (f + d);
+    if (is_moe_layer(c, layer)) {  // the experts at their own width (LatentMoE: the latent)
+      const int64_t de = expert_model_size(c);
+      n += E * up_rank * (de + up_width);
+      if (t.experts_down) n += E * r * (f + de);
     } else if (t.dense_mlp) {
       n += (gated_mlp(c) ? 3 : 2) * r * (d + fd);
     }

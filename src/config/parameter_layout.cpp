@@ -136,24 +136,29 @@ void moe_layout(std::vector<ParameterShape>& p, const config::Config& c, const s
     if (c.moe.router_input_norm) p.push_back({b + "moe.router.input_scale", {d}});
     if (c.moe.per_expert_scale) p.push_back({b + "moe.router.expert_scale", {E}});
     const bool gated = config::gated_mlp(c);
-    if (gated) p.push_back({b + "moe.experts.w_gate", {E, d, f}});
-    p.push_back({b + "moe.experts.w_up", {E, d, f}});
-    p.push_back({b + "moe.experts.w_down", {E, f, d}});
+    const int64_t de = config::expert_model_size(c);  // the latent width under moe.latent_size
+    if (gated) p.push_back({b + "moe.experts.w_gate", {E, de, f}});
+    p.push_back({b + "moe.experts.w_up", {E, de, f}});
+    p.push_back({b + "moe.experts.w_down", {E, f, de}});
     if (c.moe.expert_bias) {
       p.push_back({b + "moe.experts.b_gate", {E, f}});
       p.push_back({b + "moe.experts.b_up", {E, f}});
-      p.push_back({b + "moe.experts.b_down", {E, d}});
+      p.push_back({b + "moe.experts.b_down", {E, de}});
     }
     const int64_t up_rank = gated ? t.experts_gate_up_rank : (t.experts_up ? r : 0);
     if (lora && up_rank > 0) {
-      adapter(p, b + "moe.experts.lora_gate_up", d, (gated ? 2 : 1) * f, up_rank, E);
+      adapter(p, b + "moe.experts.lora_gate_up", de, (gated ? 2 : 1) * f, up_rank, E);
     }
-    if (lora && t.experts_down) adapter(p, b + "moe.experts.lora_down", f, d, r, E);
+    if (lora && t.experts_down) adapter(p, b + "moe.experts.lora_down", f, de, r, E);
     if (const int64_t fs = c.moe.shared_expert_hidden_size; fs > 0) {
       if (gated) p.push_back({b + "moe.shared_expert.w_gate", {1, d, fs}});
       p.push_back({b + "moe.shared_expert.w_up", {1, d, fs}});
       p.push_back({b + "moe.shared_expert.w_down", {1, fs, d}});
       if (c.moe.shared_expert_gate) p.push_back({b + "moe.shared_expert_gate.weight", {1, d}});
+    }
+    if (c.moe.latent_size > 0) {
+      p.push_back({b + "moe.latent_in.weight", {de, d}});
+      p.push_back({b + "moe.latent_out.weight", {d, de}});
     }
   }
 }

@@ -107,6 +107,8 @@ const std::vector<FeatureUse>& feature_uses() {
        }},
       {Feature::kRelu2, "moe.activation",
        [](const Config& c) { return c.moe.activation == config::ExpertActivation::kRelu2; }},
+      {Feature::kLatentExperts, "moe.latent_size",
+       [](const Config& c) { return c.moe.latent_size > 0; }},
   };
   return kUses;
 }

@@ -65,8 +65,8 @@ class NemotronH final : public ModelFamily {
   const char* architecture() const override { return "NemotronHForCausalLM"; }
   const char* title() const override { return "Nemotron-H / Nemotron 3"; }
   const char* releases() const override {
-    return "Nemotron-3-Nano-30B-A3B (bf16 weights; Super-120B-A12B's latent expert projections "
-           "are refused)";
+    return "Nemotron-3-Nano-30B-A3B, Nemotron-3-Super-120B-A12B (bf16 weights; LatentMoE; "
+           "Super's MTP layers are not trained)";
   }
   bool has(Feature f) const override {
     switch (f) {
@@ -74,6 +74,7 @@ class NemotronH final : public ModelFamily {
       case Feature::kSublayerBlocks:
       case Feature::kNoPositions:
       case Feature::kRelu2:
+      case Feature::kLatentExperts:
       case Feature::kDenseLayers:
       case Feature::kSharedExperts:
       case Feature::kSigmoidScores:
@@ -138,10 +139,12 @@ class NemotronH final : public ModelFamily {
       k.fail("mamba_hidden_act", "only silu is supported");
     }
     if (k.boolean("mlp_bias", false)) k.fail("mlp_bias", "MLP biases are not supported");
+    // LatentMoE (Nemotron 3 Super): the routed experts at this width, between fc1_latent_proj and
+    // fc2_latent_proj; null on Nano.
     if (k.present("moe_latent_size")) {
-      k.fail("moe_latent_size",
-             "the latent MoE projections (fc1/fc2_latent_proj) are not "
-             "supported yet");
+      const int64_t latent = k.integer("moe_latent_size");
+      if (latent <= 0) k.fail("moe_latent_size", "expected a positive width or null");
+      e["latent_size"] = latent;
     }
     m["mamba_num_heads"] = k.integer("mamba_num_heads", 128);
     m["mamba_head_dim"] = k.integer("mamba_head_dim", 64);
@@ -224,6 +227,7 @@ class NemotronH final : public ModelFamily {
     j["routed_scaling_factor"] = e.routed_scaling_factor;
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
+    j["moe_latent_size"] = e.latent_size > 0 ? json(e.latent_size) : json(nullptr);
   }
 
   void moe_tensors(const config::Config& cfg, const std::string& hf_layer,
@@ -231,6 +235,12 @@ class NemotronH final : public ModelFamily {
     ExpertNames names;
     names.block = "mixer.";
     split_expert_tensors(cfg, hf_layer, our_layer, names, out);
+    if (cfg.moe.latent_size > 0) {
+      out.push_back(
+          {hf_layer + "mixer.fc1_latent_proj.weight", our_layer + "moe.latent_in.weight"});
+      out.push_back(
+          {hf_layer + "mixer.fc2_latent_proj.weight", our_layer + "moe.latent_out.weight"});
+    }
   }
 };
 

@@ -35,6 +35,7 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
   o.ep = parallel.ep;
   o.shared_expert_hidden_size = cfg.moe.shared_expert_hidden_size;
   o.shared_expert_gate = cfg.moe.shared_expert_gate;
+  o.latent_size = cfg.moe.latent_size;
   o.dispatch_in_compute_dtype = cfg.moe.dispatch_dtype == config::DispatchDtype::kCompute;
   o.experts.num_experts = cfg.moe.num_experts;
   o.experts.hidden_size = m.hidden_size;

@@ -28,6 +28,7 @@ MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt)
     routed.local_experts = held.count;
     routed.first_expert = held.first;
   }
+  if (opt.latent_size > 0) routed.hidden_size = opt.latent_size;
   experts = register_module("experts", Experts(routed));
   if (opt.shared_expert_hidden_size > 0) {
     ExpertsOptions shared = opt.experts;
@@ -51,6 +52,16 @@ MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt)
       shared_expert_gate->weight.normal_(0.0, opt.experts.init_std);
     }
   }
+  if (opt.latent_size > 0) {
+    const int64_t d = opt.experts.hidden_size, l = opt.latent_size;
+    latent_in =
+        register_module("latent_in", torch::nn::Linear(torch::nn::LinearOptions(d, l).bias(false)));
+    latent_out = register_module("latent_out",
+                                 torch::nn::Linear(torch::nn::LinearOptions(l, d).bias(false)));
+    torch::NoGradGuard no_grad;
+    latent_in->weight.normal_(0.0, opt.experts.init_std);
+    latent_out->weight.normal_(0.0, opt.experts.output_init_std);  // writes into the residual
+  }
 }
 
 torch::Tensor MoeLayerImpl::dispatch_rows(const torch::Tensor& x) const {
@@ -71,11 +82,15 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x, const torch::Tensor
     r = router->forward(router_input);
   }
   DispatchPlan plan;
-  torch::Tensor permuted, y;
+  torch::Tensor permuted, y, expert_in = x;
+  if (latent_in) {  // LatentMoE: the routed experts' rows at the latent width
+    layers::profile::Scope scope("experts");
+    expert_in = latent_in->forward(x);
+  }
   {
     layers::profile::Scope scope("dispatch");
     plan = dispatcher_.plan(r.topk_idx, r.keep, r.all_kept, r.tokens_per_expert);
-    permuted = dispatcher_.permute(dispatch_rows(x), plan);
+    permuted = dispatcher_.permute(dispatch_rows(expert_in), plan);
   }
   {
     layers::profile::Scope scope("experts");
@@ -92,6 +107,10 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x, const torch::Tensor
   {
     layers::profile::Scope scope("combine");
     out.y = dispatcher_.combine(y, plan, r.topk_weight, T);
+  }
+  if (latent_out) {  // back to the hidden width
+    layers::profile::Scope scope("experts");
+    out.y = latent_out->forward(out.y);
   }
   if (shared_expert) {
     layers::profile::Scope scope("experts");

@@ -41,6 +41,7 @@ Shape shape_of(const Config& c, int64_t micro_batch, const PlanOptions& opt) {
   s.fd = static_cast<double>(dense_hidden_size(c));
   s.V = static_cast<double>(c.model.vocab_size);
   s.fs = static_cast<double>(c.moe.shared_expert_hidden_size);
+  s.de = static_cast<double>(config::expert_model_size(c));
   s.a =
       ((!cpu && (c.bf16.enabled || c.fp16.enabled)) || c.training.param_dtype != ParamDtype::kFp32)
           ? 2.0
@@ -200,11 +201,12 @@ double ffn_saved(const Config& c, const Shape& s, bool moe_layer) {
   const bool up_adapter = config::gated_mlp(c) ? t.experts_gate_up_rank > 0 : t.experts_up;
   const bool rows_kept = !lora || up_adapter;
   const double product = !lora || t.experts_down ? 0 : 1;  // 1: the product is not kept
-  b += 3 * T * s.E * 4;                                // router logits, probabilities, z-loss terms
-  b += T * s.k * ((rows_kept ? s.d * a : 0) + 3 * 8);  // dispatched rows + plan indices
-  b += (s.swiglu_kept - product) * T * s.k * s.f * a;  // gate, (silu(gate),) up, product per row
-  b += T * s.k * s.d * a;                              // expert outputs (the combine's input)
-  if (s.fs > 0) b += s.swiglu_kept * T * s.fs * a;     // shared expert
+  b += 3 * T * s.E * 4;  // router logits, probabilities, z-loss terms
+  b += T * s.k * ((rows_kept ? s.de * a : 0) + 3 * 8);  // dispatched rows + plan indices
+  b += (s.swiglu_kept - product) * T * s.k * s.f * a;   // gate, (silu(gate),) up, product per row
+  b += T * s.k * s.de * a;                              // expert outputs (the combine's input)
+  if (c.moe.latent_size > 0) b += 2 * T * s.de * a;     // LatentMoE: latent rows, combined output
+  if (s.fs > 0) b += s.swiglu_kept * T * s.fs * a;      // shared expert
   return b;
 }
 
@@ -222,7 +224,7 @@ double block_transient(const Config& c, const Shape& shape, int64_t layer) {
   const Shape s = layer_shape(c, shape, layer);
   const bool moe_layer = is_moe_layer(c, layer);
   const double ffn = !config::has_feed_forward(c, layer) ? 0
-                     : moe_layer ? 2 * s.T * s.k * s.f * s.a + 2 * s.T * s.k * s.d * s.a
+                     : moe_layer ? 2 * s.T * s.k * s.f * s.a + 2 * s.T * s.k * s.de * s.a
                                  : 2 * s.T * s.fd * s.a;
   if (!config::has_mixer(c, layer)) return ffn;
   if (config::mamba_layer(c, layer)) {  // the fp32 gradients of the scan's inputs and output

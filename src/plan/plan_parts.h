@@ -65,7 +65,8 @@ void add_offload(const PlanContext& x, PlanDraft& d);             // offload_tie
 // The sizes of one micro-batch's activations (activations_tier.cpp).
 struct Shape {
   double T, d, H, KV, hd, E, k, f, fd, V, fs;
-  double a;  // bytes of an activation element (2 under bf16/fp16 autocast on a GPU, else 4)
+  double de;  // the routed experts' width: d, or moe.latent_size (LatentMoE)
+  double a;   // bytes of an activation element (2 under bf16/fp16 autocast on a GPU, else 4)
   // silu(gate) * up kept per FFN row: 3 (gate, up, the product) with the fused kernel
   // (kernels/swiglu.h: silu(gate) recomputed in the backward), 4 with ATen's two ops.
   double swiglu_kept;

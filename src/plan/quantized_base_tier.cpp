@@ -52,7 +52,7 @@ bool grouped_expert_gemm(const Config& c, const PlanOptions& opt) {
   const config::LoraTargets t = config::lora_targets(c.lora);
   const bool bf16_rows =
       c.training.param_dtype == ParamDtype::kBf16 || (c.bf16.enabled && !c.fp16.enabled);
-  return !opt.cpu && bf16_rows && c.model.hidden_size % 8 == 0 &&
+  return !opt.cpu && bf16_rows && config::expert_model_size(c) % 8 == 0 &&
          config::expert_hidden_size(c) % 8 == 0 && t.experts_gate_up_rank % 8 == 0 &&
          (!t.experts_down || c.lora.r % 8 == 0);
 }

@@ -37,7 +37,7 @@ std::string cuda_graph_ineligible_reason(const config::Config& cfg, const torch:
       cfg.optimizer.exp_avg_sq_dtype != config::StateDtype::kFp32)
     return "Adam's moments are not fp32 (only the fused fp32 update is capturable)";
   if (cfg.model.hidden_size % 8 != 0 || config::expert_hidden_size(cfg) % 8 != 0 ||
-      cfg.moe.shared_expert_hidden_size % 8 != 0)
+      cfg.moe.shared_expert_hidden_size % 8 != 0 || cfg.moe.latent_size % 8 != 0)
     return "hidden sizes are not multiples of 8 (no grouped GEMM)";
   return "";
 }

@@ -178,6 +178,21 @@ TEST(ParameterLayout, NemotronHSublayerBlocksMambaRelu2) {
   const config::Config with_biases = make(biased, moe, {{"r", 0}});
   expect_layout_is_the_models(with_biases);
   EXPECT_EQ(config::count_parameters(with_biases), numel_of(with_biases, false));
+  // LatentMoE (Nemotron 3 Super): experts and their adapters at the latent width, plus the two
+  // projections; the counts, the module costs and the adapters' count follow.
+  nlohmann::json latent_moe = moe;
+  latent_moe["latent_size"] = 6;
+  const config::Config latent = make(model, latent_moe, {{"r", 0}});
+  expect_layout_is_the_models(latent);
+  EXPECT_EQ(config::count_parameters(latent), numel_of(latent, false));
+  EXPECT_LT(config::count_parameters(latent), config::count_parameters(plain));
+  costed = 0;
+  for (const auto& m : config::module_costs(latent)) costed += m.params * m.count;
+  EXPECT_EQ(costed, numel_of(latent, false));
+  const config::Config latent_lora =
+      make(model, latent_moe, {{"r", 2}, {"target_modules", {"in_proj", "up_proj", "down_proj"}}});
+  expect_layout_is_the_models(latent_lora);
+  EXPECT_EQ(config::lora_parameter_counts(latent_lora).adapter, numel_of(latent_lora, true));
 }
 
 TEST(ParameterLayout, GptOssBiasesSinksWindows) {

@@ -250,6 +250,10 @@ struct MoeConfig {
   // The shared expert's output times sigmoid(x . w), w a learned [1, hidden] (Qwen2/3-Next/3.5's
   // shared_expert_gate).
   bool shared_expert_gate = false;
+  // > 0: the routed experts read and write this width (Nemotron 3 Super's LatentMoE): x is
+  // projected d -> latent_size before the dispatch and the combined output back to d; the router
+  // and the shared expert read x itself.
+  int64_t latent_size = 0;
   double router_bias_update_rate = 0.0;  // > 0: aux-loss-free expert bias (DeepSeek-V3)
   // Group-limited routing (DeepSeek-V3, GLM-4.5: n_group, topk_group): the experts in n_group
   // equal groups; each token picks topk_group groups by the sum of their two best scores, then
@@ -488,6 +492,8 @@ nlohmann::json to_json(const Config& cfg);
 
 // Derived sizes used by the model and messages.
 int64_t expert_hidden_size(const Config& cfg);
+// The width the routed experts read and write: moe.latent_size, or the hidden size without it.
+int64_t expert_model_size(const Config& cfg);
 int64_t head_dim(const Config& cfg);       // model.head_dim, or hidden_size / num_heads
 bool latent_attention(const Config& cfg);  // MLA: model.kv_lora_rank > 0
 // The width of a query/key head (MLA: qk_nope_head_dim + qk_rope_head_dim) and of a value head

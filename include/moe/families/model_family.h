@@ -61,6 +61,7 @@ enum class Feature {
   kSublayerBlocks,  // one sublayer per block (model.sublayer_blocks)
   kNoPositions,     // attention without position encoding
   kRelu2,           // non-gated relu(up)^2 MLPs and experts
+  kLatentExperts,   // routed experts at a latent width (moe.latent_size; Nemotron 3 Super)
   // Granite's:
   kMultipliers,  // embedding, residual and logits multipliers
 };

@@ -23,6 +23,9 @@ struct MoeLayerOptions {
   KernelPath kernel_path = KernelPath::kReference;
   int64_t shared_expert_hidden_size = 0;  // > 0: a dense SwiGLU expert for every token
   bool shared_expert_gate = false;        // its output times sigmoid(x . shared_expert_gate)
+  // > 0: the routed experts read and write this width (LatentMoE, Nemotron 3 Super): latent_in
+  // before the dispatch, latent_out after the combine; router and shared expert read x.
+  int64_t latent_size = 0;
   // moe.dispatch_dtype = compute: under autocast, fp32 rows are cast to its dtype before the
   // dispatch (permute, the EP exchange), not by the experts after it.
   bool dispatch_in_compute_dtype = false;
@@ -65,6 +68,9 @@ class MoeLayerImpl : public torch::nn::Module {
   Experts shared_expert{nullptr};
   // d -> 1 (Qwen2-MoE, Qwen3-Next, Qwen3.5): the shared expert's output times sigmoid(gate(x)).
   torch::nn::Linear shared_expert_gate{nullptr};
+  // d -> latent_size and back, without bias (Nemotron 3 Super's fc1/fc2_latent_proj). Null
+  // without moe.latent_size.
+  torch::nn::Linear latent_in{nullptr}, latent_out{nullptr};
 
  private:
   torch::Tensor dispatch_rows(const torch::Tensor& x) const;  // x, or x in the compute dtype
