@@ -139,8 +139,14 @@ def rel_or_abs(p):
 def check_architecture_map():
     arch = (ROOT / "docs/architecture.md").read_text(encoding="utf-8")
     files = [f for f in walk(ROOT / "src")]
+    # The family files are found by the build (src/CMakeLists.txt's glob) and listed by
+    # `moe-train families` (docs/hf.md's table): the map names their pattern, so a new family
+    # touches its own file, its test and its published config only (issue 63).
+    family_glob = "src/families/*_family.cpp" in arch
     for f in files:
         r = f.relative_to(ROOT / "src").as_posix()
+        if family_glob and re.fullmatch(r"families/\w+_family\.cpp", r):
+            continue
         by_path = r"(?<![\w./-])(?:src/)?" + re.escape(r) + r"(?![\w-])"
         by_name = r"(?<![\w./-])" + re.escape(f.name) + r"(?![\w-])"
         if not (re.search(by_path, arch) or re.search(by_name, arch)):

@@ -1,4 +1,4 @@
-"""The tiny random Mixtral, Qwen3-MoE, OLMoE and gpt-oss the HF tests build from transformers' own config
+"""The tiny random Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE and gpt-oss the HF tests build from transformers' own config
 classes (nothing is downloaded): 3 layers, 4 experts, top-2, 4 query heads on 2 key/value heads,
 vocab 320; Qwen3-MoE with layer 1 dense and renormalised top-k, OLMoE with clip_qkv, gpt-oss with
 its own settings (tests/hf/gpt_oss_test.py has the larger gpt-oss checks)."""
@@ -14,6 +14,10 @@ FAMILIES = {
                   dict(num_experts=4, moe_intermediate_size=32, intermediate_size=80,
                        mlp_only_layers=[1], norm_topk_prob=True)),
     "olmoe": (transformers.OlmoeConfig, dict(num_experts=4, intermediate_size=48, clip_qkv=8.0)),
+    # q/k/v biases, a sigmoid-gated shared expert, layer 1 dense, top-k weights not renormalised
+    "qwen2_moe": (transformers.Qwen2MoeConfig,
+                  dict(num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                       intermediate_size=80, mlp_only_layers=[1], qkv_bias=True)),
     # sliding and full layers alternating (window 16), sinks, biases, clamped SwiGLU, YaRN
     "gpt_oss": (transformers.GptOssConfig,
                 dict(num_local_experts=4, intermediate_size=48, head_dim=16, sliding_window=16)),
