@@ -28,8 +28,8 @@ q_a_proj / q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj and the rou
 glm4_moe, GLM-4.5 with q/k/v biases, q/k norms, partial rotary and group routing; gemma4_text,
 Gemma 4 with its experts beside a dense MLP (PEFT's target_parameters experts.gate_up_proj /
 experts.down_proj) and no v_proj on its K = V layer; nemotron_h, Nemotron-H with adapters on its
-attention, Mamba in_proj and relu2 experts' up / down), only those families' checks
-run.
+attention, Mamba in_proj and relu2 experts' up / down; granitemoehybrid, Granite 4.0-H with
+adapters on its attention, Mamba in_proj and fused experts), only those families' checks run.
 
 usage: lora_test.py MOE_TRAIN_BINARY [FAMILY...]
 """
@@ -68,6 +68,10 @@ MLA_TARGETS["glm4_moe_lite"] = MLA_TARGETS["mistral4"] = MLA_TARGETS["deepseek_v
 # relu2 experts' up and down (PEFT: target_parameters mixer.experts.up_proj / down_proj).
 MLA_TARGETS["nemotron_h"] = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "up_proj",
                              "down_proj"]
+# Granite 4.0-H: attention, the Mamba layers' in_proj (under mamba.) and the fused experts
+# (PEFT: target_parameters block_sparse_moe.experts.gate_up_proj / down_proj).
+MLA_TARGETS["granitemoehybrid"] = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "gate_proj",
+                                   "up_proj", "down_proj"]
 
 run = runner(BIN)
 
