@@ -30,22 +30,22 @@ namespace moe::convert {
 namespace fs = std::filesystem;
 using nlohmann::json;
 // The hf room's readers and writers that import and export are made of.
-using hf::HfModel;
-using hf::HfWeights;
-using hf::read_hf_model;
-using hf::StreamedHf;
-using hf::TensorPiece;
 using hf::copy_hf_weights;
 using hf::export_family;
 using hf::hf_config_from;
 using hf::hf_part;
+using hf::HfModel;
+using hf::HfWeights;
 using hf::lora_config_from_peft;
 using hf::parameter_map;
 using hf::piece_view;
+using hf::read_hf_model;
 using hf::read_peft_adapter;
 using hf::rope_parameters;
 using hf::rope_scaling_of;
+using hf::StreamedHf;
 using hf::tensor_pieces;
+using hf::TensorPiece;
 using hf::write_hf_weights;
 using hf::write_peft_adapter;
 using hf::yarn_window;
