@@ -8,6 +8,7 @@
 #include "moe/model/block_parts.h"
 #include "moe/model/cached_conv1d.h"
 #include "moe/model/gated_delta_rule.h"
+#include "moe/model/linear_token_mixer.h"
 
 namespace moe::model {
 
@@ -112,28 +113,6 @@ torch::Tensor gated_rms_norm(const torch::Tensor& x, const torch::Tensor& gate,
   return (weight * normed.to(dtype) * torch::silu(gate.to(torch::kFloat))).to(dtype);
 }
 
-namespace {
-
-// Gated DeltaNet behind the token-mixer interface.
-class GatedDeltaNetMixer final : public TokenMixer {
- public:
-  explicit GatedDeltaNetMixer(GatedDeltaNet net) : net_(std::move(net)) {}
-  torch::Tensor forward(const torch::Tensor& x) override { return net_->forward(x); }
-  void set_documents(const torch::Tensor&, const torch::Tensor& positions) override {
-    net_->set_documents(positions);
-  }
-  void share_rotary_tables(std::shared_ptr<RotaryTableCache>) override {}  // no positions
-  void merge_lora() override {}  // no adapters on the linear-attention projections yet
-  void set_decode(const DecodeStep* step, LayerCache* cache) override {
-    net_->set_decode(step, cache);
-  }
-
- private:
-  GatedDeltaNet net_;
-};
-
-}  // namespace
-
 std::shared_ptr<TokenMixer> gated_deltanet_mixer(BlockImpl& block, const BlockContext& ctx) {
   const auto& m = ctx.cfg.model;
   GatedDeltaNetOptions o;
@@ -148,7 +127,7 @@ std::shared_ptr<TokenMixer> gated_deltanet_mixer(BlockImpl& block, const BlockCo
   o.init_std = m.init_std;
   o.out_init_std = output_init_std(ctx.cfg);
   block.linear_attn = block.register_module("linear_attn", GatedDeltaNet(o));
-  return std::make_shared<GatedDeltaNetMixer>(block.linear_attn);
+  return std::make_shared<LinearTokenMixer<GatedDeltaNet>>(block.linear_attn);
 }
 
 }  // namespace moe::model

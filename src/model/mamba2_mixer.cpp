@@ -10,6 +10,7 @@
 #include "moe/model/block_parts.h"
 #include "moe/model/cached_conv1d.h"
 #include "moe/model/gated_delta_rule.h"
+#include "moe/model/linear_token_mixer.h"
 
 namespace moe::model {
 
@@ -134,28 +135,6 @@ torch::Tensor group_gated_rms_norm(const torch::Tensor& x, const torch::Tensor& 
   return weight.to(torch::kFloat) * normed;
 }
 
-namespace {
-
-// Mamba-2 behind the token-mixer interface.
-class Mamba2TokenMixer final : public TokenMixer {
- public:
-  explicit Mamba2TokenMixer(Mamba2Mixer net) : net_(std::move(net)) {}
-  torch::Tensor forward(const torch::Tensor& x) override { return net_->forward(x); }
-  void set_documents(const torch::Tensor&, const torch::Tensor& positions) override {
-    net_->set_documents(positions);
-  }
-  void share_rotary_tables(std::shared_ptr<RotaryTableCache>) override {}  // no positions
-  void merge_lora() override { net_->merge_lora(); }
-  void set_decode(const DecodeStep* step, LayerCache* cache) override {
-    net_->set_decode(step, cache);
-  }
-
- private:
-  Mamba2Mixer net_;
-};
-
-}  // namespace
-
 std::shared_ptr<TokenMixer> mamba2_mixer(BlockImpl& block, const BlockContext& ctx) {
   const auto& m = ctx.cfg.model;
   Mamba2Options o;
@@ -180,7 +159,7 @@ std::shared_ptr<TokenMixer> mamba2_mixer(BlockImpl& block, const BlockContext& c
     o.lora_out = t.out_proj;
   }
   block.mamba = block.register_module("mamba", Mamba2Mixer(o));
-  return std::make_shared<Mamba2TokenMixer>(block.mamba);
+  return std::make_shared<LinearTokenMixer<Mamba2Mixer>>(block.mamba);
 }
 
 }  // namespace moe::model
