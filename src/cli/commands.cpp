@@ -343,6 +343,7 @@ int cmd_eval(const EvalArgs& a) {
 struct PlanArgs {
   TrainArgs cfg;
   std::string gpu_memory, host_memory;
+  double link_gbps = 0;  // host -> device GB/s for the expert offload tier (0: assumed)
   int64_t world_size = 1;
   std::string device = "auto";
   bool json = false, largest = false;
@@ -398,6 +399,7 @@ int cmd_plan(const PlanArgs& a) {
     o.device_bytes = plan::parse_memory_size(a.gpu_memory, "plan: --gpu-memory");
   if (!a.host_memory.empty())
     o.host_bytes = plan::parse_memory_size(a.host_memory, "plan: --host-memory");
+  o.host_link_bytes_per_s = a.link_gbps * 1e9;
   if (a.largest) {
     if (o.device_bytes <= 0) throw UserError("plan: --largest needs --gpu-memory");
     return print_largest_models(cfg, o, a.json);
@@ -423,6 +425,10 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
       ->check(CLI::IsMember({"auto", "gpu", "cpu"}));
   pl->add_option("--host-memory", a.host_memory,
                  "Host memory for offloaded states in the verdict, e.g. 128GiB");
+  pl->add_option("--link-gbps", a.link_gbps,
+                 "Host -> device GB/s from pinned memory (`moe-train env` measures it) for the "
+                 "expert offload tier's copies; default: PCIe 4.0 x16's ~25")
+      ->check(CLI::Range(0.001, 10000.0));
   pl->add_flag("--largest", a.largest,
                "For each memory tier, the largest model of this family (by layers) that fits "
                "--gpu-memory (and --host-memory)");

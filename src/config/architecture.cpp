@@ -22,6 +22,8 @@ bool is_training_setting(const std::string& key, const json& sections) {
                                               "moe.fused_gate_up",
                                               "moe.router_bias_update_rate",
                                               "moe.expert_parallel_size",
+                                              "moe.offload_experts",
+                                              "moe.offload_ring_layers",
                                               "model.rope_scaling"};
   if (kFree.count(key) != 0) return true;
   // With rotary positions, or none, the window length is no weight's shape: any seq_len

@@ -243,6 +243,9 @@ void visit_fields(auto& v, Section<MoeConfig> auto& m) {
   v.field("shared_expert_gate", m.shared_expert_gate);
   v.field("latent_size", m.latent_size, at_least(0, "0 = the experts read the hidden size"));
   v.field("expert_parallel_size", m.expert_parallel_size, at_least(1, "1 = no expert parallelism"));
+  v.field("offload_experts", m.offload_experts);
+  v.field("offload_ring_layers", m.offload_ring_layers,
+          at_least(2, "2 = the layer computed and the one fetched ahead"));
   v.field("router_bias_update_rate", m.router_bias_update_rate,
           in_open(0, 1, "0 = no expert bias"));
   v.field("n_group", m.n_group, at_least(1, "1 = no expert groups"));

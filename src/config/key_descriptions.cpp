@@ -167,6 +167,8 @@ constexpr KeyDescription kDescriptions[] = {
     {"moe.z_loss_coeff", "router z-loss weight"},
     {"moe.capacity_factor", "0 = dropless; else capacity ceil(f x T x k / E) per expert, lowest-weight assignments dropped first"},
     {"moe.expert_dropout", "dropout on the experts' SwiGLU activations (Switch's \"expert dropout\", the seed's `expert_dropout`)"},
+    {"moe.offload_experts", "`on`: a LoRA run's frozen routed experts (16-bit or 4-bit) stay in host memory (pinned on a GPU) and each MoE layer's are copied into a ring of device buffers one layer ahead of compute, in the forward, the recomputation and the backward; the adapters and everything trained stay on the device; `auto`: on where `moe-train plan` says the run does not fit the device without it and does with it (GPU runs); `off`: every expert on the device (docs/finetune.md)"},
+    {"moe.offload_ring_layers", "how many MoE layers' experts the offload ring holds on the device at once: the layer being computed and those fetched ahead (>= 2)"},
     {"moe.expert_parallel_size", "expert parallelism under a launcher: groups of this many ranks share out the experts (num_experts / size each) and exchange tokens by all-to-all; must divide num_experts and the world size; 1 process: every expert local (DeepSpeed's `ep_size`)"},
     {"moe.shared_expert_hidden_size", "> 0: a dense SwiGLU expert of this width that every token passes through, added to the routed output (DeepSeekMoE; Megatron's `moe_shared_expert_intermediate_size`)"},
     {"moe.shared_expert_gate", "the shared expert's output times sigmoid(x . w) with a learned `[1, hidden]` w (Qwen2-MoE, Qwen3-Next, Qwen3.5's `shared_expert_gate`)"},

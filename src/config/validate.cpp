@@ -220,6 +220,17 @@ void check_quantization(const Config& c, const Rules& rules) {
               "is not supported with moe.expert_parallel_size > 1 yet");
 }
 
+// moe.offload_experts on: the routed experts of a LoRA run are frozen (lora.modules_to_save
+// cannot name them) and move to host memory.
+void check_offload_experts(const Config& c, const Rules& rules) {
+  if (c.moe.offload_experts != OffloadExperts::kOn) return;
+  rules.check(lora_enabled(c), "moe.offload_experts", "on",
+              "moves the frozen routed experts of a LoRA run to host memory: set lora.r > 0 "
+              "(experts that train need their weights on the device)");
+  rules.check(c.world_size <= 1, "moe.offload_experts", "on",
+              "is not supported with several processes yet; set it off");
+}
+
 // moe.expert_parallel_size: divides the experts and the world; what EP does not combine with yet.
 void check_expert_parallel(Config& c, const Rules& rules) {
   const int64_t ep = c.moe.expert_parallel_size;
@@ -673,6 +684,7 @@ void check_relations(Config& c, const Rules& rules) {
   check_lora(c, rules);
   check_quantization(c, rules);
   check_expert_parallel(c, rules);
+  check_offload_experts(c, rules);
   check_cpu_affinity(c, rules);
   warn_inert_checkpointing_keys(c);
   check_data_source(c, rules);

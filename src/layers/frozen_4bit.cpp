@@ -204,7 +204,41 @@ int64_t QuantizedWeight::part_of_row(int64_t row) const {
   TORCH_CHECK(false, "part_of_row: no part starts at row ", row);
 }
 
+std::vector<torch::Tensor*> QuantizedWeight::state_tensors() {
+  if (is_mxfp4()) return {&mx_blocks_, &mx_scales_};
+  std::vector<torch::Tensor*> t;
+  for (auto& p : parts_) {
+    for (torch::Tensor* x : {&p.codes, &p.absmax, &p.nested_absmax, &p.offset}) t.push_back(x);
+  }
+  return t;
+}
+
+QuantizedWeight QuantizedWeight::resident() const {
+  QuantizedWeight r = *this;
+  r.place_ = {};
+  if (!place_) return r;
+  const auto& fetched = place_.fetch();
+  auto tensors = r.state_tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    *tensors[i] = fetched.at(static_cast<size_t>(place_.first) + i);
+  }
+  return r;
+}
+
+quant::Quantized4bit QuantizedWeight::resident_part(int64_t e) const {
+  quant::Quantized4bit p = parts_.at(static_cast<size_t>(e));
+  if (!place_) return p;
+  const auto& t = place_.fetch();
+  const size_t i = static_cast<size_t>(place_.first + 4 * e);  // state_tensors(): 4 per part
+  p.codes = t.at(i);
+  p.absmax = t.at(i + 1);
+  p.nested_absmax = t.at(i + 2);
+  p.offset = t.at(i + 3);
+  return p;
+}
+
 torch::Tensor QuantizedWeight::dequantize_matrices(torch::ScalarType dtype) const {
+  if (place_) return resident().dequantize_matrices(dtype);
   if (is_mxfp4()) {  // [E, out, G * 32] = [E, out, in]
     auto m = torch::empty({shape_[0], shape_[2], shape_[1]}, mx_blocks_.options().dtype(dtype));
     kernels::dequantize_mxfp4_into(mx_blocks_, mx_scales_, m, opt_.fused);
@@ -225,6 +259,7 @@ torch::Tensor QuantizedWeight::dequantize_experts(int64_t first, int64_t count,
                                                   torch::ScalarType dtype) const {
   TORCH_CHECK(experts_ && first >= 0 && count >= 0 && first + count <= shape_[0],
               "dequantize_experts: experts [", first, ", ", first + count, ") of ", shape_);
+  if (place_) return resident().dequantize_experts(first, count, dtype);
   const int64_t in = shape_[1], out = shape_[2];
   if (is_mxfp4()) {
     auto m = torch::empty({count, out, in}, mx_blocks_.options().dtype(dtype));
@@ -241,22 +276,29 @@ torch::Tensor QuantizedWeight::dequantize_experts(int64_t first, int64_t count,
 
 torch::Tensor QuantizedWeight::dequantize_expert(int64_t e, torch::ScalarType dtype) const {
   if (is_mxfp4()) {
+    if (place_) return resident().dequantize_expert(e, dtype);
     auto m = torch::empty({shape_[2], shape_[1]}, mx_blocks_.options().dtype(dtype));
     kernels::dequantize_mxfp4_into(mx_blocks_[e], mx_scales_[e], m, opt_.fused);
     return m;
   }
-  const auto& p = parts_.at(static_cast<size_t>(e));
+  const auto p = resident_part(e);
   auto m = torch::empty(p.shape, p.codes.options().dtype(dtype));
   kernels::dequantize_4bit_into(p, m, opt_.fused);
   return m;
 }
 
 torch::Tensor QuantizedWeight::dequantize(torch::ScalarType dtype) const {
+  if (place_) {  // the host state (export, merge): no device copy of the whole base
+    QuantizedWeight host = *this;
+    host.place_ = {};
+    return host.dequantize(dtype);
+  }
   const auto m = dequantize_matrices(dtype == c10::ScalarType::Undefined ? opt_.compute : dtype);
   return experts_ ? m.transpose(1, 2) : m;
 }
 
 void QuantizedWeight::to(const torch::Device& device) {
+  if (place_) return;  // offloaded: the host state is the ring's
   for (auto& p : parts_) p = p.to(device);
   if (is_mxfp4()) mx_blocks_ = mx_blocks_.to(device), mx_scales_ = mx_scales_.to(device);
 }

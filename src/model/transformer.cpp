@@ -46,6 +46,8 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
       cfg.moe.num_experts, std::max<int64_t>(1, parallel.ep.size), parallel.ep.rank);
   expert_rows_ = {held.first, held.count, held.total};
   base_dtype_ = lora_ ? lora_base_dtype(cfg, device) : param_dtype(cfg);
+  // moe.offload_experts: `auto` is settled before the model is built (train/expert_offload.h).
+  experts_offloaded_ = lora_ && cfg.moe.offload_experts == config::OffloadExperts::kOn;
   // On a GPU each block goes to the device as soon as it is built (its frozen LoRA base in the
   // compute dtype): the host never holds the whole model, the device never its fp32 base.
   const bool to_device = device.is_cuda();
@@ -61,6 +63,7 @@ TransformerLMImpl::TransformerLMImpl(const config::Config& cfg, const torch::Dev
       quantize_frozen(blocks.back(), prefix, layers::quant_4bit_options(cfg, device), device);
       return_free_host_memory();  // the fp32 block's matrices: not kept by the C heap
     }
+    offload_experts(blocks.back(), i, cfg, device);
     if (to_device) blocks.back()->to(device);
     list->push_back(blocks.back());
   }
@@ -116,7 +119,9 @@ void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
     if (p.requires_grad()) return;  // trains in full (lora.modules_to_save)
     slot = experts ? layers::QuantizedWeight::experts(p, opt)
                    : layers::QuantizedWeight::linear(p, rows, opt);
-    slot->to(device);  // the block moves with Module::to(), which does not see the 4-bit state
+    // The block moves with Module::to(), which does not see the 4-bit state; offloaded experts
+    // stay in host memory (offload_experts()).
+    if (!(experts && experts_offloaded_)) slot->to(device);
     quantized_[prefix + name] = slot;
     p.set_data(torch::empty({0}, p.options()));
   };
@@ -157,6 +162,17 @@ void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
     quantize("attn.qkv.weight", a.qkv->weight, a.qkv_4bit, false, rows);
     quantize("attn.out.weight", a.out->weight, a.out_4bit, false);
   }
+}
+
+void TransformerLMImpl::offload_experts(Block& block, int64_t layer, const config::Config& cfg,
+                                        const torch::Device& device) {
+  if (!experts_offloaded_ || block->moe.is_empty()) return;
+  auto& experts = *block->moe->experts;
+  if (experts.w_up.requires_grad()) return;  // trained in full (lora.modules_to_save)
+  if (!expert_ring_) {
+    expert_ring_ = std::make_shared<layers::OffloadRing>(cfg.moe.offload_ring_layers, device);
+  }
+  experts.offload_to(expert_ring_, layer);
 }
 
 int64_t TransformerLMImpl::quantized_bytes() const {

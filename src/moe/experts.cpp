@@ -44,6 +44,16 @@ class ConcatBf16 : public torch::autograd::Function<ConcatBf16> {
   }
 };
 
+// Expert-ordered bf16 rows through one projection of every expert (grouped GEMM): a 4-bit
+// stack, an offloaded 16-bit one (fetched from the ring), or the stack itself.
+torch::Tensor grouped_projection(const torch::Tensor& xb, const torch::Tensor& w,
+                                 const layers::QuantizedWeightPtr& q,
+                                 const layers::OffloadedPlace& place, const torch::Tensor& offs) {
+  if (q) return layers::grouped_linear_4bit(xb, q, offs);
+  if (place) return layers::frozen_grouped_mm(xb, place, offs);
+  return at::_grouped_mm(xb, w.to(torch::kBFloat16), offs);
+}
+
 }  // namespace
 
 torch::Tensor concat_bf16(const torch::Tensor& a, const torch::Tensor& b) {
@@ -78,8 +88,72 @@ ExpertsImpl::ExpertsImpl(const ExpertsOptions& opt) : opt_(opt) {
   }
 }
 
+void ExpertsImpl::offload_to(const std::shared_ptr<layers::OffloadRing>& ring, int64_t layer) {
+  TORCH_CHECK(ring, "offload_to: no ring");
+  ring_ = ring;
+  if (gate_4bit || up_4bit || down_4bit) {
+    // Each 4-bit state's tensors in turn; the ring holds the states weakly (each holds the ring).
+    int64_t first = 0;
+    std::vector<std::weak_ptr<layers::QuantizedWeight>> states;
+    for (const auto& q : {gate_4bit, up_4bit, down_4bit}) {
+      if (!q) continue;
+      q->offload({ring, layer, first});
+      first += static_cast<int64_t>(q->state_tensors().size());
+      states.push_back(q);
+    }
+    ring->add_layer(layer, [states] {
+      std::vector<torch::Tensor*> tensors;
+      for (const auto& weak : states) {
+        if (const auto q = weak.lock()) {
+          for (torch::Tensor* t : q->state_tensors()) tensors.push_back(t);
+        }
+      }
+      return tensors;
+    });
+    return;
+  }
+  // 16-bit stacks: handles of the parameters' own tensors, so that what the ring packs them into
+  // is what the parameters hold (checkpoints, export and loading read and write it there).
+  TORCH_CHECK(!w_up.requires_grad(), "offload_to: the experts train; only a frozen base moves");
+  int64_t first = 0;
+  if (w_gate.defined()) gate_place_ = {ring, layer, first++};
+  up_place_ = {ring, layer, first++};
+  down_place_ = {ring, layer, first++};
+  ring->add_layer(layer, [gate = w_gate, up = w_up, down = w_down]() mutable {
+    std::vector<torch::Tensor*> tensors;
+    if (gate.defined()) tensors.push_back(&gate);
+    tensors.push_back(&up);
+    tensors.push_back(&down);
+    return tensors;
+  });
+}
+
+void ExpertsImpl::to(torch::Device device, bool non_blocking) {
+  if (!up_place_) {
+    torch::nn::Module::to(device, non_blocking);
+    return;
+  }
+  for (auto& child : children()) child->to(device, non_blocking);
+  for (auto& item : named_parameters(/*recurse=*/false)) {
+    const std::string& name = item.key();
+    if (name == "w_gate" || name == "w_up" || name == "w_down") continue;  // the ring's
+    item.value().set_data(item.value().to(device, non_blocking));
+  }
+  for (auto& item : named_buffers(/*recurse=*/false)) {
+    item.value().set_data(item.value().to(device, non_blocking));
+  }
+}
+
+torch::Tensor ExpertsImpl::expert_matmul(const torch::Tensor& x,
+                                         const std::vector<torch::Tensor>& stack,
+                                         const layers::OffloadedPlace& place, int64_t e) const {
+  return place ? layers::frozen_expert_matmul(x, place, e)
+               : x.matmul(stack[static_cast<size_t>(e)]);
+}
+
 void ExpertsImpl::merge_lora() {
   TORCH_CHECK(!gate_4bit && !up_4bit && !down_4bit, "merge_lora: dequantize the 4-bit base first");
+  if (ring_) ring_->invalidate();  // the host stacks change in place below
   torch::NoGradGuard g;
   const int64_t f = opt_.ffn_size;
   if (lora_gate_up) {
@@ -110,7 +184,9 @@ bool ExpertsImpl::uses_grouped_mm(const torch::Tensor& x) const {
 }
 
 bool ExpertsImpl::fuses_gate_up() const {
-  if (gate_4bit) return false;  // each 4-bit stack is dequantized and multiplied on its own
+  // Each 4-bit stack is dequantized and multiplied on its own; offloaded stacks are read from the
+  // ring by one GEMM each.
+  if (gate_4bit || up_place_) return false;
   // The packed activation is plain SwiGLU's, without biases.
   if (opt_.bias || opt_.activation != config::ExpertActivation::kSwiglu) return false;  // relu2 too
   // bf16 weights (training.param_dtype bf16, a frozen 16-bit base under LoRA) are read in place
@@ -173,20 +249,16 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
       if (lora_gate_up) gate_up = gate_up + lora_gate_up->forward_grouped(xb, offs);
       h = kernels::swiglu_packed_activation(gate_up, opt_.fused_swiglu);
     } else {
-      auto project = [&](const torch::Tensor& w, const layers::QuantizedWeightPtr& q) {
-        return q ? layers::grouped_linear_4bit(xb, q, offs)
-                 : at::_grouped_mm(xb, w.to(torch::kBFloat16), offs);
-      };
       const bool gated = w_gate.defined() || gate_4bit;
-      auto gate = gated ? plus_bias(project(w_gate, gate_4bit), b_gate) : torch::Tensor();
-      auto up = plus_bias(project(w_up, up_4bit), b_up);
+      auto gate =
+          gated ? plus_bias(grouped_projection(xb, w_gate, gate_4bit, gate_place_, offs), b_gate)
+                : torch::Tensor();
+      auto up = plus_bias(grouped_projection(xb, w_up, up_4bit, up_place_, offs), b_up);
       if (lora_gate_up) add_gate_up_update(gate, up, lora_gate_up->forward_grouped(xb, offs));
       h = activation(gate, up);
     }
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
-    auto y = down_4bit ? layers::grouped_linear_4bit(h, down_4bit, offs)
-                       : at::_grouped_mm(h, w_down.to(torch::kBFloat16), offs);
-    y = plus_bias(y, b_down);
+    auto y = plus_bias(grouped_projection(h, w_down, down_4bit, down_place_, offs), b_down);
     if (lora_down) y = y + lora_down->forward_grouped(h, offs);
     return y;
   }
@@ -219,14 +291,16 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
     const bool gated = !gate.empty() || gate_4bit;  // relu2 experts have up and down only
     auto g = !gated ? torch::Tensor()
                     : plus_bias(gate_4bit ? layers::expert_linear_4bit(seg, gate_4bit, e)
-                                          : seg.matmul(gate[e]),
+                                          : expert_matmul(seg, gate, gate_place_, e),
                                 bias_gate, e);
-    auto u = plus_bias(up_4bit ? layers::expert_linear_4bit(seg, up_4bit, e) : seg.matmul(up[e]),
+    auto u = plus_bias(up_4bit ? layers::expert_linear_4bit(seg, up_4bit, e)
+                               : expert_matmul(seg, up, up_place_, e),
                        bias_up, e);
     if (lora_gate_up) add_gate_up_update(g, u, lora_gate_up->forward_expert(seg, gate_up_lora, e));
     auto h = activation(g, u);
     if (opt_.expert_dropout > 0) h = torch::dropout(h, opt_.expert_dropout, is_training());
-    auto y = plus_bias(down_4bit ? layers::expert_linear_4bit(h, down_4bit, e) : h.matmul(down[e]),
+    auto y = plus_bias(down_4bit ? layers::expert_linear_4bit(h, down_4bit, e)
+                                 : expert_matmul(h, down, down_place_, e),
                        bias_down, e);
     if (lora_down) y = y + lora_down->forward_expert(h, down_lora, e);
     outs.push_back(y);

@@ -22,6 +22,7 @@ constexpr PlanPart kParts[] = {
     {"4-bit base", add_quantized_base},
     {"weights, gradients and optimizer states", add_weights_and_states},
     {"LoRA frozen base", add_lora_frozen_base},
+    {"expert offload", add_expert_offload},
     {"data and expert parallelism", add_parallel},
     {"activations", add_activations},
     {"offload", add_offload},
@@ -73,9 +74,29 @@ void add_peak(const PlanContext& x, PlanDraft& d) {
   p.reserved = x.opt.cpu ? p.peak : p.peak * 1.05 + 0.75 * kGiB;
 }
 
+// moe.offload_experts auto on a GPU with a device size: the run as configured if it fits, else
+// with the experts offloaded if that fits (or at least needs less).
+bool settles_offload_by_plan(const Config& c, const PlanOptions& opt) {
+  return c.moe.offload_experts == config::OffloadExperts::kAuto && config::lora_enabled(c) &&
+         !opt.cpu && opt.device_bytes > 0 && c.moe.num_experts > 1;
+}
+
 }  // namespace
 
 MemoryPlan plan_memory(const Config& c, const PlanOptions& opt) {
+  if (settles_offload_by_plan(c, opt)) {
+    Config off = c, on = c;
+    off.moe.offload_experts = config::OffloadExperts::kOff;
+    on.moe.offload_experts = config::OffloadExperts::kOn;
+    MemoryPlan without = plan_memory(off, opt);
+    if (without.fits) return without;
+    MemoryPlan with = plan_memory(on, opt);
+    if (!with.expert_offload.on || (!with.fits && with.reserved >= without.reserved)) {
+      return without;
+    }
+    with.expert_offload.chosen_by_auto = true;
+    return with;
+  }
   PlanDraft d;
   MemoryPlan& p = d.plan;
   p.parameters = config::count_parameters(c);

@@ -58,6 +58,7 @@ struct PlanPart {
 void add_quantized_base(const PlanContext& x, PlanDraft& d);      // quantized_base_tier.cpp
 void add_weights_and_states(const PlanContext& x, PlanDraft& d);  // weights_tier.cpp
 void add_lora_frozen_base(const PlanContext& x, PlanDraft& d);    // lora_tier.cpp
+void add_expert_offload(const PlanContext& x, PlanDraft& d);      // expert_offload_tier.cpp
 void add_parallel(const PlanContext& x, PlanDraft& d);            // parallel_tier.cpp
 void add_activations(const PlanContext& x, PlanDraft& d);         // activations_tier.cpp
 void add_offload(const PlanContext& x, PlanDraft& d);             // offload_tier.cpp

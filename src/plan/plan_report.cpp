@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include "moe/config/lora.h"
 #include "moe/util/errors.h"
@@ -99,6 +101,14 @@ void state_rows(const Config& c, const MemoryPlan& p, PlanRows& t) {
                                       (q.bnb_4bit_use_double_quant ? ", double quant" : "");
     t.row(("  4-bit part (" + how + ")").c_str(), p.quantized_base, b);
   }
+  const ExpertOffloadPlan& o = p.expert_offload;
+  if (o.on) {
+    const std::string layers = std::to_string(o.layers) + " MoE layers' frozen experts";
+    t.row("  of it, the expert offload ring", o.ring_bytes,
+          std::to_string(c.moe.offload_ring_layers) + " layers' experts (moe.offload_experts" +
+              (o.chosen_by_auto ? " auto: nothing else fits)" : " on)"));
+    t.row("  moved to the host", o.host_bytes, layers.c_str());
+  }
   t.row(p.gradients > 2.5 * static_cast<double>(p.parameters) || !w16
             ? "gradients (fp32)"
             : ("gradients (" + weight_dtype + ")").c_str(),
@@ -152,10 +162,22 @@ void dynamic_rows(const Config& c, const PlanOptions& opt, const MemoryPlan& p, 
     t.row("  of it, the allocator's", p.peak * 1.05, "torch.cuda.max_memory_reserved()");
   }
   if (p.host > 0) {
-    t.row("host (offload)", p.host,
-          c.activation_checkpointing.cpu_checkpointing
-              ? "moments, master weights, gradient staging; checkpointed inputs"
-              : "moments, master weights, gradient staging");
+    std::string held;
+    for (const auto& [on, what] :
+         {std::pair{p.host_states > 0, "moments, master weights, gradient staging"},
+          {c.activation_checkpointing.cpu_checkpointing, "checkpointed inputs"},
+          {p.expert_offload.on, "the frozen experts (pinned)"}}) {
+      if (on) held += (held.empty() ? "" : "; ") + std::string(what);
+    }
+    t.row("host (offload)", p.host, held);
+  }
+  const ExpertOffloadPlan& o = p.expert_offload;
+  if (o.on) {
+    char b[160];
+    std::snprintf(b, sizeof b, "%.3f s per step at %.1f GB/s%s", o.copy_seconds_per_step,
+                  o.link_bytes_per_s / 1e9,
+                  opt.host_link_bytes_per_s > 0 ? "" : " (assumed: PCIe 4.0 x16)");
+    t.row("host -> device copies per step", o.copy_bytes_per_step, b);
   }
 }
 
@@ -223,6 +245,15 @@ nlohmann::json plan_json(const PlanOptions& o, const MemoryPlan& p) {
     j["cheapest_tier"] = p.cheapest_tier;
   }
   if (o.host_bytes > 0) j["host_memory_bytes"] = o.host_bytes;
+  const ExpertOffloadPlan& e = p.expert_offload;
+  j["expert_offload"] = {{"on", e.on},
+                         {"chosen_by_auto", e.chosen_by_auto},
+                         {"layers", e.layers},
+                         {"host_bytes", e.host_bytes},
+                         {"ring_bytes", e.ring_bytes},
+                         {"copy_bytes_per_step", e.copy_bytes_per_step},
+                         {"link_bytes_per_s", e.link_bytes_per_s},
+                         {"copy_seconds_per_step", e.copy_seconds_per_step}};
   return j;
 }
 

@@ -29,6 +29,8 @@ std::string cuda_graph_ineligible_reason(const config::Config& cfg, const torch:
     return "data.reset_attention_at_eod is on (masked attention)";
   if (cfg.activation_checkpointing.number_checkpoints > 0)
     return "activation checkpointing is on (its recompute restores RNG state on the host)";
+  if (cfg.moe.offload_experts == config::OffloadExperts::kOn)
+    return "moe.offload_experts is on (the ring's copies are scheduled from the host)";
   if (cfg.zero_optimization.offload_optimizer.device == config::OffloadDevice::kCpu)
     return "optimizer offload is on (the update runs on the host)";
   if (cfg.training.param_dtype != config::ParamDtype::kFp32)

@@ -51,6 +51,7 @@
 #include "moe/train/cadence.h"
 #include "moe/train/device.h"
 #include "moe/train/evaluation.h"
+#include "moe/train/expert_offload.h"
 #include "moe/train/metrics_log.h"
 #include "moe/train/run_inputs.h"
 #include "moe/train/step_report.h"
@@ -245,6 +246,7 @@ class TrainingSession {
       throw TrainingError(oom_report(cfg_, in_.device, current_step_, e.what_without_backtrace()));
     }
     check_base_unchanged();
+    report_expert_offload(model_, *log_);
     finish_uploads();
     report_offload_host_bytes();
     return summary_;
@@ -285,6 +287,12 @@ class TrainingSession {
             q.bnb_4bit_use_double_quant ? " with double quant" : "",
             static_cast<double>(model_->quantized_bytes()) / (1024.0 * 1024.0 * 1024.0),
             config::name(q.bnb_4bit_compute_dtype));
+      }
+      if (const auto& ring = model_->expert_ring()) {
+        log_->info(
+            "expert offload: on: the MoE layers' frozen experts stay in host memory{}; a ring of "
+            "{} layers on {} takes them in turn, the next layer copied ahead",
+            ring->device().is_cuda() ? " (pinned)" : "", ring->slots(), ring->device().str());
       }
     }
     open_remote_checkpoints();
@@ -733,7 +741,9 @@ class TrainingSession {
 }  // namespace
 
 TrainSummary run_training(const config::Config& cfg, const TrainOptions& opt) {
-  return TrainingSession(cfg, opt).run();
+  auto log = spdlog::get("moe-train") ? spdlog::get("moe-train") : spdlog::default_logger();
+  const config::Config settled = settle_expert_offload(cfg, pick_device(cfg), *log);
+  return TrainingSession(settled, opt).run();
 }
 
 }  // namespace moe::train

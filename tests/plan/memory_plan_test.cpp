@@ -219,6 +219,8 @@ TEST(MemoryPlanQlora, AdviceOffersTheFourBitBaseWhenTheBf16BaseDoesNotFit) {
   const Config c4 = test_util::build(j);
   Config c16 = c4;
   c16.quantization = QuantizationConfig{};
+  // With the expert offload tier left at auto the plan would take it instead (next test).
+  c16.moe.offload_experts = config::OffloadExperts::kOff;
   const double r4 = plan_memory(c4, PlanOptions{}).reserved;
   const double r16 = plan_memory(c16, PlanOptions{}).reserved;
   ASSERT_LT(r4 + (1 << 30), r16);  // 11 layers of 64 experts: ~2.1 GiB of base against ~0.6
@@ -239,6 +241,49 @@ TEST(MemoryPlanQlora, AdviceOffersTheFourBitBaseWhenTheBf16BaseDoesNotFit) {
                               plan_memory(c4, PlanOptions{.device_bytes = (r4 + r16) / 2})}) {
     for (const auto& a : q.advice) EXPECT_EQ(a.find("4-bit base"), std::string::npos) << a;
   }
+}
+
+// moe.offload_experts: `on` moves every MoE layer's frozen experts (bf16 here) to the host and
+// puts a ring of two layers on the device; `auto` takes it only where the run does not fit.
+TEST(MemoryPlanExpertOffload, MovesTheFrozenExpertsAndAutoTakesItWhereNothingElseFits) {
+  nlohmann::json j = small_qlora(false);
+  j.erase("quantization");  // a bf16 base
+  j["model"]["hidden_size"] = 1024;
+  j["model"]["num_layers"] = 12;
+  j["model"]["num_heads"] = 8;
+  j["model"]["num_key_value_heads"] = 4;
+  j["model"]["dense_hidden_size"] = 2048;
+  j["moe"]["num_experts"] = 64;
+  j["moe"]["expert_hidden_size"] = 512;
+  Config off = test_util::build(j);
+  off.moe.offload_experts = config::OffloadExperts::kOff;
+  Config on = off;
+  on.moe.offload_experts = config::OffloadExperts::kOn;
+  const MemoryPlan p_off = plan_memory(off, PlanOptions{});
+  const MemoryPlan p_on = plan_memory(on, PlanOptions{});
+  int64_t moe_layers = 0;
+  for (int64_t i = 0; i < off.model.num_layers; ++i) moe_layers += is_moe_layer(off, i) ? 1 : 0;
+  const double per_layer = 2.0 * 3 * 64 * 1024 * 512;  // gate, up, down of 64 experts in bf16
+  ASSERT_TRUE(p_on.expert_offload.on);
+  EXPECT_FALSE(p_off.expert_offload.on);
+  EXPECT_EQ(p_on.expert_offload.layers, moe_layers);
+  EXPECT_DOUBLE_EQ(p_on.expert_offload.host_bytes, moe_layers * per_layer);
+  EXPECT_DOUBLE_EQ(p_on.expert_offload.ring_bytes, 2 * per_layer);
+  EXPECT_DOUBLE_EQ(p_off.weights - p_on.weights, (moe_layers - 2) * per_layer);
+  EXPECT_DOUBLE_EQ(p_on.host - p_off.host, moe_layers * per_layer);
+  // Forward and backward copy every layer but the one the ring holds at the turn.
+  const double micro = static_cast<double>(off.gradient_accumulation_steps);
+  EXPECT_DOUBLE_EQ(p_on.expert_offload.copy_bytes_per_step,
+                   micro * (2 * moe_layers - 1) * per_layer);
+  // auto: as configured where that fits, the tier where only it fits.
+  Config automatic = off;
+  automatic.moe.offload_experts = config::OffloadExperts::kAuto;
+  const double between = (p_on.reserved + p_off.reserved) / 2;
+  const MemoryPlan roomy = plan_memory(automatic, PlanOptions{.device_bytes = 2 * p_off.reserved});
+  const MemoryPlan tight = plan_memory(automatic, PlanOptions{.device_bytes = between});
+  EXPECT_FALSE(roomy.expert_offload.on);
+  EXPECT_TRUE(tight.expert_offload.on && tight.expert_offload.chosen_by_auto && tight.fits);
+  EXPECT_DOUBLE_EQ(tight.reserved, plan_memory(on, PlanOptions{.device_bytes = between}).reserved);
 }
 
 // Where nothing fits, the plan names the two closest options with their figures: LoRA on a

@@ -36,6 +36,9 @@ enum class AttentionBackend { kAuto, kFlash, kCudnn, kEfficient, kMath };
 enum class RopeScalingType { kNone, kLinear, kYarn };
 // moe.dispatch_dtype: the dtype the routed rows move in (permute, expert-parallel all-to-all).
 enum class DispatchDtype { kFp32, kCompute };
+// moe.offload_experts: the frozen routed experts in host memory, fetched layer by layer (auto:
+// where the plan says nothing else fits).
+enum class OffloadExperts { kAuto, kOn, kOff };
 // optimizer.exp_avg_dtype / exp_avg_sq_dtype: how Adam's moments are stored.
 enum class StateDtype { kFp32, kBf16, k8Bit };
 // training.param_dtype (the working weights) and optimizer.main_params_dtype (the master).
@@ -116,6 +119,10 @@ struct ChoiceNames<QkNormScope> {
 template <>
 struct ChoiceNames<MoeKernels> {
   static constexpr std::array<std::string_view, 3> kNames = {"auto", "cuda", "reference"};
+};
+template <>
+struct ChoiceNames<OffloadExperts> {
+  static constexpr std::array<std::string_view, 3> kNames = {"auto", "on", "off"};
 };
 template <>
 struct ChoiceNames<DispatchDtype> {

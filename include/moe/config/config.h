@@ -276,6 +276,13 @@ struct MoeConfig {
   // Expert parallelism (docs/distributed.md): the experts spread over groups of this many ranks,
   // each holding num_experts / expert_parallel_size of them; 1 = every rank holds every expert.
   int64_t expert_parallel_size = 1;
+  // The expert offload tier (layers/offload_ring.h): a LoRA run's frozen routed experts (16-bit
+  // or 4-bit) live in host memory (pinned on a GPU) and each MoE layer's are copied into a ring
+  // of offload_ring_layers device buffers, the next layer's ahead of compute on a side stream,
+  // in the forward, the recomputation and the backward. auto: on where the plan says the run
+  // does not fit the device without it and does with it (a GPU run only).
+  OffloadExperts offload_experts = OffloadExperts::kAuto;
+  int64_t offload_ring_layers = 2;
   // Which layers are MoE layers (Qwen3-MoE's rule): layer i is when i is not in mlp_only_layers
   // and (i + 1) % decoder_sparse_step == 0; the others are dense SwiGLU FFNs.
   int64_t decoder_sparse_step = 1;

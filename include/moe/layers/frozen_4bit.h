@@ -13,6 +13,7 @@
 #include <torch/types.h>
 
 #include "moe/config/config.h"
+#include "moe/layers/offload_ring.h"
 #include "moe/quant/bnb_4bit.h"
 
 namespace moe::layers {
@@ -65,7 +66,17 @@ class QuantizedWeight {
   // Experts [first, first + count) as [count, out, in].
   torch::Tensor dequantize_experts(int64_t first, int64_t count, torch::ScalarType dtype) const;
 
+  // Moves the state (not an offloaded one: that stays in host memory).
   void to(const torch::Device& device);
+  // The expert offload tier (layers/offload_ring.h): the state's tensors (state_tensors(), from
+  // `place.first` in the layer's list) live in the ring's host buffer, and the dequantize_*
+  // calls a GEMM makes read the ring's device copy; dequantize() reads the host state.
+  void offload(layers::OffloadedPlace place) { place_ = std::move(place); }
+  bool offloaded() const { return static_cast<bool>(place_); }
+  // Pointers to every tensor of the state in a fixed order: per part its codes, absmax,
+  // nested_absmax and offset (the last two undefined without double quant); MXFP4: the blocks
+  // and the scales.
+  std::vector<torch::Tensor*> state_tensors();
   const std::vector<int64_t>& shape() const { return shape_; }  // our parameter's
   bool is_experts() const { return experts_; }
   const Quant4bitOptions& options() const { return opt_; }
@@ -81,6 +92,11 @@ class QuantizedWeight {
   Quant4bitOptions opt_;
   std::vector<quant::Quantized4bit> parts_;
   torch::Tensor mx_blocks_, mx_scales_;  // MXFP4 experts (opt_.mxfp4) instead of parts_
+  layers::OffloadedPlace place_;         // offloaded: where the state sits in its ring
+  // The state a GEMM reads: itself, or (offloaded) a copy over the ring's device tensors.
+  QuantizedWeight resident() const;
+  // Expert e's part as resident() would hold it, without copying the others.
+  quant::Quantized4bit resident_part(int64_t e) const;
 };
 using QuantizedWeightPtr = std::shared_ptr<QuantizedWeight>;
 

@@ -96,6 +96,9 @@ class TransformerLMImpl : public torch::nn::Module {
     int64_t first = 0, count = 0, total = 0;
   };
   std::optional<ExpertRows> expert_rows(const std::string& name) const;
+  // moe.offload_experts on (a LoRA run): the ring the MoE layers' frozen experts are fetched
+  // through (layers/offload_ring.h); null when every expert lives on the device.
+  const std::shared_ptr<layers::OffloadRing>& expert_ring() const { return expert_ring_; }
 
  private:
   // Freezes the base parameters of `part` (names under `prefix`) and casts its matrices to
@@ -107,6 +110,9 @@ class TransformerLMImpl : public torch::nn::Module {
   // quantization.load_in_4bit: quantizes the frozen matrices of `block` and empties them.
   void quantize_frozen(Block& block, const std::string& prefix, const layers::Quant4bitOptions& opt,
                        const torch::Device& device);
+  // moe.offload_experts on: block `layer`'s frozen routed experts join the ring (made here).
+  void offload_experts(Block& block, int64_t layer, const config::Config& cfg,
+                       const torch::Device& device);
 
   config::ModelConfig mcfg_;
   int64_t checkpoint_blocks_ = 0;
@@ -117,6 +123,8 @@ class TransformerLMImpl : public torch::nn::Module {
   std::string base_fingerprint_, base_source_;
   torch::ScalarType base_dtype_ = torch::kFloat;
   std::map<std::string, layers::QuantizedWeightPtr> quantized_;
+  bool experts_offloaded_ = false;  // moe.offload_experts on, under LoRA
+  std::shared_ptr<layers::OffloadRing> expert_ring_;
 };
 TORCH_MODULE(TransformerLM);
 

@@ -3,12 +3,15 @@
 // or non-gated (moe.activation relu2, Nemotron-H): y = relu(x W_up[e])^2 W_down[e], no W_gate.
 #pragma once
 
+#include <memory>
+
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
 #include "moe/config/choices.h"
 #include "moe/layers/frozen_4bit.h"
 #include "moe/layers/lora.h"
+#include "moe/layers/offload_ring.h"
 
 namespace moe::moe {
 
@@ -65,12 +68,27 @@ class ExpertsImpl : public torch::nn::Module {
   // Folds the adapters into w_gate / w_up / w_down and zeroes them (export-hf --merge).
   void merge_lora();
 
+  // The expert offload tier (moe.offload_experts): the frozen base (the 16-bit stacks, or the
+  // 4-bit states) joins `ring` as MoE layer `layer`: it stays in host memory, and each GEMM reads
+  // the ring's device copy. Call before the module moves to the device.
+  void offload_to(const std::shared_ptr<layers::OffloadRing>& ring, int64_t layer);
+  bool offloaded() const { return ring_ != nullptr; }
+  // Module::to, except that offloaded stacks stay where they are (in host memory).
+  using torch::nn::Module::to;
+  void to(torch::Device device, bool non_blocking = false) override;
+
  private:
   // The gate_up adapter's update [n, 2f] added to gate and up (relu2: [n, f] to up alone).
   void add_gate_up_update(torch::Tensor& gate, torch::Tensor& up, const torch::Tensor& delta) const;
   // The gated activation of moe.activation on gate and up [n, f].
   torch::Tensor activation(const torch::Tensor& gate, const torch::Tensor& up) const;
+  // x [n, d|f] through expert e's gate, up or down matrix (16-bit stacks, offloaded or not).
+  torch::Tensor expert_matmul(const torch::Tensor& x, const std::vector<torch::Tensor>& stack,
+                              const layers::OffloadedPlace& place, int64_t e) const;
   ExpertsOptions opt_;
+  std::shared_ptr<layers::OffloadRing> ring_;
+  // Offloaded 16-bit stacks: where w_gate, w_up and w_down sit in the ring's list.
+  layers::OffloadedPlace gate_place_, up_place_, down_place_;
 };
 TORCH_MODULE(Experts);
 

@@ -29,6 +29,21 @@ struct PlanOptions {
   // Our CUDA kernels are in the build (kernels::cuda_kernels_compiled()); without them a GPU run
   // takes the ATen references (the SwiGLU keeps silu(gate) too, the 8-bit step its copies).
   bool cuda_kernels = true;
+  // Host-to-device bandwidth of pinned memory in bytes/s (`moe-train env` measures it on a GPU
+  // machine); 0 = the plan assumes PCIe 4.0 x16's ~25 GB/s.
+  double host_link_bytes_per_s = 0;
+};
+
+// The expert offload tier (moe.offload_experts): what moves to the host and over the link.
+struct ExpertOffloadPlan {
+  bool on = false;
+  bool chosen_by_auto = false;     // moe.offload_experts auto turned it on (nothing else fits)
+  int64_t layers = 0;              // MoE layers whose experts live on the host
+  double host_bytes = 0;           // their frozen experts (16-bit stacks or 4-bit states)
+  double ring_bytes = 0;           // the device ring: offload_ring_layers of the largest layer
+  double copy_bytes_per_step = 0;  // host -> device per optimizer step
+  double link_bytes_per_s = 0;     // the bandwidth the time below assumes
+  double copy_seconds_per_step = 0;
 };
 
 struct MemoryPlan {
@@ -53,7 +68,10 @@ struct MemoryPlan {
   double communication = 0;
   double peak = 0;      // tensors at the worst moment of a step
   double reserved = 0;  // + the caching allocator and the CUDA context (GPU)
-  double host = 0;      // host memory for offloaded states
+  // moe.offload_experts: the frozen experts moved out of `weights` to host memory (in `host`),
+  // the device ring that replaces them, and the copies a step makes.
+  ExpertOffloadPlan expert_offload;
+  double host = 0;  // host memory for offloaded states
   // ... of which held for the whole run: moments, fp32 masters, gradient staging or streamed
   // gradients. Exactly what the offloaded optimizer allocates (FusedAdamW::host_bytes) for fp32
   // and bf16 moments; 8-bit moments count 1 + 4/256 B per value (small tensors keep fp32 ones).
