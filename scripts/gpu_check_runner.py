@@ -129,6 +129,9 @@ GPU_SUITES = {
     # head widths in bf16 (never run on a device yet: estimated like the attention suites).
     "QueryBottleneck/LatentAttentionGpu": (2, 2.0),
     "LatentAttentionGpuMemory": (1, 2.0),
+    # The expert offload ring (2026-12-07, not yet run on a device): 8 layers of 8 MiB through 2
+    # pinned-to-device slots, 96 small GEMMs, and the grouped form once.
+    "OffloadRingGpu": (2, 1.5),
 }
 GPU_TESTS_START_S = 5.0  # loading LibTorch twice (the list, the run) and one CUDA context
 RERUN_START_S = 3.0      # a rerun loads LibTorch and makes a CUDA context again
