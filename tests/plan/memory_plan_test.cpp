@@ -206,9 +206,8 @@ TEST(MemoryPlanQlora, FourBitBaseFallsFromTheBf16Base) {
   }
 }
 
-// A LoRA plan whose bf16 base does not fit is told the 4-bit base that does, with its figure.
-TEST(MemoryPlanQlora, AdviceOffersTheFourBitBaseWhenTheBf16BaseDoesNotFit) {
-  nlohmann::json j = small_qlora(true);
+// 12 layers of 64 experts (the first dense): a base of ~2 GiB in bf16.
+void widen(nlohmann::json& j) {
   j["model"]["hidden_size"] = 1024;
   j["model"]["num_layers"] = 12;
   j["model"]["num_heads"] = 8;
@@ -216,6 +215,12 @@ TEST(MemoryPlanQlora, AdviceOffersTheFourBitBaseWhenTheBf16BaseDoesNotFit) {
   j["model"]["dense_hidden_size"] = 2048;
   j["moe"]["num_experts"] = 64;
   j["moe"]["expert_hidden_size"] = 512;
+}
+
+// A LoRA plan whose bf16 base does not fit is told the 4-bit base that does, with its figure.
+TEST(MemoryPlanQlora, AdviceOffersTheFourBitBaseWhenTheBf16BaseDoesNotFit) {
+  nlohmann::json j = small_qlora(true);
+  widen(j);
   const Config c4 = test_util::build(j);
   Config c16 = c4;
   c16.quantization = QuantizationConfig{};
@@ -248,13 +253,7 @@ TEST(MemoryPlanQlora, AdviceOffersTheFourBitBaseWhenTheBf16BaseDoesNotFit) {
 TEST(MemoryPlanExpertOffload, MovesTheFrozenExpertsAndAutoTakesItWhereNothingElseFits) {
   nlohmann::json j = small_qlora(false);
   j.erase("quantization");  // a bf16 base
-  j["model"]["hidden_size"] = 1024;
-  j["model"]["num_layers"] = 12;
-  j["model"]["num_heads"] = 8;
-  j["model"]["num_key_value_heads"] = 4;
-  j["model"]["dense_hidden_size"] = 2048;
-  j["moe"]["num_experts"] = 64;
-  j["moe"]["expert_hidden_size"] = 512;
+  widen(j);
   Config off = test_util::build(j);
   off.moe.offload_experts = config::OffloadExperts::kOff;
   Config on = off;
