@@ -8,8 +8,10 @@ optimizer.main_params_dtype bf16 with a Kahan compensation, or the fp32 master o
 3. each tier trains the demo (configs/tiny.json, 300 steps) to validation accuracy >= 0.90 and a
    final validation loss at most 2% above the fp32 run's and at most 5% below it (the fp32
    run's own seed-to-seed spread is about 2% wide, 0.02815-0.02921 over seeds 1234/1/2/3, so a
-   tier ending a little lower is noise, not a defect);
-4. 20 + 20 steps resumed = 40 straight, bitwise (model and optimizer files), for each tier;
+   tier ending a little lower is noise, not a defect); the offloaded fp32 master computes what
+   the on-device one does, so on a CPU its 20 steps equal w16's bitwise (model file and losses)
+   instead of training the demo a third time on bf16's slow CPU fallback;
+4. 10 + 10 steps resumed = 20 straight, bitwise (model and optimizer files), for each tier;
 5. a checkpoint of one tier resumes under another (8-bit -> fp32, fp32 -> 8-bit, each 16-bit
    weight tier -> fp32 weights: model.safetensors holds the fp32 master, and fp32 -> 16-bit).
 
@@ -173,6 +175,11 @@ def evals(run):
     return [m for m in lines if m["type"] == "eval"]
 
 
+def train_metrics(run):
+    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if m["type"] == "train"]
+
+
 def moments(m, v):
     return {"optimizer.exp_avg_dtype": m, "optimizer.exp_avg_sq_dtype": v}
 
@@ -190,6 +197,10 @@ COMBINED = {"w16-8bit": dict(W16, **moments("8bit", "8bit")),
                                     **{"train_micro_batch_size_per_gpu": "16",
                                        "gradient_accumulation_steps": "2"})}
 BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+# A tier whose run equals another's bitwise (checked on the resume's straight runs) trains the
+# demo through it: the offloaded master is the on-device one's arithmetic on the host.
+SAME_AS = {"w16-offload": "w16"}
+RESUME_AT, RESUMED_STEPS = 10, 20
 GROUP = sys.argv[sys.argv.index("--group") + 1] if "--group" in sys.argv else "all"
 
 
@@ -202,7 +213,7 @@ def in_group(*tiers):
 def tiers_train(tmp):
     results = {}
     for tier, sets in TIERS.items():
-        if tier != "fp32" and not in_group(tier):
+        if (tier != "fp32" and not in_group(tier)) or tier in SAME_AS:
             continue
         r = train(tmp, f"demo-{tier}", dict(sets, **{"training.train_iters": 300,
                                                      "training.eval_interval": 0}))
@@ -225,26 +236,40 @@ def tiers_resume(tmp):
     for tier, tier_sets in dict(TIERS, **COMBINED).items():
         if tier == "fp32" or not in_group(tier):
             continue  # tests/checkpoint/checkpoint_test.py holds the fp32 resume
-        sets = dict(tier_sets, **{"training.train_iters": 40, "training.eval_interval": 0,
-                                  "checkpoint.save_interval": 20})
+        sets = dict(tier_sets, **{"training.train_iters": RESUMED_STEPS, "training.eval_interval": 0,
+                                  "checkpoint.save_interval": RESUME_AT})
         # One intra-op thread: LibTorch's multithreaded CPU kernels are not run-to-run bitwise in
         # a bf16 run under load (docs/memory.md, "Resumes and threads"); this compares our resume.
         straight = train(tmp, f"straight-{tier}", sets, threads=1)
-        first = train(tmp, f"resumed-{tier}", dict(sets, **{"training.exit_interval": 20}), threads=1)
+        first = train(tmp, f"resumed-{tier}", dict(sets, **{"training.exit_interval": RESUME_AT}),
+                      threads=1)
         second = train(tmp, f"resumed-{tier}", sets, threads=1)
         codes = (straight.returncode, first.returncode, second.returncode)
+        last = f"checkpoints/step-{RESUMED_STEPS:08d}"
         differ = [f for f in ("model.safetensors", "optimizer.safetensors")
                   if all(c == 0 for c in codes) and
-                  (tmp / f"straight-{tier}/checkpoints/step-00000040/{f}").read_bytes() !=
-                  (tmp / f"resumed-{tier}/checkpoints/step-00000040/{f}").read_bytes()]
+                  (tmp / f"straight-{tier}/{last}/{f}").read_bytes() !=
+                  (tmp / f"resumed-{tier}/{last}/{f}").read_bytes()]
         same = all(c == 0 for c in codes) and not differ
-        check(same, f"{tier}: 20 + 20 resumed = 40 straight, model and optimizer bitwise "
-                    f"(exits {codes}{', differ: ' + ', '.join(differ) if differ else ''})")
+        check(same, f"{tier}: {RESUME_AT} + {RESUME_AT} resumed = {RESUMED_STEPS} straight, model "
+                    f"and optimizer bitwise (exits {codes}"
+                    f"{', differ: ' + ', '.join(differ) if differ else ''})")
         if same and tier.startswith("w16"):
-            model = load_file(str(tmp / f"straight-{tier}/checkpoints/step-00000040/model.safetensors"))
+            model = load_file(str(tmp / f"straight-{tier}/{last}/model.safetensors"))
             check(all(t.dtype == torch.float32 for t in model.values()) and
                   any((t.to(torch.bfloat16).float() != t).any() for t in model.values()),
                   f"{tier}: model.safetensors holds the fp32 master (not bf16-rounded values)")
+
+    for tier, twin in SAME_AS.items():
+        if not in_group(tier):
+            continue
+        last = f"checkpoints/step-{RESUMED_STEPS:08d}/model.safetensors"
+        runs = [tmp / f"straight-{t}" for t in (tier, twin)]
+        equal = all((r / last).exists() for r in runs) and \
+            (runs[0] / last).read_bytes() == (runs[1] / last).read_bytes() and \
+            [m["loss"] for m in train_metrics(runs[0])] == [m["loss"] for m in train_metrics(runs[1])]
+        check(equal, f"{tier}: {RESUMED_STEPS} steps equal {twin}'s bitwise (model file and every "
+                     f"loss), so {twin}'s demo bar below holds for it")
 
     # A checkpoint of one tier resumes under another: through fp32, then the run's own storage.
     for src_tier, dst_tier in (("8bit", "fp32"), ("fp32", "8bit"), ("bf16", "fp32"),
