@@ -8,10 +8,15 @@
 //   softmax((q_nope k_nope + q_rot k_rot) scale) v, scale = (nope + rope)^-0.5 (x YaRN mscale^2)
 // Its norms use eps 1e-6 whatever model.norm_eps is (transformers' DeepseekV3RMSNorm default,
 // which the attention's norms are built with).
+#include <cmath>
+#include <functional>
+#include <vector>
+
 #include <torch/torch.h>
 
 #include "moe/layers/lora.h"
 #include "moe/model/attention_core.h"
+#include "moe/model/decode_cache.h"
 #include "moe/model/transformer.h"
 
 namespace moe::model {
@@ -22,6 +27,49 @@ constexpr double kLatentNormEps = 1e-6;
 
 torch::nn::Linear plain_linear(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+// Latent attention's widths, as the cached path needs them.
+struct LatentWidths {
+  int64_t nope, rope, kvr, v, window;
+};
+
+using ExpandLatents = std::function<std::vector<torch::Tensor>(const torch::Tensor&)>;
+
+// Generation caches what DeepSeek's MLA was made to cache: per slot the normalised latent and
+// the rotated rotary key [B, 1, T, kvr + rope], shared by every head (DeepSeek-V3: 576 values a
+// slot where the expanded keys and values take 128 x 320). A prefill expands the cached latents
+// through kv_b_proj (`expand`) and attends as training does; a decode step absorbs kv_b_proj's
+// weight [H (nope + v), kvr] (`kv_b_weight`) into the query and the output instead
+// (q_nope W_uk . c = q_nope . k_nope; (p c) W_uv^T = p v), so its cost does not grow with
+// H x (nope + v) per cached slot.
+torch::Tensor latent_cached_attention(LayerCache& cache, const DecodeStep& step,
+                                      const LatentWidths& w, const torch::Tensor& q_full,
+                                      const torch::Tensor& latent, const torch::Tensor& k_rot,
+                                      AttentionMasking masking, const ExpandLatents& expand,
+                                      const std::function<torch::Tensor()>& kv_b_weight) {
+  const int64_t B = q_full.size(0), H = q_full.size(1), S = q_full.size(2);
+  const auto entry = torch::cat({latent.unsqueeze(1), k_rot.to(latent.scalar_type())}, -1);
+  const AttendedKeys keys = attend_cached(cache, step, entry, entry.narrow(-1, 0, 0), w.window);
+  const int64_t T = keys.k.size(2);
+  masking.cached = keys.mask;
+  if (S > 1) {
+    const auto k_and_v = expand(keys.k.narrow(-1, 0, w.kvr).squeeze(1));
+    const auto rot = keys.k.narrow(-1, w.kvr, w.rope).expand({B, H, T, w.rope});
+    return attention_sdpa(q_full, torch::cat({k_and_v[0], rot.to(k_and_v[0].scalar_type())}, -1),
+                          k_and_v[1], masking, 0.0);
+  }
+  const auto per_head = kv_b_weight().to(q_full.scalar_type()).view({H, w.nope + w.v, w.kvr});
+  const auto q_parts = q_full.split_with_sizes({w.nope, w.rope}, -1);
+  const auto q_latent = torch::matmul(q_parts[0], per_head.narrow(1, 0, w.nope));  // [B,H,S,kvr]
+  const auto q_absorbed = torch::cat({q_latent, q_parts[1]}, -1);
+  // The absorbed query is wider than nope + rope: the scale stays the expanded form's.
+  if (masking.scale <= 0) masking.scale = 1.0 / std::sqrt(static_cast<double>(w.nope + w.rope));
+  const auto k = keys.k.to(q_absorbed.scalar_type());
+  const auto y_latent =
+      attention_sdpa(q_absorbed, k.expand({B, H, T, w.kvr + w.rope}),
+                     k.narrow(-1, 0, w.kvr).expand({B, H, T, w.kvr}), masking, 0.0);
+  return torch::matmul(y_latent, per_head.narrow(1, w.nope, w.v).transpose(1, 2));  // [B,H,S,v]
 }
 
 }  // namespace
@@ -85,10 +133,15 @@ torch::Tensor CausalSelfAttentionImpl::forward_latent(const torch::Tensor& x) {
   const auto q_parts = q.split_with_sizes({nope, rope}, -1);
   const auto compressed = project(kv_a_proj, kv_a_4bit, lora_kv_a, x);  // [B, S, kvr + rope]
   const auto kv_parts = compressed.split_with_sizes({kvr, rope}, -1);
-  const auto kv = project(kv_b_proj, kv_b_4bit, lora_kv_b, kv_a_norm->forward(kv_parts[0]))
-                      .view({B, S, H, nope + vd})
-                      .transpose(1, 2);  // [B, H, S, nope + v]
-  const auto k_and_v = kv.split_with_sizes({nope, vd}, -1);
+  const auto latent = kv_a_norm->forward(kv_parts[0]);  // [B, S, kvr]
+  // Per-head [k_nope | v] of latents [B, T, kvr]: two [B, H, T, *] views.
+  auto expand = [&](const torch::Tensor& c) {
+    const int64_t T = c.size(1);
+    return project(kv_b_proj, kv_b_4bit, lora_kv_b, c)
+        .view({B, T, H, nope + vd})
+        .transpose(1, 2)
+        .split_with_sizes({nope, vd}, -1);
+  };
   auto q_rot = q_parts[1];
   auto k_rot = kv_parts[1].view({B, 1, S, rope});
   if (opt_.rope_interleave) q_rot = pairs_as_halves(q_rot), k_rot = pairs_as_halves(k_rot);
@@ -99,16 +152,25 @@ torch::Tensor CausalSelfAttentionImpl::forward_latent(const torch::Tensor& x) {
   if (const auto s = llama_4_query_scale(q_full, positions_, opt_.rope_scaling); s.defined()) {
     q_full = q_full * s.to(q_full.scalar_type());  // Mistral Small 4, past the window
   }
-  // Generation caches the expanded per-head keys and values (as transformers' DynamicCache).
-  const AttendedKeys keys =
-      attend(torch::cat({k_and_v[0], k_rot.expand({B, H, S, rope})}, -1), k_and_v[1]);
   const double p = is_training() ? opt_.dropout : 0.0;
   AttentionMasking masking{doc_mask_, opt_.window, {}};
   masking.scale = opt_.softmax_scale;
-  masking.cached = keys.mask;
-  // SDPA everywhere (attention_core.h): on CUDA the q/k and v widths differ, which torch's
-  // memory-efficient kernel takes (memory linear in S); the CPU runs its math form.
-  const auto y = attention_sdpa(q_full, keys.k, keys.v, masking, p);  // [B, H, S, v]
+  torch::Tensor y;  // [B, H, S, v]
+  if (cache_ == nullptr) {
+    // SDPA everywhere (attention_core.h): on CUDA the q/k and v widths differ, which torch's
+    // memory-efficient kernel takes (memory linear in S); the CPU runs its math form.
+    const auto k_and_v = expand(latent);
+    y = attention_sdpa(q_full, torch::cat({k_and_v[0], k_rot.expand({B, H, S, rope})}, -1),
+                       k_and_v[1], masking, p);
+  } else {
+    // kv_b_proj's whole weight [H (nope + v), kvr] as its forward applies it.
+    auto kv_b_weight = [&] {
+      auto w = kv_b_4bit ? kv_b_4bit->dequantize(q_full.scalar_type()) : kv_b_proj->weight;
+      return lora_kv_b ? w + lora_kv_b->delta_weight().to(w.scalar_type()) : w;
+    };
+    y = latent_cached_attention(*cache_, *step_, {nope, rope, kvr, vd, opt_.window}, q_full, latent,
+                                k_rot, masking, expand, kv_b_weight);
+  }
   const auto heads = y.transpose(1, 2).reshape({B, S, H * vd});
   return project(out, out_4bit, lora_o, heads);
 }

@@ -227,6 +227,19 @@ def theirs_greedy(model_dir, tok, prompts):
     return rows
 
 
+def lora_targets(src):
+    """Every attention projection and MLP / expert matrix of the model in `src`: under latent
+    attention (MLA) its low-rank query and key-value projections, so that a decode step's
+    absorbed kv_b_proj carries an adapter."""
+    c = json.loads((src / "config.json").read_text())
+    c = c.get("text_config", c)
+    attention = ["q_proj", "k_proj", "v_proj"]
+    if c.get("kv_lora_rank"):
+        attention = (["q_a_proj", "q_b_proj"] if c.get("q_lora_rank") else ["q_proj"]) + \
+            ["kv_a_proj_with_mqa", "kv_b_proj"]
+    return attention + ["o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
 def check_trained(family, src, tok, tmp, prompts):
     """LoRA and LoRA over a 4-bit base, 6 steps each on text tokenized with the tiny tokenizer."""
     corpus = tmp / "corpus.txt"
@@ -242,9 +255,7 @@ def check_trained(family, src, tok, tmp, prompts):
         cfg.write_text(json.dumps({
             "train_micro_batch_size_per_gpu": 4,
             "optimizer": {"type": "AdamW", "params": {"lr": 2e-2}},
-            "lora": {"r": 4, "lora_alpha": 8,
-                     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                        "down_proj"]},
+            "lora": {"r": 4, "lora_alpha": 8, "target_modules": lora_targets(src)},
             "model": {"seq_len": 32, "init_from": str(src)},
             "data": {"path": str(tmp / "data")},
             "training": {"device": "cpu", "output_dir": str(out), "train_iters": 6, "eval_interval": 0},

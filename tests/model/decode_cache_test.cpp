@@ -7,6 +7,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "moe/config/config.h"
@@ -44,7 +48,8 @@ TEST(DecodeCache, AttendCachedMasksPaddingAndKeepsTheWindow) {
   EXPECT_TRUE(b.mask.all().item<bool>());
 }
 
-config::Config model_config(const nlohmann::json& model) {
+config::Config model_config(const nlohmann::json& model,
+                            const nlohmann::json& top = nlohmann::json::object()) {
   nlohmann::json m = {{"vocab_size", 64},      {"seq_len", 64},          {"hidden_size", 32},
                       {"num_layers", 2},       {"num_heads", 4},         {"num_key_value_heads", 2},
                       {"rope_theta", 10000.0}, {"tie_embeddings", false}};
@@ -53,6 +58,7 @@ config::Config model_config(const nlohmann::json& model) {
                       {"model", m},
                       {"moe", {{"num_experts", 4}, {"top_k", 2}, {"expert_hidden_size", 48}}},
                       {"data", {{"train_path", "unused.h5"}}}};
+  j.update(top);
   config::Config c = config::from_json(j, "decode.json");
   config::validate(c);
   return c;
@@ -65,11 +71,15 @@ torch::Tensor full_logits(TransformerLM& m, const torch::Tensor& tokens, int64_t
 
 // Rows of different lengths: row 0 the whole sequence, row 1 its last `short_len` tokens,
 // left-padded; a prefill of `prompt` slots, then a token per step.
-void expect_stepwise_equals_full(const config::Config& cfg) {
+// `prepare` runs on the model before the comparison (e.g. gives LoRA adapters a nonzero
+// update); returns the caches after the last step.
+std::vector<LayerCache> expect_stepwise_equals_full(
+    const config::Config& cfg, const std::function<void(TransformerLM&)>& prepare = {}) {
   torch::manual_seed(4);
   TransformerLM m(cfg);
   m->eval();
   torch::NoGradGuard g;
+  if (prepare) prepare(m);
   const int64_t S = 14, prompt = 6, short_len = 10, pad = S - short_len;
   const auto seq = torch::randint(0, 64, {1, S}, torch::kLong);
   const auto shorter = seq.narrow(1, pad, short_len);
@@ -88,7 +98,7 @@ void expect_stepwise_equals_full(const config::Config& cfg) {
     const int64_t i = t - prompt;
     EXPECT_LE((logits[0] - want0[i]).abs().max().item<double>(), 1e-5) << "row 0, slot " << t;
     EXPECT_LE((logits[1] - want1[i]).abs().max().item<double>(), 1e-5) << "row 1, slot " << t;
-    if (t == S) break;
+    if (t == S) return caches;
     step.past = t;
     step.valid = valid.narrow(1, 0, t + 1);
     step.positions = positions.narrow(1, t, 1);
@@ -110,6 +120,39 @@ TEST(DecodeCache, LatentAttention) {
                                             {"qk_rope_head_dim", 8},
                                             {"v_head_dim", 8},
                                             {"num_key_value_heads", 4}}));
+}
+
+// Latent attention caches, per layer and slot, the normalised latent and the rotated rotary key
+// [B, 1, T, kvr + rope] (not H expanded keys and values), and its decode steps absorb kv_b_proj
+// into the query and the output: still the full forward's logits, with a query bottleneck and
+// LoRA adapters (kv_b_proj's folded into the absorbed weight) given a nonzero update.
+TEST(DecodeCache, LatentAttentionCachesLatentsAndAbsorbsTheAdapters) {
+  const int64_t kvr = 16, rope = 4;
+  const auto cfg =
+      model_config({{"kv_lora_rank", kvr},
+                    {"q_lora_rank", 12},
+                    {"qk_nope_head_dim", 8},
+                    {"qk_rope_head_dim", rope},
+                    {"v_head_dim", 6},
+                    {"num_key_value_heads", 4}},
+                   {{"lora",
+                     {{"r", 4},
+                      {"lora_alpha", 8},
+                      {"target_modules",
+                       {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}}}}});
+  const auto caches = expect_stepwise_equals_full(cfg, [](TransformerLM& m) {
+    int64_t updated = 0;
+    for (auto& p : m->named_parameters()) {
+      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0.0, 0.2), ++updated;
+    }
+    ASSERT_EQ(updated, 2 * 5);  // 2 layers x 5 projections
+  });
+  ASSERT_EQ(caches.size(), 2u);
+  for (const auto& c : caches) {
+    ASSERT_TRUE(c.k.defined());
+    EXPECT_EQ(c.k.sizes(), (std::vector<int64_t>{2, 1, 14, kvr + rope}));
+    EXPECT_EQ(c.v.size(-1), 0);
+  }
 }
 
 TEST(DecodeCache, GatedDeltaNetHybrid) {

@@ -13,8 +13,9 @@
 
 namespace moe::model {
 
-// One layer's cache. Attention: k, v [B, KV, T, hd] after the rotation (latent attention: its
-// expanded per-head keys and values), slots [first_slot, first_slot + T). Gated DeltaNet: conv
+// One layer's cache. Attention: k, v [B, KV, T, hd] after the rotation (latent attention: k the
+// normalised latent and the rotated rotary key [B, 1, T, kvr + rope], v empty [B, 1, T, 0];
+// model/latent_attention.cpp), slots [first_slot, first_slot + T). Gated DeltaNet: conv
 // [B, K - 1, C] (the last inputs of its causal conv1d) and recurrent [B, Hv, dk, dv] fp32.
 struct LayerCache {
   torch::Tensor k, v;
