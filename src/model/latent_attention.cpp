@@ -34,19 +34,22 @@ struct LatentWidths {
   int64_t nope, rope, kvr, v, window;
 };
 
-using ExpandLatents = std::function<std::vector<torch::Tensor>(const torch::Tensor&)>;
+// Attention over per-head keys and values expanded from latents c [B, T, kvr] and the rotary
+// keys [B, 1, T, rope] they share, under the given masking: training's and a prefill's form.
+using ExpandedAttention = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&,
+                                                      const AttentionMasking&)>;
 
 // Generation caches what DeepSeek's MLA was made to cache: per slot the normalised latent and
 // the rotated rotary key [B, 1, T, kvr + rope], shared by every head (DeepSeek-V3: 576 values a
 // slot where the expanded keys and values take 128 x 320). A prefill expands the cached latents
-// through kv_b_proj (`expand`) and attends as training does; a decode step absorbs kv_b_proj's
+// through kv_b_proj and attends as training does; a decode step absorbs kv_b_proj's
 // weight [H (nope + v), kvr] (`kv_b_weight`) into the query and the output instead
 // (q_nope W_uk . c = q_nope . k_nope; (p c) W_uv^T = p v), so its cost does not grow with
 // H x (nope + v) per cached slot.
 torch::Tensor latent_cached_attention(LayerCache& cache, const DecodeStep& step,
                                       const LatentWidths& w, const torch::Tensor& q_full,
                                       const torch::Tensor& latent, const torch::Tensor& k_rot,
-                                      AttentionMasking masking, const ExpandLatents& expand,
+                                      AttentionMasking masking, const ExpandedAttention& expanded,
                                       const std::function<torch::Tensor()>& kv_b_weight) {
   const int64_t B = q_full.size(0), H = q_full.size(1), S = q_full.size(2);
   const auto entry = torch::cat({latent.unsqueeze(1), k_rot.to(latent.scalar_type())}, -1);
@@ -54,10 +57,8 @@ torch::Tensor latent_cached_attention(LayerCache& cache, const DecodeStep& step,
   const int64_t T = keys.k.size(2);
   masking.cached = keys.mask;
   if (S > 1) {
-    const auto k_and_v = expand(keys.k.narrow(-1, 0, w.kvr).squeeze(1));
-    const auto rot = keys.k.narrow(-1, w.kvr, w.rope).expand({B, H, T, w.rope});
-    return attention_sdpa(q_full, torch::cat({k_and_v[0], rot.to(k_and_v[0].scalar_type())}, -1),
-                          k_and_v[1], masking, 0.0);
+    return expanded(keys.k.narrow(-1, 0, w.kvr).squeeze(1), keys.k.narrow(-1, w.kvr, w.rope),
+                    masking);
   }
   const auto per_head = kv_b_weight().to(q_full.scalar_type()).view({H, w.nope + w.v, w.kvr});
   const auto q_parts = q_full.split_with_sizes({w.nope, w.rope}, -1);
@@ -134,14 +135,6 @@ torch::Tensor CausalSelfAttentionImpl::forward_latent(const torch::Tensor& x) {
   const auto compressed = project(kv_a_proj, kv_a_4bit, lora_kv_a, x);  // [B, S, kvr + rope]
   const auto kv_parts = compressed.split_with_sizes({kvr, rope}, -1);
   const auto latent = kv_a_norm->forward(kv_parts[0]);  // [B, S, kvr]
-  // Per-head [k_nope | v] of latents [B, T, kvr]: two [B, H, T, *] views.
-  auto expand = [&](const torch::Tensor& c) {
-    const int64_t T = c.size(1);
-    return project(kv_b_proj, kv_b_4bit, lora_kv_b, c)
-        .view({B, T, H, nope + vd})
-        .transpose(1, 2)
-        .split_with_sizes({nope, vd}, -1);
-  };
   auto q_rot = q_parts[1];
   auto k_rot = kv_parts[1].view({B, 1, S, rope});
   if (opt_.rope_interleave) q_rot = pairs_as_halves(q_rot), k_rot = pairs_as_halves(k_rot);
@@ -155,13 +148,22 @@ torch::Tensor CausalSelfAttentionImpl::forward_latent(const torch::Tensor& x) {
   const double p = is_training() ? opt_.dropout : 0.0;
   AttentionMasking masking{doc_mask_, opt_.window, {}};
   masking.scale = opt_.softmax_scale;
+  // Per-head [k_nope | v] of latents c [B, T, kvr] through kv_b_proj, the rotary key joined to
+  // every head's k_nope. SDPA everywhere (attention_core.h): on CUDA the q/k and v widths
+  // differ, which torch's memory-efficient kernel takes (memory linear in S); the CPU runs its
+  // math form.
+  auto expanded = [&](const torch::Tensor& c, const torch::Tensor& rot, const AttentionMasking& m) {
+    const int64_t T = c.size(1);
+    const auto k_and_v = project(kv_b_proj, kv_b_4bit, lora_kv_b, c)
+                             .view({B, T, H, nope + vd})
+                             .transpose(1, 2)
+                             .split_with_sizes({nope, vd}, -1);
+    const auto k_rot_heads = rot.expand({B, H, T, rope}).to(k_and_v[0].scalar_type());
+    return attention_sdpa(q_full, torch::cat({k_and_v[0], k_rot_heads}, -1), k_and_v[1], m, p);
+  };
   torch::Tensor y;  // [B, H, S, v]
   if (cache_ == nullptr) {
-    // SDPA everywhere (attention_core.h): on CUDA the q/k and v widths differ, which torch's
-    // memory-efficient kernel takes (memory linear in S); the CPU runs its math form.
-    const auto k_and_v = expand(latent);
-    y = attention_sdpa(q_full, torch::cat({k_and_v[0], k_rot.expand({B, H, S, rope})}, -1),
-                       k_and_v[1], masking, p);
+    y = expanded(latent, k_rot, masking);
   } else {
     // kv_b_proj's whole weight [H (nope + v), kvr] as its forward applies it.
     auto kv_b_weight = [&] {
@@ -169,7 +171,7 @@ torch::Tensor CausalSelfAttentionImpl::forward_latent(const torch::Tensor& x) {
       return lora_kv_b ? w + lora_kv_b->delta_weight().to(w.scalar_type()) : w;
     };
     y = latent_cached_attention(*cache_, *step_, {nope, rope, kvr, vd, opt_.window}, q_full, latent,
-                                k_rot, masking, expand, kv_b_weight);
+                                k_rot, masking, expanded, kv_b_weight);
   }
   const auto heads = y.transpose(1, 2).reshape({B, S, H * vd});
   return project(out, out_4bit, lora_o, heads);
