@@ -1,8 +1,8 @@
-// The SwiGLU family's kernels and raw launches (detail::swiglu_forward/backward and the packed
-// form's swiglu_packed_forward/backward; autograd ops in swiglu_ops.cpp). Elementwise, one
-// 16-byte pack per thread (the per-thread bodies, shared with the CPU emulation, are
-// moe/kernels/swiglu_pack.h); in the packed form gate and up are the two halves of each row.
-// Deterministic: every output element has one writer.
+// The SwiGLU family's kernels (silu or gelu_tanh gates: SwiGLU, GeGLU) and raw launches
+// (detail::swiglu_forward/backward and the packed form's swiglu_packed_forward/backward; autograd
+// ops in swiglu_ops.cpp). Elementwise, one 16-byte pack per thread (the per-thread bodies, shared
+// with the CPU emulation, are moe/kernels/swiglu_pack.h); in the packed form gate and up are the
+// two halves of each row. Deterministic: every output element has one writer.
 //
 // Bytes moved (n elements of b bytes): forward reads 2 n b and writes n b; backward reads 3 n b
 // and writes 2 n b. The ATen reference: silu (2 n b) and the product (3 n b) forward; backward
@@ -21,35 +21,47 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <int V, typename T>
+using swiglu_rows::Gate;
+
+template <int V, typename T, Gate G>
 __global__ void swiglu_forward_kernel(swiglu_rows::SwigluShape s, const T* __restrict__ gate,
                                       const T* __restrict__ up, T* __restrict__ h,
                                       int64_t threads) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < threads) swiglu_rows::swiglu_forward_thread<V, T>(s, gate, up, h, i);
+  if (i < threads) swiglu_rows::swiglu_forward_thread<V, T, G>(s, gate, up, h, i);
 }
 
-template <int V, typename T>
+template <int V, typename T, Gate G>
 __global__ void swiglu_backward_kernel(swiglu_rows::SwigluShape s, const T* __restrict__ dh,
                                        const T* __restrict__ gate, const T* __restrict__ up,
                                        T* __restrict__ d_gate, T* __restrict__ d_up,
                                        int64_t threads) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < threads) swiglu_rows::swiglu_backward_thread<V, T>(s, dh, gate, up, d_gate, d_up, i);
+  if (i < threads) {
+    swiglu_rows::swiglu_backward_thread<V, T, G>(s, dh, gate, up, d_gate, d_up, i);
+  }
 }
 
-// Runs launch(kernel pack width V as an integral constant, blocks) for the shape's pack width.
+// Runs launch(pack width V, gate G as integral constants, blocks, threads) for the shape's pack
+// width and the gate asked for.
 template <typename T, typename Launch>
-void with_pack(const swiglu_rows::SwigluShape& s, const char* what, Launch&& launch) {
+void with_pack(const swiglu_rows::SwigluShape& s, Gate gate, const char* what, Launch&& launch) {
   const int64_t threads = swiglu_rows::thread_count(s);
   if (threads == 0) return;
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
   check_grid(blocks, threads, what);
   constexpr int kPack = static_cast<int>(16 / sizeof(T));
+  auto with_gate = [&](auto v) {
+    if (gate == Gate::kGeluTanh) {
+      launch(v, std::integral_constant<Gate, Gate::kGeluTanh>{}, blocks, threads);
+    } else {
+      launch(v, std::integral_constant<Gate, Gate::kSilu>{}, blocks, threads);
+    }
+  };
   if (s.vec == kPack) {
-    launch(std::integral_constant<int, kPack>{}, blocks, threads);
+    with_gate(std::integral_constant<int, kPack>{});
   } else {
-    launch(std::integral_constant<int, 1>{}, blocks, threads);
+    with_gate(std::integral_constant<int, 1>{});
   }
 }
 
@@ -66,21 +78,21 @@ void check_cuda(std::initializer_list<const at::Tensor*> ts) {
 // The launches over raw pointers: separate operands and the packed form differ only in where
 // gate and up (and their gradients) start and in the shape's row stride.
 template <typename T>
-void launch_forward(const swiglu_rows::SwigluShape& s, const T* gate, const T* up, T* h) {
+void launch_forward(const swiglu_rows::SwigluShape& s, Gate g, const T* gate, const T* up, T* h) {
   auto stream = at::cuda::getCurrentCUDAStream();
-  with_pack<T>(s, "swiglu", [&](auto v, int64_t blocks, int64_t threads) {
-    swiglu_forward_kernel<decltype(v)::value, T>
+  with_pack<T>(s, g, "swiglu", [&](auto v, auto gv, int64_t blocks, int64_t threads) {
+    swiglu_forward_kernel<decltype(v)::value, T, decltype(gv)::value>
         <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(s, gate, up, h, threads);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T>
-void launch_backward(const swiglu_rows::SwigluShape& s, const T* dh, const T* gate, const T* up,
-                     T* d_gate, T* d_up) {
+void launch_backward(const swiglu_rows::SwigluShape& s, Gate g, const T* dh, const T* gate,
+                     const T* up, T* d_gate, T* d_up) {
   auto stream = at::cuda::getCurrentCUDAStream();
-  with_pack<T>(s, "swiglu_backward", [&](auto v, int64_t blocks, int64_t threads) {
-    swiglu_backward_kernel<decltype(v)::value, T>
+  with_pack<T>(s, g, "swiglu_backward", [&](auto v, auto gv, int64_t blocks, int64_t threads) {
+    swiglu_backward_kernel<decltype(v)::value, T, decltype(gv)::value>
         <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(s, dh, gate, up, d_gate, d_up,
                                                                  threads);
   });
@@ -91,7 +103,7 @@ void launch_backward(const swiglu_rows::SwigluShape& s, const T* dh, const T* ga
 
 namespace detail {
 
-at::Tensor swiglu_forward(const at::Tensor& gate_in, const at::Tensor& up_in, bool poison) {
+at::Tensor swiglu_forward(const at::Tensor& gate_in, const at::Tensor& up_in, bool poison, Gate g) {
   check_cuda({&gate_in, &up_in});
   const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
   c10::cuda::CUDAGuard guard(gate.device());
@@ -100,14 +112,14 @@ at::Tensor swiglu_forward(const at::Tensor& gate_in, const at::Tensor& up_in, bo
   const auto s = swiglu_shape(gate, up, {&h});
   token_rows::with_row_dtype(gate.scalar_type(), "swiglu", [&](auto tag) {
     using T = decltype(tag);
-    launch_forward<T>(s, gate.data_ptr<T>(), up.data_ptr<T>(), h.data_ptr<T>());
+    launch_forward<T>(s, g, gate.data_ptr<T>(), up.data_ptr<T>(), h.data_ptr<T>());
   });
   return h;
 }
 
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dh_in,
                                                   const at::Tensor& gate_in,
-                                                  const at::Tensor& up_in, bool poison) {
+                                                  const at::Tensor& up_in, bool poison, Gate g) {
   check_cuda({&dh_in, &gate_in, &up_in});
   // A gradient may arrive with any strides (or expanded); the kernel reads flat buffers.
   const at::Tensor dh = dh_in.contiguous(), gate = gate_in.contiguous(), up = up_in.contiguous();
@@ -118,13 +130,13 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dh_in,
   const auto s = swiglu_shape(gate, up, {&dh, &d_gate, &d_up});
   token_rows::with_row_dtype(gate.scalar_type(), "swiglu_backward", [&](auto tag) {
     using T = decltype(tag);
-    launch_backward<T>(s, dh.data_ptr<T>(), gate.data_ptr<T>(), up.data_ptr<T>(),
+    launch_backward<T>(s, g, dh.data_ptr<T>(), gate.data_ptr<T>(), up.data_ptr<T>(),
                        d_gate.data_ptr<T>(), d_up.data_ptr<T>());
   });
   return {d_gate, d_up};
 }
 
-at::Tensor swiglu_packed_forward(const at::Tensor& gate_up_in, bool poison) {
+at::Tensor swiglu_packed_forward(const at::Tensor& gate_up_in, bool poison, Gate g) {
   check_cuda({&gate_up_in});
   const at::Tensor gate_up = gate_up_in.contiguous();
   c10::cuda::CUDAGuard guard(gate_up.device());
@@ -135,14 +147,14 @@ at::Tensor swiglu_packed_forward(const at::Tensor& gate_up_in, bool poison) {
   const auto s = swiglu_packed_shape(gate_up, {&h});
   token_rows::with_row_dtype(gate_up.scalar_type(), "swiglu", [&](auto tag) {
     using T = decltype(tag);
-    const T* g = gate_up.data_ptr<T>();
-    launch_forward<T>(s, g, g + s.cols, h.data_ptr<T>());
+    const T* p = gate_up.data_ptr<T>();
+    launch_forward<T>(s, g, p, p + s.cols, h.data_ptr<T>());
   });
   return h;
 }
 
 at::Tensor swiglu_packed_backward(const at::Tensor& dh_in, const at::Tensor& gate_up_in,
-                                  bool poison) {
+                                  bool poison, Gate g) {
   check_cuda({&dh_in, &gate_up_in});
   const at::Tensor dh = dh_in.contiguous(), gate_up = gate_up_in.contiguous();
   c10::cuda::CUDAGuard guard(gate_up.device());
@@ -151,9 +163,9 @@ at::Tensor swiglu_packed_backward(const at::Tensor& dh_in, const at::Tensor& gat
   const auto s = swiglu_packed_shape(gate_up, {&dh}, {&d_gate_up});
   token_rows::with_row_dtype(gate_up.scalar_type(), "swiglu_backward", [&](auto tag) {
     using T = decltype(tag);
-    const T* g = gate_up.data_ptr<T>();
+    const T* p = gate_up.data_ptr<T>();
     T* dg = d_gate_up.data_ptr<T>();
-    launch_backward<T>(s, dh.data_ptr<T>(), g, g + s.cols, dg, dg + s.cols);
+    launch_backward<T>(s, g, dh.data_ptr<T>(), p, p + s.cols, dg, dg + s.cols);
   });
   return d_gate_up;
 }

@@ -1,6 +1,6 @@
-// The SwiGLU family's autograd op around the raw launches of src/kernels/swiglu.cu, and the
-// launch shape both the launcher and the CPU emulation use. In a CPU-only build the op reports
-// that the kernels are absent; the FFNs never select it there.
+// The SwiGLU family's autograd ops (silu and gelu_tanh gates) around the raw launches of
+// src/kernels/swiglu.cu, and the launch shape both the launcher and the CPU emulation use. In a
+// CPU-only build the op reports that the kernels are absent; the FFNs never select it there.
 #include <torch/autograd.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/types.h>
@@ -91,8 +91,13 @@ at::Tensor swiglu_activation(const at::Tensor& gate, const at::Tensor& up, bool 
   return fused && swiglu_supported(gate, up) ? swiglu(gate, up) : swiglu_reference(gate, up);
 }
 
-at::Tensor geglu_activation(const at::Tensor& gate, const at::Tensor& up) {
+at::Tensor geglu_reference(const at::Tensor& gate, const at::Tensor& up) {
   return torch::gelu(gate, "tanh") * up;
+}
+
+at::Tensor geglu_activation(const at::Tensor& gate, const at::Tensor& up, bool fused) {
+  // The same operands as swiglu's kernel takes: one launcher serves both gates.
+  return fused && swiglu_supported(gate, up) ? geglu(gate, up) : geglu_reference(gate, up);
 }
 
 bool swiglu_packed_supported(const at::Tensor& gate_up) {
@@ -111,83 +116,117 @@ at::Tensor swiglu_packed_activation(const at::Tensor& gate_up, bool fused) {
                                                    : swiglu_packed_reference(gate_up);
 }
 
+at::Tensor geglu_packed_reference(const at::Tensor& gate_up) {
+  const auto parts = gate_up.chunk(2, -1);
+  return torch::gelu(parts[0], "tanh") * parts[1];
+}
+
+at::Tensor geglu_packed_activation(const at::Tensor& gate_up, bool fused) {
+  return fused && swiglu_packed_supported(gate_up) ? geglu_packed(gate_up)
+                                                   : geglu_packed_reference(gate_up);
+}
+
 #ifdef MOE_HAVE_CUDA
 
 namespace {
 
+using swiglu_rows::Gate;
+
 // Under create_graph (a second derivative asked for) the raw kernels' gradients would carry no
 // graph: the backward is taken with ATen ops then, differentiable, the same formula.
+template <Gate G>
 std::pair<at::Tensor, at::Tensor> differentiable_backward(const at::Tensor& dh,
                                                           const at::Tensor& gate,
                                                           const at::Tensor& up) {
-  const auto sig = torch::sigmoid(gate);
-  return {dh * up * sig * (1 + gate * (1 - sig)), dh * (gate * sig)};
+  if constexpr (G == Gate::kGeluTanh) {
+    return {at::gelu_backward(dh * up, gate, "tanh"), dh * torch::gelu(gate, "tanh")};
+  } else {
+    const auto sig = torch::sigmoid(gate);
+    return {dh * up * sig * (1 + gate * (1 - sig)), dh * (gate * sig)};
+  }
 }
 
-class Swiglu : public torch::autograd::Function<Swiglu> {
+template <Gate G>
+class GatedProduct : public torch::autograd::Function<GatedProduct<G>> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate,
                             const at::Tensor& up) {
     ctx->save_for_backward({gate, up});
-    return detail::swiglu_forward(gate, up);
+    return detail::swiglu_forward(gate, up, /*poison=*/false, G);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto s = ctx->get_saved_variables();
     auto [d_gate, d_up] = at::GradMode::is_enabled()
-                              ? differentiable_backward(grads[0], s[0], s[1])
-                              : detail::swiglu_backward(grads[0], s[0], s[1]);
+                              ? differentiable_backward<G>(grads[0], s[0], s[1])
+                              : detail::swiglu_backward(grads[0], s[0], s[1], false, G);
     return {d_gate, d_up};
   }
 };
 
-class SwigluPacked : public torch::autograd::Function<SwigluPacked> {
+template <Gate G>
+class GatedProductPacked : public torch::autograd::Function<GatedProductPacked<G>> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate_up) {
     ctx->save_for_backward({gate_up});
-    return detail::swiglu_packed_forward(gate_up);
+    return detail::swiglu_packed_forward(gate_up, /*poison=*/false, G);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto gate_up = ctx->get_saved_variables()[0];
     if (at::GradMode::is_enabled()) {
       const auto parts = gate_up.chunk(2, -1);
-      const auto [d_gate, d_up] = differentiable_backward(grads[0], parts[0], parts[1]);
+      const auto [d_gate, d_up] = differentiable_backward<G>(grads[0], parts[0], parts[1]);
       return {torch::cat({d_gate, d_up}, -1)};
     }
-    return {detail::swiglu_packed_backward(grads[0], gate_up)};
+    return {detail::swiglu_packed_backward(grads[0], gate_up, false, G)};
   }
 };
 
 }  // namespace
 
-at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return Swiglu::apply(gate, up); }
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  return GatedProduct<Gate::kSilu>::apply(gate, up);
+}
 
-at::Tensor swiglu_packed(const at::Tensor& gate_up) { return SwigluPacked::apply(gate_up); }
+at::Tensor swiglu_packed(const at::Tensor& gate_up) {
+  return GatedProductPacked<Gate::kSilu>::apply(gate_up);
+}
+
+at::Tensor geglu(const at::Tensor& gate, const at::Tensor& up) {
+  return GatedProduct<Gate::kGeluTanh>::apply(gate, up);
+}
+
+at::Tensor geglu_packed(const at::Tensor& gate_up) {
+  return GatedProductPacked<Gate::kGeluTanh>::apply(gate_up);
+}
 
 #else
 
-at::Tensor swiglu(const at::Tensor&, const at::Tensor&) {
+namespace {
+[[noreturn]] void no_swiglu_kernels() {
   TORCH_CHECK(false, "moe-train was built without CUDA kernels");
 }
+}  // namespace
 
-at::Tensor swiglu_packed(const at::Tensor&) {
-  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
-}
+at::Tensor swiglu(const at::Tensor&, const at::Tensor&) { no_swiglu_kernels(); }
+at::Tensor swiglu_packed(const at::Tensor&) { no_swiglu_kernels(); }
+at::Tensor geglu(const at::Tensor&, const at::Tensor&) { no_swiglu_kernels(); }
+at::Tensor geglu_packed(const at::Tensor&) { no_swiglu_kernels(); }
 
 namespace detail {
-at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&, bool) {
-  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&, bool, swiglu_rows::Gate) {
+  no_swiglu_kernels();
 }
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor&, const at::Tensor&,
-                                                  const at::Tensor&, bool) {
-  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+                                                  const at::Tensor&, bool, swiglu_rows::Gate) {
+  no_swiglu_kernels();
 }
-at::Tensor swiglu_packed_forward(const at::Tensor&, bool) {
-  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+at::Tensor swiglu_packed_forward(const at::Tensor&, bool, swiglu_rows::Gate) {
+  no_swiglu_kernels();
 }
-at::Tensor swiglu_packed_backward(const at::Tensor&, const at::Tensor&, bool) {
-  TORCH_CHECK(false, "moe-train was built without CUDA kernels");
+at::Tensor swiglu_packed_backward(const at::Tensor&, const at::Tensor&, bool, swiglu_rows::Gate) {
+  no_swiglu_kernels();
 }
 }  // namespace detail
 

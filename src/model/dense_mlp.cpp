@@ -41,7 +41,7 @@ torch::Tensor DenseMlpImpl::forward(const torch::Tensor& x) {
   const auto up = project(up_proj, up_4bit, lora_up, x);
   if (relu2) return project(down_proj, down_4bit, lora_down, torch::relu(up).square());
   const auto gate = project(gate_proj, gate_4bit, lora_gate, x);
-  const auto h = geglu ? kernels::geglu_activation(gate, up)
+  const auto h = geglu ? kernels::geglu_activation(gate, up, fused_swiglu)
                        : kernels::swiglu_activation(gate, up, fused_swiglu);
   return project(down_proj, down_4bit, lora_down, h);
 }

@@ -187,8 +187,12 @@ bool ExpertsImpl::fuses_gate_up() const {
   // Each 4-bit stack is dequantized and multiplied on its own; offloaded stacks are read from the
   // ring by one GEMM each.
   if (gate_4bit || up_place_) return false;
-  // The packed activation is plain SwiGLU's, without biases.
-  if (opt_.bias || opt_.activation != config::ExpertActivation::kSwiglu) return false;  // relu2 too
+  // The packed activations are plain SwiGLU's and GeGLU's, without biases.
+  const auto act = opt_.activation;
+  if (opt_.bias ||
+      (act != config::ExpertActivation::kSwiglu && act != config::ExpertActivation::kGeglu)) {
+    return false;  // clamped SwiGLU, relu2
+  }
   // bf16 weights (training.param_dtype bf16, a frozen 16-bit base under LoRA) are read in place
   // by two GEMMs; one GEMM would need a concatenated copy kept for the backward: E d 2f bf16
   // per layer (38 GB over Qwen3-30B-A3B's 48 layers).
@@ -218,7 +222,7 @@ torch::Tensor ExpertsImpl::activation(const torch::Tensor& gate, const torch::Te
                                               opt_.fused_swiglu);
   }
   if (opt_.activation == config::ExpertActivation::kGeglu)
-    return kernels::geglu_activation(gate, up);
+    return kernels::geglu_activation(gate, up, opt_.fused_swiglu);
   return kernels::swiglu_activation(gate, up, opt_.fused_swiglu);
 }
 
@@ -247,7 +251,9 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
       auto gate_up = at::_grouped_mm(xb, w, offs);
       // (x A) B through the same offsets (W + B A is never formed): already [gate | up].
       if (lora_gate_up) gate_up = gate_up + lora_gate_up->forward_grouped(xb, offs);
-      h = kernels::swiglu_packed_activation(gate_up, opt_.fused_swiglu);
+      h = opt_.activation == config::ExpertActivation::kGeglu
+              ? kernels::geglu_packed_activation(gate_up, opt_.fused_swiglu)
+              : kernels::swiglu_packed_activation(gate_up, opt_.fused_swiglu);
     } else {
       const bool gated = w_gate.defined() || gate_4bit;
       auto gate =

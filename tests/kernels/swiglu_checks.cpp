@@ -7,25 +7,30 @@
 
 namespace moe::kernel_checks {
 
+using kernels::swiglu_rows::Gate;
+
 std::vector<SwigluCase> swiglu_cases() {
   std::vector<SwigluCase> v;
-  for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
-    for (auto [r, c] :
-         {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {7, 64}, {33, 1024}, {2, 4104}}) {
-      for (bool packed : {false, true}) {
-        v.push_back({dt, r, c, false, packed});
-        if (r * c > 1000) v.push_back({dt, r, c, true, packed});
+  for (Gate gate : {Gate::kSilu, Gate::kGeluTanh}) {
+    for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+      for (auto [r, c] :
+           {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {7, 64}, {33, 1024}, {2, 4104}}) {
+        for (bool packed : {false, true}) {
+          v.push_back({dt, r, c, false, packed, gate});
+          if (r * c > 1000) v.push_back({dt, r, c, true, packed, gate});
+        }
       }
     }
+    if (gate == Gate::kSilu) v.push_back({torch::kBFloat16, 4096, 1024, false});
+    v.push_back({torch::kBFloat16, 4096, 1024, false, true, gate});
   }
-  v.push_back({torch::kBFloat16, 4096, 1024, false});
-  v.push_back({torch::kBFloat16, 4096, 1024, false, true});
   return v;
 }
 
 std::string case_name(const SwigluCase& c) {
   const char* dt = c.dtype == torch::kFloat ? "fp32" : c.dtype == torch::kHalf ? "fp16" : "bf16";
-  return std::string(dt) + "_" + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
+  return std::string(c.gate == Gate::kGeluTanh ? "geglu_" : "") + dt + "_" +
+         std::to_string(c.rows) + "x" + std::to_string(c.cols) +
          (c.misaligned ? "_misaligned" : "") + (c.packed ? "_packed" : "");
 }
 
@@ -53,7 +58,16 @@ SwigluInputs make_swiglu_inputs(const SwigluCase& c, const torch::Device& device
                                  -87.f, -88.5f,      -89.f, -100.f, 100.f, 1e-30f, -3e-8f};
   const int64_t n = std::min<int64_t>(gate.numel(), static_cast<int64_t>(edges.size()));
   gate.narrow(0, 0, n).copy_(torch::tensor(edges, f32).narrow(0, 0, n));
+  if (c.gate == Gate::kGeluTanh && gate.numel() > n) {
+    // gelu's: its minimum (d gelu = 0), where 1 + tanh cancels (-3 .. -10) and rounds to 0
+    // (-10 and below), where x^3 overflows fp32 (|x| > 7e12; past fp16's range, so not there).
+    std::vector<float> gelu_edges{-0.7517916f, -3.f, -5.5f, -9.f, -10.f, -12.f, 3.f};
+    if (c.dtype != torch::kHalf) gelu_edges.insert(gelu_edges.end(), {1e13f, -1e13f});
+    const int64_t m = std::min<int64_t>(gate.numel() - n, static_cast<int64_t>(gelu_edges.size()));
+    gate.narrow(0, n, m).copy_(torch::tensor(gelu_edges, f32).narrow(0, 0, m));
+  }
   SwigluInputs in;
+  in.gate_fn = c.gate;
   const auto opts = torch::TensorOptions(device).dtype(c.dtype);
   const auto up = torch::randn({c.rows, c.cols}, f32);
   if (c.packed) {
@@ -80,7 +94,9 @@ SwigluInputs make_swiglu_inputs(const SwigluCase& c, const torch::Device& device
 //    fp32 (A = |dh up|: u A + h(A)), sig's error (6u sig), 1 - sig rounded (u |1 - sig|), scaled
 //    by |g| in the fma (which cancels near silu's minimum: the error there is absolute), the fma
 //    and the two products rounded (u each), then T: h(result).
-std::vector<Verdict> check_swiglu(const SwigluInputs& in, const SwigluOutputs& got) {
+namespace {
+
+std::vector<Verdict> check_silu_product(const SwigluInputs& in, const SwigluOutputs& got) {
   const auto dt = in.gate.scalar_type();
   const double u = kU32, tiny = 0x1p-149;
   const auto g = in.gate.to(torch::kDouble), up = in.up.to(torch::kDouble),
@@ -111,10 +127,64 @@ std::vector<Verdict> check_swiglu(const SwigluInputs& in, const SwigluOutputs& g
           within("grad_up", got.grad_up, gu, tol_gu)};
 }
 
+// GeGLU (moe/kernels/swiglu_pack.h's gelu_tanh_f, gelu_tanh_grad_f), with b and k ATen's fp32
+// constants (the oracle's too) and u, h() as above:
+//  - inner = b fma(k, x^3, x): x^3 two roundings, the fma and the product: 3u b (|x| + k |x|^3).
+//  - t = tanh(inner): CUDA's tanhf is within 2 ulp (4u |t|), plus inner's error times
+//    1 - t^2; r = 1 + t rounded (u |r|; where t nears -1 this cancels: the error is absolute).
+//  - s = T(0.5 x * r): 0.5 |x| e_r, one product's rounding, then T's; h and grad_up as SwiGLU's.
+//  - grad_gate = T(T(dh * up) * (0.5 r + 0.5 x (1 - t^2) b (1 + 3k x^2))): 1 - t^2 by an fma
+//    (2 |t| e_t + u), the inner derivative's four roundings (3k in fp32 included), the two
+//    products and the sum rounded (u each), the final product and T.
+std::vector<Verdict> check_gelu_product(const SwigluInputs& in, const SwigluOutputs& got) {
+  const auto dt = in.gate.scalar_type();
+  const double u = kU32, tiny = 0x1p-149, second = 1 + 16 * u;
+  const double b = kernels::swiglu_rows::kGeluBeta, k = kernels::swiglu_rows::kGeluKappa;
+  const auto x = in.gate.to(torch::kDouble), up = in.up.to(torch::kDouble),
+             dh = in.grad.to(torch::kDouble);
+  auto half_ulp = [&](const torch::Tensor& v) { return 0.5 * ulp(v.abs() * (1 + 16 * u), dt); };
+  const auto ax = x.abs(), inner = b * (x + k * x.pow(3)), t = torch::tanh(inner);
+  const auto r = 1 + t, s = 0.5 * x * r, h = s * up;
+  const auto e_in = 3 * u * b * (ax + k * ax.pow(3)) + tiny;
+  const auto e_t = (1 - t * t) * e_in + 4 * u * t.abs() + tiny;
+  const auto e_r = e_t + u * r.abs();
+  const auto e_s = (0.5 * ax * e_r + u * s.abs() + tiny) * second + half_ulp(s);
+  const auto tol_h =
+      e_s * up.abs() * second + u * h.abs() + tiny + half_ulp(h.abs() + e_s * up.abs());
+
+  const auto gu = dh * s;
+  const auto tol_gu =
+      dh.abs() * e_s * second + u * gu.abs() + tiny + half_ulp(gu.abs() + dh.abs() * e_s);
+
+  const auto td = 1 - t * t, id = b * (1 + 3 * k * x * x), left = 0.5 * ax;
+  const auto D = 0.5 * r + 0.5 * x * td * id;
+  const auto e_td = 2 * t.abs() * e_t + e_t * e_t + u * td.abs() + tiny;
+  const auto e_id = 4 * u * id;
+  const auto e_P = left * e_td + u * left * td + tiny;
+  const auto e_rd = e_P * id + left * td * e_id + u * left * td * id + tiny;
+  const auto e_D = (0.5 * e_r + e_rd + u * D.abs()) * second;
+  const auto A = (dh * up).abs();
+  const auto e_ds = u * A + half_ulp(A * (1 + u));
+  const auto gg = dh * up * D;
+  const auto e_res =
+      (e_ds * (D.abs() + e_D) + A * e_D + u * (A + e_ds) * (D.abs() + e_D)) * second + tiny;
+  const auto tol_gg = e_res + half_ulp(gg.abs() + e_res);
+
+  return {within("h", got.h, h, tol_h), within("grad_gate", got.grad_gate, gg, tol_gg),
+          within("grad_up", got.grad_up, gu, tol_gu)};
+}
+
+}  // namespace
+
+std::vector<Verdict> check_swiglu(const SwigluInputs& in, const SwigluOutputs& got) {
+  return in.gate_fn == Gate::kGeluTanh ? check_gelu_product(in, got) : check_silu_product(in, got);
+}
+
 SwigluOutputs swiglu_aten(const SwigluInputs& in) {
   torch::AutoGradMode on(true);
   const auto g = in.gate.detach().requires_grad_(true), u = in.up.detach().requires_grad_(true);
-  const auto h = kernels::swiglu_reference(g, u);
+  const auto h = in.gate_fn == Gate::kGeluTanh ? kernels::geglu_reference(g, u)
+                                               : kernels::swiglu_reference(g, u);
   h.backward(in.grad);
   return {h.detach(), g.grad(), u.grad()};
 }

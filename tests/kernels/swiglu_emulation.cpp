@@ -8,6 +8,8 @@
 
 namespace moe::kernel_emulation {
 
+using kernels::swiglu_rows::Gate;
+
 kernel_checks::SwigluOutputs swiglu_all(const kernel_checks::SwigluInputs& in, SwigluFault fault) {
   namespace k = kernels;
   const bool swap = fault == SwigluFault::kOperandsSwapped;
@@ -51,25 +53,37 @@ kernel_checks::SwigluOutputs swiglu_all(const kernel_checks::SwigluInputs& in, S
     const T* d = in.grad.data_ptr<T>();
     T* h = out.h.data_ptr<T>();
     const int64_t skip = fault == SwigluFault::kLastPackSkipped ? 1 : 0;
-    for (int64_t i = 0; i < k::swiglu_rows::thread_count(fwd) - skip; ++i) {
-      if (fwd.vec == kPack) {
-        k::swiglu_rows::swiglu_forward_thread<kPack, T>(fwd, g, u, h, i);
-      } else {
-        k::swiglu_rows::swiglu_forward_thread<1, T>(fwd, g, u, h, i);
+    auto run = [&](auto gv) {
+      constexpr auto G = decltype(gv)::value;
+      for (int64_t i = 0; i < k::swiglu_rows::thread_count(fwd) - skip; ++i) {
+        if (fwd.vec == kPack) {
+          k::swiglu_rows::swiglu_forward_thread<kPack, T, G>(fwd, g, u, h, i);
+        } else {
+          k::swiglu_rows::swiglu_forward_thread<1, T, G>(fwd, g, u, h, i);
+        }
       }
-    }
-    for (int64_t i = 0; i < k::swiglu_rows::thread_count(bwd) - skip; ++i) {
-      if (bwd.vec == kPack) {
-        k::swiglu_rows::swiglu_backward_thread<kPack, T>(bwd, d, g, u, dg, du, i);
-      } else {
-        k::swiglu_rows::swiglu_backward_thread<1, T>(bwd, d, g, u, dg, du, i);
+      for (int64_t i = 0; i < k::swiglu_rows::thread_count(bwd) - skip; ++i) {
+        if (bwd.vec == kPack) {
+          k::swiglu_rows::swiglu_backward_thread<kPack, T, G>(bwd, d, g, u, dg, du, i);
+        } else {
+          k::swiglu_rows::swiglu_backward_thread<1, T, G>(bwd, d, g, u, dg, du, i);
+        }
       }
+    };
+    if (in.gate_fn == Gate::kGeluTanh) {
+      run(std::integral_constant<Gate, Gate::kGeluTanh>{});
+    } else {
+      run(std::integral_constant<Gate, Gate::kSilu>{});
     }
   });
-  if (fault == SwigluFault::kDerivativeSigmoid) {  // T(T(dh * up) * sig)
+  if (fault == SwigluFault::kDerivativePartDropped) {  // T(T(dh * up) * sig), or 0.5 (1 + t)
     const auto ds = (in.grad.to(torch::kFloat) * in.up.to(torch::kFloat)).to(gate.scalar_type());
-    out.grad_gate =
-        (ds.to(torch::kFloat) * torch::sigmoid(in.gate.to(torch::kFloat))).to(gate.scalar_type());
+    const auto x = in.gate.to(torch::kFloat);
+    const auto part = in.gate_fn == Gate::kGeluTanh
+                          ? 0.5 * (1 + torch::tanh(k::swiglu_rows::kGeluBeta *
+                                                   (x + k::swiglu_rows::kGeluKappa * x * x * x)))
+                          : torch::sigmoid(x);
+    out.grad_gate = (ds.to(torch::kFloat) * part).to(gate.scalar_type());
   }
   return out;
 }

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "moe/kernels/swiglu.h"
 #include "swiglu_checks.h"
 #include "swiglu_emulation.h"
@@ -87,23 +89,57 @@ TEST(SwigluShape, BadArgumentsAreNamed) {
   EXPECT_FALSE(kernels::swiglu_supported(in.gate, in.up));
   EXPECT_TRUE(torch::equal(kernels::swiglu_activation(in.gate, in.up, /*fused=*/true),
                            torch::silu(in.gate) * in.up));
+  EXPECT_TRUE(torch::equal(kernels::geglu_activation(in.gate, in.up, /*fused=*/true),
+                           torch::gelu(in.gate, "tanh") * in.up));
+  EXPECT_TRUE(torch::equal(
+      kernels::geglu_packed_activation(torch::cat({in.gate, in.up}, -1), /*fused=*/true),
+      torch::gelu(in.gate, "tanh") * in.up));
+}
+
+// The GeGLU gate's fp32 body against ATen's CPU gelu(tanh) and its backward (another tanh and
+// order of operations): the same function within 1e-6, and the derivative within 4e-6, where
+// tanh's last-ulp error is multiplied by up to ~7 (2 |t| 0.5 |x| b (1 + 3k x^2) near |x| = 3);
+// and its constants ATen's. The double oracle above is the kernels' real bar.
+TEST(SwigluShape, GeluGateFollowsAtenGelu) {
+  namespace rows = kernels::swiglu_rows;
+  EXPECT_EQ(rows::kGeluBeta, static_cast<float>(std::sqrt(2.0 / M_PI)));
+  const auto x = torch::linspace(-12, 12, 4801, torch::kFloat);
+  auto ours = torch::empty_like(x), grad = torch::empty_like(x);
+  const auto xs = x.accessor<float, 1>();
+  auto os = ours.accessor<float, 1>(), gs = grad.accessor<float, 1>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    os[i] = rows::gelu_tanh_f(xs[i]);
+    gs[i] = rows::gelu_tanh_grad_f(1.f, xs[i]);
+  }
+  const auto ref = torch::gelu(x, "tanh");
+  const auto ref_grad = torch::gelu_backward(torch::ones_like(x), x, "tanh");
+  EXPECT_TRUE(torch::allclose(ours, ref, 1e-6, 1e-6)) << (ours - ref).abs().max();
+  EXPECT_TRUE(torch::allclose(grad, ref_grad, 1e-6, 4e-6)) << (grad - ref_grad).abs().max();
+  // Not silu's: the two gates differ by far.
+  EXPECT_GT((ours - torch::silu(x)).abs().max().item<double>(), 0.1);
 }
 
 // ---- mutations: each check can fail -----------------------------------------------------------
 
 TEST(KernelCheckMutations, SwigluSkippedSwappedDerivativeAndFewUlpFail) {
+  using kernels::swiglu_rows::Gate;
   for (const SwigluCase& c :
        {SwigluCase{torch::kBFloat16, 33, 1024, false}, SwigluCase{torch::kHalf, 2, 4104, true},
         SwigluCase{torch::kFloat, 7, 64, false},
         SwigluCase{torch::kBFloat16, 33, 1024, false, true},
-        SwigluCase{torch::kFloat, 2, 4104, true, true}}) {
+        SwigluCase{torch::kFloat, 2, 4104, true, true},
+        SwigluCase{torch::kBFloat16, 33, 1024, false, false, Gate::kGeluTanh},
+        SwigluCase{torch::kHalf, 2, 4104, true, true, Gate::kGeluTanh},
+        SwigluCase{torch::kFloat, 7, 64, false, true, Gate::kGeluTanh},
+        SwigluCase{torch::kFloat, 2, 4104, true, false, Gate::kGeluTanh}}) {
     SCOPED_TRACE(case_name(c));
     const SwigluInputs in = make_swiglu_inputs(c, kCpu);
     const SwigluOutputs good = emu::swiglu_all(in);
     const auto vs = check_swiglu(in, good);
     ASSERT_TRUE(all_ok(vs, nullptr)) << failures(vs);
-    // fp32 outputs carry the error of ~6 fp32 roundings and expf's: a tolerance of a few ulp of
-    // their own dtype (6.2 at grad_gate's tightest). 16-bit outputs: 0.5-0.8 ulp there.
+    // fp32 outputs carry the error of ~6 fp32 roundings and expf's (tanhf's): a tolerance of a
+    // few ulp of their own dtype (6.2 at SwiGLU's grad_gate's tightest). 16-bit outputs: 0.5-0.8
+    // ulp there.
     const double off = c.dtype == torch::kFloat ? 16 : 4;
     for (const char* name : {"h", "grad_gate", "grad_up"}) {
       EXPECT_LT(find(vs, name).tightest_ulps, off) << name;  // the nudges below must fail
@@ -117,8 +153,14 @@ TEST(KernelCheckMutations, SwigluSkippedSwappedDerivativeAndFewUlpFail) {
       bad = check_swiglu(in, emu::swiglu_all(in, emu::SwigluFault::kRowStrideIgnored));
       for (const char* name : {"h", "grad_gate", "grad_up"}) EXPECT_FALSE(find(bad, name).ok());
     }
-    expect_fails_only(check_swiglu(in, emu::swiglu_all(in, emu::SwigluFault::kDerivativeSigmoid)),
-                      "grad_gate");
+    expect_fails_only(
+        check_swiglu(in, emu::swiglu_all(in, emu::SwigluFault::kDerivativePartDropped)),
+        "grad_gate");
+    // A gate checked against the other gate's oracle fails every output.
+    SwigluInputs other = in;
+    other.gate_fn = c.gate == Gate::kSilu ? Gate::kGeluTanh : Gate::kSilu;
+    bad = check_swiglu(other, good);
+    for (const char* name : {"h", "grad_gate", "grad_up"}) EXPECT_FALSE(find(bad, name).ok());
     // One element `off` ulp off, where each tolerance is tightest.
     SwigluOutputs nudge = good;
     nudge.h = nudged(good.h, find(vs, "h").tightest, off);

@@ -28,19 +28,22 @@ TEST_P(SwigluGpu, PassesTheChecks) {
   const SwigluInputs in = make_swiglu_inputs(GetParam(), torch::Device(torch::kCUDA));
   SwigluOutputs got;
   const int64_t f = in.gate.size(-1);
+  const auto gate_fn = GetParam().gate;
+  const bool gelu = gate_fn == kernels::swiglu_rows::Gate::kGeluTanh;
   if (GetParam().packed) {
-    got.h = kernels::detail::swiglu_packed_forward(in.gate_up, /*poison=*/true);
-    const auto d = kernels::detail::swiglu_packed_backward(in.grad, in.gate_up, /*poison=*/true);
+    got.h = kernels::detail::swiglu_packed_forward(in.gate_up, /*poison=*/true, gate_fn);
+    const auto d =
+        kernels::detail::swiglu_packed_backward(in.grad, in.gate_up, /*poison=*/true, gate_fn);
     got.grad_gate = d.narrow(-1, 0, f), got.grad_up = d.narrow(-1, f, f);
   } else {
-    got.h = kernels::detail::swiglu_forward(in.gate, in.up, /*poison=*/true);
+    got.h = kernels::detail::swiglu_forward(in.gate, in.up, /*poison=*/true, gate_fn);
     std::tie(got.grad_gate, got.grad_up) =
-        kernels::detail::swiglu_backward(in.grad, in.gate, in.up, /*poison=*/true);
+        kernels::detail::swiglu_backward(in.grad, in.gate, in.up, /*poison=*/true, gate_fn);
   }
   // The double-precision oracle gates. The kernel's difference from ATen (none where nvcc built
-  // `1.f + expf(-x)` as PyTorch's build did) is reported, and so is how ATen's own outputs fare
-  // against the oracle, whose tolerance is derived for the kernel's arithmetic (ATen's may
-  // contract differently).
+  // `1.f + expf(-x)` (gelu: its tanhf and sums) as PyTorch's build did) is reported, and so is
+  // how ATen's own outputs fare against the oracle, whose tolerance is derived for the kernel's
+  // arithmetic (ATen's may contract differently).
   const auto vs = check_swiglu(in, got);
   EXPECT_TRUE(all_ok(vs, nullptr)) << failures(vs);
   const SwigluOutputs aten = swiglu_aten(in);
@@ -53,7 +56,7 @@ TEST_P(SwigluGpu, PassesTheChecks) {
   // The autograd op: the same forward, and its backward is the raw backward.
   if (GetParam().packed) {
     const auto gu = in.gate_up.detach().requires_grad_(true);
-    const auto h = kernels::swiglu_packed(gu);
+    const auto h = gelu ? kernels::geglu_packed(gu) : kernels::swiglu_packed(gu);
     h.backward(in.grad);
     EXPECT_TRUE(torch::equal(h.detach(), got.h));
     EXPECT_TRUE(torch::equal(gu.grad().narrow(-1, 0, f), got.grad_gate));
@@ -61,7 +64,7 @@ TEST_P(SwigluGpu, PassesTheChecks) {
     return;
   }
   const auto g = in.gate.detach().requires_grad_(true), u = in.up.detach().requires_grad_(true);
-  const auto h = kernels::swiglu(g, u);
+  const auto h = gelu ? kernels::geglu(g, u) : kernels::swiglu(g, u);
   h.backward(in.grad);
   EXPECT_TRUE(torch::equal(h.detach(), got.h));
   EXPECT_TRUE(torch::equal(g.grad(), got.grad_gate));
@@ -77,29 +80,33 @@ TEST(SwigluGpuAutograd, SecondDerivativesFollowTheReference) {
   const auto opts = torch::TensorOptions(torch::Device(torch::kCUDA));
   torch::manual_seed(9);
   const auto gate_up = torch::randn({64, 96}, opts) * 2, dh = torch::randn({64, 48}, opts);
-  for (bool packed : {false, true}) {
-    SCOPED_TRACE(packed ? "packed" : "separate");
-    auto second = [&](bool fused) {
-      const auto gu = gate_up.detach().requires_grad_(true);
-      const auto parts = gu.chunk(2, -1);
-      torch::Tensor h;
-      if (packed) {
-        h = fused ? kernels::swiglu_packed(gu) : kernels::swiglu_packed_reference(gu);
-      } else {
-        const auto g = parts[0].contiguous(), u = parts[1].contiguous();
-        h = fused ? kernels::swiglu(g, u) : kernels::swiglu_reference(g, u);
-      }
-      const auto first = torch::autograd::grad({h}, {gu}, {dh}, /*retain_graph=*/true,
-                                               /*create_graph=*/true)[0];
-      const auto loss =
-          (first.narrow(-1, 0, 48) * 3).sum() + first.narrow(-1, 48, 48).square().sum();
-      return std::make_pair(first.detach(), torch::autograd::grad({loss}, {gu})[0]);
-    };
-    const auto [first, grad2] = second(true);
-    const auto [first_ref, grad2_ref] = second(false);
-    EXPECT_TRUE(torch::allclose(first, first_ref, 1e-5, 1e-6));
-    EXPECT_TRUE(torch::allclose(grad2, grad2_ref, 1e-4, 1e-5));
-    EXPECT_GT(grad2.abs().max().item<double>(), 0.1);  // the term exists, not silently zero
+  for (bool gelu : {false, true}) {
+    for (bool packed : {false, true}) {
+      SCOPED_TRACE(std::string(gelu ? "geglu " : "swiglu ") + (packed ? "packed" : "separate"));
+      auto second = [&](bool fused) {
+        const auto gu = gate_up.detach().requires_grad_(true);
+        const auto parts = gu.chunk(2, -1);
+        torch::Tensor h;
+        if (packed) {
+          h = gelu ? kernels::geglu_packed_activation(gu, fused)
+                   : kernels::swiglu_packed_activation(gu, fused);
+        } else {
+          const auto g = parts[0].contiguous(), u = parts[1].contiguous();
+          h = gelu ? kernels::geglu_activation(g, u, fused)
+                   : kernels::swiglu_activation(g, u, fused);
+        }
+        const auto first = torch::autograd::grad({h}, {gu}, {dh}, /*retain_graph=*/true,
+                                                 /*create_graph=*/true)[0];
+        const auto loss =
+            (first.narrow(-1, 0, 48) * 3).sum() + first.narrow(-1, 48, 48).square().sum();
+        return std::make_pair(first.detach(), torch::autograd::grad({loss}, {gu})[0]);
+      };
+      const auto [first, grad2] = second(true);
+      const auto [first_ref, grad2_ref] = second(false);
+      EXPECT_TRUE(torch::allclose(first, first_ref, 1e-5, 1e-6));
+      EXPECT_TRUE(torch::allclose(grad2, grad2_ref, 1e-4, 1e-5));
+      EXPECT_GT(grad2.abs().max().item<double>(), 0.1);  // the term exists, not silently zero
+    }
   }
 }
 
@@ -204,6 +211,73 @@ TEST(SwigluFfnGpu, DenseFfnWithTheFusedActivationMatchesTheOracle) {
                    false};
   const auto vs = check_experts(in, {got[0], got[1], got[2], got[3], got[4]});
   EXPECT_TRUE(all_ok(vs, nullptr)) << failures(vs);
+}
+
+// GeGLU (Gemma 4): the experts (grouped GEMMs with gate and up as one GEMM or two, and one GEMM
+// per expert) and the dense FFN with the fused gelu gate against the same modules with the ATen
+// reference, in fp32 (the kernel's arithmetic is the double oracle's in Grid/SwigluGpu): the
+// wiring (which half is the gate, the packed path's activation) is what this checks.
+TEST(SwigluFfnGpu, GegluExpertsAndDenseFfnFollowTheReference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device cuda(torch::kCUDA);
+  // Relative distance: the grouped GEMMs run in bf16, where an activation one bf16 ulp apart
+  // (tanhf against ATen's rounding) moves the GEMMs after it by ~1e-3; a swapped half or the
+  // silu gate moves them by ~1.
+  const auto distance = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return ((a.to(torch::kDouble) - b.to(torch::kDouble)).norm() / b.to(torch::kDouble).norm())
+        .item<double>();
+  };
+  for (int path : {0, 1, 2}) {
+    const bool grouped = path < 2;
+    if (grouped && !moe::experts_grouped_mm_supported(cuda)) continue;  // sm_90 only
+    SCOPED_TRACE(path == 0 ? "grouped_gate_up" : grouped ? "grouped" : "per_expert");
+    moe::ExpertsOptions o;
+    o.num_experts = 4, o.hidden_size = 256, o.ffn_size = 512, o.grouped_mm = grouped;
+    o.fused_gate_up = path == 0;
+    o.activation = config::ExpertActivation::kGeglu;
+    torch::manual_seed(5);
+    moe::Experts reference(o);
+    o.fused_swiglu = true;
+    torch::manual_seed(5);
+    moe::Experts fused(o);
+    reference->to(cuda);
+    fused->to(cuda);
+    EXPECT_EQ(fused->fuses_gate_up(), path == 0);
+    const auto counts = torch::tensor({100, 0, 37, 119}, torch::kLong);
+    const auto x = torch::randn({256, 256}, torch::TensorOptions(cuda));
+    const auto g = torch::randn({256, 256}, torch::TensorOptions(cuda));
+    auto run = [&](moe::Experts& e) {
+      const auto xi = x.clone().requires_grad_(true);
+      const auto y = e->forward(xi, counts);
+      y.backward(g.to(y.scalar_type()));
+      return FfnOutputs{y.detach().to(torch::kFloat), xi.grad(), e->w_gate.grad().clone(),
+                        e->w_up.grad().clone(), e->w_down.grad().clone()};
+    };
+    const auto ref = run(reference), got = run(fused);
+    report_against_reference("geglu_experts", got, ref);
+    const double bound = grouped ? 2e-2 : 1e-5;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_LT(distance(got[i], ref[i]), bound) << i;
+  }
+  torch::manual_seed(6);
+  model::DenseMlp reference(256, 768, 0.02, 0.01);
+  torch::manual_seed(6);
+  model::DenseMlp fused(256, 768, 0.02, 0.01);
+  reference->geglu = fused->geglu = true;
+  fused->fused_swiglu = true;
+  reference->to(cuda);
+  fused->to(cuda);
+  const auto x = torch::randn({300, 256}, torch::TensorOptions(cuda));
+  auto run = [&](model::DenseMlp& m) {
+    const auto xi = x.clone().requires_grad_(true);
+    const auto y = m->forward(xi);
+    y.square().sum().backward();
+    return std::make_pair(y.detach(), xi.grad());
+  };
+  const auto [y_ref, gx_ref] = run(reference);
+  const auto [y, gx] = run(fused);
+  EXPECT_LT(distance(y, y_ref), 1e-5);  // fp32 throughout
+  EXPECT_LT(distance(gx, gx_ref), 1e-5);
+  EXPECT_LT(distance(fused->gate_proj->weight.grad(), reference->gate_proj->weight.grad()), 1e-5);
 }
 
 }  // namespace

@@ -166,9 +166,10 @@ TEST(MoeLayer, ForwardBackwardShapesAndDeterminism) {
   for (auto& p : layer->parameters()) EXPECT_TRUE(p.grad().defined());
 }
 
-// moe.fused_gate_up: one gate-up GEMM where the weights' bf16 copies exist anyway (fp32 weights);
-// bf16 weights keep two GEMMs reading them in place (a concatenated copy would be kept for the
-// backward); off when asked. (The grouped path itself runs on sm_90: experts_gpu_test.cpp.)
+// moe.fused_gate_up: one gate-up GEMM (SwiGLU, GeGLU) where the weights' bf16 copies exist anyway
+// (fp32 weights); bf16 weights keep two GEMMs reading them in place (a concatenated copy would be
+// kept for the backward); off when asked. (The grouped path itself runs on sm_90:
+// experts_gpu_test.cpp.)
 TEST(Experts, OneGateUpGemmOnlyWhereTheWeightsAreCopiedToBf16Anyway) {
   ExpertsOptions o;
   o.num_experts = 2, o.hidden_size = 8, o.ffn_size = 16;
@@ -176,6 +177,14 @@ TEST(Experts, OneGateUpGemmOnlyWhereTheWeightsAreCopiedToBf16Anyway) {
   EXPECT_TRUE(fp32->fuses_gate_up());
   fp32->to(torch::kBFloat16);
   EXPECT_FALSE(fp32->fuses_gate_up());
+  // GeGLU has a packed form too; clamped SwiGLU (gpt-oss, biases) and relu2 (no gate) do not.
+  o.activation = config::ExpertActivation::kGeglu;
+  EXPECT_TRUE(Experts(o)->fuses_gate_up());
+  o.activation = config::ExpertActivation::kClampedSwiglu;
+  EXPECT_FALSE(Experts(o)->fuses_gate_up());
+  o.activation = config::ExpertActivation::kRelu2;
+  EXPECT_FALSE(Experts(o)->fuses_gate_up());
+  o.activation = config::ExpertActivation::kSwiglu;
   o.fused_gate_up = false;
   Experts off(o);
   EXPECT_FALSE(off->fuses_gate_up());

@@ -28,8 +28,16 @@ at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor swiglu_activation(const at::Tensor& gate, const at::Tensor& up, bool fused);
 
 // GeGLU (Gemma 4's experts and MLPs, moe.activation geglu): gelu_tanh(gate) * up, as
-// transformers' gelu_pytorch_tanh. ATen only, on every device (no fused kernel yet).
-at::Tensor geglu_activation(const at::Tensor& gate, const at::Tensor& up);
+// transformers' gelu_pytorch_tanh, through the same kernels with the gelu gate; the operands are
+// swiglu's (swiglu_supported, swiglu_packed_supported).
+at::Tensor geglu(const at::Tensor& gate, const at::Tensor& up);
+// The ATen reference: torch::gelu(gate, "tanh") * up.
+at::Tensor geglu_reference(const at::Tensor& gate, const at::Tensor& up);
+at::Tensor geglu_activation(const at::Tensor& gate, const at::Tensor& up, bool fused);
+// The packed form: gelu_tanh(gate) * up from one [..., 2f] gate_up.
+at::Tensor geglu_packed(const at::Tensor& gate_up);
+at::Tensor geglu_packed_reference(const at::Tensor& gate_up);
+at::Tensor geglu_packed_activation(const at::Tensor& gate_up, bool fused);
 
 // Whether swiglu() takes these operands (else the caller uses the ATen reference): CUDA, one
 // dtype and shape, fp32/fp16/bf16.
@@ -46,20 +54,25 @@ at::Tensor swiglu_packed_activation(const at::Tensor& gate_up, bool fused);
 bool swiglu_packed_supported(const at::Tensor& gate_up);
 
 namespace detail {  // raw launches (no autograd), exposed for tests and benchmarks
-// poison: fill the outputs with NaN first, so the tests catch elements never written.
-at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up, bool poison = false);
+// poison: fill the outputs with NaN first, so the tests catch elements never written. gate_fn:
+// silu (SwiGLU) or gelu_tanh (GeGLU).
+using swiglu_rows::Gate;
+at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up, bool poison = false,
+                          Gate gate_fn = Gate::kSilu);
 // -> {d_gate, d_up}
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dh, const at::Tensor& gate,
-                                                  const at::Tensor& up, bool poison = false);
+                                                  const at::Tensor& up, bool poison = false,
+                                                  Gate gate_fn = Gate::kSilu);
 // The launch shape over contiguous tensors (checks shapes and dtypes; both builds, the emulation
 // uses it): 16-byte packs when every buffer is 16-byte aligned and n a multiple of the pack.
 swiglu_rows::SwigluShape swiglu_shape(const at::Tensor& gate, const at::Tensor& up,
                                       std::initializer_list<const at::Tensor*> others = {});
 
 // The packed form's raw launches: h [..., f] from gate_up [..., 2f]; d_gate_up from dh.
-at::Tensor swiglu_packed_forward(const at::Tensor& gate_up, bool poison = false);
+at::Tensor swiglu_packed_forward(const at::Tensor& gate_up, bool poison = false,
+                                 Gate gate_fn = Gate::kSilu);
 at::Tensor swiglu_packed_backward(const at::Tensor& dh, const at::Tensor& gate_up,
-                                  bool poison = false);
+                                  bool poison = false, Gate gate_fn = Gate::kSilu);
 // Its launch shape over a contiguous gate_up, `halves` shaped like h (h, dh) and `packed` shaped
 // like gate_up (d_gate_up): 16-byte packs when every buffer is aligned and f a multiple of the
 // pack (so up, f elements after gate, is aligned too and no pack straddles a row).

@@ -1,11 +1,19 @@
 // The SwiGLU family's per-thread body (src/kernels/swiglu.cu), shared with its CPU emulation
-// (tests/kernels/swiglu_emulation.cpp), which runs this very code for every thread index.
+// (tests/kernels/swiglu_emulation.cpp), which runs this very code for every thread index. The
+// family has two gates: silu (SwiGLU) and gelu with the tanh approximation (GeGLU, Gemma 4).
 //
 // h = silu(gate) * up as ATen computes it in two ops, each rounding to T (fp32/fp16/bf16):
 //   forward   s = T(gate / (1 + exp(-gate)))          h = T(s * up)
 //   backward  ds = T(dh * up)  d_up = T(dh * s)       d_gate = T(ds * sig * (1 + gate (1 - sig)))
 //             with sig = 1 / (1 + exp(-gate)): ATen's silu_backward, whose 1 + gate (1 - sig)
 //             nvcc contracts into one fma.
+// GeGLU, h = gelu_tanh(gate) * up as ATen computes torch::gelu(gate, "tanh") * up:
+//   forward   s = T(0.5 x (1 + tanh(b (x + k x^3))))      h = T(s * up)
+//   backward  ds = T(dh * up)  d_up = T(dh * s)
+//             d_gate = T(ds * (0.5 (1 + t) + 0.5 x (1 - t^2) b (1 + 3 k x^2)))
+//             with ATen's fp32 constants b = sqrt(2 / pi) and k = 0.044715 and its CUDA kernels'
+//             order of operations (ActivationGeluKernel.cu); where nvcc contracts a product
+//             into the following add there, fma_rn does it here.
 // The fused op reads gate and up once and writes h (forward), or reads dh, gate and up once and
 // writes both gradients (backward); silu(gate) is recomputed, never stored. On the device every
 // step matches ATen's CUDA kernels' rounding, so the two agree bit for bit (the GPU test checks).
@@ -66,7 +74,69 @@ C10_HOST_DEVICE inline float silu_grad_f(float dy, float x) {
   return mul_rn(mul_rn(dy, sig), fma_rn(x, sub_rn(1.f, sig), 1.f));
 }
 
-template <int V, typename T>
+// The gate function of the fused product.
+enum class Gate { kSilu, kGeluTanh };
+
+// ATen's constants for gelu's tanh form, as its kernels hold them in fp32: M_SQRT2 * M_2_SQRTPI *
+// 0.5 (= sqrt(2 / pi)) in double, then rounded.
+constexpr float kGeluBeta =
+    static_cast<float>(1.41421356237309504880 * 1.12837916709551257390 * 0.5);
+constexpr float kGeluKappa = 0.044715f;
+
+// b (x + k x^3) as ATen's kernels compute it: x * x * x, then one fma.
+C10_HOST_DEVICE inline float gelu_inner(float x) {
+  using namespace rounding;
+  const float cube = mul_rn(mul_rn(x, x), x);
+  return mul_rn(kGeluBeta, fma_rn(kGeluKappa, cube, x));
+}
+
+C10_HOST_DEVICE inline float tanh_f(float x) {
+#ifdef __CUDA_ARCH__
+  return tanhf(x);
+#else
+  return std::tanh(x);
+#endif
+}
+
+// gelu(x), tanh form, in fp32 as ATen's CUDA gelu kernel: 0.5 x (1 + tanh(inner)).
+C10_HOST_DEVICE inline float gelu_tanh_f(float x) {
+  using namespace rounding;
+  return mul_rn(mul_rn(0.5f, x), add_rn(1.f, tanh_f(gelu_inner(x))));
+}
+
+// dy times d gelu / dx, tanh form, as ATen's CUDA gelu_backward kernel. Its last sum rounds once
+// here; where nvcc contracts the exact 0.5 * (1 + t) into it there, so does ATen's (contracting
+// the other product would not: the GPU test reports any difference from ATen).
+C10_HOST_DEVICE inline float gelu_tanh_grad_f(float dy, float x) {
+  using namespace rounding;
+  const float x_sq = mul_rn(x, x);
+  const float t = tanh_f(mul_rn(kGeluBeta, fma_rn(kGeluKappa, mul_rn(x_sq, x), x)));
+  const float left_derivative = mul_rn(0.5f, add_rn(1.f, t));
+  const float tanh_derivative = fma_rn(-t, t, 1.f);
+  const float inner_derivative = mul_rn(kGeluBeta, fma_rn(3.f * kGeluKappa, x_sq, 1.f));
+  const float right = mul_rn(mul_rn(mul_rn(0.5f, x), tanh_derivative), inner_derivative);
+  return mul_rn(dy, add_rn(left_derivative, right));
+}
+
+template <Gate G>
+C10_HOST_DEVICE inline float gate_f(float x) {
+  if constexpr (G == Gate::kSilu) {
+    return silu_f(x);
+  } else {
+    return gelu_tanh_f(x);
+  }
+}
+
+template <Gate G>
+C10_HOST_DEVICE inline float gate_grad_f(float dy, float x) {
+  if constexpr (G == Gate::kSilu) {
+    return silu_grad_f(dy, x);
+  } else {
+    return gelu_tanh_grad_f(dy, x);
+  }
+}
+
+template <int V, typename T, Gate G = Gate::kSilu>
 C10_HOST_DEVICE inline void swiglu_forward_thread(const SwigluShape& s, const T* gate, const T* up,
                                                   T* h, int64_t i) {
   using namespace rounding;
@@ -75,13 +145,13 @@ C10_HOST_DEVICE inline void swiglu_forward_thread(const SwigluShape& s, const T*
   token_rows::Pack<T, V> o;
   MOE_UNROLL
   for (int e = 0; e < V; ++e) {
-    const float s = in_t<T>(silu_f(static_cast<float>(g.v[e])));
+    const float s = in_t<T>(gate_f<G>(static_cast<float>(g.v[e])));
     o.v[e] = static_cast<T>(mul_rn(s, static_cast<float>(u.v[e])));
   }
   token_rows::store_pack<T, V>(h + i * V, o);
 }
 
-template <int V, typename T>
+template <int V, typename T, Gate G = Gate::kSilu>
 C10_HOST_DEVICE inline void swiglu_backward_thread(const SwigluShape& s, const T* dh, const T* gate,
                                                    const T* up, T* d_gate, T* d_up, int64_t i) {
   using namespace rounding;
@@ -92,10 +162,10 @@ C10_HOST_DEVICE inline void swiglu_backward_thread(const SwigluShape& s, const T
   MOE_UNROLL
   for (int e = 0; e < V; ++e) {
     const float x = static_cast<float>(g.v[e]), dy = static_cast<float>(d.v[e]);
-    const float s = in_t<T>(silu_f(x));  // the silu output autograd would have saved
+    const float s = in_t<T>(gate_f<G>(x));  // the gate's output autograd would have saved
     du.v[e] = static_cast<T>(mul_rn(dy, s));
     const float ds = in_t<T>(mul_rn(dy, static_cast<float>(u.v[e])));
-    dg.v[e] = static_cast<T>(silu_grad_f(ds, x));
+    dg.v[e] = static_cast<T>(gate_grad_f<G>(ds, x));
   }
   token_rows::store_pack<T, V>(d_gate + at, dg);
   token_rows::store_pack<T, V>(d_up + at, du);

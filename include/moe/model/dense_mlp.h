@@ -24,7 +24,7 @@ class DenseMlpImpl : public torch::nn::Module {
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   layers::LoraAdapter lora_gate{nullptr}, lora_up{nullptr}, lora_down{nullptr};
   layers::QuantizedWeightPtr gate_4bit, up_4bit, down_4bit;  // a 4-bit frozen base
-  bool fused_swiglu = false;  // kernels/swiglu.h's fused op where the operands allow
+  bool fused_swiglu = false;  // kernels/swiglu.h's fused op (SwiGLU or GeGLU) where allowed
   bool geglu = false;         // gelu_tanh(gate) * up (moe.activation geglu) instead of SwiGLU
   bool relu2 = false;         // relu(up)^2, no gate (moe.activation relu2)
 };

@@ -26,8 +26,9 @@ struct ExpertsOptions {
   // CUDA + bf16 activations + Hopper or newer + rows of a multiple of 8: one at::_grouped_mm per
   // projection (no host sync on the counts). Off, or elsewhere: one GEMM per expert.
   bool grouped_mm = true;
-  // silu(gate) * up as one fused CUDA kernel (kernels/swiglu.h) where the operands allow; set
-  // when the model is built (moe.kernels not `reference` on a CUDA device).
+  // silu(gate) * up (GeGLU's gelu_tanh(gate) * up) as one fused CUDA kernel (kernels/swiglu.h)
+  // where the operands allow; set when the model is built (moe.kernels not `reference` on a CUDA
+  // device).
   bool fused_swiglu = false;
   // On the grouped-GEMM path: gate and up as one GEMM over the weights' bf16 copies concatenated
   // to [E, d, 2f] (moe.fused_gate_up), the activation on its packed [N, 2f] output; not where the
