@@ -22,11 +22,13 @@ std::optional<quant::Fp8Block> fp8_format(const nlohmann::json& hf_config,
     return std::nullopt;
   }
   const std::string where = "hf: " + file + ": quantization_config.";
+  // Static input scales (Mistral Small 4's release) are for FP8 compute: the import dequantizes
+  // the weights and drops them (is_fp8_scale), as transformers' dequantize=True does.
   const auto scheme = q->find("activation_scheme");
-  if (scheme != q->end() && !(scheme->is_string() && *scheme == "dynamic")) {
+  if (scheme != q->end() &&
+      !(scheme->is_string() && (*scheme == "dynamic" || *scheme == "static"))) {
     throw UserError(where + "activation_scheme: " + scheme->dump() +
-                    " is not supported (expected \"dynamic\": static input scales are for FP8 "
-                    "compute; the import dequantizes the weights)");
+                    " (expected \"dynamic\" or \"static\")");
   }
   const auto b = q->find("weight_block_size");
   if (b == q->end() || b->is_null()) return quant::Fp8Block{};  // one scale per tensor
@@ -60,12 +62,15 @@ bool is_fp8_weight(const HfWeights& w, const std::string& name,
   const auto& se = *s->entry;
   int64_t n = 1;
   for (const int64_t d : se.shape) n *= d;
-  const bool shape_ok = *format ? se.shape == want : n == 1;
+  const bool shape_ok = *format
+                            ? se.shape == want
+                            : n == 1 || quant::fp8_per_slice_scales(ref->entry->shape, se.shape);
   if ((se.dtype != "F32" && se.dtype != "BF16") || !shape_ok) {
     throw UserError("hf: " + s->file->path() + ": tensor '" + name + kScaleSuffix + "' is " +
                     se.dtype + " " + shape_text(se.shape) + "; expected F32 or BF16 " +
-                    (*format ? shape_text(want) : std::string("with one value")) + " for the " +
-                    shape_text(ref->entry->shape) + " weight" +
+                    (*format ? shape_text(want)
+                             : std::string("with one value (or one per slice, dividing it)")) +
+                    " for the " + shape_text(ref->entry->shape) + " weight" +
                     (*format ? " in blocks of " + std::to_string((*format)->first) + " x " +
                                    std::to_string((*format)->second)
                              : std::string()));
@@ -74,13 +79,19 @@ bool is_fp8_weight(const HfWeights& w, const std::string& name,
 }
 
 bool is_fp8_scale(const HfWeights& w, const std::string& name) {
-  const std::string suffix = kScaleSuffix;
-  if (name.size() <= suffix.size() ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
-    return false;
+  // NAME_scale_inv, and a static scheme's input scale: PREFIX.activation_scale of a linear's
+  // PREFIX.weight, NAME_activation_scale of stacked experts' NAME.
+  for (const auto& [suffix, base_suffix] : {std::pair<std::string, std::string>{kScaleSuffix, ""},
+                                            {".activation_scale", ".weight"},
+                                            {"_activation_scale", ""}}) {
+    if (name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const HfTensorRef* base = w.find(name.substr(0, name.size() - suffix.size()) + base_suffix);
+    if (base != nullptr && fp8_dtype(base->entry->dtype)) return true;
   }
-  const HfTensorRef* base = w.find(name.substr(0, name.size() - suffix.size()));
-  return base != nullptr && fp8_dtype(base->entry->dtype);
+  return false;
 }
 
 torch::Tensor read_fp8(const HfWeights& w, const std::string& name, const quant::Fp8Block& block,

@@ -23,8 +23,16 @@ using Fp8Block = std::optional<std::pair<int64_t, int64_t>>;
 // {} (one value) without blocks.
 std::vector<int64_t> fp8_scale_shape(at::IntArrayRef weight_shape, const Fp8Block& block);
 
+// Without blocks (weight_block_size null), a stacked weight may carry one scale per slice:
+// transformers' FP8 experts hold [E, 2f, d] gate_up weights with [E, 2, 1] scales (the gate's and
+// the up half's per expert) and [E, d, f] down weights with [E, 1, 1]. Whether `scale_shape` is
+// such a grid for `weight_shape`: the same leading dimensions, then [sr, sc] dividing [rows, cols]
+// (transformers' Fp8Dequantize derives its blocks from the scales' shape likewise).
+bool fp8_per_slice_scales(at::IntArrayRef weight_shape, at::IntArrayRef scale_shape);
+
 // weight float8_e4m3fn / float8_e5m2 [..., rows, cols], scale_inv fp32 / bf16 in the shape
-// fp8_scale_shape gives -> [..., rows, cols] in `dtype`.
+// fp8_scale_shape gives (without blocks: one value, or per slice as above) -> [..., rows, cols]
+// in `dtype`.
 at::Tensor dequantize_fp8_blockwise(const at::Tensor& weight, const at::Tensor& scale_inv,
                                     const Fp8Block& block, at::ScalarType dtype);
 
