@@ -14,6 +14,9 @@ void add_decoding_options(CLI::App* c, generate::DecodingFlags& f) {
   c->add_option("-n,--max-new-tokens", f.max_new_tokens,
                 "Tokens to generate (default: generation_config.json's, else 256)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  c->add_option("--min-new-tokens", f.min_new_tokens,
+                "No EOS before this many new tokens (default: generation_config.json's, else 0)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   c->add_option("--temperature", f.temperature, "Sampling temperature; 0 = greedy")
       ->check(CLI::Range(0.0, 100.0));
   c->add_option("--top-k", f.top_k, "Keep the k most likely tokens; 0 = all")

@@ -90,6 +90,7 @@ GenerationLimits GenerationSession::limits(std::optional<int64_t> max_new_tokens
   // warns); learned positions end there.
   l.context = model->pos_embed ? cfg.model.seq_len : 0;
   l.eos_ids = defaults.eos_ids;
+  l.min_new_tokens = flags_.min_new_tokens.value_or(defaults.min_new_tokens.value_or(0));
   l.pad_id = defaults.pad_id.value_or(l.eos_ids.empty() ? 0 : l.eos_ids[0]);
   return l;
 }

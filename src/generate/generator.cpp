@@ -79,7 +79,9 @@ std::vector<Generated> generate_batch(model::TransformerLM& model,
   int64_t unfinished = B;
   t0 = std::chrono::steady_clock::now();
   for (int64_t n = 0; n < budget && unfinished > 0; ++n) {
-    const auto processed = process_logits(logits, seen, sampling);
+    const auto processed =
+        process_logits(logits, seen, sampling,
+                       n < limits.min_new_tokens ? limits.eos_ids : std::vector<int64_t>{});
     if (scores) scores->push_back(processed.to(torch::kCPU));
     const auto next = choose_tokens(processed, sampling, gen).to(torch::kCPU);
     auto chosen = next.accessor<int64_t, 1>();

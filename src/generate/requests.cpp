@@ -59,6 +59,8 @@ void read_sampling(const nlohmann::json& g, GenerationDefaults& d) {
     s.repetition_penalty = g["repetition_penalty"];
   if (g.contains("max_new_tokens") && g["max_new_tokens"].is_number_integer())
     d.max_new_tokens = g["max_new_tokens"].get<int64_t>();
+  if (g.contains("min_new_tokens") && g["min_new_tokens"].is_number_integer())
+    d.min_new_tokens = g["min_new_tokens"].get<int64_t>();
 }
 
 // Why a request line is not one; "" when it is.

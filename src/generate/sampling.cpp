@@ -45,9 +45,12 @@ torch::Tensor min_p(const torch::Tensor& s, double min_p) {
 }  // namespace
 
 torch::Tensor process_logits(const torch::Tensor& logits, const torch::Tensor& seen,
-                             const SamplingParams& p) {
+                             const SamplingParams& p, const std::vector<int64_t>& suppressed) {
   auto s = logits.to(torch::kFloat);
   if (p.repetition_penalty != 1.0) s = penalize_repeats(s, seen, p.repetition_penalty);
+  for (const int64_t id : suppressed) {
+    if (id >= 0 && id < s.size(-1)) s.select(-1, id).fill_(kRemoved);
+  }
   if (!p.do_sample) return s;
   if (p.temperature != 1.0) s = s / p.temperature;
   if (p.top_k != 0) s = top_k(s, p.top_k);

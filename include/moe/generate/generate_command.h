@@ -14,7 +14,7 @@ namespace moe::generate {
 // else transformers' defaults), stops, the template and the device.
 struct DecodingFlags {
   std::string checkpoint;
-  std::optional<int64_t> max_new_tokens, top_k;
+  std::optional<int64_t> max_new_tokens, min_new_tokens, top_k;
   std::optional<double> temperature, top_p, min_p, repetition_penalty;
   std::optional<bool> do_sample;  // --greedy false, --sample true
   uint64_t seed = 0;

@@ -18,6 +18,8 @@ namespace moe::generate {
 
 struct GenerationLimits {
   int64_t max_new_tokens = 256;
+  // EOS ids masked until a row has this many new tokens (transformers' min_new_tokens).
+  int64_t min_new_tokens = 0;
   int64_t context = 0;           // > 0: prompt + generated tokens never exceed it
   std::vector<int64_t> eos_ids;  // any of them ends a row (and is kept as its last token)
   int64_t pad_id = 0;            // the id padding slots hold (never attended to)

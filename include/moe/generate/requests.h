@@ -59,7 +59,7 @@ std::vector<Request> read_request_file(const std::string& path, const tokenizers
 // (max_position_embeddings, else `seq_len`).
 struct GenerationDefaults {
   SamplingParams sampling;
-  std::optional<int64_t> max_new_tokens;
+  std::optional<int64_t> max_new_tokens, min_new_tokens;
   std::vector<int64_t> eos_ids;
   std::optional<int64_t> pad_id;
   int64_t context = 0;
