@@ -44,6 +44,12 @@ LoraTargets lora_targets(const LoraConfig& l) {
   t.experts_up = on("up_proj");
   t.in_proj = on("in_proj");
   t.out_proj = on("out_proj");
+  t.in_proj_qkv = on("in_proj_qkv");
+  t.in_proj_z = on("in_proj_z");
+  t.in_proj_b = on("in_proj_b");
+  t.in_proj_a = on("in_proj_a");
+  t.in_proj_qkvz = on("in_proj_qkvz");
+  t.in_proj_ba = on("in_proj_ba");
   return t;
 }
 
@@ -100,11 +106,33 @@ int64_t attention_adapter(const Config& c, const LoraTargets& t) {
   if (latent_attention(c)) return latent_attention_adapter(c, t);
   const int64_t r = c.lora.r, d = c.model.hidden_size, H = c.model.num_heads;
   const int64_t KV = key_value_heads(c), hd = head_dim(c);
+  // Gated attention's q_proj gives the queries and their output gate (Qwen3-Next, Qwen3.5).
+  const int64_t q_out = H * hd * (c.model.attention_output_gate ? 2 : 1);
   int64_t n = 0;
-  if (t.q) n += r * (d + H * hd);
+  if (t.q) n += r * (d + q_out);
   if (t.k) n += r * (d + KV * hd);
   if (t.v) n += r * (d + KV * hd);
   if (t.o) n += r * (H * hd + d);
+  return n;
+}
+
+// The adapter parameters of one Gated DeltaNet layer: its split or fused input projections and
+// out_proj.
+int64_t linear_attention_adapter(const Config& c, const LoraTargets& t) {
+  const auto& m = c.model;
+  const int64_t r = c.lora.r, d = m.hidden_size, nv = m.linear_num_value_heads;
+  const int64_t kd = m.linear_num_key_heads * m.linear_key_head_dim;
+  const int64_t vd = nv * m.linear_value_head_dim, conv = 2 * kd + vd;
+  int64_t n = t.out_proj ? r * (vd + d) : 0;
+  if (m.linear_fused_projections) {
+    if (t.in_proj_qkvz) n += r * (d + conv + vd);
+    if (t.in_proj_ba) n += r * (d + 2 * nv);
+    return n;
+  }
+  if (t.in_proj_qkv) n += r * (d + conv);
+  if (t.in_proj_z) n += r * (d + vd);
+  if (t.in_proj_b) n += r * (d + nv);
+  if (t.in_proj_a) n += r * (d + nv);
   return n;
 }
 
@@ -124,7 +152,9 @@ int64_t adapter_parameters(const Config& c, const LoraTargets& t) {
   for (int64_t layer = 0; layer < c.model.num_layers; ++layer) {
     if (has_mixer(c, layer) && mamba_layer(c, layer)) {
       n += per_mamba;
-    } else if (has_mixer(c, layer) && !linear_attention_layer(c, layer)) {
+    } else if (has_mixer(c, layer) && linear_attention_layer(c, layer)) {
+      n += linear_attention_adapter(c, t);
+    } else if (has_mixer(c, layer)) {
       n += per_attention;
     }
     if (!has_feed_forward(c, layer)) continue;

@@ -100,6 +100,17 @@ void linear_attention_layout(std::vector<ParameterShape>& p, const config::Confi
   p.push_back({a + "conv1d.weight", {conv, 1, m.linear_conv_kernel_dim}});
   p.push_back({a + "norm.weight", {m.linear_value_head_dim}});
   p.push_back({a + "out_proj.weight", {d, vd}});
+  if (!config::lora_enabled(c)) return;  // the adapters in the projections' order
+  const config::LoraTargets t = config::lora_targets(c.lora);
+  const int64_t r = c.lora.r;
+  const bool fused = m.linear_fused_projections;
+  if (!fused && t.in_proj_qkv) adapter(p, a + "lora_qkv", d, conv, r);
+  if (!fused && t.in_proj_z) adapter(p, a + "lora_z", d, vd, r);
+  if (!fused && t.in_proj_b) adapter(p, a + "lora_b", d, nv, r);
+  if (!fused && t.in_proj_a) adapter(p, a + "lora_a", d, nv, r);
+  if (fused && t.in_proj_qkvz) adapter(p, a + "lora_qkvz", d, conv + vd, r);
+  if (fused && t.in_proj_ba) adapter(p, a + "lora_ba", d, 2 * nv, r);
+  if (t.out_proj) adapter(p, a + "lora_out", vd, d, r);
 }
 
 // Mamba-2's (model/mamba2_mixer.cpp), in its registration order.

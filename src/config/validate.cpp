@@ -150,6 +150,40 @@ void check_blend(DataConfig& d, const Rules& rules) {
   }
 }
 
+// lora: the linear mixers' projections name something this model has (Gated DeltaNet's split or
+// fused input projections; out_proj of Gated DeltaNet or Mamba-2).
+void check_mixer_lora_targets(const Config& c, const Rules& rules) {
+  bool linear = false, mamba = false;
+  for (int64_t i = 0; i < c.model.num_layers; ++i) {
+    linear = linear || (has_mixer(c, i) && linear_attention_layer(c, i));
+    mamba = mamba || (has_mixer(c, i) && mamba_layer(c, i));
+  }
+  const bool fused = c.model.linear_fused_projections;
+  for (const auto& name : c.lora.target_modules) {
+    const bool split_name =
+        name == "in_proj_qkv" || name == "in_proj_z" || name == "in_proj_b" || name == "in_proj_a";
+    const bool fused_name = name == "in_proj_qkvz" || name == "in_proj_ba";
+    if (split_name || fused_name) {
+      rules.check(linear, "lora.target_modules", name,
+                  "is a Gated DeltaNet projection (Qwen3.5, Qwen3-Next); this model has no "
+                  "linear_attention layers");
+      rules.check(!linear || split_name != fused, "lora.target_modules", name,
+                  fused ? "this model's linear attention fuses its input projections "
+                          "(model.linear_fused_projections): in_proj_qkvz and in_proj_ba"
+                        : "this model's linear attention splits its input projections: "
+                          "in_proj_qkv, in_proj_z, in_proj_b and in_proj_a");
+    }
+    rules.check(name != "out_proj" || linear || mamba, "lora.target_modules", name,
+                "is the output projection of Gated DeltaNet and Mamba-2 mixers; this model has "
+                "neither (attention's is o_proj)");
+    rules.check(name != "in_proj" || mamba, "lora.target_modules", name,
+                "is the Mamba-2 mixers' input projection; this model has no mamba layers" +
+                    std::string(linear ? " (its linear attention's: in_proj_qkv, in_proj_z, "
+                                         "in_proj_b, in_proj_a or in_proj_qkvz, in_proj_ba)"
+                                       : ""));
+  }
+}
+
 // lora: names it knows, the experts' gate and up together, what a frozen base cannot do.
 void check_lora(const Config& c, const Rules& rules) {
   const LoraConfig& l = c.lora;
@@ -191,6 +225,7 @@ void check_lora(const Config& c, const Rules& rules) {
                 "lora.target_modules", name,
                 "with model.q_lora_rank = 0 the queries come from one q_proj");
   }
+  check_mixer_lora_targets(c, rules);
 }
 
 // quantization: a 4-bit frozen base is the base of a LoRA run (QLoRA), never trained weights.

@@ -38,6 +38,13 @@ struct AdapterPiece {
 
 const char* kPrefix = "base_model.model.";
 
+bool has_gated_deltanet(const config::Config& cfg) {
+  for (int64_t i = 0; i < cfg.model.num_layers; ++i) {
+    if (config::has_mixer(cfg, i) && config::linear_attention_layer(cfg, i)) return true;
+  }
+  return false;
+}
+
 // The adapter's tensors of one layer, in PEFT's names (`peft`: the layer's prefix) and ours.
 class LayerAdapters {
  public:
@@ -47,6 +54,9 @@ class LayerAdapters {
 
   void add(int64_t i, const std::string& peft, const std::string& ours) {
     attention(i, peft, ours);
+    if (config::has_mixer(cfg_, i) && config::linear_attention_layer(cfg_, i)) {
+      linear_attention(peft + "linear_attn.", ours + "linear_attn.");
+    }
     if (config::mamba_layer(cfg_, i)) mamba(peft + family_.mamba_module(), ours);
     if (config::has_feed_forward(cfg_, i)) feed_forward(i, peft, ours);
   }
@@ -82,6 +92,20 @@ class LayerAdapters {
                                   std::tuple{t_.o, "o_proj", "lora_o"}}) {
       if (on)
         pair(peft + family_.attention_module() + proj + ".", ours + "attn." + mine + ".", false);
+    }
+  }
+
+  // Gated DeltaNet's projections (Qwen3.5 split, Qwen3-Next fused), plain lora.Linear in PEFT.
+  void linear_attention(const std::string& peft, const std::string& ours) {
+    const bool fused = cfg_.model.linear_fused_projections;
+    for (auto [on, proj, mine] : {std::tuple{t_.in_proj_qkv && !fused, "in_proj_qkv", "lora_qkv"},
+                                  std::tuple{t_.in_proj_z && !fused, "in_proj_z", "lora_z"},
+                                  std::tuple{t_.in_proj_b && !fused, "in_proj_b", "lora_b"},
+                                  std::tuple{t_.in_proj_a && !fused, "in_proj_a", "lora_a"},
+                                  std::tuple{t_.in_proj_qkvz && fused, "in_proj_qkvz", "lora_qkvz"},
+                                  std::tuple{t_.in_proj_ba && fused, "in_proj_ba", "lora_ba"},
+                                  std::tuple{t_.out_proj, "out_proj", "lora_out"}}) {
+      if (on) pair(peft + proj + ".", ours + mine + ".", false);
     }
   }
 
@@ -202,6 +226,17 @@ json adapter_config(const config::Config& cfg, const families::ModelFamily& fami
   if (cfg.model.mamba_num_heads > 0) {  // the Mamba-2 mixers' projections
     if (t.in_proj) modules.push_back("in_proj");
     if (t.out_proj) modules.push_back("out_proj");
+  } else if (has_gated_deltanet(cfg)) {  // Gated DeltaNet's
+    const bool fused = cfg.model.linear_fused_projections;
+    for (auto [on, name] :
+         {std::pair{t.in_proj_qkv && !fused, "in_proj_qkv"},
+          std::pair{t.in_proj_z && !fused, "in_proj_z"},
+          std::pair{t.in_proj_b && !fused, "in_proj_b"},
+          std::pair{t.in_proj_a && !fused, "in_proj_a"},
+          std::pair{t.in_proj_qkvz && fused, "in_proj_qkvz"},
+          std::pair{t.in_proj_ba && fused, "in_proj_ba"}, std::pair{t.out_proj, "out_proj"}}) {
+      if (on) modules.push_back(name);
+    }
   }
   json rank_pattern = json::object(), alpha_pattern = json::object();
   const std::string experts = family.experts_module();

@@ -1,9 +1,12 @@
 #include "moe/model/gated_deltanet.h"
 
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include <torch/torch.h>
 
+#include "moe/config/lora.h"
 #include "moe/model/block.h"
 #include "moe/model/block_parts.h"
 #include "moe/model/cached_conv1d.h"
@@ -41,6 +44,7 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const GatedDeltaNetOptions& opt) : opt_(opt
   A_log = register_parameter("A_log", torch::empty({nv}).uniform_(0.01, 16).log());
   norm = register_module("norm", WeightOnly(torch::ones({opt.value_head_dim})));
   out_proj = register_module("out_proj", no_bias_linear(vd, d));
+  register_adapters(d, conv, vd);
   torch::NoGradGuard no_grad;
   for (auto* l : {&in_proj_qkv, &in_proj_z, &in_proj_b, &in_proj_a, &in_proj_qkvz, &in_proj_ba}) {
     if (*l) (*l)->weight.normal_(0.0, opt.init_std);
@@ -51,18 +55,57 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const GatedDeltaNetOptions& opt) : opt_(opt
   out_proj->weight.normal_(0.0, opt.out_init_std);
 }
 
+void GatedDeltaNetImpl::register_adapters(int64_t d, int64_t conv, int64_t vd) {
+  if (opt_.lora.r == 0) return;
+  const int64_t nv = opt_.value_heads;
+  // In the projections' order (parameter_layout.cpp lists them so).
+  for (auto [on, slot, name, out] : {std::tuple{opt_.lora_qkv, &lora_qkv, "lora_qkv", conv},
+                                     {opt_.lora_z, &lora_z, "lora_z", vd},
+                                     {opt_.lora_b, &lora_b, "lora_b", nv},
+                                     {opt_.lora_a, &lora_a, "lora_a", nv},
+                                     {opt_.lora_qkvz, &lora_qkvz, "lora_qkvz", conv + vd},
+                                     {opt_.lora_ba, &lora_ba, "lora_ba", 2 * nv}}) {
+    if (on) *slot = register_module(name, layers::LoraAdapter(d, out, opt_.lora));
+  }
+  if (opt_.lora_out) lora_out = register_module("lora_out", layers::LoraAdapter(vd, d, opt_.lora));
+}
+
+torch::Tensor GatedDeltaNetImpl::apply(const torch::Tensor& x, torch::nn::Linear& base,
+                                       const layers::QuantizedWeightPtr& q,
+                                       layers::LoraAdapter& adapter) {
+  const auto y = q ? layers::linear_4bit(x, q) : base->forward(x);
+  return adapter ? y + adapter->forward(x) : y;
+}
+
+void GatedDeltaNetImpl::merge_lora() {
+  torch::NoGradGuard no_grad;
+  for (auto [a, base] : {std::pair{lora_qkv, in_proj_qkv}, std::pair{lora_z, in_proj_z},
+                         std::pair{lora_b, in_proj_b}, std::pair{lora_a, in_proj_a},
+                         std::pair{lora_qkvz, in_proj_qkvz}, std::pair{lora_ba, in_proj_ba},
+                         std::pair{lora_out, out_proj}}) {
+    if (!a) continue;
+    base->weight.add_(a->delta_weight().to(base->weight.scalar_type()));
+    a->zero_update();
+  }
+}
+
 GatedDeltaNetImpl::Projected GatedDeltaNetImpl::project(const torch::Tensor& x) {
   const int64_t B = x.size(0), S = x.size(1), nk = opt_.key_heads, nv = opt_.value_heads;
   const int64_t dk = opt_.key_head_dim, dv = opt_.value_head_dim, r = nv / nk;
   if (!opt_.fused_projections) {
-    return {in_proj_qkv->forward(x), in_proj_z->forward(x).view({B, S, nv, dv}),
-            in_proj_b->forward(x), in_proj_a->forward(x)};
+    return {apply(x, in_proj_qkv, in_proj_qkv_4bit, lora_qkv),
+            apply(x, in_proj_z, in_proj_z_4bit, lora_z).view({B, S, nv, dv}),
+            apply(x, in_proj_b, in_proj_b_4bit, lora_b),
+            apply(x, in_proj_a, in_proj_a_4bit, lora_a)};
   }
   // Qwen3-Next: per key head, [q (dk) | k (dk) | its r value heads (r dv) | their z (r dv)] and
-  // [its r b | its r a].
-  const auto qkvz = in_proj_qkvz->forward(x).view({B, S, nk, 2 * dk + 2 * r * dv});
+  // [its r b | its r a]; an adapter's update is in the same order (it adds to the whole output).
+  const auto qkvz =
+      apply(x, in_proj_qkvz, in_proj_qkvz_4bit, lora_qkvz).view({B, S, nk, 2 * dk + 2 * r * dv});
   const auto parts = qkvz.split_with_sizes({dk, dk, r * dv, r * dv}, -1);
-  const auto ba = in_proj_ba->forward(x).view({B, S, nk, 2 * r}).split_with_sizes({r, r}, -1);
+  const auto ba = apply(x, in_proj_ba, in_proj_ba_4bit, lora_ba)
+                      .view({B, S, nk, 2 * r})
+                      .split_with_sizes({r, r}, -1);
   const auto flat = [&](const torch::Tensor& t) { return t.reshape({B, S, -1}); };
   return {torch::cat({flat(parts[0]), flat(parts[1]), flat(parts[2])}, -1),
           parts[3].reshape({B, S, nv, dv}), flat(ba[0]), flat(ba[1])};
@@ -86,7 +129,7 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x) {
   in.positions = positions_;
   const auto core = delta_rule(in);  // [B, S, nv, dv]
   const auto normed = gated_rms_norm(core, p.z, norm->weight, opt_.norm_eps);
-  return out_proj->forward(normed.reshape({B, S, nv * dv}));
+  return apply(normed.reshape({B, S, nv * dv}), out_proj, out_proj_4bit, lora_out);
 }
 
 torch::Tensor GatedDeltaNetImpl::convolve(const torch::Tensor& qkv) {
@@ -126,6 +169,18 @@ std::shared_ptr<TokenMixer> gated_deltanet_mixer(BlockImpl& block, const BlockCo
   o.norm_eps = m.norm_eps;
   o.init_std = m.init_std;
   o.out_init_std = output_init_std(ctx.cfg);
+  o.lora = lora_spec(ctx.cfg);
+  if (o.lora.r > 0) {
+    const config::LoraTargets t = config::lora_targets(ctx.cfg.lora);
+    const bool fused = o.fused_projections;
+    o.lora_qkv = !fused && t.in_proj_qkv;
+    o.lora_z = !fused && t.in_proj_z;
+    o.lora_b = !fused && t.in_proj_b;
+    o.lora_a = !fused && t.in_proj_a;
+    o.lora_qkvz = fused && t.in_proj_qkvz;
+    o.lora_ba = fused && t.in_proj_ba;
+    o.lora_out = t.out_proj;
+  }
   block.linear_attn = block.register_module("linear_attn", GatedDeltaNet(o));
   return std::make_shared<LinearTokenMixer<GatedDeltaNet>>(block.linear_attn);
 }

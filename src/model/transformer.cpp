@@ -138,12 +138,24 @@ void TransformerLMImpl::quantize_frozen(Block& block, const std::string& prefix,
     quantize("mlp.up_proj.weight", m.up_proj->weight, m.up_4bit, false);
     quantize("mlp.down_proj.weight", m.down_proj->weight, m.down_4bit, false);
   }
+  if (block->linear_attn) {  // Gated DeltaNet's projections (split or fused; no biases)
+    auto& g = *block->linear_attn;
+    for (auto [name, linear, slot] :
+         {std::tuple{"linear_attn.in_proj_qkv.weight", &g.in_proj_qkv, &g.in_proj_qkv_4bit},
+          {"linear_attn.in_proj_z.weight", &g.in_proj_z, &g.in_proj_z_4bit},
+          {"linear_attn.in_proj_b.weight", &g.in_proj_b, &g.in_proj_b_4bit},
+          {"linear_attn.in_proj_a.weight", &g.in_proj_a, &g.in_proj_a_4bit},
+          {"linear_attn.in_proj_qkvz.weight", &g.in_proj_qkvz, &g.in_proj_qkvz_4bit},
+          {"linear_attn.in_proj_ba.weight", &g.in_proj_ba, &g.in_proj_ba_4bit},
+          {"linear_attn.out_proj.weight", &g.out_proj, &g.out_proj_4bit}}) {
+      if (!linear->is_empty()) quantize(name, (*linear)->weight, *slot, false);
+    }
+  }
   if (block->mamba && !block->mamba->options().proj_bias) {  // Nemotron-H's projections
     auto& mb = *block->mamba;
     quantize("mamba.in_proj.weight", mb.in_proj->weight, mb.in_proj_4bit, false);
     quantize("mamba.out_proj.weight", mb.out_proj->weight, mb.out_proj_4bit, false);
   }
-  // Gated DeltaNet layers keep their projections in 16 bits for now (docs/hf.md).
   if (block->attn.is_empty()) return;
   auto& a = *block->attn;
   if (a.latent()) {

@@ -36,10 +36,15 @@ Held4bit held_in_4bit(const std::string& name, bool mxfp4) {
   if (mxfp4 && !expert_stack) return Held4bit::kNot;  // MXFP4 holds the experts only
   if (ends_with(name, ".attn.qkv.weight")) return Held4bit::kFusedQkv;
   static const char* const kMatrices[] = {
-      ".attn.out.weight",      ".attn.q_proj.weight",    ".attn.q_a_proj.weight",
-      ".attn.q_b_proj.weight", ".attn.kv_a_proj.weight", ".attn.kv_b_proj.weight",
-      ".mlp.gate_proj.weight", ".mlp.up_proj.weight",    ".mlp.down_proj.weight",
-      ".mamba.in_proj.weight", ".mamba.out_proj.weight"};
+      ".attn.out.weight", ".attn.q_proj.weight", ".attn.q_a_proj.weight", ".attn.q_b_proj.weight",
+      ".attn.kv_a_proj.weight", ".attn.kv_b_proj.weight", ".mlp.gate_proj.weight",
+      ".mlp.up_proj.weight", ".mlp.down_proj.weight", ".mamba.in_proj.weight",
+      ".mamba.out_proj.weight",
+      // Gated DeltaNet's (model/transformer.cpp quantizes them as bitsandbytes does every Linear)
+      ".linear_attn.in_proj_qkv.weight", ".linear_attn.in_proj_z.weight",
+      ".linear_attn.in_proj_b.weight", ".linear_attn.in_proj_a.weight",
+      ".linear_attn.in_proj_qkvz.weight", ".linear_attn.in_proj_ba.weight",
+      ".linear_attn.out_proj.weight"};
   for (const char* tail : kMatrices) {
     if (ends_with(name, tail)) return Held4bit::kMatrix;
   }

@@ -65,21 +65,42 @@ TEST(ParameterLayout, RotaryGqaQkNormDenseLayersSharedExpert) {
 // router bias, expert biases; with LoRA on attention and experts.
 // Qwen3-Next / Qwen3.5: Gated DeltaNet layers (both projection layouts), gated attention,
 // zero-centred norms, a gated shared expert.
+// With LoRA on attention, every Gated DeltaNet projection of the layout and the experts: the
+// adapters in the projections' order, and lora_parameter_counts agrees with them.
 TEST(ParameterLayout, GatedDeltaNetHybrid) {
   for (bool fused : {false, true}) {
-    expect_layout_is_the_models(
-        make({{"rope_theta", 10000.0},
-              {"num_key_value_heads", 2},
-              {"qk_norm", true},
-              {"attention_output_gate", true},
-              {"zero_centered_norm", true},
-              {"layer_types", {"linear_attention", "linear_attention", "full_attention"}},
-              {"linear_num_key_heads", 2},
-              {"linear_num_value_heads", 4},
-              {"linear_key_head_dim", 4},
-              {"linear_value_head_dim", 6},
-              {"linear_fused_projections", fused}},
-             {{"shared_expert_hidden_size", 8}, {"shared_expert_gate", true}}, {{"r", 0}}));
+    const nlohmann::json model = {
+        {"rope_theta", 10000.0},
+        {"num_key_value_heads", 2},
+        {"qk_norm", true},
+        {"attention_output_gate", true},
+        {"zero_centered_norm", true},
+        {"layer_types", {"linear_attention", "linear_attention", "full_attention"}},
+        {"linear_num_key_heads", 2},
+        {"linear_num_value_heads", 4},
+        {"linear_key_head_dim", 4},
+        {"linear_value_head_dim", 6},
+        {"linear_fused_projections", fused}};
+    const nlohmann::json moe = {{"shared_expert_hidden_size", 8}, {"shared_expert_gate", true}};
+    expect_layout_is_the_models(make(model, moe, {{"r", 0}}));
+    nlohmann::json targets = {"q_proj", "v_proj", "o_proj", "out_proj", "up_proj", "gate_proj"};
+    for (const char* name :
+         fused ? std::vector<const char*>{"in_proj_qkvz", "in_proj_ba"}
+               : std::vector<const char*>{"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"}) {
+      targets.push_back(name);
+    }
+    const config::Config lora = make(model, moe, {{"r", 2}, {"target_modules", targets}});
+    expect_layout_is_the_models(lora);
+    int64_t adapters = 0, linear = 0;
+    torch::manual_seed(0);
+    TransformerLM m(lora);
+    for (const auto& p : m->named_parameters()) {
+      if (!config::is_lora_parameter(p.key())) continue;
+      adapters += p.value().numel();
+      linear += p.key().find(".linear_attn.lora_") != std::string::npos;
+    }
+    EXPECT_EQ(config::lora_parameter_counts(lora).adapter, adapters);
+    EXPECT_EQ(linear, 2 * 2 * (fused ? 3 : 5));  // A and B, 2 layers, each projection + out_proj
   }
 }
 

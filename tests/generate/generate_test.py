@@ -178,12 +178,14 @@ def check_greedy(family, tmp, tok_dir, tag="", **changes):
 
 
 def check_sampling(family, model, tok, src, tmp, prompts):
-    settings = dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.3)
+    settings = dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
+                    min_new_tokens=1)
     scores = tmp / "scores.safetensors"
     req = tmp / "sample.jsonl"
     req.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS[:3]))
     run("generate", "--checkpoint", src, "--input", req, "--sample", "--seed", 3, "-n", 1,
         "--temperature", 0.7, "--top-k", 40, "--top-p", 0.9, "--min-p", 0.05, "--repetition-penalty", 1.3,
+        "--min-new-tokens", 1,
         "--scores-out", scores, "--output", tmp / "sample.out.jsonl")
     from safetensors.torch import load_file
     ours = load_file(scores)["scores"][0]
@@ -194,9 +196,12 @@ def check_sampling(family, model, tok, src, tmp, prompts):
     theirs = g.scores[0]
     kept_ours, kept_theirs = torch.isfinite(ours), torch.isfinite(theirs)
     assert torch.equal(kept_ours, kept_theirs), "different tokens kept"
+    eos = model.generation_config.eos_token_id
+    for e in [eos] if isinstance(eos, int) else eos:  # min_new_tokens: no EOS at the first step
+        assert not kept_ours[:, e].any(), f"EOS {e} kept before min_new_tokens"
     diff = (ours.softmax(-1) - theirs.softmax(-1)).abs().max().item()
     assert diff <= 1e-6, f"processed probabilities differ by {diff}"
-    print(f"  {family} sampling (temperature, top-k, top-p, min-p, repetition penalty): the same "
+    print(f"  {family} sampling (temperature, top-k, top-p, min-p, repetition penalty, min_new_tokens): the same "
           f"{int(kept_ours.sum())} tokens kept, probabilities within {diff:.1e}")
 
 
@@ -230,14 +235,19 @@ def theirs_greedy(model_dir, tok, prompts):
 def lora_targets(src):
     """Every attention projection and MLP / expert matrix of the model in `src`: under latent
     attention (MLA) its low-rank query and key-value projections, so that a decode step's
-    absorbed kv_b_proj carries an adapter."""
+    absorbed kv_b_proj carries an adapter; on Gated DeltaNet layers their input projections
+    (Qwen3-Next fused, Qwen3.5 split) and out_proj, so that the recurrent decode steps do."""
     c = json.loads((src / "config.json").read_text())
     c = c.get("text_config", c)
     attention = ["q_proj", "k_proj", "v_proj"]
     if c.get("kv_lora_rank"):
         attention = (["q_a_proj", "q_b_proj"] if c.get("q_lora_rank") else ["q_proj"]) + \
             ["kv_a_proj_with_mqa", "kv_b_proj"]
-    return attention + ["o_proj", "gate_proj", "up_proj", "down_proj"]
+    linear = []
+    if "linear_attention" in (c.get("layer_types") or []):
+        linear = (["in_proj_qkvz", "in_proj_ba"] if c.get("model_type") == "qwen3_next" else
+                  ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"]) + ["out_proj"]
+    return attention + linear + ["o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def check_trained(family, src, tok, tmp, prompts):
@@ -333,7 +343,10 @@ def check_chat_interrupt(src):
     ("[stopped]", back at the prompt); at the prompt it ends the session with exit 0."""
     pid, fd = pty.fork()
     if pid == 0:
-        os.execv(BIN, [BIN, "chat", "--checkpoint", str(src), "--greedy", "-n", "100000"])
+        # No EOS for 100,000 tokens: the reply is still streaming when the Ctrl-C comes, whichever
+        # family's greedy reply would end early.
+        os.execv(BIN, [BIN, "chat", "--checkpoint", str(src), "--greedy", "-n", "100000",
+                       "--min-new-tokens", "100000"])
     try:
         screen = read_until(fd, b"> ", b"")
         os.write(fd, b"Why is the sky blue?\n")

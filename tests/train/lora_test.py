@@ -22,7 +22,8 @@ their latent-attention targets, while DeepSeek-V3 does not and the plan names it
 options; the config's k_proj / v_proj on an MLA model exit 2 naming lora.target_modules.
 
 With family names (e.g. qwen3_next qwen3_5_moe_text, the Gated DeltaNet hybrids: adapters on
-the attention layers' q/k/v/o and the routed experts, none on the linear-attention layers yet;
+the attention layers' q/k/v/o, the linear-attention layers' input projections (fused or split)
+and out_proj, and the routed experts;
 deepseek_v3 deepseek_v2, the latent-attention families: adapters on
 q_a_proj / q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj and the routed experts;
 glm4_moe, GLM-4.5 with q/k/v biases, q/k norms, partial rotary and group routing; gemma4_text,
@@ -72,6 +73,11 @@ MLA_TARGETS["nemotron_h"] = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", 
 # (PEFT: target_parameters block_sparse_moe.experts.gate_up_proj / down_proj).
 MLA_TARGETS["granitemoehybrid"] = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "gate_proj",
                                    "up_proj", "down_proj"]
+# The Gated DeltaNet hybrids: attention, the linear-attention layers' projections (Qwen3-Next
+# fused, Qwen3.5 split) and out_proj, and the routed experts.
+MLA_TARGETS["qwen3_next"] = TARGETS + ["in_proj_qkvz", "in_proj_ba", "out_proj"]
+MLA_TARGETS["qwen3_5_moe_text"] = TARGETS + ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+                                             "out_proj"]
 
 run = runner(BIN)
 

@@ -28,7 +28,11 @@ struct LoraTargets {
   // up_proj named without gate_proj: the adapter on non-gated (relu2) experts' up, rank r
   // (PEFT's target_parameters "experts.up_proj" on Nemotron-H).
   bool experts_up = false;
-  bool in_proj = false, out_proj = false;  // the Mamba-2 mixers' projections
+  bool in_proj = false;   // the Mamba-2 mixers' input projection
+  bool out_proj = false;  // the output projection of the Mamba-2 and Gated DeltaNet mixers
+  // Gated DeltaNet's input projections (Qwen3.5 splits them, Qwen3-Next fuses them).
+  bool in_proj_qkv = false, in_proj_z = false, in_proj_b = false, in_proj_a = false;
+  bool in_proj_qkvz = false, in_proj_ba = false;
 };
 
 bool lora_enabled(const Config& c);
@@ -50,11 +54,13 @@ LoraParameterCounts lora_parameter_counts(const Config& c);
 
 // The names accepted in lora.target_modules and lora.modules_to_save (the field lists' rules).
 inline constexpr std::string_view kLoraTargetNames[] = {
-    "q_proj",     "k_proj",   "v_proj",       "o_proj",
-    "gate_proj",  "up_proj",  "down_proj",    "w1",
-    "w3",         "w2",       "gate_up_proj", "dense_mlp",
-    "all-linear", "q_a_proj", "q_b_proj",     "kv_a_proj_with_mqa",
-    "kv_b_proj",  "in_proj",  "out_proj"};
+    "q_proj",     "k_proj",    "v_proj",       "o_proj",
+    "gate_proj",  "up_proj",   "down_proj",    "w1",
+    "w3",         "w2",        "gate_up_proj", "dense_mlp",
+    "all-linear", "q_a_proj",  "q_b_proj",     "kv_a_proj_with_mqa",
+    "kv_b_proj",  "in_proj",   "out_proj",     "in_proj_qkv",
+    "in_proj_z",  "in_proj_b", "in_proj_a",    "in_proj_qkvz",
+    "in_proj_ba"};
 inline constexpr std::string_view kLoraSaveableNames[] = {
     "gate",   "lm_head", "embed_tokens", "norm", "input_layernorm", "post_attention_layernorm",
     "q_norm", "k_norm"};

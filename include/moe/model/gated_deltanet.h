@@ -10,6 +10,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
+#include "moe/layers/frozen_4bit.h"
+#include "moe/layers/lora.h"
 #include "moe/model/decode_cache.h"
 #include "moe/model/gated_delta_rule.h"
 
@@ -32,6 +34,10 @@ struct GatedDeltaNetOptions {
   bool fused_projections = false;  // Qwen3-Next's in_proj_qkvz / in_proj_ba
   double norm_eps = 1e-6;
   double init_std = 0.02, out_init_std = 0.02;
+  layers::LoraSpec lora;  // r = 0: no adapters
+  // Which projections carry adapters (lora.target_modules by their names; the layout's only).
+  bool lora_qkv = false, lora_z = false, lora_b = false, lora_a = false;
+  bool lora_qkvz = false, lora_ba = false, lora_out = false;
 };
 
 class GatedDeltaNetImpl : public torch::nn::Module {
@@ -57,12 +63,23 @@ class GatedDeltaNetImpl : public torch::nn::Module {
   torch::Tensor dt_bias, A_log;  // [value_heads]
   WeightOnly norm{nullptr};      // [value_head_dim], ones
   torch::nn::Linear out_proj{nullptr};
+  // A 4-bit frozen base (quantization.load_in_4bit): the projections emptied, their matrices here.
+  layers::QuantizedWeightPtr in_proj_qkv_4bit, in_proj_z_4bit, in_proj_b_4bit, in_proj_a_4bit;
+  layers::QuantizedWeightPtr in_proj_qkvz_4bit, in_proj_ba_4bit, out_proj_4bit;
+  // LoRA adapters on the projections of the same names (PEFT's in_proj_qkv ... out_proj).
+  layers::LoraAdapter lora_qkv{nullptr}, lora_z{nullptr}, lora_b{nullptr}, lora_a{nullptr};
+  layers::LoraAdapter lora_qkvz{nullptr}, lora_ba{nullptr}, lora_out{nullptr};
+  void merge_lora();  // the adapters folded into their projections and zeroed
 
  private:
   struct Projected {
     torch::Tensor qkv, z, b, a;  // [B, S, 2 kd + vd], [B, S, Hv, dv], [B, S, Hv] x2
   };
   Projected project(const torch::Tensor& x);
+  void register_adapters(int64_t d, int64_t conv, int64_t vd);  // after the projections
+  // One projection: its base (16- or 4-bit) plus its adapter's update.
+  static torch::Tensor apply(const torch::Tensor& x, torch::nn::Linear& base,
+                             const layers::QuantizedWeightPtr& q, layers::LoraAdapter& adapter);
   // The conv1d + SiLU over qkv [B, S, C] continuing from the cached inputs (generation), or
   // alone with the document resets.
   torch::Tensor convolve(const torch::Tensor& qkv);
