@@ -50,6 +50,7 @@ LoraTargets lora_targets(const LoraConfig& l) {
   t.in_proj_a = on("in_proj_a");
   t.in_proj_qkvz = on("in_proj_qkvz");
   t.in_proj_ba = on("in_proj_ba");
+  t.shared_expert_gate = on("shared_expert_gate");
   return t;
 }
 
@@ -136,6 +137,11 @@ int64_t linear_attention_adapter(const Config& c, const LoraTargets& t) {
   return n;
 }
 
+// Whether the MoE layers have a sigmoid-gated shared expert (its gate is an adapter target).
+bool gated_shared_expert(const Config& c) {
+  return c.moe.shared_expert_hidden_size > 0 && c.moe.shared_expert_gate;
+}
+
 // Every adapter of the model: attention in each layer, then the experts (MoE layers) or the
 // dense MLP (dense layers).
 int64_t adapter_parameters(const Config& c, const LoraTargets& t) {
@@ -160,6 +166,7 @@ int64_t adapter_parameters(const Config& c, const LoraTargets& t) {
     if (!has_feed_forward(c, layer)) continue;
     if (is_moe_layer(c, layer)) {  // the experts at their own width (LatentMoE: the latent)
       const int64_t de = expert_model_size(c);
+      if (t.shared_expert_gate && gated_shared_expert(c)) n += r * (d + 1);
       n += E * up_rank * (de + up_width);
       if (t.experts_down) n += E * r * (f + de);
     } else if (t.dense_mlp) {

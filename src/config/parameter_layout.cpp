@@ -165,7 +165,10 @@ void moe_layout(std::vector<ParameterShape>& p, const config::Config& c, const s
       if (gated) p.push_back({b + "moe.shared_expert.w_gate", {1, d, fs}});
       p.push_back({b + "moe.shared_expert.w_up", {1, d, fs}});
       p.push_back({b + "moe.shared_expert.w_down", {1, fs, d}});
-      if (c.moe.shared_expert_gate) p.push_back({b + "moe.shared_expert_gate.weight", {1, d}});
+      if (c.moe.shared_expert_gate) {
+        p.push_back({b + "moe.shared_expert_gate.weight", {1, d}});
+        if (lora && t.shared_expert_gate) adapter(p, b + "moe.lora_shared_expert_gate", d, 1, r);
+      }
     }
     if (c.moe.latent_size > 0) {
       p.push_back({b + "moe.latent_in.weight", {de, d}});

@@ -150,8 +150,8 @@ void check_blend(DataConfig& d, const Rules& rules) {
   }
 }
 
-// lora: the linear mixers' projections name something this model has (Gated DeltaNet's split or
-// fused input projections; out_proj of Gated DeltaNet or Mamba-2).
+// lora: the linear mixers' projections and the shared expert's gate name something this model has
+// (Gated DeltaNet's split or fused input projections; out_proj of Gated DeltaNet or Mamba-2).
 void check_mixer_lora_targets(const Config& c, const Rules& rules) {
   bool linear = false, mamba = false;
   for (int64_t i = 0; i < c.model.num_layers; ++i) {
@@ -173,6 +173,11 @@ void check_mixer_lora_targets(const Config& c, const Rules& rules) {
                         : "this model's linear attention splits its input projections: "
                           "in_proj_qkv, in_proj_z, in_proj_b and in_proj_a");
     }
+    rules.check(name != "shared_expert_gate" ||
+                    (c.moe.shared_expert_hidden_size > 0 && c.moe.shared_expert_gate),
+                "lora.target_modules", name,
+                "needs a sigmoid-gated shared expert (moe.shared_expert_gate with "
+                "moe.shared_expert_hidden_size > 0: Qwen2-MoE, Qwen3-Next, Qwen3.5)");
     rules.check(name != "out_proj" || linear || mamba, "lora.target_modules", name,
                 "is the output projection of Gated DeltaNet and Mamba-2 mixers; this model has "
                 "neither (attention's is o_proj)");

@@ -133,6 +133,10 @@ class LayerAdapters {
           "up_proj / down_proj to the experts); use export-hf --merge");
     }
     if (!moe) return;
+    if (t_.shared_expert_gate && cfg_.moe.shared_expert_hidden_size > 0 &&
+        cfg_.moe.shared_expert_gate) {  // Qwen3-Next / Qwen3.5's mlp.shared_expert_gate
+      pair(peft + "mlp.shared_expert_gate.", ours + "moe.lora_shared_expert_gate.", false);
+    }
     const std::string experts = peft + family_.experts_module();
     const std::string inner = experts + (t_.experts_down ? "base_layer." : "");
     if (!config::gated_mlp(cfg_)) {
@@ -209,35 +213,41 @@ torch::Tensor from_peft(const torch::Tensor& t, Layout l, const torch::Tensor& l
   return t;
 }
 
-json adapter_config(const config::Config& cfg, const families::ModelFamily& family,
-                    const std::string& base) {
-  const config::LoraConfig& l = cfg.lora;
-  const config::LoraTargets t = config::lora_targets(l);
-  json modules = json::array(), params = json::array();
+// adapter_config.json's target_modules: the nn.Linear names PEFT wraps in this model.
+json target_module_names(const config::Config& cfg, const config::LoraTargets& t) {
+  json modules = json::array();
   const bool mla = config::latent_attention(cfg), q_lora = cfg.model.q_lora_rank > 0;
+  const bool gdn = has_gated_deltanet(cfg), fused = cfg.model.linear_fused_projections;
+  const bool split_gdn = gdn && !fused, fused_gdn = gdn && fused;
+  const bool mamba = cfg.model.mamba_num_heads > 0;
+  const bool gated_shared = cfg.moe.shared_expert_hidden_size > 0 && cfg.moe.shared_expert_gate;
   for (auto [on, name] :
        {std::pair{t.q && !(mla && q_lora), "q_proj"}, std::pair{t.k && !mla, "k_proj"},
         std::pair{t.v && !mla, "v_proj"}, std::pair{t.q_a && mla && q_lora, "q_a_proj"},
         std::pair{t.q_b && mla && q_lora, "q_b_proj"},
         std::pair{t.kv_a && mla, "kv_a_proj_with_mqa"}, std::pair{t.kv_b && mla, "kv_b_proj"},
-        std::pair{t.o, "o_proj"}}) {
+        std::pair{t.o, "o_proj"},
+        // the Mamba-2 mixers' projections, or Gated DeltaNet's
+        std::pair{t.in_proj && mamba, "in_proj"},
+        std::pair{t.in_proj_qkv && split_gdn, "in_proj_qkv"},
+        std::pair{t.in_proj_z && split_gdn, "in_proj_z"},
+        std::pair{t.in_proj_b && split_gdn, "in_proj_b"},
+        std::pair{t.in_proj_a && split_gdn, "in_proj_a"},
+        std::pair{t.in_proj_qkvz && fused_gdn, "in_proj_qkvz"},
+        std::pair{t.in_proj_ba && fused_gdn, "in_proj_ba"},
+        std::pair{t.out_proj && (mamba || gdn), "out_proj"},
+        std::pair{t.shared_expert_gate && gated_shared, "shared_expert_gate"}}) {
     if (on) modules.push_back(name);
   }
-  if (cfg.model.mamba_num_heads > 0) {  // the Mamba-2 mixers' projections
-    if (t.in_proj) modules.push_back("in_proj");
-    if (t.out_proj) modules.push_back("out_proj");
-  } else if (has_gated_deltanet(cfg)) {  // Gated DeltaNet's
-    const bool fused = cfg.model.linear_fused_projections;
-    for (auto [on, name] :
-         {std::pair{t.in_proj_qkv && !fused, "in_proj_qkv"},
-          std::pair{t.in_proj_z && !fused, "in_proj_z"},
-          std::pair{t.in_proj_b && !fused, "in_proj_b"},
-          std::pair{t.in_proj_a && !fused, "in_proj_a"},
-          std::pair{t.in_proj_qkvz && fused, "in_proj_qkvz"},
-          std::pair{t.in_proj_ba && fused, "in_proj_ba"}, std::pair{t.out_proj, "out_proj"}}) {
-      if (on) modules.push_back(name);
-    }
-  }
+  return modules;
+}
+
+json adapter_config(const config::Config& cfg, const families::ModelFamily& family,
+                    const std::string& base) {
+  const config::LoraConfig& l = cfg.lora;
+  const config::LoraTargets t = config::lora_targets(l);
+  const json modules = target_module_names(cfg, t);
+  json params = json::array();
   json rank_pattern = json::object(), alpha_pattern = json::object();
   const std::string experts = family.experts_module();
   if (!config::gated_mlp(cfg)) {

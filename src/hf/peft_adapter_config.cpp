@@ -42,30 +42,22 @@ config::LoraConfig lora_config_from_peft(const std::string& dir) {
     if (!modules.is_array()) throw fail("target_modules", "expected a list of module names");
     for (const auto& m : modules) {
       const std::string name = m.get<std::string>();
-      // in_proj: a Mamba mixer's; in_proj_* and out_proj: Gated DeltaNet's.
-      static const std::set<std::string> kModules = {"q_proj",
-                                                     "k_proj",
-                                                     "v_proj",
-                                                     "o_proj",
-                                                     "q_a_proj",
-                                                     "q_b_proj",
-                                                     "kv_a_proj_with_mqa",
-                                                     "kv_b_proj",
-                                                     "in_proj",
-                                                     "in_proj_qkv",
-                                                     "in_proj_z",
-                                                     "in_proj_b",
-                                                     "in_proj_a",
-                                                     "in_proj_qkvz",
-                                                     "in_proj_ba",
-                                                     "out_proj"};
+      // in_proj: a Mamba mixer's; in_proj_* and out_proj: Gated DeltaNet's; shared_expert_gate:
+      // the gated shared expert's (Qwen3-Next, Qwen3.5).
+      // clang-format off
+      static const std::set<std::string> kModules = {
+          "q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+          "kv_b_proj", "in_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+          "in_proj_qkvz", "in_proj_ba", "out_proj", "shared_expert_gate"};
+      // clang-format on
       if (!kModules.contains(name)) {
         throw fail("target_modules", "\"" + name +
                                          "\": expected q_proj, k_proj, v_proj, o_proj, "
                                          "q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, "
                                          "in_proj, Gated DeltaNet's in_proj_qkv, in_proj_z, "
-                                         "in_proj_b, in_proj_a, in_proj_qkvz, in_proj_ba or "
-                                         "out_proj (experts: target_parameters)");
+                                         "in_proj_b, in_proj_a, in_proj_qkvz, in_proj_ba, "
+                                         "out_proj or shared_expert_gate (experts: "
+                                         "target_parameters)");
       }
       l.target_modules.push_back(name);
     }

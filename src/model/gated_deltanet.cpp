@@ -70,9 +70,9 @@ void GatedDeltaNetImpl::register_adapters(int64_t d, int64_t conv, int64_t vd) {
   if (opt_.lora_out) lora_out = register_module("lora_out", layers::LoraAdapter(vd, d, opt_.lora));
 }
 
-torch::Tensor GatedDeltaNetImpl::apply(const torch::Tensor& x, torch::nn::Linear& base,
-                                       const layers::QuantizedWeightPtr& q,
-                                       layers::LoraAdapter& adapter) {
+torch::Tensor GatedDeltaNetImpl::linear(const torch::Tensor& x, torch::nn::Linear& base,
+                                        const layers::QuantizedWeightPtr& q,
+                                        layers::LoraAdapter& adapter) {
   const auto y = q ? layers::linear_4bit(x, q) : base->forward(x);
   return adapter ? y + adapter->forward(x) : y;
 }
@@ -93,17 +93,17 @@ GatedDeltaNetImpl::Projected GatedDeltaNetImpl::project(const torch::Tensor& x) 
   const int64_t B = x.size(0), S = x.size(1), nk = opt_.key_heads, nv = opt_.value_heads;
   const int64_t dk = opt_.key_head_dim, dv = opt_.value_head_dim, r = nv / nk;
   if (!opt_.fused_projections) {
-    return {apply(x, in_proj_qkv, in_proj_qkv_4bit, lora_qkv),
-            apply(x, in_proj_z, in_proj_z_4bit, lora_z).view({B, S, nv, dv}),
-            apply(x, in_proj_b, in_proj_b_4bit, lora_b),
-            apply(x, in_proj_a, in_proj_a_4bit, lora_a)};
+    return {linear(x, in_proj_qkv, in_proj_qkv_4bit, lora_qkv),
+            linear(x, in_proj_z, in_proj_z_4bit, lora_z).view({B, S, nv, dv}),
+            linear(x, in_proj_b, in_proj_b_4bit, lora_b),
+            linear(x, in_proj_a, in_proj_a_4bit, lora_a)};
   }
   // Qwen3-Next: per key head, [q (dk) | k (dk) | its r value heads (r dv) | their z (r dv)] and
   // [its r b | its r a]; an adapter's update is in the same order (it adds to the whole output).
   const auto qkvz =
-      apply(x, in_proj_qkvz, in_proj_qkvz_4bit, lora_qkvz).view({B, S, nk, 2 * dk + 2 * r * dv});
+      linear(x, in_proj_qkvz, in_proj_qkvz_4bit, lora_qkvz).view({B, S, nk, 2 * dk + 2 * r * dv});
   const auto parts = qkvz.split_with_sizes({dk, dk, r * dv, r * dv}, -1);
-  const auto ba = apply(x, in_proj_ba, in_proj_ba_4bit, lora_ba)
+  const auto ba = linear(x, in_proj_ba, in_proj_ba_4bit, lora_ba)
                       .view({B, S, nk, 2 * r})
                       .split_with_sizes({r, r}, -1);
   const auto flat = [&](const torch::Tensor& t) { return t.reshape({B, S, -1}); };
@@ -129,7 +129,7 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x) {
   in.positions = positions_;
   const auto core = delta_rule(in);  // [B, S, nv, dv]
   const auto normed = gated_rms_norm(core, p.z, norm->weight, opt_.norm_eps);
-  return apply(normed.reshape({B, S, nv * dv}), out_proj, out_proj_4bit, lora_out);
+  return linear(normed.reshape({B, S, nv * dv}), out_proj, out_proj_4bit, lora_out);
 }
 
 torch::Tensor GatedDeltaNetImpl::convolve(const torch::Tensor& qkv) {

@@ -57,6 +57,7 @@ moe::MoeLayerOptions moe_options(const config::Config& cfg, const torch::Device&
                                 cfg.lora.lora_dropout};
     }
     if (t.experts_down) o.experts.lora_down = lora_spec(cfg);
+    if (t.shared_expert_gate) o.shared_expert_gate_lora = lora_spec(cfg);
   }
   return o;
 }
@@ -68,7 +69,7 @@ class MoeFeedForward final : public FeedForward {
  public:
   explicit MoeFeedForward(moe::MoeLayer layer) : layer_(std::move(layer)) {}
   moe::MoeLayerOutput forward(const torch::Tensor& x) override { return layer_->forward(x); }
-  void merge_lora() override { layer_->experts->merge_lora(); }
+  void merge_lora() override { layer_->merge_lora(); }
 
  private:
   moe::MoeLayer layer_;

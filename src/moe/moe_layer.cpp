@@ -48,6 +48,11 @@ MoeLayerImpl::MoeLayerImpl(const MoeLayerOptions& opt)
       shared_expert_gate = register_module(
           "shared_expert_gate",
           torch::nn::Linear(torch::nn::LinearOptions(opt.experts.hidden_size, 1).bias(false)));
+      if (opt.shared_expert_gate_lora.r > 0) {
+        lora_shared_expert_gate = register_module(
+            "lora_shared_expert_gate",
+            layers::LoraAdapter(opt.experts.hidden_size, 1, opt.shared_expert_gate_lora));
+      }
       torch::NoGradGuard no_grad;
       shared_expert_gate->weight.normal_(0.0, opt.experts.init_std);
     }
@@ -116,7 +121,9 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x, const torch::Tensor
     layers::profile::Scope scope("experts");
     auto shared = shared_expert->forward(x, torch::full({1}, T, x.options().dtype(torch::kLong)));
     if (shared_expert_gate) {
-      shared = torch::sigmoid(shared_expert_gate->forward(x)) * shared;
+      auto gate = shared_expert_gate->forward(x);
+      if (lora_shared_expert_gate) gate = gate + lora_shared_expert_gate->forward(x);
+      shared = torch::sigmoid(gate) * shared;
     }
     out.y = out.y + shared;
   }
@@ -125,6 +132,15 @@ MoeLayerOutput MoeLayerImpl::forward(const torch::Tensor& x, const torch::Tensor
   out.tokens_per_expert = r.tokens_per_expert;
   out.dropped = r.dropped;
   return out;
+}
+
+void MoeLayerImpl::merge_lora() {
+  experts->merge_lora();
+  if (!lora_shared_expert_gate) return;
+  torch::NoGradGuard no_grad;
+  auto& w = shared_expert_gate->weight;
+  w.add_(lora_shared_expert_gate->delta_weight().to(w.scalar_type()));
+  lora_shared_expert_gate->zero_update();
 }
 
 }  // namespace moe::moe

@@ -65,8 +65,8 @@ TEST(ParameterLayout, RotaryGqaQkNormDenseLayersSharedExpert) {
 // router bias, expert biases; with LoRA on attention and experts.
 // Qwen3-Next / Qwen3.5: Gated DeltaNet layers (both projection layouts), gated attention,
 // zero-centred norms, a gated shared expert.
-// With LoRA on attention, every Gated DeltaNet projection of the layout and the experts: the
-// adapters in the projections' order, and lora_parameter_counts agrees with them.
+// With LoRA on attention, every Gated DeltaNet projection of the layout, the shared expert's gate
+// and the experts: the adapters in the projections' order, and lora_parameter_counts agrees.
 TEST(ParameterLayout, GatedDeltaNetHybrid) {
   for (bool fused : {false, true}) {
     const nlohmann::json model = {
@@ -83,7 +83,8 @@ TEST(ParameterLayout, GatedDeltaNetHybrid) {
         {"linear_fused_projections", fused}};
     const nlohmann::json moe = {{"shared_expert_hidden_size", 8}, {"shared_expert_gate", true}};
     expect_layout_is_the_models(make(model, moe, {{"r", 0}}));
-    nlohmann::json targets = {"q_proj", "v_proj", "o_proj", "out_proj", "up_proj", "gate_proj"};
+    nlohmann::json targets = {
+        "q_proj", "v_proj", "o_proj", "out_proj", "up_proj", "gate_proj", "shared_expert_gate"};
     for (const char* name :
          fused ? std::vector<const char*>{"in_proj_qkvz", "in_proj_ba"}
                : std::vector<const char*>{"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"}) {
@@ -91,16 +92,18 @@ TEST(ParameterLayout, GatedDeltaNetHybrid) {
     }
     const config::Config lora = make(model, moe, {{"r", 2}, {"target_modules", targets}});
     expect_layout_is_the_models(lora);
-    int64_t adapters = 0, linear = 0;
+    int64_t adapters = 0, linear = 0, shared_gate = 0;
     torch::manual_seed(0);
     TransformerLM m(lora);
     for (const auto& p : m->named_parameters()) {
       if (!config::is_lora_parameter(p.key())) continue;
       adapters += p.value().numel();
       linear += p.key().find(".linear_attn.lora_") != std::string::npos;
+      shared_gate += p.key().find(".moe.lora_shared_expert_gate.") != std::string::npos;
     }
     EXPECT_EQ(config::lora_parameter_counts(lora).adapter, adapters);
     EXPECT_EQ(linear, 2 * 2 * (fused ? 3 : 5));  // A and B, 2 layers, each projection + out_proj
+    EXPECT_EQ(shared_gate, 2 * 3);               // A and B in each of the 3 MoE layers
   }
 }
 

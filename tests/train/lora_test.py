@@ -23,7 +23,7 @@ options; the config's k_proj / v_proj on an MLA model exit 2 naming lora.target_
 
 With family names (e.g. qwen3_next qwen3_5_moe_text, the Gated DeltaNet hybrids: adapters on
 the attention layers' q/k/v/o, the linear-attention layers' input projections (fused or split)
-and out_proj, and the routed experts;
+and out_proj, the shared expert's gate and the routed experts;
 deepseek_v3 deepseek_v2, the latent-attention families: adapters on
 q_a_proj / q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj and the routed experts;
 glm4_moe, GLM-4.5 with q/k/v biases, q/k norms, partial rotary and group routing; gemma4_text,
@@ -74,10 +74,10 @@ MLA_TARGETS["nemotron_h"] = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", 
 MLA_TARGETS["granitemoehybrid"] = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "gate_proj",
                                    "up_proj", "down_proj"]
 # The Gated DeltaNet hybrids: attention, the linear-attention layers' projections (Qwen3-Next
-# fused, Qwen3.5 split) and out_proj, and the routed experts.
-MLA_TARGETS["qwen3_next"] = TARGETS + ["in_proj_qkvz", "in_proj_ba", "out_proj"]
+# fused, Qwen3.5 split) and out_proj, the shared expert's gate and the routed experts.
+MLA_TARGETS["qwen3_next"] = TARGETS + ["in_proj_qkvz", "in_proj_ba", "out_proj", "shared_expert_gate"]
 MLA_TARGETS["qwen3_5_moe_text"] = TARGETS + ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
-                                             "out_proj"]
+                                             "out_proj", "shared_expert_gate"]
 
 run = runner(BIN)
 

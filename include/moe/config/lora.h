@@ -33,6 +33,7 @@ struct LoraTargets {
   // Gated DeltaNet's input projections (Qwen3.5 splits them, Qwen3-Next fuses them).
   bool in_proj_qkv = false, in_proj_z = false, in_proj_b = false, in_proj_a = false;
   bool in_proj_qkvz = false, in_proj_ba = false;
+  bool shared_expert_gate = false;  // the gated shared expert's d -> 1 gate (Qwen3-Next, 3.5)
 };
 
 bool lora_enabled(const Config& c);
@@ -53,14 +54,19 @@ struct LoraParameterCounts {
 LoraParameterCounts lora_parameter_counts(const Config& c);
 
 // The names accepted in lora.target_modules and lora.modules_to_save (the field lists' rules).
-inline constexpr std::string_view kLoraTargetNames[] = {
-    "q_proj",     "k_proj",    "v_proj",       "o_proj",
-    "gate_proj",  "up_proj",   "down_proj",    "w1",
-    "w3",         "w2",        "gate_up_proj", "dense_mlp",
-    "all-linear", "q_a_proj",  "q_b_proj",     "kv_a_proj_with_mqa",
-    "kv_b_proj",  "in_proj",   "out_proj",     "in_proj_qkv",
-    "in_proj_z",  "in_proj_b", "in_proj_a",    "in_proj_qkvz",
-    "in_proj_ba"};
+inline constexpr std::string_view kLoraTargetNames[] = {"q_proj",       "k_proj",
+                                                        "v_proj",       "o_proj",
+                                                        "gate_proj",    "up_proj",
+                                                        "down_proj",    "w1",
+                                                        "w3",           "w2",
+                                                        "gate_up_proj", "dense_mlp",
+                                                        "all-linear",   "q_a_proj",
+                                                        "q_b_proj",     "kv_a_proj_with_mqa",
+                                                        "kv_b_proj",    "in_proj",
+                                                        "out_proj",     "in_proj_qkv",
+                                                        "in_proj_z",    "in_proj_b",
+                                                        "in_proj_a",    "in_proj_qkvz",
+                                                        "in_proj_ba",   "shared_expert_gate"};
 inline constexpr std::string_view kLoraSaveableNames[] = {
     "gate",   "lm_head", "embed_tokens", "norm", "input_layernorm", "post_attention_layernorm",
     "q_norm", "k_norm"};

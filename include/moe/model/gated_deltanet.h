@@ -78,8 +78,8 @@ class GatedDeltaNetImpl : public torch::nn::Module {
   Projected project(const torch::Tensor& x);
   void register_adapters(int64_t d, int64_t conv, int64_t vd);  // after the projections
   // One projection: its base (16- or 4-bit) plus its adapter's update.
-  static torch::Tensor apply(const torch::Tensor& x, torch::nn::Linear& base,
-                             const layers::QuantizedWeightPtr& q, layers::LoraAdapter& adapter);
+  static torch::Tensor linear(const torch::Tensor& x, torch::nn::Linear& base,
+                              const layers::QuantizedWeightPtr& q, layers::LoraAdapter& adapter);
   // The conv1d + SiLU over qkv [B, S, C] continuing from the cached inputs (generation), or
   // alone with the document resets.
   torch::Tensor convolve(const torch::Tensor& qkv);

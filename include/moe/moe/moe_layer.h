@@ -8,6 +8,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
+#include "moe/layers/lora.h"
 #include "moe/moe/dispatcher.h"
 #include "moe/moe/expert_parallel.h"
 #include "moe/moe/experts.h"
@@ -21,8 +22,9 @@ struct MoeLayerOptions {
   // Our CUDA kernels (router, dispatch plan, permute, combine) or the ATen reference: settled
   // when the model is built for its device (resolve_kernel_path), never per call.
   KernelPath kernel_path = KernelPath::kReference;
-  int64_t shared_expert_hidden_size = 0;  // > 0: a dense SwiGLU expert for every token
-  bool shared_expert_gate = false;        // its output times sigmoid(x . shared_expert_gate)
+  int64_t shared_expert_hidden_size = 0;     // > 0: a dense SwiGLU expert for every token
+  bool shared_expert_gate = false;           // its output times sigmoid(x . shared_expert_gate)
+  layers::LoraSpec shared_expert_gate_lora;  // r > 0: an adapter on that gate
   // > 0: the routed experts read and write this width (LatentMoE, Nemotron 3 Super): latent_in
   // before the dispatch, latent_out after the combine; router and shared expert read x.
   int64_t latent_size = 0;
@@ -68,6 +70,8 @@ class MoeLayerImpl : public torch::nn::Module {
   Experts shared_expert{nullptr};
   // d -> 1 (Qwen2-MoE, Qwen3-Next, Qwen3.5): the shared expert's output times sigmoid(gate(x)).
   torch::nn::Linear shared_expert_gate{nullptr};
+  layers::LoraAdapter lora_shared_expert_gate{nullptr};  // its adapter (PEFT: shared_expert_gate)
+  void merge_lora();  // the experts' adapters and the gate's folded into their weights
   // d -> latent_size and back, without bias (Nemotron 3 Super's fc1/fc2_latent_proj). Null
   // without moe.latent_size.
   torch::nn::Linear latent_in{nullptr}, latent_out{nullptr};
